@@ -1,0 +1,389 @@
+use std::sync::Arc;
+
+use crate::cpu;
+
+/// The shape of one matrix product `C (m x n) = op(A) (m x k) . op(B) (k x n)`, all row-major.
+///
+/// `a_transposed` means A is stored as `k x m` and used transposed (likewise for B), which is
+/// what a backward pass needs: `dW = X^T . dY` and `dX = dY . W^T`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gemm {
+    /// Rows of C.
+    pub m: usize,
+    /// Columns of C.
+    pub n: usize,
+    /// The shared inner dimension.
+    pub k: usize,
+    /// A is stored `k x m`.
+    pub a_transposed: bool,
+    /// B is stored `n x k`.
+    pub b_transposed: bool,
+}
+
+/// An operand did not have the length its operation needs.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{op}: {operand} needs {needed} elements from its offset but has {available}")]
+pub struct ShapeError {
+    /// The operation.
+    pub op: &'static str,
+    /// Which operand.
+    pub operand: &'static str,
+    /// Elements needed.
+    pub needed: usize,
+    /// Elements available.
+    pub available: usize,
+}
+
+impl ShapeError {
+    /// `Ok` when `available >= needed`.
+    pub fn check(
+        op: &'static str,
+        operand: &'static str,
+        needed: usize,
+        available: usize,
+    ) -> Result<(), ShapeError> {
+        if available >= needed {
+            Ok(())
+        } else {
+            Err(ShapeError {
+                op,
+                operand,
+                needed,
+                available,
+            })
+        }
+    }
+}
+
+/// A labelled data set of byte-valued features (such as 8-bit pixels), shared cheaply between
+/// workers: cloning shares the storage.
+///
+/// Features are scaled by 1/255 when gathered into a batch.
+#[derive(Debug, Clone)]
+pub struct ExampleSet {
+    features: usize,
+    values: Arc<[u8]>,
+    labels: Arc<[u8]>,
+}
+
+impl ExampleSet {
+    /// `values` holds `labels.len()` examples of `features` bytes each; `None` otherwise.
+    pub fn new(features: usize, values: Vec<u8>, labels: Vec<u8>) -> Option<Self> {
+        (features > 0 && values.len() == features * labels.len()).then(|| Self {
+            features,
+            values: values.into(),
+            labels: labels.into(),
+        })
+    }
+
+    /// Features per example.
+    pub fn features(&self) -> usize {
+        self.features
+    }
+
+    /// Number of examples.
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+
+    /// Whether there are no examples.
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+
+    /// The features of example `i`.
+    pub fn features_of(&self, i: usize) -> &[u8] {
+        &self.values[i * self.features..(i + 1) * self.features]
+    }
+
+    /// The label of example `i`.
+    pub fn label(&self, i: usize) -> u8 {
+        self.labels[i]
+    }
+
+    /// All features, example after example.
+    pub fn values(&self) -> &[u8] {
+        &self.values
+    }
+
+    /// All labels.
+    pub fn labels(&self) -> &[u8] {
+        &self.labels
+    }
+}
+
+/// The operations a multi-layer perceptron's training step is written against.
+///
+/// A backend owns its memory: `Buffer` holds `f32` values and `Labels` holds `u32` class
+/// labels, wherever the backend computes (host memory for [`CpuBackend`], device memory for
+/// CUDA). Operands are passed as `(buffer, offset)` so that one flat buffer can hold every
+/// parameter of a model. Every operation checks that its operands are long enough and returns
+/// an error rather than panicking.
+pub trait Backend: Send {
+    /// `f32` storage.
+    type Buffer: Send;
+    /// `u32` label storage.
+    type Labels: Send;
+    /// A data set resident where the backend computes.
+    type Examples: Send;
+    /// What can go wrong.
+    type Error: std::error::Error + From<ShapeError> + Send + Sync + 'static;
+
+    /// A buffer of `len` zeros.
+    fn zeros(&self, len: usize) -> Result<Self::Buffer, Self::Error>;
+    /// A label buffer of `len` zeros.
+    fn zero_labels(&self, len: usize) -> Result<Self::Labels, Self::Error>;
+    /// Copies host values into `dst` from `offset` on.
+    fn upload(&self, src: &[f32], dst: &mut Self::Buffer, offset: usize)
+        -> Result<(), Self::Error>;
+    /// Copies `dst.len()` values of `src` from `offset` on to the host.
+    fn download(
+        &self,
+        src: &Self::Buffer,
+        offset: usize,
+        dst: &mut [f32],
+    ) -> Result<(), Self::Error>;
+    /// Makes a data set resident (once per replica; the CPU shares it).
+    fn upload_examples(&self, examples: &ExampleSet) -> Result<Self::Examples, Self::Error>;
+    /// Gathers the examples at `indices` into the first rows of `x` (scaled to `[0, 1]`) and
+    /// their labels into `labels`.
+    fn gather(
+        &self,
+        examples: &Self::Examples,
+        indices: &[u32],
+        x: &mut Self::Buffer,
+        labels: &mut Self::Labels,
+    ) -> Result<(), Self::Error>;
+    /// `C = op(A) . op(B)` (see [`Gemm`]), C overwritten.
+    fn matmul(
+        &self,
+        spec: Gemm,
+        a: (&Self::Buffer, usize),
+        b: (&Self::Buffer, usize),
+        c: (&mut Self::Buffer, usize),
+    ) -> Result<(), Self::Error>;
+    /// `x[r][c] = max(0, x[r][c] + bias[c])` over the first `rows x cols` values of `x`.
+    fn bias_relu(
+        &self,
+        x: &mut Self::Buffer,
+        bias: (&Self::Buffer, usize),
+        rows: usize,
+        cols: usize,
+    ) -> Result<(), Self::Error>;
+    /// `x[r][c] += bias[c]` over the first `rows x cols` values of `x`.
+    fn bias_add(
+        &self,
+        x: &mut Self::Buffer,
+        bias: (&Self::Buffer, usize),
+        rows: usize,
+        cols: usize,
+    ) -> Result<(), Self::Error>;
+    /// `grad[i] = 0` where `activation[i] <= 0`, over the first `len` values.
+    fn relu_backward(
+        &self,
+        grad: &mut Self::Buffer,
+        activation: &Self::Buffer,
+        len: usize,
+    ) -> Result<(), Self::Error>;
+    /// Fused, numerically stable softmax + cross-entropy over `rows x classes` logits: returns
+    /// the mean loss and writes its gradient with respect to the logits into `dlogits`.
+    fn softmax_cross_entropy(
+        &self,
+        logits: &Self::Buffer,
+        labels: &Self::Labels,
+        rows: usize,
+        classes: usize,
+        dlogits: &mut Self::Buffer,
+    ) -> Result<f32, Self::Error>;
+    /// `out[c] = sum over r of x[r][c]` for the first `rows x cols` values of `x`.
+    fn column_sum(
+        &self,
+        x: &Self::Buffer,
+        rows: usize,
+        cols: usize,
+        out: (&mut Self::Buffer, usize),
+    ) -> Result<(), Self::Error>;
+    /// How many of the first `rows` rows of `logits` have their argmax at their label.
+    fn count_correct(
+        &self,
+        logits: &Self::Buffer,
+        labels: &Self::Labels,
+        rows: usize,
+        classes: usize,
+    ) -> Result<usize, Self::Error>;
+}
+
+/// The host backend: single-threaded operations on `Vec`s (one core per worker).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuBackend;
+
+fn span<'a>(
+    op: &'static str,
+    operand: &'static str,
+    (buf, offset): (&'a Vec<f32>, usize),
+    len: usize,
+) -> Result<&'a [f32], ShapeError> {
+    ShapeError::check(op, operand, offset.saturating_add(len), buf.len())?;
+    Ok(&buf[offset..offset + len])
+}
+
+fn span_mut<'a>(
+    op: &'static str,
+    operand: &'static str,
+    (buf, offset): (&'a mut Vec<f32>, usize),
+    len: usize,
+) -> Result<&'a mut [f32], ShapeError> {
+    ShapeError::check(op, operand, offset.saturating_add(len), buf.len())?;
+    Ok(&mut buf[offset..offset + len])
+}
+
+impl Backend for CpuBackend {
+    type Buffer = Vec<f32>;
+    type Labels = Vec<u32>;
+    type Examples = ExampleSet;
+    type Error = ShapeError;
+
+    fn zeros(&self, len: usize) -> Result<Vec<f32>, ShapeError> {
+        Ok(vec![0.0; len])
+    }
+
+    fn zero_labels(&self, len: usize) -> Result<Vec<u32>, ShapeError> {
+        Ok(vec![0; len])
+    }
+
+    fn upload(&self, src: &[f32], dst: &mut Vec<f32>, offset: usize) -> Result<(), ShapeError> {
+        span_mut("upload", "dst", (dst, offset), src.len())?.copy_from_slice(src);
+        Ok(())
+    }
+
+    fn download(&self, src: &Vec<f32>, offset: usize, dst: &mut [f32]) -> Result<(), ShapeError> {
+        dst.copy_from_slice(span("download", "src", (src, offset), dst.len())?);
+        Ok(())
+    }
+
+    fn upload_examples(&self, examples: &ExampleSet) -> Result<ExampleSet, ShapeError> {
+        Ok(examples.clone())
+    }
+
+    fn gather(
+        &self,
+        examples: &ExampleSet,
+        indices: &[u32],
+        x: &mut Vec<f32>,
+        labels: &mut Vec<u32>,
+    ) -> Result<(), ShapeError> {
+        let rows = indices.len();
+        ShapeError::check("gather", "x", rows * examples.features(), x.len())?;
+        ShapeError::check("gather", "labels", rows, labels.len())?;
+        if let Some(&bad) = indices.iter().find(|&&i| i as usize >= examples.len()) {
+            return Err(ShapeError {
+                op: "gather",
+                operand: "examples",
+                needed: bad as usize + 1,
+                available: examples.len(),
+            });
+        }
+        cpu::gather(examples, indices, x, labels);
+        Ok(())
+    }
+
+    fn matmul(
+        &self,
+        spec: Gemm,
+        a: (&Vec<f32>, usize),
+        b: (&Vec<f32>, usize),
+        c: (&mut Vec<f32>, usize),
+    ) -> Result<(), ShapeError> {
+        let a = span("matmul", "a", a, spec.m * spec.k)?;
+        let b = span("matmul", "b", b, spec.k * spec.n)?;
+        let c = span_mut("matmul", "c", c, spec.m * spec.n)?;
+        cpu::matmul(spec, a, b, c);
+        Ok(())
+    }
+
+    fn bias_relu(
+        &self,
+        x: &mut Vec<f32>,
+        bias: (&Vec<f32>, usize),
+        rows: usize,
+        cols: usize,
+    ) -> Result<(), ShapeError> {
+        let bias = span("bias_relu", "bias", bias, cols)?;
+        cpu::bias_relu(span_mut("bias_relu", "x", (x, 0), rows * cols)?, bias);
+        Ok(())
+    }
+
+    fn bias_add(
+        &self,
+        x: &mut Vec<f32>,
+        bias: (&Vec<f32>, usize),
+        rows: usize,
+        cols: usize,
+    ) -> Result<(), ShapeError> {
+        let bias = span("bias_add", "bias", bias, cols)?;
+        cpu::bias_add(span_mut("bias_add", "x", (x, 0), rows * cols)?, bias);
+        Ok(())
+    }
+
+    fn relu_backward(
+        &self,
+        grad: &mut Vec<f32>,
+        activation: &Vec<f32>,
+        len: usize,
+    ) -> Result<(), ShapeError> {
+        let activation = span("relu_backward", "activation", (activation, 0), len)?;
+        cpu::relu_backward(
+            span_mut("relu_backward", "grad", (grad, 0), len)?,
+            activation,
+        );
+        Ok(())
+    }
+
+    fn softmax_cross_entropy(
+        &self,
+        logits: &Vec<f32>,
+        labels: &Vec<u32>,
+        rows: usize,
+        classes: usize,
+        dlogits: &mut Vec<f32>,
+    ) -> Result<f32, ShapeError> {
+        let op = "softmax_cross_entropy";
+        let logits = span(op, "logits", (logits, 0), rows * classes)?;
+        ShapeError::check(op, "labels", rows, labels.len())?;
+        let labels = &labels[..rows];
+        if let Some(&bad) = labels.iter().find(|&&l| l as usize >= classes) {
+            return Err(ShapeError {
+                op,
+                operand: "labels",
+                needed: bad as usize + 1,
+                available: classes,
+            });
+        }
+        let dlogits = span_mut(op, "dlogits", (dlogits, 0), rows * classes)?;
+        Ok(cpu::softmax_cross_entropy(logits, labels, classes, dlogits))
+    }
+
+    fn column_sum(
+        &self,
+        x: &Vec<f32>,
+        rows: usize,
+        cols: usize,
+        out: (&mut Vec<f32>, usize),
+    ) -> Result<(), ShapeError> {
+        let x = span("column_sum", "x", (x, 0), rows * cols)?;
+        cpu::column_sum(x, span_mut("column_sum", "out", out, cols)?);
+        Ok(())
+    }
+
+    fn count_correct(
+        &self,
+        logits: &Vec<f32>,
+        labels: &Vec<u32>,
+        rows: usize,
+        classes: usize,
+    ) -> Result<usize, ShapeError> {
+        let logits = span("count_correct", "logits", (logits, 0), rows * classes)?;
+        ShapeError::check("count_correct", "labels", rows, labels.len())?;
+        Ok(cpu::count_correct(logits, &labels[..rows], classes))
+    }
+}

@@ -1,0 +1,215 @@
+//! The CPU implementations of every [`Backend`](crate::Backend) operation, on plain slices.
+//!
+//! These functions do no shape checking beyond debug assertions: [`CpuBackend`](crate::CpuBackend)
+//! checks shapes before calling them. They are the reference twins of the CUDA kernels.
+
+use crate::{ExampleSet, Gemm};
+
+/// `c = op(a) . op(b)`, where `op` transposes when the spec says so; all row-major.
+///
+/// Single-threaded: each data-parallel worker owns one core, and at the model's batch sizes two
+/// one-thread replicas beat one two-thread replica.
+pub fn matmul(spec: Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
+    let Gemm {
+        m,
+        n,
+        k,
+        a_transposed,
+        b_transposed,
+    } = spec;
+    debug_assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n);
+    // Strides (column stride, row stride) of op(a) as an m x k matrix and op(b) as k x n.
+    let (a_cs, a_rs) = if a_transposed {
+        (m as isize, 1)
+    } else {
+        (1, k as isize)
+    };
+    let (b_cs, b_rs) = if b_transposed {
+        (k as isize, 1)
+    } else {
+        (1, n as isize)
+    };
+    // SAFETY: the three pointers cover m*k, k*n and m*n elements (checked by the caller and the
+    // debug assertion above) and the strides stay inside them; `c` does not alias `a` or `b`
+    // since it is borrowed mutably.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            a.as_ptr(),
+            a_cs,
+            a_rs,
+            b.as_ptr(),
+            b_cs,
+            b_rs,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    }
+}
+
+/// `x[r][c] += bias[c]` over a row-major `rows x bias.len()` matrix.
+pub fn bias_add(x: &mut [f32], bias: &[f32]) {
+    for row in x.chunks_exact_mut(bias.len()) {
+        for (v, b) in row.iter_mut().zip(bias) {
+            *v += b;
+        }
+    }
+}
+
+/// `x[r][c] = max(0, x[r][c] + bias[c])`: the hidden layer's epilogue.
+pub fn bias_relu(x: &mut [f32], bias: &[f32]) {
+    for row in x.chunks_exact_mut(bias.len()) {
+        for (v, b) in row.iter_mut().zip(bias) {
+            *v = (*v + b).max(0.0);
+        }
+    }
+}
+
+/// `grad[i] = 0` where `activation[i] <= 0`: back through a ReLU, given its output.
+pub fn relu_backward(grad: &mut [f32], activation: &[f32]) {
+    for (g, &a) in grad.iter_mut().zip(activation) {
+        if a <= 0.0 {
+            *g = 0.0;
+        }
+    }
+}
+
+/// Softmax and cross-entropy in one numerically stable pass over each row of `logits`
+/// (`rows x classes`).
+///
+/// Returns the mean loss over the rows and writes `dlogits = (softmax(logits) - onehot(label))
+/// / rows`, the gradient of that mean. The maximum of each row is subtracted before
+/// exponentiating, so large logits neither overflow nor lose the loss.
+pub fn softmax_cross_entropy(
+    logits: &[f32],
+    labels: &[u32],
+    classes: usize,
+    dlogits: &mut [f32],
+) -> f32 {
+    let rows = labels.len();
+    let inv_rows = 1.0 / rows as f32;
+    let mut loss = 0.0f64;
+    for ((row, d), &label) in logits
+        .chunks_exact(classes)
+        .zip(dlogits.chunks_exact_mut(classes))
+        .zip(labels)
+    {
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0.0f32;
+        for (e, &z) in d.iter_mut().zip(row) {
+            *e = (z - max).exp();
+            sum += *e;
+        }
+        let label = label as usize;
+        loss += f64::from(sum.ln() - (row[label] - max));
+        let scale = inv_rows / sum;
+        for e in d.iter_mut() {
+            *e *= scale;
+        }
+        d[label] -= inv_rows;
+    }
+    (loss / rows as f64) as f32
+}
+
+/// `out[c] = sum over r of x[r][c]` for a row-major `rows x out.len()` matrix (bias gradients).
+pub fn column_sum(x: &[f32], out: &mut [f32]) {
+    out.fill(0.0);
+    for row in x.chunks_exact(out.len()) {
+        for (o, v) in out.iter_mut().zip(row) {
+            *o += v;
+        }
+    }
+}
+
+/// The index of the largest value (the first one on ties).
+pub fn argmax(row: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// How many rows of `logits` (`rows x classes`) have their argmax at the row's label.
+pub fn count_correct(logits: &[f32], labels: &[u32], classes: usize) -> usize {
+    logits
+        .chunks_exact(classes)
+        .zip(labels)
+        .filter(|(row, &label)| argmax(row) == label as usize)
+        .count()
+}
+
+/// Copies the examples named by `indices` into `x` (one row of features each, scaled to
+/// `[0, 1]`) and their labels into `labels`.
+pub fn gather(examples: &ExampleSet, indices: &[u32], x: &mut [f32], labels: &mut [u32]) {
+    let features = examples.features();
+    for ((&i, row), label) in indices.iter().zip(x.chunks_exact_mut(features)).zip(labels) {
+        let i = i as usize;
+        for (v, &p) in row.iter_mut().zip(examples.features_of(i)) {
+            *v = f32::from(p) * (1.0 / 255.0);
+        }
+        *label = u32::from(examples.label(i));
+    }
+}
+
+/// The hyper-parameters of one optimiser step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct UpdateStep {
+    /// Learning rate of this step.
+    pub learning_rate: f32,
+    /// L2 coefficient: the step descends `grad + weight_decay * param` (0 for biases).
+    pub weight_decay: f32,
+    /// Moving-average decay of this step.
+    pub ema_decay: f32,
+}
+
+/// One fused pass of SGD with L2 decay and the moving average, over one span of parameters:
+///
+/// ```text
+/// g     = (grads[0][i] + grads[1][i] + ...) / grads.len()    summed in this order
+/// p[i] -= learning_rate * (g + weight_decay * p[i])
+/// e[i]  = ema_decay * e[i] + (1 - ema_decay) * p[i]
+/// ```
+///
+/// Averaging in a fixed order keeps a data-parallel run bitwise reproducible; doing it all in
+/// one pass reads each parameter once per step instead of four times.
+pub fn sgd_ema_update(params: &mut [f32], ema: &mut [f32], grads: &[&[f32]], step: UpdateStep) {
+    let UpdateStep {
+        learning_rate: lr,
+        weight_decay: wd,
+        ema_decay: d,
+    } = step;
+    let inv_n = 1.0 / grads.len() as f32;
+    match grads {
+        [g] => {
+            for ((p, e), g) in params.iter_mut().zip(ema.iter_mut()).zip(*g) {
+                *p -= lr * (g + wd * *p);
+                *e = d * *e + (1.0 - d) * *p;
+            }
+        }
+        _ => {
+            for (i, (p, e)) in params.iter_mut().zip(ema.iter_mut()).enumerate() {
+                let g = grads.iter().fold(0.0f32, |acc, g| acc + g[i]) * inv_n;
+                *p -= lr * (g + wd * *p);
+                *e = d * *e + (1.0 - d) * *p;
+            }
+        }
+    }
+}
+
+/// `sum of v^2`, accumulated in f64 (for the L2 term of the reported loss).
+pub fn sum_squares(v: &[f32]) -> f64 {
+    v.iter().map(|&x| f64::from(x) * f64::from(x)).sum()
+}

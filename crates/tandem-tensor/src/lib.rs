@@ -1,0 +1,32 @@
+//! Tensors and the operations a small neural network needs, behind a [`Backend`] trait.
+//!
+//! * [`Tensor`]: a shape and contiguous row-major `f32` storage, with truncated-normal
+//!   initialisation.
+//! * [`Backend`]: the operations a forward and backward pass of a multi-layer perceptron is
+//!   written against (matrix products with either operand transposed, bias + ReLU, a fused
+//!   softmax + cross-entropy, column sums, ...). [`CpuBackend`] implements it on the host; the
+//!   `tandem-kernels` crate implements it with CUDA kernels.
+//! * [`cpu`]: the plain CPU functions behind [`CpuBackend`]. They are also the reference twins
+//!   that every GPU kernel is tested against, and hold the host-side optimiser step
+//!   ([`cpu::sgd_ema_update`]).
+//!
+//! ```
+//! use tandem_tensor::{Backend, CpuBackend, Gemm};
+//!
+//! let cpu = CpuBackend;
+//! // C (2x2) = A (2x3) . B^T where B is stored as 2x3.
+//! let a = vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
+//! let b = vec![1.0, 0.0, 0.0, 0.0, 1.0, 0.0];
+//! let mut c = cpu.zeros(4).unwrap();
+//! let spec = Gemm { m: 2, n: 2, k: 3, a_transposed: false, b_transposed: true };
+//! cpu.matmul(spec, (&a, 0), (&b, 0), (&mut c, 0)).unwrap();
+//! assert_eq!(c, vec![1.0, 2.0, 4.0, 5.0]);
+//! ```
+#![warn(missing_docs)]
+
+mod backend;
+pub mod cpu;
+mod tensor;
+
+pub use backend::{Backend, CpuBackend, ExampleSet, Gemm, ShapeError};
+pub use tensor::Tensor;
