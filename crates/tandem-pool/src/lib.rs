@@ -1,1 +1,29 @@
-//! (in progress)
+//! The device pool: which devices to train on, the [`Replica`] trait a model implements to be
+//! trained data-parallel, and [`WorkerPool`], which runs one thread per replica.
+//!
+//! The pool knows nothing of any particular model or strategy. Workers talk to each other only
+//! through [`WorkerContext`] (a barrier that a failing worker breaks, so nobody waits forever)
+//! and whatever shared state a strategy hands them.
+//!
+//! ```
+//! use tandem_pool::{DeviceSpec, FailurePolicy, WorkerPool};
+//!
+//! let devices = "cpu:3".parse::<DeviceSpec>().unwrap().resolve().unwrap();
+//! assert_eq!(devices.len(), 3);
+//! // Any Send type can be a worker's state; a model replica is the usual one.
+//! let mut pool = WorkerPool::new(devices, |device| Ok::<_, std::io::Error>(device.to_string())).unwrap();
+//! let results = pool.run(FailurePolicy::StopAll, |ctx, name| {
+//!     ctx.barrier()?; // every worker arrives before any leaves
+//!     Ok(format!("{name} was worker {} of {}", ctx.worker(), ctx.workers()))
+//! });
+//! assert_eq!(results.into_results().unwrap()[2], "cpu:2 was worker 2 of 3");
+//! ```
+#![warn(missing_docs)]
+
+mod device;
+mod replica;
+mod workers;
+
+pub use device::{Device, DeviceError, DeviceSpec};
+pub use replica::{ParamSpan, Replica, ReplicaError};
+pub use workers::{Aborted, FailurePolicy, RunOutcome, WorkerContext, WorkerFailure, WorkerPool};

@@ -143,6 +143,16 @@ pub trait Backend: Send {
         offset: usize,
         dst: &mut [f32],
     ) -> Result<(), Self::Error>;
+    /// Lets host code fill the whole buffer in place: the CPU hands over its own memory, a
+    /// device backend stages through host memory. This is how replicas receive parameters.
+    fn write_with(
+        &self,
+        dst: &mut Self::Buffer,
+        fill: &mut dyn FnMut(&mut [f32]),
+    ) -> Result<(), Self::Error>;
+    /// Lets host code read the whole buffer (the CPU without a copy). This is how replicas hand
+    /// out gradients.
+    fn read_with(&self, src: &Self::Buffer, read: &mut dyn FnMut(&[f32])) -> Result<(), Self::Error>;
     /// Makes a data set resident (once per replica; the CPU shares it).
     fn upload_examples(&self, examples: &ExampleSet) -> Result<Self::Examples, Self::Error>;
     /// Gathers the examples at `indices` into the first rows of `x` (scaled to `[0, 1]`) and
@@ -258,6 +268,20 @@ impl Backend for CpuBackend {
 
     fn download(&self, src: &Vec<f32>, offset: usize, dst: &mut [f32]) -> Result<(), ShapeError> {
         dst.copy_from_slice(span("download", "src", (src, offset), dst.len())?);
+        Ok(())
+    }
+
+    fn write_with(
+        &self,
+        dst: &mut Vec<f32>,
+        fill: &mut dyn FnMut(&mut [f32]),
+    ) -> Result<(), ShapeError> {
+        fill(dst);
+        Ok(())
+    }
+
+    fn read_with(&self, src: &Vec<f32>, read: &mut dyn FnMut(&[f32])) -> Result<(), ShapeError> {
+        read(src);
         Ok(())
     }
 

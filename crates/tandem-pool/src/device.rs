@@ -1,0 +1,273 @@
+use std::fmt;
+use std::str::FromStr;
+
+/// One place a replica runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Device {
+    /// A CPU worker: one thread, one core.
+    Cpu {
+        /// Which CPU worker (0-based).
+        worker: usize,
+    },
+    /// A CUDA GPU (several replicas may share one).
+    Cuda {
+        /// The GPU's ordinal.
+        ordinal: usize,
+    },
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Cpu { worker } => write!(f, "cpu:{worker}"),
+            Device::Cuda { ordinal } => write!(f, "cuda:{ordinal}"),
+        }
+    }
+}
+
+/// What `--devices` asked for, before it is checked against the machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceSpec {
+    /// Every GPU when there are any, else one CPU worker per core.
+    Auto,
+    /// This many CPU workers.
+    Cpu(usize),
+    /// GPUs by ordinal, each with a number of replicas (`cuda:0,1` or `cuda:0x4`).
+    Cuda(Vec<(usize, usize)>),
+}
+
+/// A device specification that cannot be parsed or opened.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeviceError {
+    /// The text is not a device specification.
+    #[error(
+        "invalid device specification {spec:?}: {reason} \
+         (expected auto, cpu:N, cuda, cuda:0,1 or cuda:0x4)"
+    )]
+    Invalid {
+        /// The text given.
+        spec: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// CUDA devices were asked for but this build has no CUDA support.
+    #[error(
+        "{spec:?} asks for CUDA devices, but this binary was built without CUDA; \
+         rebuild with `--features cuda` or use cpu:N"
+    )]
+    BuiltWithoutCuda {
+        /// The text given.
+        spec: String,
+    },
+    /// A GPU ordinal that the machine does not have.
+    #[error("there is no CUDA device {ordinal}: this machine has {available}")]
+    NoSuchGpu {
+        /// The ordinal asked for.
+        ordinal: usize,
+        /// How many GPUs there are.
+        available: usize,
+    },
+    /// The CUDA driver could not be asked.
+    #[error("cannot enumerate CUDA devices: {0}")]
+    Cuda(String),
+}
+
+impl FromStr for DeviceSpec {
+    type Err = DeviceError;
+
+    fn from_str(text: &str) -> Result<Self, DeviceError> {
+        let invalid = |reason: &str| DeviceError::Invalid {
+            spec: text.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let count = |n: &str, what: &str| -> Result<usize, DeviceError> {
+            n.trim()
+                .parse::<usize>()
+                .map_err(|_| invalid(&format!("{n:?} is not a {what}")))
+        };
+        match text.trim() {
+            "auto" => Ok(DeviceSpec::Auto),
+            "cpu" => Ok(DeviceSpec::Cpu(1)),
+            "cuda" => Ok(DeviceSpec::Cuda(Vec::new())),
+            t => {
+                if let Some(n) = t.strip_prefix("cpu:") {
+                    match count(n, "worker count")? {
+                        0 => Err(invalid("at least one CPU worker is needed")),
+                        n => Ok(DeviceSpec::Cpu(n)),
+                    }
+                } else if let Some(list) = t.strip_prefix("cuda:") {
+                    let gpus = list
+                        .split(',')
+                        .map(|item| match item.split_once('x') {
+                            Some((ordinal, replicas)) => {
+                                let replicas = count(replicas, "replica count")?;
+                                if replicas == 0 {
+                                    return Err(invalid("a GPU needs at least one replica"));
+                                }
+                                Ok((count(ordinal, "GPU ordinal")?, replicas))
+                            }
+                            None => Ok((count(item, "GPU ordinal")?, 1)),
+                        })
+                        .collect::<Result<Vec<_>, _>>()?;
+                    Ok(DeviceSpec::Cuda(gpus))
+                } else {
+                    Err(invalid("unknown device kind"))
+                }
+            }
+        }
+    }
+}
+
+impl fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceSpec::Auto => write!(f, "auto"),
+            DeviceSpec::Cpu(n) => write!(f, "cpu:{n}"),
+            DeviceSpec::Cuda(gpus) if gpus.is_empty() => write!(f, "cuda"),
+            DeviceSpec::Cuda(gpus) => {
+                let items: Vec<String> = gpus
+                    .iter()
+                    .map(|&(o, r)| {
+                        if r == 1 {
+                            o.to_string()
+                        } else {
+                            format!("{o}x{r}")
+                        }
+                    })
+                    .collect();
+                write!(f, "cuda:{}", items.join(","))
+            }
+        }
+    }
+}
+
+impl DeviceSpec {
+    /// The devices this specification names on this machine, one per replica.
+    pub fn resolve(&self) -> Result<Vec<Device>, DeviceError> {
+        let cpus = |n: usize| (0..n).map(|worker| Device::Cpu { worker }).collect();
+        match self {
+            DeviceSpec::Cpu(n) => Ok(cpus(*n)),
+            DeviceSpec::Auto => match gpu_count() {
+                Ok(gpus) if gpus > 0 => {
+                    Ok((0..gpus).map(|ordinal| Device::Cuda { ordinal }).collect())
+                }
+                _ => Ok(cpus(
+                    std::thread::available_parallelism().map_or(1, |n| n.get()),
+                )),
+            },
+            DeviceSpec::Cuda(gpus) => {
+                let available = gpu_count().map_err(|e| match e {
+                    DeviceError::BuiltWithoutCuda { .. } => DeviceError::BuiltWithoutCuda {
+                        spec: self.to_string(),
+                    },
+                    other => other,
+                })?;
+                if gpus.is_empty() {
+                    return match available {
+                        0 => Err(DeviceError::NoSuchGpu {
+                            ordinal: 0,
+                            available,
+                        }),
+                        n => Ok((0..n).map(|ordinal| Device::Cuda { ordinal }).collect()),
+                    };
+                }
+                let mut devices = Vec::new();
+                for &(ordinal, replicas) in gpus {
+                    if ordinal >= available {
+                        return Err(DeviceError::NoSuchGpu { ordinal, available });
+                    }
+                    devices.extend(std::iter::repeat_n(Device::Cuda { ordinal }, replicas));
+                }
+                Ok(devices)
+            }
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn gpu_count() -> Result<usize, DeviceError> {
+    tandem_kernels::device_count().map_err(|e| DeviceError::Cuda(e.to_string()))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn gpu_count() -> Result<usize, DeviceError> {
+    Err(DeviceError::BuiltWithoutCuda {
+        spec: "cuda".into(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_form() {
+        assert_eq!("auto".parse(), Ok(DeviceSpec::Auto));
+        assert_eq!("cpu:4".parse(), Ok(DeviceSpec::Cpu(4)));
+        assert_eq!("cpu".parse(), Ok(DeviceSpec::Cpu(1)));
+        assert_eq!(
+            "cuda:0,1".parse(),
+            Ok(DeviceSpec::Cuda(vec![(0, 1), (1, 1)]))
+        );
+        assert_eq!("cuda:0x4".parse(), Ok(DeviceSpec::Cuda(vec![(0, 4)])));
+        assert_eq!(
+            "cuda:0x2,1".parse(),
+            Ok(DeviceSpec::Cuda(vec![(0, 2), (1, 1)]))
+        );
+        assert_eq!("cuda".parse(), Ok(DeviceSpec::Cuda(vec![])));
+    }
+
+    #[test]
+    fn display_round_trips() {
+        for text in [
+            "auto",
+            "cpu:3",
+            "cuda",
+            "cuda:0,1",
+            "cuda:0x4",
+            "cuda:1x2,3",
+        ] {
+            assert_eq!(text.parse::<DeviceSpec>().unwrap().to_string(), text);
+        }
+    }
+
+    #[test]
+    fn rejects_malformed_specs_with_a_reason() {
+        for bad in [
+            "cpu:0", "cpu:-1", "cpu:x", "gpu:0", "cuda:0x0", "cuda:a", "cuda:0,", "",
+        ] {
+            let err = bad.parse::<DeviceSpec>().unwrap_err();
+            assert!(matches!(err, DeviceError::Invalid { .. }), "{bad}: {err}");
+            assert!(err.to_string().contains("expected auto"), "{err}");
+        }
+    }
+
+    #[test]
+    fn cpu_and_auto_resolve_to_cpu_workers_without_gpus() {
+        let devices = DeviceSpec::Cpu(2).resolve().unwrap();
+        assert_eq!(
+            devices,
+            vec![Device::Cpu { worker: 0 }, Device::Cpu { worker: 1 }]
+        );
+        if cfg!(not(feature = "cuda")) {
+            assert!(!DeviceSpec::Auto.resolve().unwrap().is_empty());
+        }
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn cuda_specs_say_built_without_cuda() {
+        let err = "cuda:0x4"
+            .parse::<DeviceSpec>()
+            .unwrap()
+            .resolve()
+            .unwrap_err();
+        assert_eq!(
+            err,
+            DeviceError::BuiltWithoutCuda {
+                spec: "cuda:0x4".into()
+            }
+        );
+        assert!(err.to_string().contains("built without CUDA"));
+    }
+}

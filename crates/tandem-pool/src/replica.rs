@@ -1,0 +1,54 @@
+/// A named, contiguous span of a model's flat parameter vector.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParamSpan {
+    /// The parameter's name, e.g. `"layer1/weights"`.
+    pub name: String,
+    /// Its shape, outermost dimension first.
+    pub shape: Vec<usize>,
+    /// Whether L2 regularisation applies (weights yes, biases no).
+    pub weight_decay: bool,
+}
+
+impl ParamSpan {
+    /// The number of parameters in the span.
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Whether the span is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A replica's failure, boxed so that any backend's error fits.
+pub type ReplicaError = Box<dyn std::error::Error + Send + Sync>;
+
+/// One copy of a model on one device, as a data-parallel strategy drives it.
+///
+/// Parameters and gradients cross this boundary as flat `f32` vectors laid out as
+/// [`Replica::layout`] says, span after span. The optimiser step is not the replica's business:
+/// the strategy owns the parameters of record and applies updates to them.
+pub trait Replica: Send {
+    /// The parameter spans, in the order of the flat vectors.
+    fn layout(&self) -> &[ParamSpan];
+
+    /// Called once on the worker's thread before anything else (a GPU replica makes its context
+    /// current here).
+    fn bind_thread(&mut self) -> Result<(), ReplicaError> {
+        Ok(())
+    }
+
+    /// Replaces the replica's parameters: `fill` writes the whole flat vector.
+    fn set_params(&mut self, fill: &mut dyn FnMut(&mut [f32])) -> Result<(), ReplicaError>;
+
+    /// Computes the gradients of the mean data loss over the examples `batch` (indices into the
+    /// replica's training set) and returns that loss. Regularisation is the strategy's.
+    fn compute_gradients(&mut self, batch: &[u32]) -> Result<f32, ReplicaError>;
+
+    /// Hands the gradients of the last [`Replica::compute_gradients`] to `read`, flat.
+    fn read_gradients(&mut self, read: &mut dyn FnMut(&[f32])) -> Result<(), ReplicaError>;
+
+    /// The number of training examples `batch` indices may address.
+    fn training_examples(&self) -> usize;
+}
