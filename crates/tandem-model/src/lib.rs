@@ -1,1 +1,32 @@
-//! (in progress)
+//! The multi-layer perceptron of the TensorFlow book's `mnist_inference.py`: input -> hidden
+//! ReLU -> logits, trained with softmax cross-entropy. Forward and backward passes are written
+//! out by hand against [`tandem_tensor::Backend`], so the same code runs on the CPU and on CUDA.
+//!
+//! * [`Mlp`]: the layer sizes, the flat parameter layout and initialisation.
+//! * [`MlpReplica`]: one copy of the model on one backend, implementing
+//!   [`tandem_pool::Replica`] so that any data-parallel strategy can train it.
+//! * [`Mlp::evaluate`]: accuracy of a parameter vector on a data set.
+//!
+//! ```
+//! use rand::SeedableRng;
+//! use tandem_model::{Mlp, MlpReplica};
+//! use tandem_pool::Replica;
+//! use tandem_tensor::{CpuBackend, ExampleSet};
+//!
+//! let mlp = Mlp { inputs: 4, hidden: 8, classes: 3 };
+//! let examples = ExampleSet::new(4, vec![0, 255, 10, 3, 200, 1, 0, 0], vec![2, 0]).unwrap();
+//! let params = mlp.init(0.1, &mut rand::rngs::StdRng::seed_from_u64(1));
+//! let mut replica = MlpReplica::new(mlp, CpuBackend, &examples, 2).unwrap();
+//! replica.set_params(&mut |p| p.copy_from_slice(&params)).unwrap();
+//! let loss = replica.compute_gradients(&[0, 1]).unwrap();
+//! assert!(loss > 0.0 && loss.is_finite());
+//! let accuracy = mlp.evaluate(&CpuBackend, &params, &examples).unwrap();
+//! assert!((0.0..=1.0).contains(&accuracy));
+//! ```
+#![warn(missing_docs)]
+
+mod mlp;
+mod replica;
+
+pub use mlp::Mlp;
+pub use replica::MlpReplica;

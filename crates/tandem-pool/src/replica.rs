@@ -52,3 +52,30 @@ pub trait Replica: Send {
     /// The number of training examples `batch` indices may address.
     fn training_examples(&self) -> usize;
 }
+
+/// Lets a pool hold replicas of different backends side by side.
+impl<R: Replica + ?Sized> Replica for Box<R> {
+    fn layout(&self) -> &[ParamSpan] {
+        (**self).layout()
+    }
+
+    fn bind_thread(&mut self) -> Result<(), ReplicaError> {
+        (**self).bind_thread()
+    }
+
+    fn set_params(&mut self, fill: &mut dyn FnMut(&mut [f32])) -> Result<(), ReplicaError> {
+        (**self).set_params(fill)
+    }
+
+    fn compute_gradients(&mut self, batch: &[u32]) -> Result<f32, ReplicaError> {
+        (**self).compute_gradients(batch)
+    }
+
+    fn read_gradients(&mut self, read: &mut dyn FnMut(&[f32])) -> Result<(), ReplicaError> {
+        (**self).read_gradients(read)
+    }
+
+    fn training_examples(&self) -> usize {
+        (**self).training_examples()
+    }
+}

@@ -1,1 +1,191 @@
-//! (in progress)
+//! Data-parallel training strategies over a [`tandem_pool::WorkerPool`] of replicas.
+//!
+//! * [`sync::train`]: every replica starts each step from the same parameters, computes
+//!   gradients on its own shard of the global batch; the gradients are averaged in a fixed order
+//!   and one identical update is applied (bitwise reproducible for a seed and worker count).
+//! * [`asynchronous::train`]: each worker reads the latest parameters from a shared store,
+//!   computes gradients on its own batch and applies its update at once, without waiting for the
+//!   others (parameter-server style; updates can be stale, and staleness is measured).
+//!
+//! Both share everything else: the [`Hyper`] parameters and their [schedules](Hyper::learning_rate),
+//! the sharded parameter store, the data order ([`EpochOrder`]), the optimiser step
+//! ([`tandem_tensor::cpu::sgd_ema_update`]), [`Observer`] callbacks and the [`TrainReport`].
+//! Neither knows anything of the model beyond the [`tandem_pool::Replica`] trait.
+//!
+//! ```
+//! use tandem_pool::{Device, ParamSpan, Replica, ReplicaError, WorkerPool};
+//! use tandem_strategy::{sync, Hyper, NoObserver, TrainState};
+//!
+//! /// Fits y = w . x to a target w* = 3 on a data set where example i is x = i.
+//! struct Scalar { layout: Vec<ParamSpan>, w: f32, grad: f32 }
+//! impl Replica for Scalar {
+//!     fn layout(&self) -> &[ParamSpan] { &self.layout }
+//!     fn set_params(&mut self, fill: &mut dyn FnMut(&mut [f32])) -> Result<(), ReplicaError> {
+//!         let mut p = [0.0]; fill(&mut p); self.w = p[0]; Ok(())
+//!     }
+//!     fn compute_gradients(&mut self, batch: &[u32]) -> Result<f32, ReplicaError> {
+//!         let n = batch.len() as f32;
+//!         let (mut loss, mut grad) = (0.0, 0.0);
+//!         for &i in batch {
+//!             let x = i as f32 / 10.0;
+//!             let err = self.w * x - 3.0 * x;
+//!             loss += 0.5 * err * err / n;
+//!             grad += err * x / n;
+//!         }
+//!         self.grad = grad;
+//!         Ok(loss)
+//!     }
+//!     fn read_gradients(&mut self, read: &mut dyn FnMut(&[f32])) -> Result<(), ReplicaError> {
+//!         read(&[self.grad]); Ok(())
+//!     }
+//!     fn training_examples(&self) -> usize { 10 }
+//! }
+//!
+//! let layout = vec![ParamSpan { name: "w".into(), shape: vec![1], weight_decay: false }];
+//! let devices = (0..2).map(|worker| Device::Cpu { worker }).collect();
+//! let mut pool = WorkerPool::new(devices, |_| {
+//!     Ok::<_, ReplicaError>(Scalar { layout: layout.clone(), w: 0.0, grad: 0.0 })
+//! }).unwrap();
+//! let hyper = Hyper { batch_size: 5, learning_rate: 0.5, ..Hyper::default() };
+//! let mut state = TrainState::new(vec![0.0]);
+//! sync::train(&mut pool, &mut state, &hyper, 200, &NoObserver).unwrap();
+//! assert!((state.params[0] - 3.0).abs() < 1e-3);
+//! ```
+#![warn(missing_docs)]
+
+pub mod asynchronous;
+mod common;
+mod hyper;
+mod order;
+mod store;
+pub mod sync;
+
+pub use hyper::Hyper;
+pub use order::EpochOrder;
+
+use std::time::Duration;
+
+use tandem_pool::WorkerFailure;
+
+/// Everything that defines where a training run stands: the parameters of record, their moving
+/// average and the global step. Both strategies read it at the start of a run and leave the
+/// final values in it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainState {
+    /// The parameters, flat, in the replicas' layout.
+    pub params: Vec<f32>,
+    /// The moving average of the parameters.
+    pub ema: Vec<f32>,
+    /// Updates applied so far.
+    pub step: u64,
+}
+
+impl TrainState {
+    /// A fresh run from `params` (the moving average starts equal to them).
+    pub fn new(params: Vec<f32>) -> Self {
+        Self {
+            ema: params.clone(),
+            params,
+            step: 0,
+        }
+    }
+}
+
+/// What a strategy tells its observer every `log_every` steps.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepReport {
+    /// The global step just completed (1-based: updates applied so far).
+    pub step: u64,
+    /// Mean data loss of the step's batch plus the L2 term (`weight_decay / 2 * sum w^2`).
+    pub loss: f32,
+    /// The learning rate the step used.
+    pub learning_rate: f32,
+    /// Examples processed by all workers since this run started.
+    pub examples: u64,
+    /// Wall time since this run started.
+    pub elapsed: Duration,
+    /// Asynchronous only: how many other updates landed between this update's read of the
+    /// parameters and its own application.
+    pub staleness: Option<u64>,
+}
+
+/// Hooks a strategy calls while it trains. Both methods are called from worker threads.
+pub trait Observer: Sync {
+    /// Called after every `log_every`-th global step.
+    fn on_log(&self, report: &StepReport) {
+        let _ = report;
+    }
+
+    /// Polled once a step; `true` ends the run cleanly after the current step.
+    fn should_stop(&self) -> bool {
+        false
+    }
+}
+
+/// An observer that does nothing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoObserver;
+
+impl Observer for NoObserver {}
+
+/// Staleness of asynchronous updates.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Staleness {
+    /// Mean over all updates.
+    pub mean: f64,
+    /// The largest seen.
+    pub max: u64,
+}
+
+/// How a run went.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainReport {
+    /// Updates applied in this run.
+    pub steps: u64,
+    /// Examples processed by all workers in this run.
+    pub examples: u64,
+    /// Wall time of the run.
+    pub elapsed: Duration,
+    /// Asynchronous only.
+    pub staleness: Option<Staleness>,
+    /// Asynchronous only: workers that failed while the others carried on.
+    pub failures: Vec<WorkerFailure>,
+    /// Whether the observer asked to stop before the last step.
+    pub stopped: bool,
+}
+
+impl TrainReport {
+    /// Examples per second over the run.
+    pub fn examples_per_sec(&self) -> f64 {
+        self.examples as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+/// Why a run could not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// The state does not match the replicas' layout.
+    #[error("the training state has {state} parameters but the model has {model}")]
+    StateMismatch {
+        /// Parameters in the state.
+        state: usize,
+        /// Parameters the replicas' layout describes.
+        model: usize,
+    },
+    /// The configuration cannot run.
+    #[error("invalid training configuration: {0}")]
+    Config(String),
+    /// A worker failed (synchronous: the run stopped; asynchronous: every worker failed).
+    #[error(transparent)]
+    Worker(#[from] WorkerFailure),
+}
+
+/// A non-finite loss ends a run before its update is applied.
+#[derive(Debug, thiserror::Error)]
+#[error("the loss is {loss} at step {step}: training diverged (try a smaller learning rate)")]
+pub struct NonFiniteLoss {
+    /// The loss.
+    pub loss: f32,
+    /// The global step.
+    pub step: u64,
+}

@@ -129,6 +129,11 @@ pub trait Backend: Send {
     /// What can go wrong.
     type Error: std::error::Error + From<ShapeError> + Send + Sync + 'static;
 
+    /// Makes this backend usable from the calling thread (a GPU backend makes its context
+    /// current). Called once by each worker thread before anything else.
+    fn bind_thread(&self) -> Result<(), Self::Error> {
+        Ok(())
+    }
     /// A buffer of `len` zeros.
     fn zeros(&self, len: usize) -> Result<Self::Buffer, Self::Error>;
     /// A label buffer of `len` zeros.
@@ -152,7 +157,11 @@ pub trait Backend: Send {
     ) -> Result<(), Self::Error>;
     /// Lets host code read the whole buffer (the CPU without a copy). This is how replicas hand
     /// out gradients.
-    fn read_with(&self, src: &Self::Buffer, read: &mut dyn FnMut(&[f32])) -> Result<(), Self::Error>;
+    fn read_with(
+        &self,
+        src: &Self::Buffer,
+        read: &mut dyn FnMut(&[f32]),
+    ) -> Result<(), Self::Error>;
     /// Makes a data set resident (once per replica; the CPU shares it).
     fn upload_examples(&self, examples: &ExampleSet) -> Result<Self::Examples, Self::Error>;
     /// Gathers the examples at `indices` into the first rows of `x` (scaled to `[0, 1]`) and

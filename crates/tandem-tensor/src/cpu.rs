@@ -158,7 +158,7 @@ pub fn gather(examples: &ExampleSet, indices: &[u32], x: &mut [f32], labels: &mu
     for ((&i, row), label) in indices.iter().zip(x.chunks_exact_mut(features)).zip(labels) {
         let i = i as usize;
         for (v, &p) in row.iter_mut().zip(examples.features_of(i)) {
-            *v = f32::from(p) * (1.0 / 255.0);
+            *v = f32::from(p) / 255.0;
         }
         *label = u32::from(examples.label(i));
     }
@@ -191,20 +191,28 @@ pub fn sgd_ema_update(params: &mut [f32], ema: &mut [f32], grads: &[&[f32]], ste
         weight_decay: wd,
         ema_decay: d,
     } = step;
+    let Some((first, rest)) = grads.split_first() else {
+        return;
+    };
     let inv_n = 1.0 / grads.len() as f32;
-    match grads {
-        [g] => {
-            for ((p, e), g) in params.iter_mut().zip(ema.iter_mut()).zip(*g) {
-                *p -= lr * (g + wd * *p);
-                *e = d * *e + (1.0 - d) * *p;
+    // Sum the gradients block by block into a small stack buffer: plain vectorisable loops,
+    // always in the order given.
+    const BLOCK: usize = 256;
+    let mut sum = [0.0f32; BLOCK];
+    for (start, (p, e)) in (0..)
+        .step_by(BLOCK)
+        .zip(params.chunks_mut(BLOCK).zip(ema.chunks_mut(BLOCK)))
+    {
+        let g = &mut sum[..p.len()];
+        g.copy_from_slice(&first[start..start + p.len()]);
+        for other in rest {
+            for (acc, x) in g.iter_mut().zip(&other[start..start + p.len()]) {
+                *acc += x;
             }
         }
-        _ => {
-            for (i, (p, e)) in params.iter_mut().zip(ema.iter_mut()).enumerate() {
-                let g = grads.iter().fold(0.0f32, |acc, g| acc + g[i]) * inv_n;
-                *p -= lr * (g + wd * *p);
-                *e = d * *e + (1.0 - d) * *p;
-            }
+        for ((p, e), g) in p.iter_mut().zip(e.iter_mut()).zip(g.iter()) {
+            *p -= lr * (g * inv_n + wd * *p);
+            *e = d * *e + (1.0 - d) * *p;
         }
     }
 }

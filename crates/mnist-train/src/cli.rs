@@ -1,0 +1,89 @@
+use std::path::PathBuf;
+
+use clap::{Args, Parser};
+use tandem_pool::DeviceSpec;
+
+/// Train the TensorFlow book's MNIST network (784-500-10 ReLU, SGD with exponential decay,
+/// L2 regularisation, a moving average of the weights) data-parallel across several workers.
+///
+/// Synchronous mode (--sync, the default): every step, each worker computes gradients on its
+/// own shard of the global batch (workers x --batch-size examples), the gradients are averaged
+/// and one identical update is applied. Asynchronous mode (--async): each worker reads the
+/// latest parameters, computes gradients on its own batch and applies its update at once,
+/// without waiting for the others.
+#[derive(Debug, Parser)]
+#[command(version, about, long_about)]
+pub struct Cli {
+    #[command(flatten)]
+    pub train: TrainArgs,
+}
+
+/// How to train.
+#[derive(Debug, Clone, Args)]
+pub struct TrainArgs {
+    /// Synchronous data parallelism: averaged gradients, one identical update per step (default).
+    #[arg(long, conflicts_with = "asynchronous")]
+    pub sync: bool,
+
+    /// Asynchronous data parallelism: each worker updates the shared parameters on its own.
+    #[arg(long = "async", id = "asynchronous")]
+    pub asynchronous: bool,
+
+    /// Devices, one replica each: auto (all GPUs, else one CPU worker per core), cpu:N,
+    /// cuda:0,1 (GPUs 0 and 1) or cuda:0x4 (four replicas on GPU 0).
+    #[arg(long, default_value = "auto", value_name = "SPEC")]
+    pub devices: DeviceSpec,
+
+    /// Passes over the 55,000 training examples.
+    #[arg(long, default_value_t = 10, conflicts_with = "steps")]
+    pub epochs: u64,
+
+    /// Train for this many global steps instead of --epochs (sync: one step uses every
+    /// worker's batch; async: one step is one worker's update).
+    #[arg(long)]
+    pub steps: Option<u64>,
+
+    /// Examples per worker per step.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=60000))]
+    pub batch_size: u64,
+
+    /// Base learning rate.
+    #[arg(long = "lr", alias = "learning-rate", default_value_t = 0.8)]
+    pub learning_rate: f32,
+
+    /// The learning rate is multiplied by this once per epoch (continuously).
+    #[arg(long, default_value_t = 0.99)]
+    pub lr_decay: f32,
+
+    /// L2 regularisation coefficient on the weights.
+    #[arg(long, default_value_t = 1e-4)]
+    pub weight_decay: f32,
+
+    /// Moving-average decay of the parameters (warmed up as min(decay, (1+step)/(10+step))).
+    #[arg(long, default_value_t = 0.99)]
+    pub ema_decay: f32,
+
+    /// Standard deviation of the truncated-normal initial weights.
+    #[arg(long, default_value_t = 0.1)]
+    pub init_stddev: f32,
+
+    /// Seed of the initial weights and the data order.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+
+    /// Directory holding the four MNIST IDX files (gzip or plain) [default: data/mnist of this
+    /// repository].
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+
+    /// Print a progress line every this many steps (0: never).
+    #[arg(long, default_value_t = 1000)]
+    pub log_every: u64,
+}
+
+impl TrainArgs {
+    /// Whether asynchronous mode was asked for.
+    pub fn is_async(&self) -> bool {
+        self.asynchronous
+    }
+}

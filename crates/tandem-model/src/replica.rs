@@ -1,0 +1,166 @@
+use tandem_pool::{ParamSpan, Replica, ReplicaError};
+use tandem_tensor::{Backend, ExampleSet, Gemm};
+
+use crate::Mlp;
+
+/// One copy of an [`Mlp`] on one backend, with its parameters, gradients, batch buffers and a
+/// resident copy of the training set.
+pub struct MlpReplica<B: Backend> {
+    mlp: Mlp,
+    layout: Vec<ParamSpan>,
+    backend: B,
+    examples: B::Examples,
+    training_examples: usize,
+    params: B::Buffer,
+    grads: B::Buffer,
+    capacity: usize,
+    x: B::Buffer,
+    labels: B::Labels,
+    hidden: B::Buffer,
+    logits: B::Buffer,
+    dlogits: B::Buffer,
+    dhidden: B::Buffer,
+}
+
+impl<B: Backend> MlpReplica<B> {
+    /// A replica with zero parameters (set them with [`Replica::set_params`]) and buffers for
+    /// batches of up to `max_batch` examples drawn from `training`.
+    pub fn new(
+        mlp: Mlp,
+        backend: B,
+        training: &ExampleSet,
+        max_batch: usize,
+    ) -> Result<Self, B::Error> {
+        let capacity = max_batch.max(1);
+        Ok(Self {
+            layout: mlp.layout(),
+            examples: backend.upload_examples(training)?,
+            training_examples: training.len(),
+            params: backend.zeros(mlp.num_params())?,
+            grads: backend.zeros(mlp.num_params())?,
+            capacity,
+            x: backend.zeros(capacity * mlp.inputs)?,
+            labels: backend.zero_labels(capacity)?,
+            hidden: backend.zeros(capacity * mlp.hidden)?,
+            logits: backend.zeros(capacity * mlp.classes)?,
+            dlogits: backend.zeros(capacity * mlp.classes)?,
+            dhidden: backend.zeros(capacity * mlp.hidden)?,
+            mlp,
+            backend,
+        })
+    }
+
+    /// The backend this replica computes on.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    fn grow(&mut self, rows: usize) -> Result<(), B::Error> {
+        let (b, m) = (&self.backend, &self.mlp);
+        self.x = b.zeros(rows * m.inputs)?;
+        self.labels = b.zero_labels(rows)?;
+        self.hidden = b.zeros(rows * m.hidden)?;
+        self.logits = b.zeros(rows * m.classes)?;
+        self.dlogits = b.zeros(rows * m.classes)?;
+        self.dhidden = b.zeros(rows * m.hidden)?;
+        self.capacity = rows;
+        Ok(())
+    }
+
+    /// The forward and backward pass; see [`Replica::compute_gradients`].
+    fn step(&mut self, batch: &[u32]) -> Result<f32, B::Error> {
+        let rows = batch.len();
+        if rows > self.capacity {
+            self.grow(rows)?;
+        }
+        let Mlp {
+            inputs,
+            hidden,
+            classes,
+        } = self.mlp;
+        let o = self.mlp.offsets();
+        let b = &self.backend;
+        b.gather(&self.examples, batch, &mut self.x, &mut self.labels)?;
+        self.mlp.forward(
+            b,
+            &self.params,
+            &self.x,
+            rows,
+            &mut self.hidden,
+            &mut self.logits,
+        )?;
+        let loss =
+            b.softmax_cross_entropy(&self.logits, &self.labels, rows, classes, &mut self.dlogits)?;
+        // Layer 2: dW2 = H^T . dL, db2 = colsum(dL), dH = dL . W2^T masked by the ReLU.
+        let dw2 = Gemm {
+            m: hidden,
+            n: classes,
+            k: rows,
+            a_transposed: true,
+            b_transposed: false,
+        };
+        b.matmul(
+            dw2,
+            (&self.hidden, 0),
+            (&self.dlogits, 0),
+            (&mut self.grads, o.w2),
+        )?;
+        b.column_sum(&self.dlogits, rows, classes, (&mut self.grads, o.b2))?;
+        let dh = Gemm {
+            m: rows,
+            n: hidden,
+            k: classes,
+            a_transposed: false,
+            b_transposed: true,
+        };
+        b.matmul(
+            dh,
+            (&self.dlogits, 0),
+            (&self.params, o.w2),
+            (&mut self.dhidden, 0),
+        )?;
+        b.relu_backward(&mut self.dhidden, &self.hidden, rows * hidden)?;
+        // Layer 1: dW1 = X^T . dH, db1 = colsum(dH). The input gradient is never needed.
+        let dw1 = Gemm {
+            m: inputs,
+            n: hidden,
+            k: rows,
+            a_transposed: true,
+            b_transposed: false,
+        };
+        b.matmul(
+            dw1,
+            (&self.x, 0),
+            (&self.dhidden, 0),
+            (&mut self.grads, o.w1),
+        )?;
+        b.column_sum(&self.dhidden, rows, hidden, (&mut self.grads, o.b1))?;
+        Ok(loss)
+    }
+}
+
+impl<B: Backend> Replica for MlpReplica<B> {
+    fn layout(&self) -> &[ParamSpan] {
+        &self.layout
+    }
+
+    fn bind_thread(&mut self) -> Result<(), ReplicaError> {
+        Ok(self.backend.bind_thread()?)
+    }
+
+    fn set_params(&mut self, fill: &mut dyn FnMut(&mut [f32])) -> Result<(), ReplicaError> {
+        Ok(self.backend.write_with(&mut self.params, fill)?)
+    }
+
+    fn compute_gradients(&mut self, batch: &[u32]) -> Result<f32, ReplicaError> {
+        Ok(self.step(batch)?)
+    }
+
+    fn read_gradients(&mut self, read: &mut dyn FnMut(&[f32])) -> Result<(), ReplicaError> {
+        Ok(self.backend.read_with(&self.grads, read)?)
+    }
+
+    fn training_examples(&self) -> usize {
+        self.training_examples
+    }
+}

@@ -1,0 +1,120 @@
+//! Asynchronous data parallelism (parameter-server style).
+//!
+//! The parameters of record live in a sharded store. Each worker, on its own schedule, takes
+//! the next batch ticket, copies the current parameters from the store, computes gradients on
+//! that batch and applies its update to the store at once, shard by shard under each shard's
+//! lock, so no update is lost. Nobody waits for anybody: an update may be computed from
+//! parameters that others have changed since (its staleness, recorded for every update).
+//!
+//! A worker that fails drops out; the others carry on and the report lists the failure. The run
+//! fails only when every worker has.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Instant;
+
+use tandem_pool::{FailurePolicy, Replica, WorkerPool};
+
+use crate::common::{check_loss, validate};
+use crate::store::ParamStore;
+use crate::{
+    EpochOrder, Hyper, Observer, Staleness, StepReport, TrainError, TrainReport, TrainState,
+};
+
+/// Trains from `state` until `state.step == end_step` updates have been applied (or the
+/// observer stops it), leaving the final parameters, moving average and step in `state`.
+/// Every update uses one worker's batch of `batch_size` examples.
+pub fn train<R: Replica>(
+    pool: &mut WorkerPool<R>,
+    state: &mut TrainState,
+    hyper: &Hyper,
+    end_step: u64,
+    observer: &dyn Observer,
+) -> Result<TrainReport, TrainError> {
+    let examples = validate(pool, state, hyper)?;
+    let workers = pool.len();
+    let batch_size = hyper.batch_size as u64;
+    let steps_per_epoch = examples as f64 / batch_size as f64;
+    let store = ParamStore::new(state, pool.replicas()[0].layout());
+    let shards = store.shard_count();
+    // Tickets hand out batches; `applied` counts updates and is the store's version.
+    let tickets = AtomicU64::new(state.step);
+    let applied = AtomicU64::new(state.step);
+    let stop = AtomicBool::new(false);
+    let start_step = state.step;
+    let started = Instant::now();
+
+    let outcome = pool.run(FailurePolicy::Continue, |ctx, replica| {
+        replica.bind_thread()?;
+        let mut order = EpochOrder::new(hyper.seed, examples);
+        let mut batch = vec![0u32; hyper.batch_size];
+        // Workers start their update at different shards so they rarely queue on one lock.
+        let first_shard = ctx.worker() * shards / workers;
+        let (mut staleness_sum, mut staleness_max, mut updates) = (0u64, 0u64, 0u64);
+        loop {
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            let ticket = tickets.fetch_add(1, Ordering::Relaxed);
+            if ticket >= end_step {
+                break;
+            }
+            ctx.set_step(ticket + 1);
+            let read_version = applied.load(Ordering::Acquire);
+            replica.set_params(&mut |p| store.copy_params(p))?;
+            order.fill(ticket * batch_size, &mut batch);
+            let loss = check_loss(replica.compute_gradients(&batch)?, ticket)?;
+            let mut step = 0;
+            replica.read_gradients(&mut |g| {
+                step = applied.fetch_add(1, Ordering::AcqRel);
+                let lr = hyper.learning_rate(step, steps_per_epoch);
+                for shard in (first_shard..shards).chain(0..first_shard) {
+                    store.update(shard, &[g], hyper, lr, hyper.ema_decay(step));
+                }
+            })?;
+            let staleness = step - read_version;
+            staleness_sum += staleness;
+            staleness_max = staleness_max.max(staleness);
+            updates += 1;
+            if observer.should_stop() {
+                stop.store(true, Ordering::Relaxed);
+            }
+            if hyper.log_every > 0 && (step + 1) % hyper.log_every == 0 {
+                observer.on_log(&StepReport {
+                    step: step + 1,
+                    loss: loss + store.l2_loss(hyper.weight_decay),
+                    learning_rate: hyper.learning_rate(step, steps_per_epoch),
+                    examples: (step + 1 - start_step) * batch_size,
+                    elapsed: started.elapsed(),
+                    staleness: Some(staleness),
+                });
+            }
+        }
+        Ok((staleness_sum, staleness_max, updates))
+    });
+    let elapsed = started.elapsed();
+    if outcome.results.iter().all(Option::is_none) {
+        if let Some(failure) = outcome.failures.first() {
+            return Err(failure.clone().into());
+        }
+    }
+    let (sum, max, updates) = outcome
+        .results
+        .iter()
+        .flatten()
+        .fold((0, 0, 0), |(s, m, n), &(ws, wm, wn)| {
+            (s + ws, m.max(wm), n + wn)
+        });
+    store.save_into(state);
+    state.step = applied.load(Ordering::Acquire);
+    Ok(TrainReport {
+        steps: updates,
+        examples: updates * batch_size,
+        elapsed,
+        staleness: Some(Staleness {
+            mean: sum as f64 / updates.max(1) as f64,
+            max,
+        }),
+        failures: outcome.failures,
+        stopped: state.step < end_step && stop.load(Ordering::Relaxed),
+    })
+}

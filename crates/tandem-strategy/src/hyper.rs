@@ -1,0 +1,64 @@
+/// The optimiser's hyper-parameters, with the TensorFlow book's defaults.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Hyper {
+    /// Examples per worker per step.
+    pub batch_size: usize,
+    /// Base learning rate.
+    pub learning_rate: f32,
+    /// The learning rate is multiplied by this once per epoch, continuously.
+    pub lr_decay: f32,
+    /// L2 coefficient on weights: the loss gains `weight_decay / 2 * sum w^2`.
+    pub weight_decay: f32,
+    /// Upper bound of the moving-average decay.
+    pub ema_decay: f32,
+    /// Seed of the data order.
+    pub seed: u64,
+    /// Call the observer every this many steps (0: never).
+    pub log_every: u64,
+}
+
+impl Default for Hyper {
+    fn default() -> Self {
+        Self {
+            batch_size: 100,
+            learning_rate: 0.8,
+            lr_decay: 0.99,
+            weight_decay: 1e-4,
+            ema_decay: 0.99,
+            seed: 1,
+            log_every: 1000,
+        }
+    }
+}
+
+impl Hyper {
+    /// `learning_rate * lr_decay ^ (step / steps_per_epoch)` (TensorFlow's `exponential_decay`,
+    /// not staircase).
+    pub fn learning_rate(&self, step: u64, steps_per_epoch: f64) -> f32 {
+        let epochs = step as f64 / steps_per_epoch.max(1e-12);
+        (f64::from(self.learning_rate) * f64::from(self.lr_decay).powf(epochs)) as f32
+    }
+
+    /// `min(ema_decay, (1 + step) / (10 + step))` (TensorFlow's `ExponentialMovingAverage` with
+    /// `num_updates`): the average follows the parameters closely while they move fast.
+    pub fn ema_decay(&self, step: u64) -> f32 {
+        let warmup = (1.0 + step as f64) / (10.0 + step as f64);
+        (warmup as f32).min(self.ema_decay)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedules_follow_the_book() {
+        let h = Hyper::default();
+        assert_eq!(h.learning_rate(0, 550.0), 0.8);
+        assert!((h.learning_rate(550, 550.0) - 0.792).abs() < 1e-6);
+        assert!((h.learning_rate(275, 550.0) - 0.8 * 0.99f32.sqrt()).abs() < 1e-6);
+        assert!((h.ema_decay(0) - 0.1).abs() < 1e-7);
+        assert!((h.ema_decay(10) - 11.0 / 20.0).abs() < 1e-7);
+        assert_eq!(h.ema_decay(100_000), 0.99);
+    }
+}

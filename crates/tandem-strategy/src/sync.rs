@@ -1,0 +1,122 @@
+//! Synchronous data parallelism.
+//!
+//! Each step, every worker loads the same parameters, computes gradients on its own shard of
+//! the global batch (`workers x batch_size` consecutive examples of the [`EpochOrder`]) and
+//! publishes them. After a barrier, each worker averages the gradients of its own slice of the
+//! parameters over all workers, always in worker order, and applies the update to that slice;
+//! a second barrier ends the step. The reduction order never depends on timing, so a run is
+//! bitwise reproducible for a seed and a worker count, and the averaged gradient equals that of
+//! one worker with a `workers` times larger batch.
+//!
+//! A worker that fails stops the whole run at the next barrier, with an error naming the
+//! worker and the step.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::RwLock;
+use std::time::Instant;
+
+use tandem_pool::{FailurePolicy, Replica, WorkerPool};
+
+use crate::common::{check_loss, validate};
+use crate::store::ParamStore;
+use crate::{EpochOrder, Hyper, Observer, StepReport, TrainError, TrainReport, TrainState};
+
+/// Trains from `state` until `state.step == end_step` (or the observer stops it), leaving the
+/// final parameters, moving average and step in `state`.
+pub fn train<R: Replica>(
+    pool: &mut WorkerPool<R>,
+    state: &mut TrainState,
+    hyper: &Hyper,
+    end_step: u64,
+    observer: &dyn Observer,
+) -> Result<TrainReport, TrainError> {
+    let examples = validate(pool, state, hyper)?;
+    let workers = pool.len();
+    let global_batch = (workers * hyper.batch_size) as u64;
+    let steps_per_epoch = examples as f64 / global_batch as f64;
+    let store = ParamStore::new(state, pool.replicas()[0].layout());
+    let num_params = state.params.len();
+    let grads: Vec<RwLock<Vec<f32>>> = (0..workers)
+        .map(|_| RwLock::new(vec![0.0; num_params]))
+        .collect();
+    let losses: Vec<AtomicU32> = (0..workers).map(|_| AtomicU32::new(0)).collect();
+    let stop = AtomicBool::new(false);
+    let start_step = state.step;
+    let started = Instant::now();
+
+    let outcome = pool.run(FailurePolicy::StopAll, |ctx, replica| {
+        let me = ctx.worker();
+        let owned = store.owned_by(me, workers);
+        replica.bind_thread()?;
+        let mut order = EpochOrder::new(hyper.seed, examples);
+        let mut batch = vec![0u32; hyper.batch_size];
+        let mut done = start_step;
+        for step in start_step..end_step {
+            ctx.set_step(step + 1);
+            replica.set_params(&mut |p| store.copy_params(p))?;
+            order.fill(
+                step * global_batch + (me * hyper.batch_size) as u64,
+                &mut batch,
+            );
+            let loss = check_loss(replica.compute_gradients(&batch)?, step)?;
+            losses[me].store(loss.to_bits(), Ordering::Relaxed);
+            {
+                let mut mine = grads[me].write().unwrap_or_else(|p| p.into_inner());
+                replica.read_gradients(&mut |g| mine.copy_from_slice(g))?;
+            }
+            ctx.barrier()?;
+
+            let lr = hyper.learning_rate(step, steps_per_epoch);
+            {
+                let all: Vec<_> = grads
+                    .iter()
+                    .map(|g| g.read().unwrap_or_else(|p| p.into_inner()))
+                    .collect();
+                let all: Vec<&[f32]> = all.iter().map(|g| g.as_slice()).collect();
+                for shard in owned.clone() {
+                    store.update(shard, &all, hyper, lr, hyper.ema_decay(step));
+                }
+            }
+            // Worker 0 decides for everyone, before the barrier, so all stop after the same step.
+            if me == 0 && observer.should_stop() {
+                stop.store(true, Ordering::Relaxed);
+            }
+            ctx.barrier()?;
+            done = step + 1;
+
+            if me == 0 && hyper.log_every > 0 && done % hyper.log_every == 0 {
+                let data_loss: f32 = losses
+                    .iter()
+                    .map(|l| f32::from_bits(l.load(Ordering::Relaxed)))
+                    .sum::<f32>()
+                    / workers as f32;
+                observer.on_log(&StepReport {
+                    step: done,
+                    loss: data_loss + store.l2_loss(hyper.weight_decay),
+                    learning_rate: lr,
+                    examples: (done - start_step) * global_batch,
+                    elapsed: started.elapsed(),
+                    staleness: None,
+                });
+            }
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+        }
+        Ok(done)
+    });
+    let elapsed = started.elapsed();
+    let finished = outcome.into_results()?;
+    let reached = finished.first().copied().unwrap_or(start_step);
+    store.save_into(state);
+    state.step = reached;
+    let steps = reached - start_step;
+    Ok(TrainReport {
+        steps,
+        examples: steps * global_batch,
+        elapsed,
+        staleness: None,
+        failures: Vec::new(),
+        stopped: reached < end_step,
+    })
+}

@@ -1,0 +1,247 @@
+//! Every CPU operation against a direct f64 computation.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tandem_tensor::cpu::{self, UpdateStep};
+use tandem_tensor::{Backend, CpuBackend, ExampleSet, Gemm, ShapeError};
+
+fn random(len: usize, rng: &mut ChaCha8Rng) -> Vec<f32> {
+    (0..len).map(|_| rng.random_range(-1.0..1.0)).collect()
+}
+
+fn close(a: f64, b: f64, rel: f64) -> bool {
+    (a - b).abs() <= rel * (1.0 + a.abs().max(b.abs()))
+}
+
+#[test]
+fn matmul_matches_f64_for_every_transpose_and_odd_shapes() {
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    for (m, n, k) in [
+        (1, 1, 1),
+        (7, 5, 3),
+        (100, 500, 784),
+        (33, 10, 500),
+        (500, 10, 100),
+    ] {
+        for a_transposed in [false, true] {
+            for b_transposed in [false, true] {
+                let spec = Gemm {
+                    m,
+                    n,
+                    k,
+                    a_transposed,
+                    b_transposed,
+                };
+                let a = random(m * k, &mut rng);
+                let b = random(k * n, &mut rng);
+                let mut c = vec![f32::NAN; m * n];
+                cpu::matmul(spec, &a, &b, &mut c);
+                for i in 0..m {
+                    for j in 0..n {
+                        let products: Vec<f64> = (0..k)
+                            .map(|p| {
+                                let av = if a_transposed {
+                                    a[p * m + i]
+                                } else {
+                                    a[i * k + p]
+                                };
+                                let bv = if b_transposed {
+                                    b[j * k + p]
+                                } else {
+                                    b[p * n + j]
+                                };
+                                f64::from(av) * f64::from(bv)
+                            })
+                            .collect();
+                        let expected: f64 = products.iter().sum();
+                        // f32 accumulation error grows with the magnitude of the terms, not of
+                        // their (possibly cancelling) sum.
+                        let magnitude: f64 = products.iter().map(|v| v.abs()).sum();
+                        let got = f64::from(c[i * n + j]);
+                        assert!(
+                            (got - expected).abs() <= 1e-6 * magnitude,
+                            "{spec:?} ({i},{j}): {got} vs {expected}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Loss and d-logits straight from the definition, in f64.
+fn reference_softmax_ce(logits: &[f32], labels: &[u32], classes: usize) -> (f64, Vec<f64>) {
+    let rows = labels.len();
+    let mut loss = 0.0;
+    let mut grad = Vec::new();
+    for (row, &label) in logits.chunks(classes).zip(labels) {
+        let max = row
+            .iter()
+            .map(|&v| f64::from(v))
+            .fold(f64::NEG_INFINITY, f64::max);
+        let sum: f64 = row.iter().map(|&v| (f64::from(v) - max).exp()).sum();
+        loss += -((f64::from(row[label as usize]) - max).exp() / sum).ln();
+        for (c, &v) in row.iter().enumerate() {
+            let p = (f64::from(v) - max).exp() / sum;
+            grad.push((p - if c == label as usize { 1.0 } else { 0.0 }) / rows as f64);
+        }
+    }
+    (loss / rows as f64, grad)
+}
+
+#[test]
+fn softmax_cross_entropy_matches_the_definition_including_large_logits() {
+    let mut rng = ChaCha8Rng::seed_from_u64(2);
+    for scale in [1.0f32, 30.0, 1000.0, 1e30] {
+        let (rows, classes) = (17, 10);
+        let logits: Vec<f32> = random(rows * classes, &mut rng)
+            .iter()
+            .map(|v| v * scale)
+            .collect();
+        let labels: Vec<u32> = (0..rows)
+            .map(|_| rng.random_range(0..classes as u32))
+            .collect();
+        let mut dlogits = vec![f32::NAN; rows * classes];
+        let loss = cpu::softmax_cross_entropy(&logits, &labels, classes, &mut dlogits);
+        let (expected, grad) = reference_softmax_ce(&logits, &labels, classes);
+        assert!(
+            loss.is_finite() && dlogits.iter().all(|g| g.is_finite()),
+            "scale {scale}"
+        );
+        assert!(
+            close(f64::from(loss), expected, 1e-5),
+            "scale {scale}: {loss} vs {expected}"
+        );
+        for (g, e) in dlogits.iter().zip(&grad) {
+            assert!(
+                (f64::from(*g) - e).abs() < 1e-6,
+                "scale {scale}: {g} vs {e}"
+            );
+        }
+    }
+}
+
+#[test]
+fn elementwise_and_reduction_ops_match_direct_loops() {
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let (rows, cols) = (9, 13);
+    let x = random(rows * cols, &mut rng);
+    let bias = random(cols, &mut rng);
+
+    let mut added = x.clone();
+    cpu::bias_add(&mut added, &bias);
+    let mut relu = x.clone();
+    cpu::bias_relu(&mut relu, &bias);
+    for (i, (&a, &r)) in added.iter().zip(&relu).enumerate() {
+        assert_eq!(a, x[i] + bias[i % cols]);
+        assert_eq!(r, (x[i] + bias[i % cols]).max(0.0));
+    }
+
+    let mut grad = random(rows * cols, &mut rng);
+    let before = grad.clone();
+    cpu::relu_backward(&mut grad, &relu);
+    for i in 0..grad.len() {
+        assert_eq!(grad[i], if relu[i] > 0.0 { before[i] } else { 0.0 });
+    }
+
+    let mut sums = vec![f32::NAN; cols];
+    cpu::column_sum(&x, &mut sums);
+    for c in 0..cols {
+        let expected: f64 = (0..rows).map(|r| f64::from(x[r * cols + c])).sum();
+        assert!(close(f64::from(sums[c]), expected, 1e-6));
+    }
+
+    let labels: Vec<u32> = (0..rows as u32).map(|r| r % cols as u32).collect();
+    let expected = (0..rows)
+        .filter(|&r| {
+            let row = &x[r * cols..(r + 1) * cols];
+            let best = (0..cols).fold(0, |b, c| if row[c] > row[b] { c } else { b });
+            best == labels[r] as usize
+        })
+        .count();
+    assert_eq!(cpu::count_correct(&x, &labels, cols), expected);
+    assert_eq!(cpu::argmax(&[1.0, 3.0, 3.0, -1.0]), 1);
+}
+
+#[test]
+fn fused_update_matches_the_formula_in_f64() {
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    let len = 1000;
+    let grads: Vec<Vec<f32>> = (0..3).map(|_| random(len, &mut rng)).collect();
+    let params = random(len, &mut rng);
+    let ema = random(len, &mut rng);
+    let step = UpdateStep {
+        learning_rate: 0.5,
+        weight_decay: 1e-2,
+        ema_decay: 0.9,
+    };
+    for workers in 1..=3 {
+        let (mut p, mut e) = (params.clone(), ema.clone());
+        let views: Vec<&[f32]> = grads[..workers].iter().map(Vec::as_slice).collect();
+        cpu::sgd_ema_update(&mut p, &mut e, &views, step);
+        for i in 0..len {
+            let g: f64 = grads[..workers]
+                .iter()
+                .map(|g| f64::from(g[i]))
+                .sum::<f64>()
+                / workers as f64;
+            let p64 = f64::from(params[i]) - 0.5 * (g + 1e-2 * f64::from(params[i]));
+            let e64 = 0.9 * f64::from(ema[i]) + 0.1 * p64;
+            assert!(
+                close(f64::from(p[i]), p64, 1e-5) && close(f64::from(e[i]), e64, 1e-5),
+                "{workers} {i}"
+            );
+        }
+    }
+}
+
+#[test]
+fn gather_scales_bytes_and_copies_labels() {
+    let examples = ExampleSet::new(3, vec![0, 255, 51, 10, 20, 30], vec![4, 7]).unwrap();
+    let mut x = vec![f32::NAN; 6];
+    let mut labels = vec![u32::MAX; 2];
+    CpuBackend
+        .gather(&examples, &[1, 0], &mut x, &mut labels)
+        .unwrap();
+    assert_eq!(labels, vec![7, 4]);
+    assert_eq!(
+        x,
+        vec![10.0 / 255.0, 20.0 / 255.0, 30.0 / 255.0, 0.0, 1.0, 0.2]
+    );
+}
+
+#[test]
+fn backend_rejects_short_operands_and_bad_labels_instead_of_panicking() {
+    let cpu = CpuBackend;
+    let spec = Gemm {
+        m: 4,
+        n: 4,
+        k: 4,
+        a_transposed: false,
+        b_transposed: false,
+    };
+    let small = vec![0.0; 15];
+    let ok = vec![0.0; 16];
+    let mut out = vec![0.0; 16];
+    let err = cpu
+        .matmul(spec, (&small, 0), (&ok, 0), (&mut out, 0))
+        .unwrap_err();
+    assert_eq!(
+        err,
+        ShapeError {
+            op: "matmul",
+            operand: "a",
+            needed: 16,
+            available: 15
+        }
+    );
+    assert!(cpu.matmul(spec, (&ok, 1), (&ok, 0), (&mut out, 0)).is_err());
+    let mut d = vec![0.0; 4];
+    assert!(cpu
+        .softmax_cross_entropy(&vec![0.0; 4], &vec![2], 1, 2, &mut d)
+        .is_err());
+    let examples = ExampleSet::new(1, vec![0], vec![0]).unwrap();
+    assert!(cpu
+        .gather(&examples, &[1], &mut vec![0.0], &mut vec![0])
+        .is_err());
+}
