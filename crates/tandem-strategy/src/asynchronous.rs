@@ -106,9 +106,11 @@ pub fn train<R: Replica>(
         });
     store.save_into(state);
     state.step = applied.load(Ordering::Acquire);
+    // Counted from the store's version: a failed worker's earlier updates count too.
+    let steps = state.step - start_step;
     Ok(TrainReport {
-        steps: updates,
-        examples: updates * batch_size,
+        steps,
+        examples: steps * batch_size,
         elapsed,
         staleness: Some(Staleness {
             mean: sum as f64 / updates.max(1) as f64,

@@ -1,0 +1,42 @@
+//! Shared set-up for the model's integration tests.
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use rand::SeedableRng;
+use tandem_mnist::{Mnist, PIXELS};
+use tandem_model::{Mlp, MlpReplica};
+use tandem_pool::{Device, WorkerPool};
+use tandem_strategy::TrainState;
+use tandem_tensor::{CpuBackend, ExampleSet};
+
+pub struct Data {
+    pub train: ExampleSet,
+    pub test: ExampleSet,
+}
+
+/// The real MNIST data of the repository, loaded once per test binary.
+pub fn mnist() -> &'static Data {
+    static DATA: OnceLock<Data> = OnceLock::new();
+    DATA.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/mnist");
+        let mnist = Mnist::load(&dir).expect("the repository's MNIST copy loads");
+        let set = |s: tandem_mnist::Split| ExampleSet::new(PIXELS, s.images, s.labels).unwrap();
+        Data {
+            train: set(mnist.train),
+            test: set(mnist.test),
+        }
+    })
+}
+
+pub fn cpu_pool(workers: usize, batch: usize) -> WorkerPool<MlpReplica<CpuBackend>> {
+    let devices = (0..workers).map(|worker| Device::Cpu { worker }).collect();
+    WorkerPool::new(devices, |_| {
+        MlpReplica::new(Mlp::MNIST, CpuBackend, &mnist().train, batch)
+    })
+    .unwrap()
+}
+
+pub fn initial_state(seed: u64) -> TrainState {
+    TrainState::new(Mlp::MNIST.init(0.1, &mut rand_chacha::ChaCha8Rng::seed_from_u64(seed)))
+}

@@ -1,0 +1,122 @@
+//! The replica's hand-written backward pass against finite differences of an independent f64
+//! forward pass.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tandem_model::{Mlp, MlpReplica};
+use tandem_pool::Replica;
+use tandem_tensor::{CpuBackend, ExampleSet};
+
+/// Mean softmax cross-entropy of the MLP on `batch`, straight from the definition, in f64.
+fn loss_f64(mlp: Mlp, params: &[f64], examples: &ExampleSet, batch: &[u32]) -> f64 {
+    let Mlp {
+        inputs,
+        hidden,
+        classes,
+    } = mlp;
+    let (w1, rest) = params.split_at(inputs * hidden);
+    let (b1, rest) = rest.split_at(hidden);
+    let (w2, b2) = rest.split_at(hidden * classes);
+    let mut total = 0.0;
+    for &i in batch {
+        let x: Vec<f64> = examples
+            .features_of(i as usize)
+            .iter()
+            .map(|&p| f64::from(p) / 255.0)
+            .collect();
+        let h: Vec<f64> = (0..hidden)
+            .map(|j| (b1[j] + (0..inputs).map(|k| x[k] * w1[k * hidden + j]).sum::<f64>()).max(0.0))
+            .collect();
+        let z: Vec<f64> = (0..classes)
+            .map(|c| b2[c] + (0..hidden).map(|j| h[j] * w2[j * classes + c]).sum::<f64>())
+            .collect();
+        let max = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let log_sum = z.iter().map(|v| (v - max).exp()).sum::<f64>().ln() + max;
+        total += log_sum - z[examples.label(i as usize) as usize];
+    }
+    total / batch.len() as f64
+}
+
+#[test]
+fn backward_pass_matches_finite_differences() {
+    let mlp = Mlp {
+        inputs: 12,
+        hidden: 7,
+        classes: 4,
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let count = 9;
+    let pixels: Vec<u8> = (0..count * mlp.inputs).map(|_| rng.random()).collect();
+    let labels: Vec<u8> = (0..count).map(|_| rng.random_range(0..4)).collect();
+    let examples = ExampleSet::new(mlp.inputs, pixels, labels).unwrap();
+    let mut params = mlp.init(0.5, &mut rng);
+    // Non-zero biases, so that their gradients are exercised away from the initial point.
+    for p in params.iter_mut().filter(|p| **p == 0.0) {
+        *p = rng.random_range(-0.3..0.3);
+    }
+    let batch: Vec<u32> = (0..count as u32).collect();
+
+    let mut replica = MlpReplica::new(mlp, CpuBackend, &examples, 4).unwrap();
+    replica
+        .set_params(&mut |p| p.copy_from_slice(&params))
+        .unwrap();
+    let loss = replica.compute_gradients(&batch).unwrap();
+    let mut grads = Vec::new();
+    replica.read_gradients(&mut |g| grads = g.to_vec()).unwrap();
+
+    let params64: Vec<f64> = params.iter().map(|&p| f64::from(p)).collect();
+    let loss64 = loss_f64(mlp, &params64, &examples, &batch);
+    assert!(
+        (f64::from(loss) - loss64).abs() < 1e-5 * loss64.abs(),
+        "loss {loss} vs {loss64}"
+    );
+
+    let h = 1e-6;
+    let mut worst = 0.0f64;
+    for i in 0..params.len() {
+        let mut plus = params64.clone();
+        plus[i] += h;
+        let mut minus = params64.clone();
+        minus[i] -= h;
+        let numeric = (loss_f64(mlp, &plus, &examples, &batch)
+            - loss_f64(mlp, &minus, &examples, &batch))
+            / (2.0 * h);
+        let error = (f64::from(grads[i]) - numeric).abs() / (numeric.abs() + 1e-3);
+        worst = worst.max(error);
+        assert!(
+            error < 1e-3,
+            "parameter {i}: analytic {} vs numeric {numeric}",
+            grads[i]
+        );
+    }
+    assert!(
+        grads.iter().any(|&g| g.abs() > 1e-3),
+        "gradients are all ~0: the test would prove nothing"
+    );
+    eprintln!("worst relative gradient error: {worst:.2e}");
+}
+
+#[test]
+fn batches_larger_than_the_initial_capacity_are_handled() {
+    let mlp = Mlp {
+        inputs: 3,
+        hidden: 4,
+        classes: 2,
+    };
+    let examples =
+        ExampleSet::new(3, (0..30).collect(), vec![0, 1, 0, 1, 1, 0, 0, 1, 1, 0]).unwrap();
+    let mut replica = MlpReplica::new(mlp, CpuBackend, &examples, 2).unwrap();
+    let params = mlp.init(0.3, &mut ChaCha8Rng::seed_from_u64(1));
+    replica
+        .set_params(&mut |p| p.copy_from_slice(&params))
+        .unwrap();
+    let small = replica.compute_gradients(&[3, 4]).unwrap();
+    let all = replica
+        .compute_gradients(&(0..10).collect::<Vec<_>>())
+        .unwrap();
+    assert!(small.is_finite() && all.is_finite());
+    assert!(
+        replica.compute_gradients(&[10]).is_err(),
+        "an index past the data set is an error"
+    );
+}

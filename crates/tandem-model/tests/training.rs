@@ -1,0 +1,106 @@
+//! Whole training runs on the real MNIST data.
+
+mod common;
+
+use common::{cpu_pool, initial_state, mnist};
+use tandem_model::Mlp;
+use tandem_strategy::{asynchronous, sync, Hyper, NoObserver, TrainState};
+use tandem_tensor::CpuBackend;
+
+fn test_accuracy(state: &TrainState) -> (f64, f64) {
+    let ema = Mlp::MNIST
+        .evaluate(&CpuBackend, &state.ema, &mnist().test)
+        .unwrap();
+    let raw = Mlp::MNIST
+        .evaluate(&CpuBackend, &state.params, &mnist().test)
+        .unwrap();
+    (ema, raw)
+}
+
+fn max_relative_difference(a: &[f32], b: &[f32]) -> f64 {
+    let scale = b.iter().fold(0.0f64, |m, &v| m.max(f64::from(v).abs()));
+    let diff = a.iter().zip(b).fold(0.0f64, |m, (&x, &y)| {
+        m.max((f64::from(x) - f64::from(y)).abs())
+    });
+    diff / scale
+}
+
+#[test]
+fn sync_with_n_workers_equals_one_worker_with_an_n_times_larger_batch() {
+    let steps = 20;
+    let run = |workers: usize, batch: usize| {
+        let mut state = initial_state(5);
+        let hyper = Hyper {
+            batch_size: batch,
+            ..Hyper::default()
+        };
+        sync::train(
+            &mut cpu_pool(workers, batch),
+            &mut state,
+            &hyper,
+            steps,
+            &NoObserver,
+        )
+        .unwrap();
+        state
+    };
+    let initial = initial_state(5);
+    for workers in [2, 4] {
+        let single = run(1, 25 * workers);
+        let parallel = run(workers, 25);
+        assert_eq!((single.step, parallel.step), (steps, steps));
+        let moved = max_relative_difference(&single.params, &initial.params);
+        assert!(
+            moved > 1e-3,
+            "the parameters barely moved ({moved}): the comparison would prove nothing"
+        );
+        let params = max_relative_difference(&parallel.params, &single.params);
+        let ema = max_relative_difference(&parallel.ema, &single.ema);
+        eprintln!("{workers} workers vs 1: params {params:.2e}, ema {ema:.2e} (moved {moved:.2e})");
+        assert!(
+            params <= 1e-5 && ema <= 1e-5,
+            "{workers} workers: params {params}, ema {ema}"
+        );
+    }
+}
+
+#[test]
+fn the_same_sync_run_twice_is_bitwise_identical() {
+    let run = || {
+        let mut state = initial_state(3);
+        let hyper = Hyper::default();
+        sync::train(&mut cpu_pool(2, 100), &mut state, &hyper, 60, &NoObserver).unwrap();
+        state
+    };
+    let (a, b) = (run(), run());
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&a.params), bits(&b.params));
+    assert_eq!(bits(&a.ema), bits(&b.ema));
+    assert_ne!(bits(&a.params), bits(&initial_state(3).params));
+}
+
+#[test]
+fn a_short_sync_run_on_real_data_reaches_95_percent() {
+    let mut state = initial_state(1);
+    let hyper = Hyper::default();
+    // One epoch of 55,000 examples at 2 x 100 per step.
+    sync::train(&mut cpu_pool(2, 100), &mut state, &hyper, 275, &NoObserver).unwrap();
+    let (ema, raw) = test_accuracy(&state);
+    eprintln!("sync, 1 epoch: test accuracy {ema:.4} averaged, {raw:.4} raw");
+    assert!(ema >= 0.95, "averaged {ema}");
+}
+
+#[test]
+fn async_with_two_workers_reaches_97_percent_in_two_epochs_with_stale_updates() {
+    let mut state = initial_state(2);
+    let hyper = Hyper::default();
+    // Two epochs: 1,100 updates of 100 examples.
+    let report =
+        asynchronous::train(&mut cpu_pool(2, 100), &mut state, &hyper, 1100, &NoObserver).unwrap();
+    let (ema, raw) = test_accuracy(&state);
+    let staleness = report.staleness.unwrap();
+    eprintln!("async, 2 epochs: {ema:.4} averaged, {raw:.4} raw; staleness {staleness:?}");
+    assert_eq!((report.steps, state.step), (1100, 1100));
+    assert!(ema >= 0.97, "averaged {ema}");
+    assert!(staleness.mean > 0.0 && staleness.max > 0, "{staleness:?}");
+}

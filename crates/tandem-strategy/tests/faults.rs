@@ -1,0 +1,230 @@
+//! Failures, stops and divergence, on a tiny least-squares model (the strategies know nothing
+//! of MNIST).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tandem_pool::{Device, ParamSpan, Replica, ReplicaError, WorkerPool};
+use tandem_strategy::{
+    asynchronous, sync, Hyper, NoObserver, Observer, StepReport, TrainError, TrainState,
+};
+
+#[derive(Clone, Copy)]
+enum Fault {
+    None,
+    Error,
+    Panic,
+    NanLoss,
+}
+
+/// Fits w to targets 2*x with loss 0.5 * (w.x - 2*x)^2 over x = (i % 7, 1); fails on its
+/// `fail_at`-th gradient computation when told to.
+struct LeastSquares {
+    layout: Vec<ParamSpan>,
+    w: [f32; 2],
+    grad: [f32; 2],
+    calls: u64,
+    fault: Fault,
+    fail_at: u64,
+}
+
+impl Replica for LeastSquares {
+    fn layout(&self) -> &[ParamSpan] {
+        &self.layout
+    }
+    fn set_params(&mut self, fill: &mut dyn FnMut(&mut [f32])) -> Result<(), ReplicaError> {
+        fill(&mut self.w);
+        Ok(())
+    }
+    fn compute_gradients(&mut self, batch: &[u32]) -> Result<f32, ReplicaError> {
+        self.calls += 1;
+        if self.calls == self.fail_at {
+            match self.fault {
+                Fault::Error => return Err("injected fault".into()),
+                Fault::Panic => panic!("injected fault"),
+                Fault::NanLoss => return Ok(f32::NAN),
+                Fault::None => {}
+            }
+        }
+        let n = batch.len() as f32;
+        let (mut loss, mut grad) = (0.0, [0.0; 2]);
+        for &i in batch {
+            let x = [(i % 7) as f32 / 7.0, 1.0];
+            let err = self.w[0] * x[0] + self.w[1] * x[1] - 2.0 * x[0];
+            loss += 0.5 * err * err / n;
+            grad[0] += err * x[0] / n;
+            grad[1] += err / n;
+        }
+        self.grad = grad;
+        Ok(loss)
+    }
+    fn read_gradients(&mut self, read: &mut dyn FnMut(&[f32])) -> Result<(), ReplicaError> {
+        read(&self.grad);
+        Ok(())
+    }
+    fn training_examples(&self) -> usize {
+        70
+    }
+}
+
+/// `workers` replicas; worker `faulty` has `fault` on its `fail_at`-th step.
+fn pool(workers: usize, faulty: usize, fault: Fault, fail_at: u64) -> WorkerPool<LeastSquares> {
+    let devices = (0..workers).map(|worker| Device::Cpu { worker }).collect();
+    WorkerPool::new(devices, |d| {
+        let Device::Cpu { worker } = *d else {
+            unreachable!("CPU devices only")
+        };
+        Ok::<_, ReplicaError>(LeastSquares {
+            layout: vec![ParamSpan {
+                name: "w".into(),
+                shape: vec![2],
+                weight_decay: true,
+            }],
+            w: [0.0; 2],
+            grad: [0.0; 2],
+            calls: 0,
+            fault: if worker == faulty { fault } else { Fault::None },
+            fail_at,
+        })
+    })
+    .unwrap()
+}
+
+fn hyper() -> Hyper {
+    Hyper {
+        batch_size: 10,
+        learning_rate: 0.5,
+        ..Hyper::default()
+    }
+}
+
+#[test]
+fn sync_stops_promptly_naming_the_failed_worker_and_step() {
+    for fault in [Fault::Error, Fault::Panic] {
+        let mut state = TrainState::new(vec![0.0; 2]);
+        let before = state.clone();
+        let started = Instant::now();
+        let err = sync::train(
+            &mut pool(3, 1, fault, 7),
+            &mut state,
+            &hyper(),
+            1_000_000,
+            &NoObserver,
+        )
+        .unwrap_err();
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the run did not stop promptly"
+        );
+        let TrainError::Worker(failure) = &err else {
+            panic!("unexpected error {err}")
+        };
+        assert_eq!((failure.worker, failure.step), (1, Some(7)));
+        assert!(
+            err.to_string()
+                .contains("worker 1 (cpu:1) failed at step 7"),
+            "{err}"
+        );
+        assert!(err.to_string().contains("injected fault"), "{err}");
+        assert_eq!(state, before, "a failed run leaves the state as it was");
+    }
+}
+
+#[test]
+fn async_carries_on_without_the_failed_worker_and_reports_it() {
+    for fault in [Fault::Error, Fault::Panic] {
+        let mut state = TrainState::new(vec![0.0; 2]);
+        let report = asynchronous::train(
+            &mut pool(2, 0, fault, 5),
+            &mut state,
+            &hyper(),
+            300,
+            &NoObserver,
+        )
+        .unwrap();
+        assert_eq!(report.failures.len(), 1, "{:?}", report.failures);
+        assert_eq!(report.failures[0].worker, 0);
+        assert!(report.failures[0].to_string().contains("injected fault"));
+        // Every ticket but the failed worker's lost one was applied by someone.
+        assert_eq!((report.steps, state.step), (299, 299));
+        assert!(
+            (state.params[0] - 2.0).abs() < 0.05 && state.params[1].abs() < 0.05,
+            "{:?}",
+            state.params
+        );
+    }
+}
+
+#[test]
+fn async_fails_when_every_worker_fails() {
+    let mut state = TrainState::new(vec![0.0; 2]);
+    let err = asynchronous::train(
+        &mut pool(1, 0, Fault::Error, 3),
+        &mut state,
+        &hyper(),
+        100,
+        &NoObserver,
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("worker 0 (cpu:0) failed at step"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_non_finite_loss_stops_the_run_naming_the_step() {
+    let mut state = TrainState::new(vec![0.0; 2]);
+    let err = sync::train(
+        &mut pool(2, 0, Fault::NanLoss, 4),
+        &mut state,
+        &hyper(),
+        100,
+        &NoObserver,
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("the loss is NaN at step 4"),
+        "{err}"
+    );
+    assert_eq!(state.step, 0);
+}
+
+/// Asks to stop once `after` steps have been logged.
+struct StopAfter {
+    logged: AtomicU64,
+    after: u64,
+}
+
+impl Observer for StopAfter {
+    fn on_log(&self, _: &StepReport) {
+        self.logged.fetch_add(1, Ordering::SeqCst);
+    }
+    fn should_stop(&self) -> bool {
+        self.logged.load(Ordering::SeqCst) >= self.after
+    }
+}
+
+#[test]
+fn an_observer_stops_every_sync_worker_after_the_same_step() {
+    let mut state = TrainState::new(vec![0.0; 2]);
+    let observer = StopAfter {
+        logged: AtomicU64::new(0),
+        after: 3,
+    };
+    let hyper = Hyper {
+        log_every: 5,
+        ..hyper()
+    };
+    let report = sync::train(
+        &mut pool(3, 9, Fault::None, 0),
+        &mut state,
+        &hyper,
+        1000,
+        &observer,
+    )
+    .unwrap();
+    assert!(report.stopped);
+    // The third log happens after step 15; the stop is seen when step 16 ends.
+    assert_eq!((report.steps, state.step), (16, 16));
+}
