@@ -1,1 +1,86 @@
-fn main() {}
+//! Project tasks, run as `cargo xtask <command>` (an alias in `.cargo/config.toml`).
+//!
+//! * `build-kernels [--check] [--pinned]`: compiles every `kernels/*.cu` to PTX in
+//!   `crates/tandem-kernels/ptx/`, or with `--check` fails when that committed PTX is stale.
+//! * `cuda-stub`: builds a link-only `libcuda.so` for machines without an NVIDIA driver.
+//! * `gpu-bundle`: builds the binaries and GPU tests into `gpu-bundle/` with a `run.sh` for a
+//!   GPU machine that has no Rust toolchain.
+
+mod bundle;
+mod kernels;
+mod stub;
+mod toolchain;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "tandem's project tasks")]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Compile kernels/*.cu to PTX (crates/tandem-kernels/ptx/) and validate it with ptxas.
+    BuildKernels {
+        /// Compile into a scratch folder and fail if the committed PTX differs from it.
+        #[arg(long)]
+        check: bool,
+        /// Use the pinned toolchain from PyPI even when another nvcc is installed.
+        #[arg(long)]
+        pinned: bool,
+    },
+    /// Build a stub libcuda.so (every driver function returns CUDA_ERROR_NO_DEVICE) into
+    /// target/cuda-stub/lib64, so that `--features cuda` links and runs without a driver.
+    CudaStub,
+    /// Build release binaries and the CUDA test executables into gpu-bundle/ with a run.sh.
+    GpuBundle,
+}
+
+fn main() -> Result<()> {
+    let root = workspace_root()?;
+    match Cli::parse().command {
+        Task::BuildKernels { check, pinned } => kernels::build(&root, check, pinned),
+        Task::CudaStub => stub::build(&root).map(|_| ()),
+        Task::GpuBundle => bundle::build(&root),
+    }
+}
+
+/// The workspace root: the parent of this crate's manifest folder.
+fn workspace_root() -> Result<PathBuf> {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .context("xtask's manifest folder has no parent")
+}
+
+/// Runs `command`, failing with its command line when it cannot start or exits non-zero.
+fn run(command: &mut Command) -> Result<()> {
+    let status = command
+        .status()
+        .with_context(|| format!("could not start {command:?}"))?;
+    if !status.success() {
+        bail!("{command:?} failed ({status})");
+    }
+    Ok(())
+}
+
+/// Runs `command` and returns its standard output, failing like [`run`].
+fn output(command: &mut Command) -> Result<String> {
+    let out = command
+        .output()
+        .with_context(|| format!("could not start {command:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{command:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    String::from_utf8(out.stdout).with_context(|| format!("{command:?} printed non-UTF-8"))
+}

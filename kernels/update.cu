@@ -1,0 +1,54 @@
+// The optimiser step and the gradient reduction of data-parallel training, over flat f32 spans,
+// bit for bit the arithmetic of cpu::sgd_ema_update:
+//
+//   g     = (grads[0][i] + grads[1][i] + ...) / n     summed in this order (g = grads[0][i] if n == 1)
+//   p[i] -= lr * (g + wd * p[i])
+//   e[i]  = d * e[i] + (1 - d) * p[i]
+//
+// Every operation is an explicitly rounded intrinsic (__fadd_rn, __fmul_rn, ...): the compiler
+// never contracts those into fused multiply-adds, so the result matches the CPU's separate
+// f32 operations exactly and a GPU run can be checked against a CPU run bitwise.
+//
+// Launch (both): 1-D, 256 threads a block, any number of blocks (grid-stride loop).
+
+#define MAX_GRADS 16
+
+// Up to MAX_GRADS gradient buffers, passed by value among the kernel's parameters (so no
+// pointer array has to be uploaded each step). Slots past n are unused.
+struct Grads {
+    const float *ptr[MAX_GRADS];
+};
+
+__device__ float mean_gradient(const Grads &grads, unsigned n, size_t i) {
+    if (n == 1) {
+        return grads.ptr[0][i];
+    }
+    float sum = 0.0f;
+    for (unsigned j = 0; j < n; ++j) {
+        sum = __fadd_rn(sum, grads.ptr[j][i]);
+    }
+    return __fmul_rn(sum, __fdiv_rn(1.0f, (float)n));
+}
+
+// The fused SGD + L2 + moving-average update of len parameters from n gradient buffers.
+extern "C" __global__ void sgd_ema_update(float *__restrict__ p, float *__restrict__ e,
+                                          Grads grads, unsigned n, size_t len, float lr,
+                                          float wd, float d) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < len;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const float g = mean_gradient(grads, n, i);
+        const float pi = __fsub_rn(p[i], __fmul_rn(lr, __fadd_rn(g, __fmul_rn(wd, p[i]))));
+        p[i] = pi;
+        e[i] = __fadd_rn(__fmul_rn(d, e[i]), __fmul_rn(__fsub_rn(1.0f, d), pi));
+    }
+}
+
+// out[i] = the mean of the n gradient buffers at i (the sync strategy's all-reduce on one
+// device). out may be one of the gradient buffers: each i is read before it is written, by the
+// same thread.
+extern "C" __global__ void mean_gradients(float *out, Grads grads, unsigned n, size_t len) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < len;
+         i += (size_t)gridDim.x * blockDim.x) {
+        out[i] = mean_gradient(grads, n, i);
+    }
+}

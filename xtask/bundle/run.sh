@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Runs on a GPU machine with no Rust toolchain (PyTorch with CUDA for the anchor), from the
+# bundle that `cargo xtask gpu-bundle` builds: the CUDA kernel tests, then mnist-train --sync and
+# --async on 1, 2 and 4 replicas of cuda:0, then PyTorch's same model on the same GPU, and one
+# table. Each run is cut off at LIMIT seconds so the whole stays within about 5 minutes.
+#   EPOCHS=5 LIMIT=35 ./run.sh
+set -uo pipefail
+cd "$(dirname "$0")"
+EPOCHS=${EPOCHS:-5}
+LIMIT=${LIMIT:-35}
+mkdir -p logs
+failed=0
+rows=()
+
+# On the last line of FILE that mentions KEY: the number right after KEY, else the one just
+# before it, else the first one after it; commas dropped. mnist-train's summary format is not
+# pinned down, so this parses loosely.
+pick() {
+    local line
+    line=$(grep -i -- "$1" "$2" | tail -n 1)
+    { sed -nE "s#.*$1[^0-9a-z]*([0-9][0-9,]*(\.[0-9]+)?).*#\1#Ip" <<<"$line"
+      sed -nE "s#(^|.*[^0-9.,])([0-9][0-9,]*(\.[0-9]+)?)[^0-9]*$1.*#\2#Ip" <<<"$line"
+      sed -nE "s#.*$1[^0-9]*([0-9][0-9,]*(\.[0-9]+)?).*#\1#Ip" <<<"$line"
+    } | head -n 1 | tr -d ,
+}
+
+echo "== CUDA kernel tests"
+for t in tests/*; do
+    log="logs/test-$(basename "$t").log"
+    if ! timeout "$LIMIT" "$t" >"$log" 2>&1; then
+        echo "FAILED: $t (see $log)"; failed=1
+    fi
+    if grep -q 'SKIPPED' "$log"; then
+        echo "FAILED: $t skipped on a GPU machine: no device seen (see $log)"; failed=1
+    fi
+    grep -E '^test result' "$log"
+done
+
+for mode in sync async; do
+    for devices in cuda:0 cuda:0x2 cuda:0x4; do
+        log="logs/train-$mode-${devices/:/-}.log"
+        echo "== mnist-train --$mode --devices $devices"
+        if ! timeout "$LIMIT" bin/mnist-train "--$mode" --devices "$devices" --epochs "$EPOCHS" \
+            --data-dir data/mnist >"$log" 2>&1; then
+            echo "FAILED: see $log"; failed=1
+        fi
+        tail -n 3 "$log"
+        rows+=("tandem --$mode $devices|$(pick 'test accuracy' "$log")|$(pick 'examples/sec' "$log")")
+    done
+done
+
+echo "== PyTorch, one process on cuda:0"
+if timeout "$((LIMIT * 2))" python3 anchors/torch_gpu.py --epochs "$EPOCHS" >logs/torch.log 2>&1; then
+    torch=$(python3 -c 'import json, sys
+r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+print("%.4f|%.0f" % (r["acc_avg"], r["examples_per_sec"]))' logs/torch.log)
+else
+    echo "FAILED: see logs/torch.log"; failed=1; torch="|"
+fi
+rows+=("pytorch cuda:0|$torch")
+torch_eps=${torch#*|}
+
+echo
+echo "== $EPOCHS epochs, batch 100 per replica"
+printf '%-24s %-14s %-14s %s\n' run "test accuracy" examples/sec "x pytorch"
+for row in "${rows[@]}"; do
+    IFS='|' read -r name acc eps <<<"$row"
+    ratio=$(awk -v a="${eps:-0}" -v b="${torch_eps:-0}" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "?" }')
+    printf '%-24s %-14s %-14s %s\n' "$name" "${acc:-?}" "${eps:-?}" "$ratio"
+done
+exit "$failed"

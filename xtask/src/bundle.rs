@@ -1,0 +1,116 @@
+//! `gpu-bundle`: everything a GPU machine without a Rust toolchain needs to run the CUDA tests,
+//! train on the GPU and time PyTorch beside it, in the ignored folder `gpu-bundle/`.
+//!
+//! The executables link against the stub libcuda here but record only its SONAME
+//! (libcuda.so.1), so there they load the real driver.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, Result};
+
+use crate::stub;
+
+const RUN_SH: &str = include_str!("../bundle/run.sh");
+const TORCH_GPU_PY: &str = include_str!("../bundle/torch_gpu.py");
+
+/// Builds `gpu-bundle/`: `bin/mnist-train`, `tests/*` (the `--features cuda` test executables of
+/// tandem-kernels), `anchors/` (the PyTorch anchor, and a GPU driver for it), `data/mnist/` and
+/// `run.sh`.
+pub fn build(root: &Path) -> Result<()> {
+    let bundle = root.join("gpu-bundle");
+    if bundle.exists() {
+        fs::remove_dir_all(&bundle).with_context(|| format!("removing {}", bundle.display()))?;
+    }
+    let stub = stub::build(root)?;
+
+    let binaries = cargo_executables(
+        root,
+        &stub,
+        &["build", "--release", "-p", "mnist-train"],
+        false,
+    )?;
+    copy_all(&binaries, &bundle.join("bin"))?;
+    let tests = cargo_executables(
+        root,
+        &stub,
+        &["test", "--release", "-p", "tandem-kernels", "--no-run"],
+        true,
+    )?;
+    copy_all(&tests, &bundle.join("tests"))?;
+
+    let anchors_src = root.join("../shared/anchors");
+    let anchors = bundle.join("anchors");
+    copy_all(
+        &[
+            anchors_src.join("torch_mnist.py"),
+            anchors_src.join("mnist_idx.py"),
+        ],
+        &anchors,
+    )?;
+    write(&anchors.join("torch_gpu.py"), TORCH_GPU_PY, false)?;
+    // mnist_idx.py reads ../data/mnist beside its own folder.
+    let data: Vec<PathBuf> = fs::read_dir(root.join("data/mnist"))
+        .context("reading data/mnist")?
+        .map(|entry| entry.map(|e| e.path()))
+        .collect::<Result<_, _>>()?;
+    copy_all(&data, &bundle.join("data/mnist"))?;
+    write(&bundle.join("run.sh"), RUN_SH, true)?;
+    eprintln!(
+        "bundle ready: copy {} to the GPU machine and run ./run.sh there",
+        bundle.display()
+    );
+    Ok(())
+}
+
+/// Runs `cargo ARGS --features tandem-kernels/cuda` against the stub driver and returns the
+/// executables it built (test harnesses only, when `tests`).
+fn cargo_executables(root: &Path, stub: &Path, args: &[&str], tests: bool) -> Result<Vec<PathBuf>> {
+    let json = crate::output(
+        Command::new(env!("CARGO"))
+            .current_dir(root)
+            .env("CUDA_LIBRARY_PATH", stub)
+            .args(args)
+            .args(["--features", "tandem-kernels/cuda", "--message-format=json"])
+            .stderr(Stdio::inherit()),
+    )?;
+    let mut found = Vec::new();
+    for line in json.lines() {
+        let message: serde_json::Value =
+            serde_json::from_str(line).context("parsing cargo's JSON messages")?;
+        if message["reason"] == "compiler-artifact" && message["profile"]["test"] == tests {
+            if let Some(path) = message["executable"].as_str() {
+                found.push(PathBuf::from(path));
+            }
+        }
+    }
+    anyhow::ensure!(
+        !found.is_empty(),
+        "cargo {} built no executable",
+        args.join(" ")
+    );
+    Ok(found)
+}
+
+fn copy_all(files: &[PathBuf], dir: &Path) -> Result<()> {
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    for file in files {
+        let name = file
+            .file_name()
+            .with_context(|| format!("{} has no file name", file.display()))?;
+        fs::copy(file, dir.join(name))
+            .with_context(|| format!("copying {} to {}", file.display(), dir.display()))?;
+    }
+    Ok(())
+}
+
+fn write(path: &Path, text: &str, executable: bool) -> Result<()> {
+    fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+    if executable {
+        fs::set_permissions(path, fs::Permissions::from_mode(0o755))
+            .with_context(|| format!("making {} executable", path.display()))?;
+    }
+    Ok(())
+}
