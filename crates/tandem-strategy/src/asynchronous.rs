@@ -78,7 +78,7 @@ pub fn train<R: Replica>(
             if observer.should_stop() {
                 stop.store(true, Ordering::Relaxed);
             }
-            if hyper.log_every > 0 && (step + 1) % hyper.log_every == 0 {
+            if hyper.log_every > 0 && (step + 1).is_multiple_of(hyper.log_every) {
                 observer.on_log(&StepReport {
                     step: step + 1,
                     loss: loss + store.l2_loss(hyper.weight_decay),

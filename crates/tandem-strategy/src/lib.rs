@@ -54,6 +54,7 @@
 #![warn(missing_docs)]
 
 pub mod asynchronous;
+pub mod checkpoint;
 mod common;
 mod hyper;
 mod order;

@@ -84,7 +84,7 @@ pub fn train<R: Replica>(
             ctx.barrier()?;
             done = step + 1;
 
-            if me == 0 && hyper.log_every > 0 && done % hyper.log_every == 0 {
+            if me == 0 && hyper.log_every > 0 && done.is_multiple_of(hyper.log_every) {
                 let data_loss: f32 = losses
                     .iter()
                     .map(|l| f32::from_bits(l.load(Ordering::Relaxed)))
