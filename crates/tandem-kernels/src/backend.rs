@@ -190,6 +190,27 @@ impl CudaBackend {
             .map_err(cuda("waiting for the stream"))
     }
 
+    /// Copies host labels into `dst` from `offset` on: [`Backend::upload`] for labels.
+    pub fn upload_labels(
+        &self,
+        src: &[u32],
+        dst: &mut DeviceBuffer<u32>,
+        offset: usize,
+    ) -> Result<(), KernelError> {
+        self.copy_in("upload_labels", src, dst, offset)
+    }
+
+    /// Copies `dst.len()` labels of `src` from `offset` on to the host: [`Backend::download`]
+    /// for labels.
+    pub fn download_labels(
+        &self,
+        src: &DeviceBuffer<u32>,
+        offset: usize,
+        dst: &mut [u32],
+    ) -> Result<(), KernelError> {
+        self.copy_out("download_labels", src, offset, dst)
+    }
+
     /// `C = max(0, op(A) . op(B) + bias)`: [`Backend::matmul`] and [`Backend::bias_relu`] in
     /// one kernel (the bias is added in the matrix product's epilogue).
     pub fn matmul_bias_relu(
@@ -369,13 +390,15 @@ impl CudaBackend {
         }
     }
 
-    /// Copies `src` into `dst` from `offset` on; the caller has checked that it fits.
+    /// Copies `src` into `dst` from `offset` on, for operation `op`.
     fn copy_in<T: DeviceCopy>(
         &self,
+        op: &'static str,
         src: &[T],
         dst: &mut DeviceBuffer<T>,
         offset: usize,
     ) -> Result<(), KernelError> {
+        ShapeError::check(op, "dst", offset.saturating_add(src.len()), dst.len())?;
         if src.is_empty() {
             return Ok(());
         }
@@ -388,13 +411,15 @@ impl CudaBackend {
         self.synchronize()
     }
 
-    /// Copies `dst.len()` values of `src` from `offset` on to the host; checked by the caller.
+    /// Copies `dst.len()` values of `src` from `offset` on to the host, for operation `op`.
     fn copy_out<T: DeviceCopy>(
         &self,
+        op: &'static str,
         src: &DeviceBuffer<T>,
         offset: usize,
         dst: &mut [T],
     ) -> Result<(), KernelError> {
+        ShapeError::check(op, "src", offset.saturating_add(dst.len()), src.len())?;
         if dst.is_empty() {
             return Ok(());
         }
@@ -408,7 +433,7 @@ impl CudaBackend {
     /// A new device buffer holding `values`.
     fn upload_new<T: DeviceCopy>(&self, values: &[T]) -> Result<DeviceBuffer<T>, KernelError> {
         let mut buf = allocate(values.len())?;
-        self.copy_in(values, &mut buf, 0)?;
+        self.copy_in("upload_examples", values, &mut buf, 0)?;
         Ok(buf)
     }
 
@@ -444,7 +469,7 @@ impl CudaBackend {
         buf: &DeviceBuffer<T>,
     ) -> Result<T, KernelError> {
         let mut value = [T::default()];
-        self.copy_out(buf, 0, &mut value)?;
+        self.copy_out("read_scalar", buf, 0, &mut value)?;
         let [value] = value;
         Ok(value)
     }
@@ -561,8 +586,7 @@ impl Backend for CudaBackend {
         dst: &mut DeviceBuffer<f32>,
         offset: usize,
     ) -> Result<(), KernelError> {
-        ShapeError::check("upload", "dst", offset.saturating_add(src.len()), dst.len())?;
-        self.copy_in(src, dst, offset)
+        self.copy_in("upload", src, dst, offset)
     }
 
     fn download(
@@ -571,13 +595,7 @@ impl Backend for CudaBackend {
         offset: usize,
         dst: &mut [f32],
     ) -> Result<(), KernelError> {
-        ShapeError::check(
-            "download",
-            "src",
-            offset.saturating_add(dst.len()),
-            src.len(),
-        )?;
-        self.copy_out(src, offset, dst)
+        self.copy_out("download", src, offset, dst)
     }
 
     /// Stages through host memory: `fill` writes a zeroed host vector, which is then uploaded.
@@ -588,7 +606,7 @@ impl Backend for CudaBackend {
     ) -> Result<(), KernelError> {
         let mut host = vec![0.0; dst.len()];
         fill(&mut host);
-        self.copy_in(&host, dst, 0)
+        self.copy_in("write_with", &host, dst, 0)
     }
 
     /// Stages through host memory: the buffer is downloaded, then handed to `read`.
@@ -598,7 +616,7 @@ impl Backend for CudaBackend {
         read: &mut dyn FnMut(&[f32]),
     ) -> Result<(), KernelError> {
         let mut host = vec![0.0; src.len()];
-        self.copy_out(src, 0, &mut host)?;
+        self.copy_out("read_with", src, 0, &mut host)?;
         read(&host);
         Ok(())
     }
@@ -648,7 +666,7 @@ impl Backend for CudaBackend {
         let features = dim("gather: features", features)?;
         let mut scratch = self.scratch.borrow_mut();
         self.reserve(&mut scratch.indices, rows)?;
-        self.copy_in(indices, &mut scratch.indices, 0)?;
+        self.copy_in(op, indices, &mut scratch.indices, 0)?;
         let values = examples.values.as_device_ptr();
         let example_labels = examples.labels.as_device_ptr();
         let indices = scratch.indices.as_device_ptr();
