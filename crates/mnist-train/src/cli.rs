@@ -1,6 +1,6 @@
 use std::path::PathBuf;
 
-use clap::{Args, Parser};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use tandem_pool::DeviceSpec;
 
 /// Train the TensorFlow book's MNIST network (784-500-10 ReLU, SGD with exponential decay,
@@ -11,11 +11,29 @@ use tandem_pool::DeviceSpec;
 /// and one identical update is applied. Asynchronous mode (--async): each worker reads the
 /// latest parameters, computes gradients on its own batch and applies its update at once,
 /// without waiting for the others.
+///
+/// Training is the default command; the subcommands evaluate, use and compare what it trains.
 #[derive(Debug, Parser)]
-#[command(version, about, long_about)]
+#[command(version, about, long_about, args_conflicts_with_subcommands = true)]
 pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
     #[command(flatten)]
     pub train: TrainArgs,
+}
+
+/// What to do instead of training.
+#[derive(Debug, Subcommand)]
+pub enum Command {}
+
+/// How progress is shown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// A progress bar when stdout is a terminal, plain lines otherwise.
+    Auto,
+    /// The book's plain lines: `step N, loss = L (E examples/sec; S sec/batch)`.
+    Plain,
 }
 
 /// How to train.
@@ -34,9 +52,10 @@ pub struct TrainArgs {
     #[arg(long, default_value = "auto", value_name = "SPEC")]
     pub devices: DeviceSpec,
 
-    /// Passes over the 55,000 training examples.
-    #[arg(long, default_value_t = 10, conflicts_with = "steps")]
-    pub epochs: u64,
+    /// Passes over the 55,000 training examples [default: 20; when resuming, the checkpointed
+    /// run's own length].
+    #[arg(long, conflicts_with = "steps")]
+    pub epochs: Option<u64>,
 
     /// Train for this many global steps instead of --epochs (sync: one step uses every
     /// worker's batch; async: one step is one worker's update).
@@ -76,10 +95,39 @@ pub struct TrainArgs {
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
 
-    /// Print a progress line every this many steps (0: never).
+    /// Print a progress line (and write a metrics record) every this many steps (0: never).
     #[arg(long, default_value_t = 1000)]
     pub log_every: u64,
+
+    /// Progress display.
+    #[arg(long, value_enum, default_value_t = LogFormat::Auto)]
+    pub log_format: LogFormat,
+
+    /// Write checkpoints (safetensors) into this directory.
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint_dir: Option<PathBuf>,
+
+    /// Save a checkpoint every this many steps [default: once per epoch], and always at the end.
+    #[arg(long, value_name = "STEPS", requires = "checkpoint_dir", value_parser = clap::value_parser!(u64).range(1..))]
+    pub save_every: Option<u64>,
+
+    /// Keep only the newest this many checkpoints (0: keep all).
+    #[arg(long, default_value_t = 3)]
+    pub keep: usize,
+
+    /// Continue from the newest valid checkpoint in DIR, with the configuration it was written
+    /// with (mode, batch size, hyper-parameters, seed, length); new checkpoints go there too
+    /// unless --checkpoint-dir says otherwise. --steps or --epochs extend the run.
+    #[arg(long, value_name = "DIR")]
+    pub resume: Option<PathBuf>,
+
+    /// Append one JSON object per logged step and per evaluation to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub metrics: Option<PathBuf>,
 }
+
+/// The default number of epochs.
+pub const DEFAULT_EPOCHS: u64 = 20;
 
 impl TrainArgs {
     /// Whether asynchronous mode was asked for.

@@ -1,0 +1,214 @@
+//! What the user sees while a run trains: a progress bar on a terminal or the book's plain
+//! lines, a JSON-lines metrics file, and Ctrl-C handling.
+
+use std::fs::File;
+use std::io::{BufWriter, IsTerminal, Write};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+use tandem_strategy::{Observer, StepReport, TrainReport};
+
+use crate::cli::LogFormat;
+
+/// Set by the first Ctrl-C (SIGINT or SIGTERM): finish the current step and stop cleanly.
+static STOP_REQUESTED: AtomicBool = AtomicBool::new(false);
+
+/// Installs the Ctrl-C handler: the first signal asks the run to stop after the current step,
+/// the second exits at once.
+pub fn install_interrupt_handler() -> Result<()> {
+    static SIGNALS: AtomicU8 = AtomicU8::new(0);
+    ctrlc::set_handler(|| {
+        if SIGNALS.fetch_add(1, Ordering::SeqCst) == 0 {
+            STOP_REQUESTED.store(true, Ordering::SeqCst);
+            eprintln!("\ninterrupted: finishing the current step (Ctrl-C again to exit at once)");
+        } else {
+            std::process::exit(130);
+        }
+    })
+    .context("cannot install the Ctrl-C handler")
+}
+
+/// Whether a Ctrl-C asked the run to stop.
+pub fn stop_requested() -> bool {
+    STOP_REQUESTED.load(Ordering::SeqCst)
+}
+
+/// Totals of the segments before the current one, so rates and times run on across them.
+#[derive(Default, Clone, Copy)]
+struct Base {
+    examples: u64,
+    elapsed: Duration,
+}
+
+struct Last {
+    step: u64,
+    examples: u64,
+    elapsed: Duration,
+}
+
+/// The observer of a training run.
+pub struct Progress {
+    log_every: u64,
+    bar: Option<ProgressBar>,
+    metrics: Option<Mutex<BufWriter<File>>>,
+    base: Mutex<Base>,
+    last: Mutex<Last>,
+}
+
+impl Progress {
+    /// `first_step..end_step` is the run; `log_every` the plain-line and metrics interval.
+    pub fn new(
+        format: LogFormat,
+        log_every: u64,
+        first_step: u64,
+        end_step: u64,
+        metrics: Option<&Path>,
+    ) -> Result<Self> {
+        let bar = (format == LogFormat::Auto && std::io::stdout().is_terminal()).then(|| {
+            let bar = ProgressBar::new(end_step).with_position(first_step);
+            bar.set_style(
+                ProgressStyle::with_template(
+                    "{bar:30} step {pos}/{len} {msg} [{elapsed_precise}, ETA {eta}]",
+                )
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+            bar
+        });
+        let metrics = metrics
+            .map(|path| {
+                let file = File::options()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .with_context(|| format!("cannot open the metrics file {}", path.display()))?;
+                Ok::<_, anyhow::Error>(Mutex::new(BufWriter::new(file)))
+            })
+            .transpose()?;
+        Ok(Self {
+            log_every,
+            bar,
+            metrics,
+            base: Mutex::new(Base::default()),
+            last: Mutex::new(Last {
+                step: first_step,
+                examples: 0,
+                elapsed: Duration::ZERO,
+            }),
+        })
+    }
+
+    /// How often the strategy should report: often enough for a smooth bar.
+    pub fn report_every(&self) -> u64 {
+        match (&self.bar, self.log_every) {
+            (Some(_), 0) => 10,
+            (Some(_), n) => gcd(n, 10),
+            (None, n) => n,
+        }
+    }
+
+    /// Prints a line without breaking the bar.
+    pub fn println(&self, line: &str) {
+        match &self.bar {
+            Some(bar) => bar.println(line),
+            None => println!("{line}"),
+        }
+    }
+
+    /// Folds a finished segment into the totals.
+    pub fn end_segment(&self, report: &TrainReport) {
+        let mut base = self.base.lock().unwrap_or_else(|p| p.into_inner());
+        base.examples += report.examples;
+        base.elapsed += report.elapsed;
+    }
+
+    /// Writes one metrics record.
+    pub fn record(&self, value: serde_json::Value) -> Result<()> {
+        if let Some(metrics) = &self.metrics {
+            let mut out = metrics.lock().unwrap_or_else(|p| p.into_inner());
+            writeln!(out, "{value}")
+                .and_then(|()| out.flush())
+                .context("cannot write the metrics file")?;
+        }
+        Ok(())
+    }
+
+    /// Training time so far, over all segments.
+    pub fn training_time(&self) -> Duration {
+        self.base.lock().unwrap_or_else(|p| p.into_inner()).elapsed
+    }
+
+    pub fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+impl Observer for Progress {
+    fn on_log(&self, r: &StepReport) {
+        let base = *self.base.lock().unwrap_or_else(|p| p.into_inner());
+        let (examples, elapsed) = (base.examples + r.examples, base.elapsed + r.elapsed);
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if r.step <= last.step {
+            return;
+        }
+        let seconds = elapsed.saturating_sub(last.elapsed).as_secs_f64().max(1e-9);
+        let rate = examples.saturating_sub(last.examples) as f64 / seconds;
+        let per_batch = seconds / (r.step - last.step) as f64;
+        *last = Last {
+            step: r.step,
+            examples,
+            elapsed,
+        };
+        drop(last);
+        let staleness = r
+            .staleness
+            .map(|s| format!(", staleness {s}"))
+            .unwrap_or_default();
+        if let Some(bar) = &self.bar {
+            bar.set_position(r.step);
+            bar.set_message(format!(
+                "loss {:.4}, {rate:.0} examples/sec{staleness}",
+                r.loss
+            ));
+        }
+        if self.log_every == 0 || !r.step.is_multiple_of(self.log_every) {
+            return;
+        }
+        if self.bar.is_none() {
+            println!(
+                "step {}, loss = {:.4} ({rate:.0} examples/sec; {per_batch:.4} sec/batch{staleness})",
+                r.step, r.loss
+            );
+        }
+        let record = json!({
+            "kind": "step",
+            "step": r.step,
+            "wall_time": elapsed.as_secs_f64(),
+            "loss": r.loss,
+            "learning_rate": r.learning_rate,
+            "examples_per_sec": rate,
+            "staleness": r.staleness,
+        });
+        if let Err(e) = self.record(record) {
+            self.println(&format!("warning: {e:#}"));
+        }
+    }
+
+    fn should_stop(&self) -> bool {
+        stop_requested()
+    }
+}
