@@ -104,3 +104,67 @@ fn async_with_two_workers_reaches_97_percent_in_two_epochs_with_stale_updates() 
     assert!(ema >= 0.97, "averaged {ema}");
     assert!(staleness.mean > 0.0 && staleness.max > 0, "{staleness:?}");
 }
+
+/// Asks to stop once the strategy has reported step `at`.
+struct StopAt {
+    at: u64,
+    seen: std::sync::atomic::AtomicU64,
+}
+
+impl tandem_strategy::Observer for StopAt {
+    fn on_log(&self, report: &tandem_strategy::StepReport) {
+        self.seen
+            .fetch_max(report.step, std::sync::atomic::Ordering::SeqCst);
+    }
+    fn should_stop(&self) -> bool {
+        self.seen.load(std::sync::atomic::Ordering::SeqCst) >= self.at
+    }
+}
+
+#[test]
+fn a_sync_run_stopped_checkpointed_and_resumed_equals_the_uninterrupted_run_bitwise() {
+    use tandem_strategy::checkpoint;
+    let hyper = Hyper {
+        log_every: 1,
+        ..Hyper::default()
+    };
+    let end = 50;
+    let mut straight = initial_state(8);
+    sync::train(
+        &mut cpu_pool(2, 100),
+        &mut straight,
+        &hyper,
+        end,
+        &NoObserver,
+    )
+    .unwrap();
+
+    let mut first = initial_state(8);
+    let stop = StopAt {
+        at: 17,
+        seen: Default::default(),
+    };
+    let report = sync::train(&mut cpu_pool(2, 100), &mut first, &hyper, end, &stop).unwrap();
+    assert!(report.stopped);
+    // The stop is seen while step 18 runs, which completes.
+    assert_eq!(first.step, 18);
+    let dir = tempfile::tempdir().unwrap();
+    let layout = Mlp::MNIST.layout();
+    let path =
+        checkpoint::save_in_dir(dir.path(), &first, &layout, &Default::default(), 3).unwrap();
+
+    // A new process would start from the file with fresh replicas.
+    let mut resumed = checkpoint::load(&path, &layout).unwrap().state;
+    sync::train(
+        &mut cpu_pool(2, 100),
+        &mut resumed,
+        &hyper,
+        end,
+        &NoObserver,
+    )
+    .unwrap();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(resumed.step, end);
+    assert_eq!(bits(&resumed.params), bits(&straight.params));
+    assert_eq!(bits(&resumed.ema), bits(&straight.ema));
+}
