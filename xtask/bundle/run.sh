@@ -43,8 +43,10 @@ for mode in sync async; do
         if ! timeout "$LIMIT" bin/mnist-train "--$mode" --devices "$devices" --epochs "$EPOCHS" \
             --data-dir data/mnist >"$log" 2>&1; then
             echo "FAILED: see $log"; failed=1
+            head -n 3 "$log"
+        else
+            tail -n 3 "$log"
         fi
-        tail -n 3 "$log"
         rows+=("tandem --$mode $devices|$(pick 'test accuracy' "$log")|$(pick 'examples/sec' "$log")")
     done
 done

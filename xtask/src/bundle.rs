@@ -16,6 +16,10 @@ use crate::stub;
 const RUN_SH: &str = include_str!("../bundle/run.sh");
 const TORCH_GPU_PY: &str = include_str!("../bundle/torch_gpu.py");
 
+/// The tandem-kernels integration tests that need a GPU (the others read the source tree,
+/// which the bundle does not carry).
+const GPU_TESTS: &[&str] = &["cuda"];
+
 /// Builds `gpu-bundle/`: `bin/mnist-train`, `tests/*` (the `--features cuda` test executables of
 /// tandem-kernels), `anchors/` (the PyTorch anchor, and a GPU driver for it), `data/mnist/` and
 /// `run.sh`.
@@ -29,15 +33,30 @@ pub fn build(root: &Path) -> Result<()> {
     let binaries = cargo_executables(
         root,
         &stub,
-        &["build", "--release", "-p", "mnist-train"],
-        false,
+        &[
+            "build",
+            "--release",
+            "-p",
+            "mnist-train",
+            "--features",
+            "cuda",
+        ],
+        |name, test| !test && name == "mnist-train",
     )?;
     copy_all(&binaries, &bundle.join("bin"))?;
     let tests = cargo_executables(
         root,
         &stub,
-        &["test", "--release", "-p", "tandem-kernels", "--no-run"],
-        true,
+        &[
+            "test",
+            "--release",
+            "-p",
+            "tandem-kernels",
+            "--features",
+            "cuda",
+            "--no-run",
+        ],
+        |name, test| test && GPU_TESTS.contains(&name),
     )?;
     copy_all(&tests, &bundle.join("tests"))?;
 
@@ -65,30 +84,37 @@ pub fn build(root: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Runs `cargo ARGS --features tandem-kernels/cuda` against the stub driver and returns the
-/// executables it built (test harnesses only, when `tests`).
-fn cargo_executables(root: &Path, stub: &Path, args: &[&str], tests: bool) -> Result<Vec<PathBuf>> {
+/// Runs `cargo ARGS` against the stub driver and returns the executables it built whose
+/// target name and test-ness `keep` accepts.
+fn cargo_executables(
+    root: &Path,
+    stub: &Path,
+    args: &[&str],
+    keep: impl Fn(&str, bool) -> bool,
+) -> Result<Vec<PathBuf>> {
     let json = crate::output(
         Command::new(env!("CARGO"))
             .current_dir(root)
             .env("CUDA_LIBRARY_PATH", stub)
             .args(args)
-            .args(["--features", "tandem-kernels/cuda", "--message-format=json"])
+            .arg("--message-format=json")
             .stderr(Stdio::inherit()),
     )?;
     let mut found = Vec::new();
     for line in json.lines() {
         let message: serde_json::Value =
             serde_json::from_str(line).context("parsing cargo's JSON messages")?;
-        if message["reason"] == "compiler-artifact" && message["profile"]["test"] == tests {
-            if let Some(path) = message["executable"].as_str() {
+        let name = message["target"]["name"].as_str().unwrap_or_default();
+        let test = message["profile"]["test"] == true;
+        if let Some(path) = message["executable"].as_str() {
+            if message["reason"] == "compiler-artifact" && keep(name, test) {
                 found.push(PathBuf::from(path));
             }
         }
     }
     anyhow::ensure!(
         !found.is_empty(),
-        "cargo {} built no executable",
+        "cargo {} built none of the expected executables",
         args.join(" ")
     );
     Ok(found)
