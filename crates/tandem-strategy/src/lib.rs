@@ -181,9 +181,10 @@ pub enum TrainError {
     Worker(#[from] WorkerFailure),
 }
 
-/// A non-finite loss ends a run before its update is applied.
+/// A non-finite loss ends a run before its update is applied (the worker failure that carries
+/// it names the step).
 #[derive(Debug, thiserror::Error)]
-#[error("the loss is {loss} at step {step}: training diverged (try a smaller learning rate)")]
+#[error("the loss is {loss}: training diverged (try a smaller learning rate)")]
 pub struct NonFiniteLoss {
     /// The loss.
     pub loss: f32,
