@@ -827,3 +827,19 @@ impl Backend for CudaBackend {
         Ok(self.read_scalar(&scratch.count)? as usize)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{BLOCK, MATMUL_ROWS, TILE};
+
+    /// The launch shapes above are the ones the kernels are written for (`block_sum` needs
+    /// exactly REDUCE_THREADS threads, `matmul` a TILE x ROWS block).
+    #[test]
+    fn launch_shapes_match_the_kernel_sources() {
+        let matmul = include_str!("../../../kernels/matmul.cu");
+        assert!(matmul.contains(&format!("#define TILE {TILE}\n")));
+        assert!(matmul.contains(&format!("#define ROWS {MATMUL_ROWS} ")));
+        let reduce = include_str!("../../../kernels/reduce.cu");
+        assert!(reduce.contains(&format!("#define REDUCE_THREADS {BLOCK}\n")));
+    }
+}
