@@ -1,6 +1,6 @@
 use rand::Rng;
 use tandem_pool::ParamSpan;
-use tandem_tensor::{Backend, ExampleSet, Gemm, Tensor};
+use tandem_tensor::{cpu, Backend, CpuBackend, ExampleSet, Gemm, ShapeError, Tensor};
 
 /// A one-hidden-layer perceptron: `inputs -> hidden (ReLU) -> classes`.
 ///
@@ -140,5 +140,237 @@ impl Mlp {
             correct += backend.count_correct(&logits, &labels, batch.len(), self.classes)?;
         }
         Ok(correct as f64 / examples.len().max(1) as f64)
+    }
+
+    /// The logits (`rows x classes`, row-major) of `rows = x.len() / inputs` inputs under
+    /// `params`; `x` holds the inputs' features one row after another, each scaled to
+    /// `[0, 1]` as in training. An `x` that is not whole rows is a [`ShapeError`].
+    pub fn logits<B: Backend>(
+        &self,
+        backend: &B,
+        params: &[f32],
+        x: &[f32],
+    ) -> Result<Vec<f32>, B::Error> {
+        self.check_len("logits", "params", self.num_params(), params.len())?;
+        let rows = x.len() / self.inputs.max(1);
+        if rows * self.inputs != x.len() {
+            return Err(ShapeError {
+                op: "logits",
+                operand: "x",
+                needed: (rows + 1) * self.inputs,
+                available: x.len(),
+            }
+            .into());
+        }
+        let mut device_params = backend.zeros(self.num_params())?;
+        backend.upload(params, &mut device_params, 0)?;
+        let mut device_x = backend.zeros(x.len())?;
+        backend.upload(x, &mut device_x, 0)?;
+        let mut hidden = backend.zeros(rows * self.hidden)?;
+        let mut logits = backend.zeros(rows * self.classes)?;
+        self.forward(
+            backend,
+            &device_params,
+            &device_x,
+            rows,
+            &mut hidden,
+            &mut logits,
+        )?;
+        let mut host = vec![0.0; rows * self.classes];
+        backend.download(&logits, 0, &mut host)?;
+        Ok(host)
+    }
+
+    /// The most probable class of every example of `examples` under `params`, in order (the
+    /// same decision [`Mlp::evaluate`] scores, so `predictions[i] == label(i)` exactly for the
+    /// examples it counts as correct). Used for confusion matrices.
+    pub fn predictions<B: Backend>(
+        &self,
+        backend: &B,
+        params: &[f32],
+        examples: &ExampleSet,
+    ) -> Result<Vec<usize>, B::Error> {
+        self.check_len("predictions", "params", self.num_params(), params.len())?;
+        self.check_len("predictions", "examples", self.inputs, examples.features())?;
+        let chunk = EVAL_CHUNK.min(examples.len().max(1));
+        let mut device_params = backend.zeros(self.num_params())?;
+        backend.upload(params, &mut device_params, 0)?;
+        let resident = backend.upload_examples(examples)?;
+        let mut x = backend.zeros(chunk * self.inputs)?;
+        let mut labels = backend.zero_labels(chunk)?;
+        let mut hidden = backend.zeros(chunk * self.hidden)?;
+        let mut logits = backend.zeros(chunk * self.classes)?;
+        let mut host = vec![0.0; chunk * self.classes];
+        let mut predictions = Vec::with_capacity(examples.len());
+        let indices: Vec<u32> = (0..examples.len() as u32).collect();
+        for batch in indices.chunks(chunk) {
+            backend.gather(&resident, batch, &mut x, &mut labels)?;
+            self.forward(
+                backend,
+                &device_params,
+                &x,
+                batch.len(),
+                &mut hidden,
+                &mut logits,
+            )?;
+            let rows = &mut host[..batch.len() * self.classes];
+            backend.download(&logits, 0, rows)?;
+            // `cpu::argmax` is the tie rule `count_correct` uses, so predictions and accuracy
+            // never disagree.
+            predictions.extend(rows.chunks_exact(self.classes).map(cpu::argmax));
+        }
+        Ok(predictions)
+    }
+
+    /// The class probabilities (softmax of the logits) of one input of exactly `inputs`
+    /// features in `[0, 1]`, computed on the CPU with the same forward pass as training. An `x`
+    /// or `params` of the wrong length is a [`ShapeError`].
+    pub fn probabilities(&self, params: &[f32], x: &[f32]) -> Result<Vec<f32>, ShapeError> {
+        self.check_len("probabilities", "x", self.inputs, x.len())?;
+        let logits = self.logits(&CpuBackend, params, x)?;
+        // Numerically stable: the largest logit is subtracted before exponentiating.
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let exp: Vec<f64> = logits.iter().map(|&l| f64::from(l - max).exp()).collect();
+        let sum: f64 = exp.iter().sum();
+        Ok(exp.iter().map(|e| (e / sum) as f32).collect())
+    }
+
+    /// `Ok` when `available == needed`: unlike [`ShapeError::check`], too long is wrong too,
+    /// because a parameter vector or an input of another model must not be silently cut.
+    fn check_len(
+        &self,
+        op: &'static str,
+        operand: &'static str,
+        needed: usize,
+        available: usize,
+    ) -> Result<(), ShapeError> {
+        if available == needed {
+            Ok(())
+        } else {
+            Err(ShapeError {
+                op,
+                operand,
+                needed,
+                available,
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::SeedableRng;
+
+    use super::*;
+
+    const TINY: Mlp = Mlp {
+        inputs: 4,
+        hidden: 8,
+        classes: 3,
+    };
+
+    fn params() -> Vec<f32> {
+        TINY.init(0.5, &mut rand::rngs::StdRng::seed_from_u64(3))
+    }
+
+    fn examples() -> ExampleSet {
+        let values = vec![
+            0, 255, 10, 3, 200, 1, 0, 0, 9, 9, 9, 9, 255, 255, 0, 128, 17, 34, 51, 68,
+        ];
+        ExampleSet::new(4, values, vec![2, 0, 1, 1, 0]).unwrap()
+    }
+
+    fn features(examples: &ExampleSet, i: usize) -> Vec<f32> {
+        examples
+            .features_of(i)
+            .iter()
+            .map(|&v| f32::from(v) / 255.0)
+            .collect()
+    }
+
+    #[test]
+    fn predictions_agree_with_evaluate_and_with_logits() {
+        let (params, examples) = (params(), examples());
+        let predictions = TINY.predictions(&CpuBackend, &params, &examples).unwrap();
+        assert_eq!(predictions.len(), examples.len());
+        let correct = predictions
+            .iter()
+            .zip(examples.labels())
+            .filter(|(&p, &l)| p == usize::from(l))
+            .count();
+        let accuracy = TINY.evaluate(&CpuBackend, &params, &examples).unwrap();
+        assert_eq!(correct as f64 / examples.len() as f64, accuracy);
+        for (i, &predicted) in predictions.iter().enumerate() {
+            let logits = TINY
+                .logits(&CpuBackend, &params, &features(&examples, i))
+                .unwrap();
+            assert_eq!(cpu::argmax(&logits), predicted);
+        }
+    }
+
+    #[test]
+    fn probabilities_are_the_softmax_of_the_logits() {
+        let (params, examples) = (params(), examples());
+        for i in 0..examples.len() {
+            let x = features(&examples, i);
+            let logits = TINY.logits(&CpuBackend, &params, &x).unwrap();
+            let p = TINY.probabilities(&params, &x).unwrap();
+            assert_eq!(p.len(), TINY.classes);
+            assert!((p.iter().sum::<f32>() - 1.0).abs() < 1e-6, "{p:?}");
+            assert!(p.iter().all(|&v| (0.0..=1.0).contains(&v)));
+            assert_eq!(cpu::argmax(&p), cpu::argmax(&logits));
+            // Ratios of probabilities are exponentials of differences of logits.
+            let ratio = (p[0] / p[1]).ln();
+            assert!((ratio - (logits[0] - logits[1])).abs() < 1e-4);
+        }
+        // Huge logits do not overflow.
+        let mut big = params.clone();
+        let b2 = TINY.num_params() - TINY.classes;
+        big[b2] = 1e4;
+        let p = TINY.probabilities(&big, &features(&examples, 0)).unwrap();
+        assert!(p.iter().all(|v| v.is_finite()));
+        assert!((p[0] - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn logits_of_several_rows_are_those_of_each_row() {
+        let (params, examples) = (params(), examples());
+        let x: Vec<f32> = (0..examples.len())
+            .flat_map(|i| features(&examples, i))
+            .collect();
+        let all = TINY.logits(&CpuBackend, &params, &x).unwrap();
+        for i in 0..examples.len() {
+            let one = TINY
+                .logits(&CpuBackend, &params, &features(&examples, i))
+                .unwrap();
+            assert_eq!(&all[i * 3..i * 3 + 3], one.as_slice());
+        }
+    }
+
+    #[test]
+    fn wrong_lengths_are_errors_not_panics() {
+        let (params, examples) = (params(), examples());
+        let x = features(&examples, 0);
+        assert!(TINY.probabilities(&params, &x[..3]).is_err());
+        assert!(TINY
+            .probabilities(&params, &[x.clone(), x.clone()].concat())
+            .is_err());
+        assert!(TINY.probabilities(&params[1..], &x).is_err());
+        assert!(TINY.logits(&CpuBackend, &params, &x[..3]).is_err());
+        assert!(TINY
+            .logits(&CpuBackend, &[params.clone(), vec![0.0]].concat(), &x)
+            .is_err());
+        assert!(TINY
+            .predictions(&CpuBackend, &params[1..], &examples)
+            .is_err());
+        for features in [3, 5] {
+            let other = ExampleSet::new(features, vec![0; 2 * features], vec![0, 1]).unwrap();
+            assert!(TINY.predictions(&CpuBackend, &params, &other).is_err());
+        }
+        let empty = ExampleSet::new(4, vec![], vec![]).unwrap();
+        assert_eq!(
+            TINY.predictions(&CpuBackend, &params, &empty).unwrap(),
+            Vec::<usize>::new()
+        );
     }
 }

@@ -341,6 +341,7 @@ impl Backend for CpuBackend {
         rows: usize,
         cols: usize,
     ) -> Result<(), ShapeError> {
+        ShapeError::check("bias_relu", "cols", 1, cols)?;
         let bias = span("bias_relu", "bias", bias, cols)?;
         cpu::bias_relu(span_mut("bias_relu", "x", (x, 0), rows * cols)?, bias);
         Ok(())
@@ -353,6 +354,7 @@ impl Backend for CpuBackend {
         rows: usize,
         cols: usize,
     ) -> Result<(), ShapeError> {
+        ShapeError::check("bias_add", "cols", 1, cols)?;
         let bias = span("bias_add", "bias", bias, cols)?;
         cpu::bias_add(span_mut("bias_add", "x", (x, 0), rows * cols)?, bias);
         Ok(())
@@ -381,6 +383,7 @@ impl Backend for CpuBackend {
         dlogits: &mut Vec<f32>,
     ) -> Result<f32, ShapeError> {
         let op = "softmax_cross_entropy";
+        ShapeError::check(op, "classes", 1, classes)?;
         let logits = span(op, "logits", (logits, 0), rows * classes)?;
         ShapeError::check(op, "labels", rows, labels.len())?;
         let labels = &labels[..rows];
@@ -403,6 +406,7 @@ impl Backend for CpuBackend {
         cols: usize,
         out: (&mut Vec<f32>, usize),
     ) -> Result<(), ShapeError> {
+        ShapeError::check("column_sum", "cols", 1, cols)?;
         let x = span("column_sum", "x", (x, 0), rows * cols)?;
         cpu::column_sum(x, span_mut("column_sum", "out", out, cols)?);
         Ok(())
@@ -415,6 +419,7 @@ impl Backend for CpuBackend {
         rows: usize,
         classes: usize,
     ) -> Result<usize, ShapeError> {
+        ShapeError::check("count_correct", "classes", 1, classes)?;
         let logits = span("count_correct", "logits", (logits, 0), rows * classes)?;
         ShapeError::check("count_correct", "labels", rows, labels.len())?;
         Ok(cpu::count_correct(logits, &labels[..rows], classes))

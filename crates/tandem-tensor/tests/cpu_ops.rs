@@ -245,3 +245,16 @@ fn backend_rejects_short_operands_and_bad_labels_instead_of_panicking() {
         .gather(&examples, &[1], &mut vec![0.0], &mut vec![0])
         .is_err());
 }
+
+#[test]
+fn zero_width_operands_are_errors_not_panics() {
+    let cpu = CpuBackend;
+    let (mut x, empty) = (vec![0.0; 4], Vec::new());
+    assert!(cpu.bias_add(&mut x, (&empty, 0), 4, 0).is_err());
+    assert!(cpu.bias_relu(&mut x, (&empty, 0), 4, 0).is_err());
+    assert!(cpu.column_sum(&x, 4, 0, (&mut vec![], 0)).is_err());
+    assert!(cpu
+        .softmax_cross_entropy(&x, &vec![0; 4], 4, 0, &mut vec![0.0; 4])
+        .is_err());
+    assert!(cpu.count_correct(&x, &vec![0; 4], 4, 0).is_err());
+}
