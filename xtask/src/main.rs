@@ -5,7 +5,10 @@
 //! * `cuda-stub`: builds a link-only `libcuda.so` for machines without an NVIDIA driver.
 //! * `gpu-bundle`: builds the binaries and GPU tests into `gpu-bundle/` with a `run.sh` for a
 //!   GPU machine that has no Rust toolchain.
+//! * `bench-train [--rounds N] [--epochs N]`: whole training runs, sync and async at one and two
+//!   CPU workers, alternated, with the median examples/sec of each.
 
+mod bench;
 mod bundle;
 mod kernels;
 mod stub;
@@ -40,6 +43,16 @@ enum Task {
     CudaStub,
     /// Build release binaries and the CUDA test executables into gpu-bundle/ with a run.sh.
     GpuBundle,
+    /// Train sync and async at 1 and 2 CPU workers (release build), alternating the runs, and
+    /// print the median examples/sec of each.
+    BenchTrain {
+        /// Rounds of the four runs.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Epochs per run.
+        #[arg(long, default_value_t = 4)]
+        epochs: u64,
+    },
 }
 
 fn main() -> Result<()> {
@@ -48,6 +61,7 @@ fn main() -> Result<()> {
         Task::BuildKernels { check, pinned } => kernels::build(&root, check, pinned),
         Task::CudaStub => stub::build(&root).map(|_| ()),
         Task::GpuBundle => bundle::build(&root),
+        Task::BenchTrain { rounds, epochs } => bench::train(&root, rounds, epochs),
     }
 }
 
