@@ -1,0 +1,139 @@
+//! The whole model and the sync strategy on the GPU against the CPU (needs `--features cuda`
+//! and a GPU; without one every test prints `SKIPPED: ...` on stderr and returns).
+#![cfg(feature = "cuda")]
+
+use std::io::Write;
+use std::path::Path;
+
+use rand::SeedableRng;
+use tandem_kernels::CudaBackend;
+use tandem_mnist::{Mnist, PIXELS};
+use tandem_model::{Mlp, MlpReplica};
+use tandem_pool::{Device, Replica, WorkerPool};
+use tandem_strategy::{sync, Hyper, NoObserver, TrainState};
+use tandem_tensor::{CpuBackend, ExampleSet};
+
+/// `count` replicas on GPU 0, or `None` after saying on stderr that the test is skipped.
+fn gpu_replicas(
+    count: usize,
+    train: &ExampleSet,
+    batch: usize,
+) -> Option<Vec<MlpReplica<CudaBackend>>> {
+    let mut replicas = Vec::new();
+    for _ in 0..count {
+        match CudaBackend::new(0) {
+            Ok(gpu) => {
+                replicas.push(MlpReplica::new(Mlp::MNIST, gpu, train, batch).expect("GPU replica"))
+            }
+            Err(e) if e.is_no_device() => {
+                let test = std::thread::current().name().unwrap_or("?").to_string();
+                let _ = std::io::stderr()
+                    .write_all(format!("SKIPPED: {test}: no CUDA device ({e})\n").as_bytes());
+                return None;
+            }
+            Err(e) => panic!("opening CUDA device 0: {e}"),
+        }
+    }
+    Some(replicas)
+}
+
+fn train_set() -> ExampleSet {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/mnist");
+    let mnist = Mnist::load(&dir).expect("the repository's MNIST copy");
+    ExampleSet::new(PIXELS, mnist.train.images, mnist.train.labels).expect("consistent split")
+}
+
+fn initial() -> TrainState {
+    TrainState::new(Mlp::MNIST.init(0.1, &mut rand_chacha::ChaCha8Rng::seed_from_u64(4)))
+}
+
+fn max_relative_difference(a: &[f32], b: &[f32]) -> f32 {
+    let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    a.iter()
+        .zip(b)
+        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
+        / scale
+}
+
+fn sync_run(replicas: Vec<MlpReplica<CudaBackend>>, batch: usize, steps: u64) -> TrainState {
+    let devices = (0..replicas.len())
+        .map(|_| Device::Cuda { ordinal: 0 })
+        .collect();
+    let mut replicas = replicas.into_iter();
+    let mut pool =
+        WorkerPool::new(devices, |_| replicas.next().ok_or("one replica per device")).unwrap();
+    let mut state = initial();
+    let hyper = Hyper {
+        batch_size: batch,
+        ..Hyper::default()
+    };
+    sync::train(&mut pool, &mut state, &hyper, steps, &NoObserver).expect("GPU training");
+    state
+}
+
+#[test]
+fn whole_model_gradients_on_the_gpu_match_the_cpu() {
+    let train = train_set();
+    let Some(mut gpu) = gpu_replicas(1, &train, 100) else {
+        return;
+    };
+    let mut gpu = gpu.remove(0);
+    let mut cpu = MlpReplica::new(Mlp::MNIST, CpuBackend, &train, 100).unwrap();
+    let params = initial().params;
+    let batch: Vec<u32> = (0..100).map(|i| i * 37 % 55_000).collect();
+    let mut grads = Vec::new();
+    let mut losses = Vec::new();
+    for replica in [&mut gpu as &mut dyn Replica, &mut cpu] {
+        replica.bind_thread().unwrap();
+        replica
+            .set_params(&mut |p| p.copy_from_slice(&params))
+            .unwrap();
+        losses.push(replica.compute_gradients(&batch).unwrap());
+        let mut g = Vec::new();
+        replica.read_gradients(&mut |r| g = r.to_vec()).unwrap();
+        grads.push(g);
+    }
+    assert!(grads[0].iter().all(|g| g.is_finite()));
+    assert!(
+        (losses[0] - losses[1]).abs() <= 1e-5 * losses[1].abs(),
+        "loss {losses:?}"
+    );
+    let error = max_relative_difference(&grads[0], &grads[1]);
+    assert!(error <= 1e-5, "gradients differ by {error}");
+}
+
+#[test]
+fn sync_with_two_replicas_on_one_gpu_equals_one_replica_with_twice_the_batch() {
+    let train = train_set();
+    let Some(pair) = gpu_replicas(2, &train, 50) else {
+        return;
+    };
+    let Some(single) = gpu_replicas(1, &train, 100) else {
+        return;
+    };
+    let (a, b) = (sync_run(pair, 50, 20), sync_run(single, 100, 20));
+    assert!(
+        max_relative_difference(&b.params, &initial().params) > 1e-3,
+        "training did not move"
+    );
+    let (params, ema) = (
+        max_relative_difference(&a.params, &b.params),
+        max_relative_difference(&a.ema, &b.ema),
+    );
+    assert!(params <= 1e-5 && ema <= 1e-5, "params {params}, ema {ema}");
+}
+
+#[test]
+fn repeated_sync_runs_on_the_gpu_are_bitwise_identical() {
+    let train = train_set();
+    let Some(first) = gpu_replicas(2, &train, 100) else {
+        return;
+    };
+    let Some(second) = gpu_replicas(2, &train, 100) else {
+        return;
+    };
+    let (a, b) = (sync_run(first, 100, 30), sync_run(second, 100, 30));
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&a.params), bits(&b.params));
+    assert_eq!(bits(&a.ema), bits(&b.ema));
+}
