@@ -16,8 +16,15 @@ cargo xtask cuda-stub
 stub="$PWD/target/cuda-stub"
 export CUDA_LIBRARY_PATH="$stub"
 export LD_LIBRARY_PATH="$stub/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-cargo clippy -p tandem-kernels --features cuda --all-targets -- -D warnings
-cargo test -p tandem-kernels --features cuda
+cargo clippy -p tandem-kernels -p tandem-pool -p mnist-train --features cuda --all-targets -- -D warnings
+cargo test -p tandem-kernels -p tandem-pool --features cuda
+# The GPU-enabled trainer links and, without a device, says so instead of crashing.
+cargo build -p mnist-train --features cuda
+if out=$(target/debug/mnist-train --devices cuda:0 --steps 1 2>&1); then
+    echo "cuda.sh: mnist-train --devices cuda:0 succeeded without a GPU" >&2; exit 1
+fi
+grep -qi 'cuda' <<<"$out" || { echo "cuda.sh: unexpected error: $out" >&2; exit 1; }
+echo "mnist-train without a GPU: $(head -n 1 <<<"$out")"
 
 binaries=$(cargo test -p tandem-kernels --features cuda --no-run --message-format=json 2>/dev/null |
     grep -o '"executable":"[^"]*"' | cut -d'"' -f4)

@@ -18,7 +18,7 @@ const TORCH_GPU_PY: &str = include_str!("../bundle/torch_gpu.py");
 
 /// The tandem-kernels integration tests that need a GPU (the others read the source tree,
 /// which the bundle does not carry).
-const GPU_TESTS: &[&str] = &["cuda"];
+const GPU_TESTS: &[&str] = &["cuda", "model_gpu"];
 
 /// Builds `gpu-bundle/`: `bin/mnist-train`, `tests/*` (the `--features cuda` test executables of
 /// tandem-kernels), `anchors/` (the PyTorch anchor, and a GPU driver for it), `data/mnist/` and

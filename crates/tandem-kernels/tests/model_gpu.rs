@@ -37,8 +37,12 @@ fn gpu_replicas(
     Some(replicas)
 }
 
+/// The MNIST data: `$TANDEM_MNIST_DIR` (set by the GPU bundle, which runs far from this
+/// checkout), else the repository's copy.
 fn train_set() -> ExampleSet {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/mnist");
+    let dir = std::env::var_os("TANDEM_MNIST_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/mnist"));
     let mnist = Mnist::load(&dir).expect("the repository's MNIST copy");
     ExampleSet::new(PIXELS, mnist.train.images, mnist.train.labels).expect("consistent split")
 }
