@@ -2,7 +2,10 @@
 //! and evaluates, uses and compares what it trained. `--help` explains every flag.
 
 mod cli;
+mod compare;
 mod data;
+mod eval;
+mod predict;
 mod progress;
 mod session;
 mod train;
@@ -10,11 +13,14 @@ mod train;
 use anyhow::Result;
 use clap::Parser;
 
-use cli::Cli;
+use cli::{Cli, Command};
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         None => train::run(&cli.train),
+        Some(Command::Eval(args)) => eval::run(&args),
+        Some(Command::Predict(args)) => predict::run(&args),
+        Some(Command::Compare(args)) => compare::run(&args),
     }
 }
