@@ -256,6 +256,21 @@ fn span_mut<'a>(
     Ok(&mut buf[offset..offset + len])
 }
 
+/// Checks the operands of a per-column bias operation and applies `op` to them.
+fn with_bias(
+    name: &'static str,
+    x: &mut Vec<f32>,
+    bias: (&Vec<f32>, usize),
+    rows: usize,
+    cols: usize,
+    op: fn(&mut [f32], &[f32]),
+) -> Result<(), ShapeError> {
+    ShapeError::check(name, "cols", 1, cols)?;
+    let bias = span(name, "bias", bias, cols)?;
+    op(span_mut(name, "x", (x, 0), rows * cols)?, bias);
+    Ok(())
+}
+
 impl Backend for CpuBackend {
     type Buffer = Vec<f32>;
     type Labels = Vec<u32>;
@@ -341,10 +356,7 @@ impl Backend for CpuBackend {
         rows: usize,
         cols: usize,
     ) -> Result<(), ShapeError> {
-        ShapeError::check("bias_relu", "cols", 1, cols)?;
-        let bias = span("bias_relu", "bias", bias, cols)?;
-        cpu::bias_relu(span_mut("bias_relu", "x", (x, 0), rows * cols)?, bias);
-        Ok(())
+        with_bias("bias_relu", x, bias, rows, cols, cpu::bias_relu)
     }
 
     fn bias_add(
@@ -354,10 +366,7 @@ impl Backend for CpuBackend {
         rows: usize,
         cols: usize,
     ) -> Result<(), ShapeError> {
-        ShapeError::check("bias_add", "cols", 1, cols)?;
-        let bias = span("bias_add", "bias", bias, cols)?;
-        cpu::bias_add(span_mut("bias_add", "x", (x, 0), rows * cols)?, bias);
-        Ok(())
+        with_bias("bias_add", x, bias, rows, cols, cpu::bias_add)
     }
 
     fn relu_backward(
