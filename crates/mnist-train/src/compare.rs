@@ -238,7 +238,7 @@ fn train(mode: Mode, args: &CompareArgs, data: &Data) -> Result<(Run, Vec<String
         };
         points.push(point);
         let last = i + 1 == ends.len();
-        if last || (i + 1) as u64 % args.evals_per_epoch == 0 {
+        if last || ((i + 1) as u64).is_multiple_of(args.evals_per_epoch) {
             println!(
                 "  epoch {:>5.2}: test accuracy {:.4}, loss {}, {:.1} s",
                 examples as f64 / data.train.len() as f64,
@@ -266,7 +266,7 @@ fn thousands(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -481,8 +481,9 @@ impl Axis {
 fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, report: &Report) -> DrawResult<DB> {
     root.fill(&WHITE)?;
     let title = format!(
-        "MNIST 784-500-10: sync vs async data parallelism, {} worker(s), batch {}, {} epoch(s)",
+        "MNIST 784-500-10: sync vs async data parallelism on {} worker(s) [{}], batch {}, {} epoch(s)",
         report.devices.len(),
+        report.devices.join(", "),
         report.batch_size,
         report.epochs
     );
@@ -599,6 +600,44 @@ fn accuracy_panel<DB: DrawingBackend>(
         .draw()
 }
 
+/// Ticks of a log axis: 1, 2, 3 and 5 times each power of ten in `min..=max` (plotters'
+/// own choice labels only powers of ten, often just one on a loss axis), or only the powers
+/// of ten when the axis spans more than three decades.
+fn log_ticks(min: f64, max: f64) -> Vec<f64> {
+    if !(min > 0.0 && max > min && max.is_finite()) {
+        return Vec::new();
+    }
+    let (first, last) = (min.log10().floor() as i32, max.log10().ceil() as i32);
+    let steps: &[f64] = if last - first > 3 {
+        &[1.0]
+    } else {
+        &[1.0, 2.0, 3.0, 5.0]
+    };
+    (first..=last)
+        // Dividing by a power of ten rounds 3 x 0.1 to 0.3, multiplying does not.
+        .flat_map(|e| {
+            steps.iter().map(move |s| {
+                if e < 0 {
+                    s / 10f64.powi(-e)
+                } else {
+                    s * 10f64.powi(e)
+                }
+            })
+        })
+        .filter(|v| (min..=max).contains(v))
+        .collect()
+}
+
+/// A tick value with as many decimals as it needs: 0.05, 0.3, 2.
+fn short(v: f64) -> String {
+    if v <= 0.0 || v >= 1.0 {
+        format!("{v:.0}")
+    } else {
+        let decimals = (-v.log10()).ceil().max(0.0) as usize;
+        format!("{v:.decimals$}")
+    }
+}
+
 fn loss_panel<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     report: &Report,
@@ -626,13 +665,16 @@ fn loss_panel<DB: DrawingBackend>(
         .margin(16)
         .x_label_area_size(56)
         .y_label_area_size(80)
-        .build_cartesian_2d(0.0..axis.max(report), (min..max).log_scale())?;
+        .build_cartesian_2d(
+            0.0..axis.max(report),
+            (min..max).log_scale().with_key_points(log_ticks(min, max)),
+        )?;
     chart
         .configure_mesh()
         .x_desc(axis.desc())
         .y_desc("training loss (log scale)")
         .x_label_formatter(&|v| axis.label(*v))
-        .y_label_formatter(&|v| format!("{v:.3}"))
+        .y_label_formatter(&|v| short(*v))
         .label_style(("sans-serif", 16))
         .axis_desc_style(("sans-serif", 18))
         .light_line_style(RGBColor(235, 235, 235))
@@ -755,6 +797,16 @@ mod tests {
         assert!(row("examples/sec").contains("22,000"), "{text}");
         // Every line has the same width: a table that also reads as plain text.
         assert!(lines.iter().all(|l| l.len() == lines[0].len()), "{text}");
+    }
+
+    #[test]
+    fn log_ticks_are_one_two_three_five() {
+        assert_eq!(log_ticks(0.11, 3.5), [0.2, 0.3, 0.5, 1.0, 2.0, 3.0]);
+        assert_eq!(log_ticks(0.001, 50.0), [0.001, 0.01, 0.1, 1.0, 10.0]);
+        assert!(log_ticks(0.0, 1.0).is_empty());
+        assert_eq!(short(0.05), "0.05");
+        assert_eq!(short(0.3), "0.3");
+        assert_eq!(short(2.0), "2");
     }
 
     #[test]

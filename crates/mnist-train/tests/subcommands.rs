@@ -1,0 +1,261 @@
+//! The subcommands end to end, through the binary: train a quick checkpoint, evaluate it,
+//! classify real MNIST test digits written out as image files, and compare the two modes.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use image::codecs::jpeg::JpegEncoder;
+use image::imageops::{self, FilterType};
+use image::GrayImage;
+use tandem_mnist::{Mnist, COLS, ROWS};
+
+fn mnist_train(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mnist-train"))
+        .args(args)
+        // Error messages are compared below; a backtrace would only add noise.
+        .env("RUST_BACKTRACE", "0")
+        .env("RUST_LIB_BACKTRACE", "0")
+        .output()
+        .expect("cannot run mnist-train")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// Runs mnist-train and returns its stdout, failing the test with its stderr if it failed.
+fn succeed(args: &[&str]) -> String {
+    let output = mnist_train(args);
+    assert!(
+        output.status.success(),
+        "mnist-train {args:?} failed:\n{}\n{}",
+        stdout(&output),
+        stderr(&output)
+    );
+    stdout(&output)
+}
+
+fn line_starting<'a>(text: &'a str, prefix: &str) -> &'a str {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no line starting with {prefix:?} in:\n{text}"))
+}
+
+fn data_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/mnist")
+}
+
+/// How a digit is written out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Form {
+    /// As MNIST has it: white on black, 28 x 28, PNG.
+    AsIs,
+    /// As a scan would be: black on white, 112 x 112, smoothly upscaled; PNG, or JPEG for 9.
+    Scanned,
+}
+
+/// Writes the first test image of each digit in both forms. Returns each file with its form
+/// and true label.
+fn write_digits(dir: &Path) -> Vec<(PathBuf, Form, u8)> {
+    let mnist = Mnist::load(&data_dir()).expect("the repository's MNIST copy");
+    let test = &mnist.test;
+    let mut files = Vec::new();
+    for digit in 0..10u8 {
+        let index = test
+            .labels
+            .iter()
+            .position(|&l| l == digit)
+            .expect("every digit is in the test set");
+        let image = GrayImage::from_raw(COLS as u32, ROWS as u32, test.image(index).to_vec())
+            .expect("28 x 28 bytes");
+        let as_is = dir.join(format!("mnist-{digit}.png"));
+        image.save(&as_is).expect("write a PNG");
+        files.push((as_is, Form::AsIs, digit));
+
+        let mut large = imageops::resize(&image, 112, 112, FilterType::Triangle);
+        imageops::invert(&mut large);
+        let scanned = if digit == 9 {
+            let path = dir.join(format!("scan-{digit}.jpg"));
+            let file = std::fs::File::create(&path).expect("create a JPEG");
+            large
+                .write_with_encoder(JpegEncoder::new_with_quality(file, 90))
+                .expect("write a JPEG");
+            path
+        } else {
+            let path = dir.join(format!("scan-{digit}.png"));
+            large.save(&path).expect("write a PNG");
+            path
+        };
+        files.push((scanned, Form::Scanned, digit));
+    }
+    files
+}
+
+#[test]
+fn eval_and_predict_use_a_trained_checkpoint() {
+    let tmp = tempfile::tempdir().expect("a temporary directory");
+    let checkpoints = tmp.path().join("checkpoints");
+    let trained = succeed(&[
+        "--steps",
+        "300",
+        "--checkpoint-dir",
+        checkpoints.to_str().expect("a UTF-8 path"),
+        "--log-every",
+        "0",
+        "--devices",
+        "cpu:2",
+    ]);
+    let checkpoint = checkpoints.join("step-0000000300.safetensors");
+    let checkpoint_arg = checkpoint.to_str().expect("a UTF-8 path");
+
+    // eval reports exactly the summary's numbers, and a confusion matrix.
+    let evaluated = succeed(&["eval", "--checkpoint", checkpoint_arg]);
+    for prefix in ["test accuracy:", "validation accuracy:"] {
+        assert_eq!(
+            line_starting(&evaluated, prefix),
+            line_starting(&trained, prefix),
+            "training said:\n{trained}\neval said:\n{evaluated}"
+        );
+    }
+    let header = line_starting(&evaluated, "true\\pred");
+    assert!(
+        header.contains('9') && header.contains("recall"),
+        "{evaluated}"
+    );
+    assert!(line_starting(&evaluated, "precision").contains('%'));
+    // The matrix's rows add up to the test set.
+    let total: u64 = evaluated
+        .lines()
+        .filter(|l| l.contains(" | ") && !l.starts_with("true"))
+        .map(|l| {
+            let after = l.split(" | ").nth(1).expect("a total column");
+            after
+                .split_whitespace()
+                .next()
+                .expect("a total")
+                .parse::<u64>()
+                .expect("a number")
+        })
+        .sum();
+    assert_eq!(total, 10_000, "{evaluated}");
+
+    // predict recognises real digits, as MNIST has them and as dark-on-light scans.
+    let digits = write_digits(tmp.path());
+    let mut args = vec!["predict", "--checkpoint", checkpoint_arg];
+    args.extend(
+        digits
+            .iter()
+            .map(|(p, ..)| p.to_str().expect("a UTF-8 path")),
+    );
+    let predicted = succeed(&args);
+    eprintln!("{predicted}");
+    let mut answers = Vec::new();
+    for (path, form, label) in &digits {
+        let prefix = format!("{}: ", path.display());
+        let line = line_starting(&predicted, &prefix);
+        let rest = &line[prefix.len()..];
+        let (digit, p) = rest
+            .strip_suffix(')')
+            .and_then(|r| r.split_once(" (p = "))
+            .unwrap_or_else(|| panic!("not `PATH: D (p = P)`: {line}"));
+        let digit: u8 = digit.parse().expect("a digit");
+        let p: f32 = p.parse().expect("a probability");
+        assert!((0.0..=1.0).contains(&p) && p >= 0.1, "{line}");
+        answers.push((*form, digit, *label));
+    }
+    for form in [Form::AsIs, Form::Scanned] {
+        let right = answers
+            .iter()
+            .filter(|(f, digit, label)| *f == form && digit == label)
+            .count();
+        assert!(right >= 9, "{form:?}: {right}/10 right:\n{predicted}");
+    }
+    // Preprocessing recovers the MNIST image from the scan: both forms get the same answer.
+    let same = answers
+        .chunks(2)
+        .filter(|pair| pair[0].1 == pair[1].1)
+        .count();
+    assert!(same >= 9, "{same}/10 agree:\n{predicted}");
+
+    // A damaged checkpoint is an error naming the file, not a panic.
+    let bytes = std::fs::read(&checkpoint).expect("the checkpoint");
+    let truncated = tmp.path().join("truncated.safetensors");
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).expect("write");
+    let output = mnist_train(&["eval", "--checkpoint", truncated.to_str().expect("UTF-8")]);
+    assert!(!output.status.success());
+    let message = stderr(&output);
+    assert!(
+        message.contains(&truncated.display().to_string()),
+        "{message}"
+    );
+    assert!(!message.contains("panicked"), "{message}");
+
+    // So is a file that is not an image; the good images are still classified.
+    let bad = tmp.path().join("not-an-image.png");
+    std::fs::write(&bad, b"hello").expect("write");
+    let output = mnist_train(&[
+        "predict",
+        "--checkpoint",
+        checkpoint_arg,
+        digits[0].0.to_str().expect("UTF-8"),
+        bad.to_str().expect("UTF-8"),
+    ]);
+    assert!(!output.status.success());
+    let message = stderr(&output);
+    assert!(message.contains(&bad.display().to_string()), "{message}");
+    assert!(!message.contains("panicked"), "{message}");
+    assert!(stdout(&output).contains(&digits[0].0.display().to_string()));
+}
+
+#[test]
+fn compare_writes_a_report() {
+    let tmp = tempfile::tempdir().expect("a temporary directory");
+    let report = tmp.path().join("report");
+    let printed = succeed(&[
+        "compare",
+        "--epochs",
+        "1",
+        "--evals-per-epoch",
+        "2",
+        "--devices",
+        "cpu:2",
+        "--report",
+        report.to_str().expect("a UTF-8 path"),
+    ]);
+    let png = image::open(report.join("compare.png")).expect("a decodable PNG");
+    assert!(
+        png.width() >= 800 && png.height() >= 600,
+        "{}x{}",
+        png.width(),
+        png.height()
+    );
+    let svg = std::fs::read_to_string(report.join("compare.svg")).expect("the SVG");
+    assert!(svg.starts_with("<svg") && svg.contains("Test accuracy vs wall time"));
+    let md = std::fs::read_to_string(report.join("compare.md")).expect("the Markdown");
+    let header = line_starting(&md, "| ");
+    assert!(
+        header.contains(" sync |") && header.contains(" async |"),
+        "{md}"
+    );
+    for row in [
+        "| final test accuracy",
+        "| examples/sec",
+        "| time to 97%",
+        "| staleness",
+    ] {
+        line_starting(&md, row);
+        // The table is printed too.
+        line_starting(&printed, row);
+    }
+    // One epoch at 2 x 100 examples per sync step reaches well past chance.
+    let accuracy: Vec<f64> = line_starting(&md, "| final test accuracy")
+        .split('|')
+        .filter_map(|c| c.trim().parse().ok())
+        .collect();
+    assert_eq!(accuracy.len(), 2, "{md}");
+    assert!(accuracy.iter().all(|&a| a > 0.9), "{md}");
+}
