@@ -38,11 +38,13 @@ pub enum Command {
 
     /// Classify images of handwritten digits (PNG or JPEG, any size) with a checkpoint.
     ///
-    /// Each image is converted to grey, padded to a square around its centre, resized to 28x28
-    /// and inverted when its background is light (MNIST digits are white ink on black; the
-    /// border's mean brightness decides), then classified with the averaged parameters. Prints
-    /// one line per image: `PATH: DIGIT (p = PROBABILITY)`. Works best on one digit filling
-    /// most of the image, as in MNIST.
+    /// Each image is converted to grey and inverted when its background is light (MNIST digits
+    /// are white ink on black; the border's mean brightness decides), then normalised as MNIST
+    /// was: a square frame centred on the digit, so that the digit fills 20 of 28 pixels
+    /// without changing its aspect ratio, resized to 28x28, centre of mass in the middle. It
+    /// is classified with the averaged parameters. Prints one line per image:
+    /// `PATH: DIGIT (p = PROBABILITY)`. Expects one dark digit on light paper or one light
+    /// digit on a dark background per image.
     Predict(PredictArgs),
 
     /// Train sync and then async with the same budget and devices, and write a report:
