@@ -49,6 +49,7 @@ pub struct Point {
 /// One mode's run.
 #[derive(Debug, Clone)]
 pub struct Run {
+    /// Sync or async.
     pub mode: Mode,
     /// The evaluations, the first before any training.
     pub points: Vec<Point>,
@@ -78,15 +79,23 @@ impl Run {
 /// Everything the report shows.
 #[derive(Debug, Clone)]
 pub struct Report {
+    /// The devices both modes trained on, one worker each.
     pub devices: Vec<String>,
+    /// The budget in epochs of 55,000 examples.
     pub epochs: u64,
+    /// Examples per worker per step.
     pub batch_size: usize,
+    /// Seed of the initial weights and the data order.
     pub seed: u64,
+    /// Evaluations per epoch.
     pub evals_per_epoch: u64,
+    /// The budget in training examples.
     pub budget: u64,
+    /// Sync, then async.
     pub runs: Vec<Run>,
 }
 
+/// `mnist-train compare`: trains both modes, then writes and prints the report.
 pub fn run(args: &CompareArgs) -> Result<()> {
     // Create the report directory before training, so a bad path fails in a second, not after
     // minutes of training.

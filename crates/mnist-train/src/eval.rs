@@ -19,6 +19,7 @@ pub fn load_checkpoint(path: &Path) -> Result<Checkpoint> {
     checkpoint::load(path, &Mlp::MNIST.layout()).context("cannot load the checkpoint")
 }
 
+/// `mnist-train eval`: prints the accuracies and the test set's confusion matrix.
 pub fn run(args: &EvalArgs) -> Result<()> {
     // The checkpoint first: a bad file should fail before the data are read.
     let saved = load_checkpoint(&args.checkpoint)?;

@@ -12,6 +12,7 @@ use tandem_model::Mlp;
 use crate::cli::PredictArgs;
 use crate::eval::load_checkpoint;
 
+/// `mnist-train predict`: prints `PATH: DIGIT (p = PROBABILITY)` for each image.
 pub fn run(args: &PredictArgs) -> Result<()> {
     let saved = load_checkpoint(&args.checkpoint)?;
     // Every image gets its line or its error: one unreadable file should not hide the answers
