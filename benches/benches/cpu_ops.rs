@@ -13,11 +13,56 @@ const CLASSES: usize = 10;
 fn matmuls(c: &mut Criterion) {
     let mut group = c.benchmark_group("matmul");
     let shapes = [
-        ("forward1 100x500x784", Gemm { m: BATCH, n: HIDDEN, k: INPUTS, a_transposed: false, b_transposed: false }),
-        ("forward2 100x10x500", Gemm { m: BATCH, n: CLASSES, k: HIDDEN, a_transposed: false, b_transposed: false }),
-        ("dW2 500x10x100 (A^T)", Gemm { m: HIDDEN, n: CLASSES, k: BATCH, a_transposed: true, b_transposed: false }),
-        ("dH 100x500x10 (B^T)", Gemm { m: BATCH, n: HIDDEN, k: CLASSES, a_transposed: false, b_transposed: true }),
-        ("dW1 784x500x100 (A^T)", Gemm { m: INPUTS, n: HIDDEN, k: BATCH, a_transposed: true, b_transposed: false }),
+        (
+            "forward1 100x500x784",
+            Gemm {
+                m: BATCH,
+                n: HIDDEN,
+                k: INPUTS,
+                a_transposed: false,
+                b_transposed: false,
+            },
+        ),
+        (
+            "forward2 100x10x500",
+            Gemm {
+                m: BATCH,
+                n: CLASSES,
+                k: HIDDEN,
+                a_transposed: false,
+                b_transposed: false,
+            },
+        ),
+        (
+            "dW2 500x10x100 (A^T)",
+            Gemm {
+                m: HIDDEN,
+                n: CLASSES,
+                k: BATCH,
+                a_transposed: true,
+                b_transposed: false,
+            },
+        ),
+        (
+            "dH 100x500x10 (B^T)",
+            Gemm {
+                m: BATCH,
+                n: HIDDEN,
+                k: CLASSES,
+                a_transposed: false,
+                b_transposed: true,
+            },
+        ),
+        (
+            "dW1 784x500x100 (A^T)",
+            Gemm {
+                m: INPUTS,
+                n: HIDDEN,
+                k: BATCH,
+                a_transposed: true,
+                b_transposed: false,
+            },
+        ),
     ];
     for (name, spec) in shapes {
         let a = random(spec.m * spec.k, 1);
@@ -43,16 +88,22 @@ fn elementwise(c: &mut Criterion) {
         })
     });
     let mut grad = hidden.clone();
-    group.bench_function("relu_backward 100x500", |b| b.iter(|| cpu::relu_backward(&mut grad, &x)));
+    group.bench_function("relu_backward 100x500", |b| {
+        b.iter(|| cpu::relu_backward(&mut grad, &x))
+    });
     let mut sums = vec![0.0; HIDDEN];
-    group.bench_function("column_sum 100x500", |b| b.iter(|| cpu::column_sum(&hidden, &mut sums)));
+    group.bench_function("column_sum 100x500", |b| {
+        b.iter(|| cpu::column_sum(&hidden, &mut sums))
+    });
     let logits = random(BATCH * CLASSES, 5);
     let labels: Vec<u32> = (0..BATCH as u32).map(|i| i % CLASSES as u32).collect();
     let mut dlogits = vec![0.0; BATCH * CLASSES];
     group.bench_function("softmax_cross_entropy 100x10", |b| {
         b.iter(|| cpu::softmax_cross_entropy(&logits, &labels, CLASSES, &mut dlogits))
     });
-    group.bench_function("count_correct 100x10", |b| b.iter(|| cpu::count_correct(&logits, &labels, CLASSES)));
+    group.bench_function("count_correct 100x10", |b| {
+        b.iter(|| cpu::count_correct(&logits, &labels, CLASSES))
+    });
     group.finish();
 }
 
@@ -62,13 +113,18 @@ fn update(c: &mut Criterion) {
     let grads: Vec<Vec<f32>> = (0..4).map(|s| random(len, 10 + s)).collect();
     let mut params = random(len, 6);
     let mut ema = random(len, 7);
-    let step = UpdateStep { learning_rate: 1e-6, weight_decay: 1e-4, ema_decay: 0.99 };
+    let step = UpdateStep {
+        learning_rate: 1e-6,
+        weight_decay: 1e-4,
+        ema_decay: 0.99,
+    };
     group.throughput(Throughput::Elements(len as u64));
     for workers in [1, 2, 4] {
         let views: Vec<&[f32]> = grads[..workers].iter().map(Vec::as_slice).collect();
-        group.bench_function(BenchmarkId::new("all parameters, gradients averaged over", workers), |b| {
-            b.iter(|| cpu::sgd_ema_update(&mut params, &mut ema, &views, step))
-        });
+        group.bench_function(
+            BenchmarkId::new("all parameters, gradients averaged over", workers),
+            |b| b.iter(|| cpu::sgd_ema_update(&mut params, &mut ema, &views, step)),
+        );
     }
     group.finish();
 }

@@ -16,15 +16,23 @@ fn step(c: &mut Criterion) {
     group.throughput(Throughput::Elements(100));
 
     let mut replica = MlpReplica::new(Mlp::MNIST, CpuBackend, &train, 100).expect("replica");
-    replica.set_params(&mut |p| p.copy_from_slice(&params)).expect("params");
+    replica
+        .set_params(&mut |p| p.copy_from_slice(&params))
+        .expect("params");
     let batch: Vec<u32> = (0..100).collect();
     group.bench_function("forward+backward, 1 worker, batch 100", |b| {
         b.iter(|| replica.compute_gradients(&batch).expect("step"))
     });
 
     let devices = (0..2).map(|worker| Device::Cpu { worker }).collect();
-    let mut pool = WorkerPool::new(devices, |_| MlpReplica::new(Mlp::MNIST, CpuBackend, &train, 100)).expect("pool");
-    let hyper = Hyper { log_every: 0, ..Hyper::default() };
+    let mut pool = WorkerPool::new(devices, |_| {
+        MlpReplica::new(Mlp::MNIST, CpuBackend, &train, 100)
+    })
+    .expect("pool");
+    let hyper = Hyper {
+        log_every: 0,
+        ..Hyper::default()
+    };
     let mut state = TrainState::new(params);
     group.throughput(Throughput::Elements(200 * 10));
     group.bench_function("sync, 2 workers x batch 100, 10 steps", |b| {
