@@ -77,10 +77,10 @@ pub fn bias_relu(x: &mut [f32], bias: &[f32]) {
 
 /// `grad[i] = 0` where `activation[i] <= 0`: back through a ReLU, given its output.
 pub fn relu_backward(grad: &mut [f32], activation: &[f32]) {
+    // A select, not a branch: half the activations are zero in no predictable pattern, and a
+    // mispredicted branch per element costs more than the whole pass should.
     for (g, &a) in grad.iter_mut().zip(activation) {
-        if a <= 0.0 {
-            *g = 0.0;
-        }
+        *g = if a > 0.0 { *g } else { 0.0 };
     }
 }
 
@@ -154,11 +154,14 @@ pub fn count_correct(logits: &[f32], labels: &[u32], classes: usize) -> usize {
 /// Copies the examples named by `indices` into `x` (one row of features each, scaled to
 /// `[0, 1]`) and their labels into `labels`.
 pub fn gather(examples: &ExampleSet, indices: &[u32], x: &mut [f32], labels: &mut [u32]) {
+    // `p / 255` for every byte, computed once: a table lookup instead of a division per value,
+    // with exactly the division's result.
+    let scaled: [f32; 256] = std::array::from_fn(|p| p as f32 / 255.0);
     let features = examples.features();
     for ((&i, row), label) in indices.iter().zip(x.chunks_exact_mut(features)).zip(labels) {
         let i = i as usize;
         for (v, &p) in row.iter_mut().zip(examples.features_of(i)) {
-            *v = f32::from(p) / 255.0;
+            *v = scaled[usize::from(p)];
         }
         *label = u32::from(examples.label(i));
     }
