@@ -2,6 +2,7 @@ use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use crate::{Device, ReplicaError};
 
@@ -53,8 +54,15 @@ pub struct WorkerContext<'run> {
 struct RunShared {
     state: Mutex<BarrierState>,
     turn: Condvar,
+    /// The barrier's generation, readable without the lock, for the short spin before parking.
+    generation: AtomicU64,
     steps: Vec<AtomicU64>,
 }
+
+/// How long a worker spins at the barrier before it parks. Workers of a synchronous step arrive
+/// within microseconds of each other, and waking a parked thread costs tens of microseconds,
+/// twice a step.
+const SPIN: Duration = Duration::from_micros(100);
 
 const NO_STEP: u64 = u64::MAX;
 
@@ -103,10 +111,26 @@ impl WorkerContext<'_> {
         if state.arrived == self.workers {
             state.arrived = 0;
             state.generation += 1;
+            self.shared
+                .generation
+                .store(state.generation, Ordering::Release);
             self.shared.turn.notify_all();
             return Ok(());
         }
         let generation = state.generation;
+        drop(state);
+        let spin_start = Instant::now();
+        while spin_start.elapsed() < SPIN {
+            for _ in 0..64 {
+                if self.shared.generation.load(Ordering::Acquire) != generation {
+                    return Ok(());
+                }
+                std::hint::spin_loop();
+            }
+        }
+        // The generation is checked again under the lock, so a release between the spin and
+        // the wait is not missed.
+        let mut state = self.shared.lock();
         while state.generation == generation && !state.aborted {
             state = self
                 .shared
@@ -210,6 +234,7 @@ impl<R: Send> WorkerPool<R> {
         let shared = RunShared {
             state: Mutex::new(BarrierState::default()),
             turn: Condvar::new(),
+            generation: AtomicU64::new(0),
             steps: (0..workers).map(|_| AtomicU64::new(NO_STEP)).collect(),
         };
         let outcomes: Vec<Result<T, Option<String>>> = std::thread::scope(|scope| {
@@ -277,7 +302,6 @@ impl<R: Send> WorkerPool<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::{Duration, Instant};
 
     fn cpu_pool(n: usize) -> WorkerPool<usize> {
         let devices = (0..n).map(|worker| Device::Cpu { worker }).collect();
