@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result};
 
-use crate::stub;
+use crate::{run, stub};
 
 const RUN_SH: &str = include_str!("../bundle/run.sh");
 const TORCH_GPU_PY: &str = include_str!("../bundle/torch_gpu.py");
@@ -59,6 +59,17 @@ pub fn build(root: &Path) -> Result<()> {
         |name, test| test && GPU_TESTS.contains(&name),
     )?;
     copy_all(&tests, &bundle.join("tests"))?;
+    // Debug information would make the bundle too large to send to the GPU machine (64 MiB
+    // with the working tree).
+    for folder in ["bin", "tests"] {
+        for entry in
+            fs::read_dir(bundle.join(folder)).with_context(|| format!("reading {folder}"))?
+        {
+            run(Command::new("strip")
+                .arg("--strip-debug")
+                .arg(entry?.path()))?;
+        }
+    }
 
     let anchors_src = root.join("../shared/anchors");
     let anchors = bundle.join("anchors");
@@ -78,7 +89,8 @@ pub fn build(root: &Path) -> Result<()> {
     copy_all(&data, &bundle.join("data/mnist"))?;
     write(&bundle.join("run.sh"), RUN_SH, true)?;
     eprintln!(
-        "bundle ready: copy {} to the GPU machine and run ./run.sh there",
+        "bundle ready ({:.1} MiB): copy {} to the GPU machine and run ./run.sh there",
+        folder_size(&bundle)? as f64 / (1024.0 * 1024.0),
         bundle.display()
     );
     Ok(())
@@ -139,4 +151,18 @@ fn write(path: &Path, text: &str, executable: bool) -> Result<()> {
             .with_context(|| format!("making {} executable", path.display()))?;
     }
     Ok(())
+}
+
+/// The total size of the files under `folder`.
+fn folder_size(folder: &Path) -> Result<u64> {
+    let mut total = 0;
+    for entry in fs::read_dir(folder).with_context(|| format!("reading {}", folder.display()))? {
+        let entry = entry?;
+        total += if entry.file_type()?.is_dir() {
+            folder_size(&entry.path())?
+        } else {
+            entry.metadata()?.len()
+        };
+    }
+    Ok(total)
 }
