@@ -53,3 +53,15 @@ pub fn accuracy(params: &[f32], ema: &[f32], examples: &ExampleSet) -> Result<Ac
         raw: Mlp::MNIST.evaluate(&CpuBackend, params, examples)?,
     })
 }
+
+/// The summary's two accuracy lines (training and `eval` print the same).
+pub fn print_accuracy(validation: Accuracy, test: Accuracy) {
+    println!(
+        "validation accuracy: {:.4} averaged, {:.4} raw",
+        validation.averaged, validation.raw
+    );
+    println!(
+        "test accuracy:       {:.4} averaged, {:.4} raw",
+        test.averaged, test.raw
+    );
+}

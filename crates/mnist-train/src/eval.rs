@@ -41,15 +41,7 @@ pub fn run(args: &EvalArgs) -> Result<()> {
         ),
         Err(_) => println!("step:                {}", state.step),
     }
-    // The same lines, numbers and precision as the training summary (`train::summarise`).
-    println!(
-        "validation accuracy: {:.4} averaged, {:.4} raw",
-        validation.averaged, validation.raw
-    );
-    println!(
-        "test accuracy:       {:.4} averaged, {:.4} raw",
-        test.averaged, test.raw
-    );
+    data::print_accuracy(validation, test);
 
     let predictions = Mlp::MNIST.predictions(&CpuBackend, &state.ema, &data.test)?;
     let matrix = Confusion::new(Mlp::MNIST.classes, data.test.labels(), &predictions);

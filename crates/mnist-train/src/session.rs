@@ -173,22 +173,17 @@ impl Session {
 
     /// Trains until global step `to` (or until `observer` stops it).
     pub fn advance(&mut self, to: u64, observer: &dyn Observer) -> Result<TrainReport> {
-        let report = match self.config.mode {
-            Mode::Sync => sync::train(
-                &mut self.pool,
-                &mut self.state,
-                &self.config.hyper,
-                to,
-                observer,
-            )?,
-            Mode::Async => asynchronous::train(
-                &mut self.pool,
-                &mut self.state,
-                &self.config.hyper,
-                to,
-                observer,
-            )?,
+        let train = match self.config.mode {
+            Mode::Sync => sync::train::<Box<dyn Replica>>,
+            Mode::Async => asynchronous::train::<Box<dyn Replica>>,
         };
+        let report = train(
+            &mut self.pool,
+            &mut self.state,
+            &self.config.hyper,
+            to,
+            observer,
+        )?;
         Ok(report)
     }
 

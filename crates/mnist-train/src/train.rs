@@ -243,14 +243,7 @@ fn summarise(
     for failure in &totals.failures {
         println!("worker failure:      {failure}");
     }
-    println!(
-        "validation accuracy: {:.4} averaged, {:.4} raw",
-        validation.averaged, validation.raw
-    );
-    println!(
-        "test accuracy:       {:.4} averaged, {:.4} raw",
-        test.averaged, test.raw
-    );
+    data::print_accuracy(validation, test);
     if let Some(path) = checkpoint {
         println!("checkpoint:          {}", path.display());
     }

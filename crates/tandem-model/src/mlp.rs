@@ -117,6 +117,25 @@ impl Mlp {
         params: &[f32],
         examples: &ExampleSet,
     ) -> Result<f64, B::Error> {
+        let mut correct = 0;
+        self.for_each_batch(backend, params, examples, |rows, logits, labels| {
+            correct += backend.count_correct(logits, labels, rows, self.classes)?;
+            Ok(())
+        })?;
+        Ok(correct as f64 / examples.len().max(1) as f64)
+    }
+
+    /// Runs the forward pass over `examples` in chunks of [`EVAL_CHUNK`], handing each chunk's
+    /// row count, logits and labels to `visit`.
+    fn for_each_batch<B: Backend>(
+        &self,
+        backend: &B,
+        params: &[f32],
+        examples: &ExampleSet,
+        mut visit: impl FnMut(usize, &B::Buffer, &B::Labels) -> Result<(), B::Error>,
+    ) -> Result<(), B::Error> {
+        self.check_len("forward", "params", self.num_params(), params.len())?;
+        self.check_len("forward", "examples", self.inputs, examples.features())?;
         let chunk = EVAL_CHUNK.min(examples.len().max(1));
         let mut device_params = backend.zeros(self.num_params())?;
         backend.upload(params, &mut device_params, 0)?;
@@ -125,7 +144,6 @@ impl Mlp {
         let mut labels = backend.zero_labels(chunk)?;
         let mut hidden = backend.zeros(chunk * self.hidden)?;
         let mut logits = backend.zeros(chunk * self.classes)?;
-        let mut correct = 0;
         let indices: Vec<u32> = (0..examples.len() as u32).collect();
         for batch in indices.chunks(chunk) {
             backend.gather(&resident, batch, &mut x, &mut labels)?;
@@ -137,9 +155,9 @@ impl Mlp {
                 &mut hidden,
                 &mut logits,
             )?;
-            correct += backend.count_correct(&logits, &labels, batch.len(), self.classes)?;
+            visit(batch.len(), &logits, &labels)?;
         }
-        Ok(correct as f64 / examples.len().max(1) as f64)
+        Ok(())
     }
 
     /// The logits (`rows x classes`, row-major) of `rows = x.len() / inputs` inputs under
@@ -190,35 +208,16 @@ impl Mlp {
         params: &[f32],
         examples: &ExampleSet,
     ) -> Result<Vec<usize>, B::Error> {
-        self.check_len("predictions", "params", self.num_params(), params.len())?;
-        self.check_len("predictions", "examples", self.inputs, examples.features())?;
-        let chunk = EVAL_CHUNK.min(examples.len().max(1));
-        let mut device_params = backend.zeros(self.num_params())?;
-        backend.upload(params, &mut device_params, 0)?;
-        let resident = backend.upload_examples(examples)?;
-        let mut x = backend.zeros(chunk * self.inputs)?;
-        let mut labels = backend.zero_labels(chunk)?;
-        let mut hidden = backend.zeros(chunk * self.hidden)?;
-        let mut logits = backend.zeros(chunk * self.classes)?;
-        let mut host = vec![0.0; chunk * self.classes];
+        let mut host = vec![0.0; EVAL_CHUNK * self.classes];
         let mut predictions = Vec::with_capacity(examples.len());
-        let indices: Vec<u32> = (0..examples.len() as u32).collect();
-        for batch in indices.chunks(chunk) {
-            backend.gather(&resident, batch, &mut x, &mut labels)?;
-            self.forward(
-                backend,
-                &device_params,
-                &x,
-                batch.len(),
-                &mut hidden,
-                &mut logits,
-            )?;
-            let rows = &mut host[..batch.len() * self.classes];
-            backend.download(&logits, 0, rows)?;
+        self.for_each_batch(backend, params, examples, |rows, logits, _| {
+            let host = &mut host[..rows * self.classes];
+            backend.download(logits, 0, host)?;
             // `cpu::argmax` is the tie rule `count_correct` uses, so predictions and accuracy
             // never disagree.
-            predictions.extend(rows.chunks_exact(self.classes).map(cpu::argmax));
-        }
+            predictions.extend(host.chunks_exact(self.classes).map(cpu::argmax));
+            Ok(())
+        })?;
         Ok(predictions)
     }
 
