@@ -15,12 +15,13 @@ extern "C" __global__ void bias_add(float *__restrict__ x, const float *__restri
 }
 
 // grad[i] = 0 where activation[i] <= 0: back through a ReLU, given its output
-// (cpu::relu_backward).
+// (cpu::relu_backward). Like the twin, it keeps grad[i] only where activation[i] > 0, so a NaN
+// activation also zeroes it.
 extern "C" __global__ void relu_backward(float *__restrict__ grad,
                                          const float *__restrict__ activation, size_t len) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < len;
          i += (size_t)gridDim.x * blockDim.x) {
-        if (activation[i] <= 0.0f) {
+        if (!(activation[i] > 0.0f)) {
             grad[i] = 0.0f;
         }
     }

@@ -23,8 +23,10 @@ __device__ float mean_gradient(const Grads &grads, unsigned n, size_t i) {
     if (n == 1) {
         return grads.ptr[0][i];
     }
-    float sum = 0.0f;
-    for (unsigned j = 0; j < n; ++j) {
+    // Starting from the first buffer, as the twin does (starting from 0.0f would turn a -0.0
+    // sum into +0.0).
+    float sum = grads.ptr[0][i];
+    for (unsigned j = 1; j < n; ++j) {
         sum = __fadd_rn(sum, grads.ptr[j][i]);
     }
     return __fmul_rn(sum, __fdiv_rn(1.0f, (float)n));

@@ -481,6 +481,9 @@ impl Drop for CudaBackend {
         // backend's, whichever thread drops it. Nothing can be done about a failure here; the
         // fields' own drops then fail the same way, quietly.
         let _ = CurrentContext::set_current(&self.context);
+        // Kernels issued last (a step whose result was never read back) may still be running
+        // and using the scratch memory and the modules' code that the fields free and unload.
+        let _ = self.stream.synchronize();
     }
 }
 

@@ -209,10 +209,12 @@ fn relu_backward_matches_cpu() {
     let mut rng = rng(3);
     for len in [1, 1000, 50_000, 12_345] {
         let grad = random(&mut rng, len, 1.0);
-        // A ReLU's outputs: many exact zeros, some positive.
+        // A ReLU's outputs: many exact zeros, some positive; and a few NaNs, which zero the
+        // gradient as on the CPU (only `a > 0` keeps it).
         let activation: Vec<f32> = random(&mut rng, len, 1.0)
             .iter()
-            .map(|v| v.max(0.0))
+            .enumerate()
+            .map(|(i, v)| if i % 97 == 5 { f32::NAN } else { v.max(0.0) })
             .collect();
         let mut want = grad.clone();
         cpu::relu_backward(&mut want, &activation);
