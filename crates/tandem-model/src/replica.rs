@@ -8,7 +8,6 @@ use crate::Mlp;
 pub struct MlpReplica<B: Backend> {
     mlp: Mlp,
     layout: Vec<ParamSpan>,
-    backend: B,
     examples: B::Examples,
     training_examples: usize,
     params: B::Buffer,
@@ -20,6 +19,9 @@ pub struct MlpReplica<B: Backend> {
     logits: B::Buffer,
     dlogits: B::Buffer,
     dhidden: B::Buffer,
+    /// Declared last so that it is dropped last: a device backend's buffers must be freed while
+    /// its context is still alive.
+    backend: B,
 }
 
 impl<B: Backend> MlpReplica<B> {
