@@ -3,10 +3,10 @@
 //!
 //! * [`ptx`]: the PTX of every `kernels/*.cu` file, committed and embedded as constants (always
 //!   available), and [`ptx::Kernel`], the entry points the launch code uses.
-//! * With the `cuda` feature: [`CudaBackend`], which runs every [`Backend`](tandem_tensor::Backend)
+//! * With the `cuda` feature: `CudaBackend`, which runs every [`Backend`](tandem_tensor::Backend)
 //!   operation on one GPU through the CUDA driver (via `cust`), plus the fused optimiser step
-//!   ([`CudaBackend::sgd_ema_update`]) and the gradient reduction
-//!   ([`CudaBackend::mean_gradients`]) of data-parallel training, and [`device_count`].
+//!   (`CudaBackend::sgd_ema_update`) and the gradient reduction
+//!   (`CudaBackend::mean_gradients`) of data-parallel training, and `device_count`.
 //!
 //! The feature is off by default so that the workspace builds where no CUDA is installed. With
 //! it, linking needs a `libcuda`: the driver's, or on a machine without one the stub that
