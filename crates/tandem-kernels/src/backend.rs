@@ -7,7 +7,7 @@ use cust::context::{Context, CurrentContext};
 use cust::device::Device;
 use cust::error::CudaError;
 use cust::function::{BlockSize, GridSize};
-use cust::memory::{AsyncCopyDestination, DeviceBuffer, DeviceCopy, DevicePointer};
+use cust::memory::{AsyncCopyDestination, DeviceBuffer, DeviceCopy, DevicePointer, LockedBuffer};
 use cust::module::Module;
 use cust::stream::{Stream, StreamFlags};
 use cust::{CudaApiVersion, CudaFlags};
@@ -88,6 +88,26 @@ struct Scratch {
     loss: DeviceBuffer<f32>,
     /// `count_correct`'s result.
     count: DeviceBuffer<u32>,
+    /// Page-locked host memory that `write_with` and `read_with` stage through (parameters in,
+    /// gradients out, every step): the driver copies it at full bus speed, without bouncing
+    /// through a pinned buffer of its own.
+    staging: Option<LockedBuffer<f32>>,
+}
+
+impl Scratch {
+    /// The first `len` values of the staging buffer, grown when it is shorter.
+    fn staging(&mut self, len: usize) -> Result<&mut [f32], KernelError> {
+        if len == 0 {
+            return Ok(&mut []);
+        }
+        let buffer = match self.staging.take() {
+            Some(buffer) if buffer.len() >= len => self.staging.insert(buffer),
+            _ => self.staging.insert(
+                LockedBuffer::new(&0.0, len).map_err(cuda("allocating pinned host memory"))?,
+            ),
+        };
+        Ok(&mut buffer[..len])
+    }
 }
 
 /// tandem's [`Backend`] on one CUDA device.
@@ -160,6 +180,7 @@ impl CudaBackend {
             losses: allocate(0)?,
             loss: allocate(1)?,
             count: allocate(1)?,
+            staging: None, // allocated on first use, at the size the model needs
         };
         Ok(CudaBackend {
             ordinal,
@@ -601,26 +622,29 @@ impl Backend for CudaBackend {
         self.copy_out("download", src, offset, dst)
     }
 
-    /// Stages through host memory: `fill` writes a zeroed host vector, which is then uploaded.
+    /// Stages through pinned host memory: `fill` must write the whole slice it is given (it
+    /// holds whatever the last staging left), which is then uploaded.
     fn write_with(
         &self,
         dst: &mut DeviceBuffer<f32>,
         fill: &mut dyn FnMut(&mut [f32]),
     ) -> Result<(), KernelError> {
-        let mut host = vec![0.0; dst.len()];
-        fill(&mut host);
-        self.copy_in("write_with", &host, dst, 0)
+        let mut scratch = self.scratch.borrow_mut();
+        let host = scratch.staging(dst.len())?;
+        fill(host);
+        self.copy_in("write_with", host, dst, 0)
     }
 
-    /// Stages through host memory: the buffer is downloaded, then handed to `read`.
+    /// Stages through pinned host memory: the buffer is downloaded, then handed to `read`.
     fn read_with(
         &self,
         src: &DeviceBuffer<f32>,
         read: &mut dyn FnMut(&[f32]),
     ) -> Result<(), KernelError> {
-        let mut host = vec![0.0; src.len()];
-        self.copy_out("read_with", src, 0, &mut host)?;
-        read(&host);
+        let mut scratch = self.scratch.borrow_mut();
+        let host = scratch.staging(src.len())?;
+        self.copy_out("read_with", src, 0, host)?;
+        read(host);
         Ok(())
     }
 
