@@ -65,6 +65,13 @@ pub fn train<R: Replica>(
                 replica.read_gradients(&mut |g| mine.copy_from_slice(g))?;
             }
             ctx.barrier()?;
+            // Read between the barriers: every worker has stored this step's loss, and nobody
+            // stores the next one before the second barrier.
+            let data_loss = losses
+                .iter()
+                .map(|l| f32::from_bits(l.load(Ordering::Relaxed)))
+                .sum::<f32>()
+                / workers as f32;
 
             let lr = hyper.learning_rate(step, steps_per_epoch);
             {
@@ -85,11 +92,6 @@ pub fn train<R: Replica>(
             done = step + 1;
 
             if me == 0 && hyper.log_every > 0 && done.is_multiple_of(hyper.log_every) {
-                let data_loss: f32 = losses
-                    .iter()
-                    .map(|l| f32::from_bits(l.load(Ordering::Relaxed)))
-                    .sum::<f32>()
-                    / workers as f32;
                 observer.on_log(&StepReport {
                     step: done,
                     loss: data_loss + store.l2_loss(hyper.weight_decay),
