@@ -40,3 +40,13 @@ pub fn cpu_pool(workers: usize, batch: usize) -> WorkerPool<MlpReplica<CpuBacken
 pub fn initial_state(seed: u64) -> TrainState {
     TrainState::new(Mlp::MNIST.init(0.1, &mut rand_chacha::ChaCha8Rng::seed_from_u64(seed)))
 }
+
+/// Test accuracy of the averaged and the raw parameters.
+pub fn test_accuracy(state: &TrainState) -> (f64, f64) {
+    let evaluate = |params: &[f32]| {
+        Mlp::MNIST
+            .evaluate(&CpuBackend, params, &mnist().test)
+            .unwrap()
+    };
+    (evaluate(&state.ema), evaluate(&state.params))
+}
