@@ -12,7 +12,7 @@ use cust::module::Module;
 use cust::stream::{Stream, StreamFlags};
 use cust::{CudaApiVersion, CudaFlags};
 use tandem_tensor::cpu::UpdateStep;
-use tandem_tensor::{Backend, ExampleSet, Gemm, ShapeError};
+use tandem_tensor::{Activation, Backend, ExampleSet, Gemm, ShapeError};
 
 use crate::error::{cuda, KernelError};
 use crate::ptx::{Kernel, MAX_GRADIENT_BUFFERS, MODULES};
@@ -127,7 +127,7 @@ impl Scratch {
 ///
 /// ```no_run
 /// use tandem_kernels::{device_count, CudaBackend, KernelError};
-/// use tandem_tensor::Backend;
+/// use tandem_tensor::{Activation, Backend};
 ///
 /// fn main() -> Result<(), KernelError> {
 ///     if device_count()? == 0 {
@@ -137,7 +137,7 @@ impl Scratch {
 ///     let mut x = gpu.zeros(6)?;
 ///     gpu.upload(&[-1.0, 2.0, -3.0, 4.0, 5.0, -6.0], &mut x, 0)?;
 ///     let bias = gpu.zeros(3)?;
-///     gpu.bias_relu(&mut x, (&bias, 0), 2, 3)?;
+///     gpu.bias_add(&mut x, (&bias, 0), 2, 3, Activation::Relu)?;
 ///     let mut out = [0.0; 6];
 ///     gpu.download(&x, 0, &mut out)?;
 ///     assert_eq!(out, [0.0, 2.0, 0.0, 4.0, 5.0, 0.0]);
@@ -384,7 +384,7 @@ impl CudaBackend {
         }
     }
 
-    /// `bias_add` and `bias_relu`.
+    /// `bias_add`, with the ReLU or without.
     fn bias(
         &self,
         op: &'static str,
@@ -720,24 +720,22 @@ impl Backend for CudaBackend {
         self.gemm("matmul", spec, a, b, None, c)
     }
 
-    fn bias_relu(
-        &self,
-        x: &mut DeviceBuffer<f32>,
-        bias: (&DeviceBuffer<f32>, usize),
-        rows: usize,
-        cols: usize,
-    ) -> Result<(), KernelError> {
-        self.bias("bias_relu", x, bias, rows, cols, true)
-    }
-
     fn bias_add(
         &self,
         x: &mut DeviceBuffer<f32>,
         bias: (&DeviceBuffer<f32>, usize),
         rows: usize,
         cols: usize,
+        activation: Activation,
     ) -> Result<(), KernelError> {
-        self.bias("bias_add", x, bias, rows, cols, false)
+        self.bias(
+            "bias_add",
+            x,
+            bias,
+            rows,
+            cols,
+            activation == Activation::Relu,
+        )
     }
 
     fn relu_backward(

@@ -13,7 +13,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tandem_kernels::{CudaBackend, KernelError};
 use tandem_tensor::cpu::{self, UpdateStep};
-use tandem_tensor::{Backend, ExampleSet, Gemm};
+use tandem_tensor::{Activation, Backend, ExampleSet, Gemm};
 
 /// The largest relative error allowed against the CPU twin, in the infinity norm:
 /// `max |gpu - cpu| / max |cpu|`. (Element by element would hold a sum that cancels to nearly
@@ -187,10 +187,10 @@ fn bias_add_and_bias_relu_match_cpu() {
             let mut want = x.clone();
             if relu {
                 cpu::bias_relu(&mut want[..rows * cols], &bias);
-                gpu.bias_relu(&mut gx, (&gbias, 7), rows, cols)
+                gpu.bias_add(&mut gx, (&gbias, 7), rows, cols, Activation::Relu)
             } else {
                 cpu::bias_add(&mut want[..rows * cols], &bias);
-                gpu.bias_add(&mut gx, (&gbias, 7), rows, cols)
+                gpu.bias_add(&mut gx, (&gbias, 7), rows, cols, Activation::Identity)
             }
             .expect("bias");
             // Past rows * cols nothing may change.

@@ -1,6 +1,6 @@
 use rand::Rng;
 use tandem_pool::ParamSpan;
-use tandem_tensor::{cpu, Backend, CpuBackend, ExampleSet, Gemm, ShapeError, Tensor};
+use tandem_tensor::{cpu, Activation, Backend, CpuBackend, ExampleSet, Gemm, ShapeError, Tensor};
 
 /// A one-hidden-layer perceptron: `inputs -> hidden (ReLU) -> classes`.
 ///
@@ -98,7 +98,7 @@ impl Mlp {
             b_transposed: false,
         };
         backend.matmul(first, (x, 0), (params, o.w1), (hidden, 0))?;
-        backend.bias_relu(hidden, (params, o.b1), rows, self.hidden)?;
+        backend.bias_add(hidden, (params, o.b1), rows, self.hidden, Activation::Relu)?;
         let second = Gemm {
             m: rows,
             n: self.classes,
@@ -107,7 +107,13 @@ impl Mlp {
             b_transposed: false,
         };
         backend.matmul(second, (hidden, 0), (params, o.w2), (logits, 0))?;
-        backend.bias_add(logits, (params, o.b2), rows, self.classes)
+        backend.bias_add(
+            logits,
+            (params, o.b2),
+            rows,
+            self.classes,
+            Activation::Identity,
+        )
     }
 
     /// The fraction of `examples` whose most probable class under `params` is their label.
@@ -134,8 +140,8 @@ impl Mlp {
         examples: &ExampleSet,
         mut visit: impl FnMut(usize, &B::Buffer, &B::Labels) -> Result<(), B::Error>,
     ) -> Result<(), B::Error> {
-        self.check_len("forward", "params", self.num_params(), params.len())?;
-        self.check_len("forward", "examples", self.inputs, examples.features())?;
+        ShapeError::check_exact("forward", "params", self.num_params(), params.len())?;
+        ShapeError::check_exact("forward", "examples", self.inputs, examples.features())?;
         let chunk = EVAL_CHUNK.min(examples.len().max(1));
         let mut device_params = backend.zeros(self.num_params())?;
         backend.upload(params, &mut device_params, 0)?;
@@ -169,7 +175,7 @@ impl Mlp {
         params: &[f32],
         x: &[f32],
     ) -> Result<Vec<f32>, B::Error> {
-        self.check_len("logits", "params", self.num_params(), params.len())?;
+        ShapeError::check_exact("logits", "params", self.num_params(), params.len())?;
         let rows = x.len() / self.inputs.max(1);
         if rows * self.inputs != x.len() {
             return Err(ShapeError {
@@ -225,34 +231,13 @@ impl Mlp {
     /// features in `[0, 1]`, computed on the CPU with the same forward pass as training. An `x`
     /// or `params` of the wrong length is a [`ShapeError`].
     pub fn probabilities(&self, params: &[f32], x: &[f32]) -> Result<Vec<f32>, ShapeError> {
-        self.check_len("probabilities", "x", self.inputs, x.len())?;
+        ShapeError::check_exact("probabilities", "x", self.inputs, x.len())?;
         let logits = self.logits(&CpuBackend, params, x)?;
         // Numerically stable: the largest logit is subtracted before exponentiating.
         let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let exp: Vec<f64> = logits.iter().map(|&l| f64::from(l - max).exp()).collect();
         let sum: f64 = exp.iter().sum();
         Ok(exp.iter().map(|e| (e / sum) as f32).collect())
-    }
-
-    /// `Ok` when `available == needed`: unlike [`ShapeError::check`], too long is wrong too,
-    /// because a parameter vector or an input of another model must not be silently cut.
-    fn check_len(
-        &self,
-        op: &'static str,
-        operand: &'static str,
-        needed: usize,
-        available: usize,
-    ) -> Result<(), ShapeError> {
-        if available == needed {
-            Ok(())
-        } else {
-            Err(ShapeError {
-                op,
-                operand,
-                needed,
-                available,
-            })
-        }
     }
 }
 

@@ -20,6 +20,15 @@ pub struct Gemm {
     pub b_transposed: bool,
 }
 
+/// What [`Backend::bias_add`] applies after adding the bias.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// Nothing: `x + bias` (an output layer's logits).
+    Identity,
+    /// `max(0, x + bias)` (a hidden layer).
+    Relu,
+}
+
 /// An operand did not have the length its operation needs.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{op}: {operand} needs {needed} elements from its offset but has {available}")]
@@ -35,6 +44,25 @@ pub struct ShapeError {
 }
 
 impl ShapeError {
+    /// `Ok` when `available == needed`: for whole inputs, where too long is as wrong as too
+    /// short (another model's parameters must not be silently cut).
+    pub fn check_exact(
+        op: &'static str,
+        operand: &'static str,
+        needed: usize,
+        available: usize,
+    ) -> Result<(), ShapeError> {
+        match available == needed {
+            true => Ok(()),
+            false => Err(ShapeError {
+                op,
+                operand,
+                needed,
+                available,
+            }),
+        }
+    }
+
     /// `Ok` when `available >= needed`.
     pub fn check(
         op: &'static str,
@@ -181,21 +209,14 @@ pub trait Backend: Send {
         b: (&Self::Buffer, usize),
         c: (&mut Self::Buffer, usize),
     ) -> Result<(), Self::Error>;
-    /// `x[r][c] = max(0, x[r][c] + bias[c])` over the first `rows x cols` values of `x`.
-    fn bias_relu(
-        &self,
-        x: &mut Self::Buffer,
-        bias: (&Self::Buffer, usize),
-        rows: usize,
-        cols: usize,
-    ) -> Result<(), Self::Error>;
-    /// `x[r][c] += bias[c]` over the first `rows x cols` values of `x`.
+    /// `x[r][c] = activation(x[r][c] + bias[c])` over the first `rows x cols` values of `x`.
     fn bias_add(
         &self,
         x: &mut Self::Buffer,
         bias: (&Self::Buffer, usize),
         rows: usize,
         cols: usize,
+        activation: Activation,
     ) -> Result<(), Self::Error>;
     /// `grad[i] = 0` where `activation[i] <= 0`, over the first `len` values.
     fn relu_backward(
@@ -254,21 +275,6 @@ fn span_mut<'a>(
 ) -> Result<&'a mut [f32], ShapeError> {
     ShapeError::check(op, operand, offset.saturating_add(len), buf.len())?;
     Ok(&mut buf[offset..offset + len])
-}
-
-/// Checks the operands of a per-column bias operation and applies `op` to them.
-fn with_bias(
-    name: &'static str,
-    x: &mut Vec<f32>,
-    bias: (&Vec<f32>, usize),
-    rows: usize,
-    cols: usize,
-    op: fn(&mut [f32], &[f32]),
-) -> Result<(), ShapeError> {
-    ShapeError::check(name, "cols", 1, cols)?;
-    let bias = span(name, "bias", bias, cols)?;
-    op(span_mut(name, "x", (x, 0), rows * cols)?, bias);
-    Ok(())
 }
 
 impl Backend for CpuBackend {
@@ -349,24 +355,23 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn bias_relu(
-        &self,
-        x: &mut Vec<f32>,
-        bias: (&Vec<f32>, usize),
-        rows: usize,
-        cols: usize,
-    ) -> Result<(), ShapeError> {
-        with_bias("bias_relu", x, bias, rows, cols, cpu::bias_relu)
-    }
-
     fn bias_add(
         &self,
         x: &mut Vec<f32>,
         bias: (&Vec<f32>, usize),
         rows: usize,
         cols: usize,
+        activation: Activation,
     ) -> Result<(), ShapeError> {
-        with_bias("bias_add", x, bias, rows, cols, cpu::bias_add)
+        let op = "bias_add";
+        ShapeError::check(op, "cols", 1, cols)?;
+        let bias = span(op, "bias", bias, cols)?;
+        let x = span_mut(op, "x", (x, 0), rows * cols)?;
+        match activation {
+            Activation::Identity => cpu::bias_add(x, bias),
+            Activation::Relu => cpu::bias_relu(x, bias),
+        }
+        Ok(())
     }
 
     fn relu_backward(

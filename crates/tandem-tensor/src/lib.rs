@@ -28,5 +28,5 @@ mod backend;
 pub mod cpu;
 mod tensor;
 
-pub use backend::{Backend, CpuBackend, ExampleSet, Gemm, ShapeError};
+pub use backend::{Activation, Backend, CpuBackend, ExampleSet, Gemm, ShapeError};
 pub use tensor::Tensor;

@@ -3,7 +3,7 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tandem_tensor::cpu::{self, UpdateStep};
-use tandem_tensor::{Backend, CpuBackend, ExampleSet, Gemm, ShapeError};
+use tandem_tensor::{Activation, Backend, CpuBackend, ExampleSet, Gemm, ShapeError};
 
 fn random(len: usize, rng: &mut ChaCha8Rng) -> Vec<f32> {
     (0..len).map(|_| rng.random_range(-1.0..1.0)).collect()
@@ -250,8 +250,12 @@ fn backend_rejects_short_operands_and_bad_labels_instead_of_panicking() {
 fn zero_width_operands_are_errors_not_panics() {
     let cpu = CpuBackend;
     let (mut x, empty) = (vec![0.0; 4], Vec::new());
-    assert!(cpu.bias_add(&mut x, (&empty, 0), 4, 0).is_err());
-    assert!(cpu.bias_relu(&mut x, (&empty, 0), 4, 0).is_err());
+    assert!(cpu
+        .bias_add(&mut x, (&empty, 0), 4, 0, Activation::Identity)
+        .is_err());
+    assert!(cpu
+        .bias_add(&mut x, (&empty, 0), 4, 0, Activation::Relu)
+        .is_err());
     assert!(cpu.column_sum(&x, 4, 0, (&mut vec![], 0)).is_err());
     assert!(cpu
         .softmax_cross_entropy(&x, &vec![0; 4], 4, 0, &mut vec![0.0; 4])
