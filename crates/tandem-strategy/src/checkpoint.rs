@@ -2,24 +2,45 @@
 //!
 //! A checkpoint holds two tensors per parameter span, `params/NAME` and `ema/NAME` (f32, the
 //! span's shape), and string metadata: `step` plus whatever the caller adds (hyper-parameters,
-//! mode, device count...). Files are written atomically (temporary file, fsync, rename, fsync of
-//! the directory), so a crash leaves either the old file or the new one, never a damaged one.
+//! mode, device count...). The same state and metadata always give the same bytes.
+//!
+//! A run writes into a [`CheckpointDir`], which it holds alone (a lock file) from before its
+//! first step: opening it proves the directory writable and sweeps the temporary files a killed
+//! writer left. Files are written atomically (temporary file, fsync, rename, fsync of the
+//! directory), so a crash, even `kill -9`, leaves either the old file or the new one, never a
+//! damaged one. Rotation deletes only the run's own valid checkpoints, by step, never a newer one.
+//!
+//! A file is validated as a whole before it is used ([`load`]): its header and size first (a
+//! file claiming gigabytes is rejected after reading its header), then the tensors against the
+//! model's layout, then every value (a NaN anywhere makes the file damaged).
 
-use std::collections::{BTreeMap, HashMap};
-use std::fs;
-use std::io::Write;
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, ErrorKind, Read, Write};
 use std::path::{Path, PathBuf};
 
-use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use safetensors::tensor::{Dtype, Metadata, SafeTensors, TensorView};
 use tandem_pool::ParamSpan;
 
 use crate::TrainState;
 
-/// File names are `step-NNNNNNNNNN.safetensors`, so they sort by step.
+/// File names are `step-<decimal step>.safetensors`, zero-padded to 10 digits when written.
 const PREFIX: &str = "step-";
 const SUFFIX: &str = ".safetensors";
+/// Every temporary file this module creates starts with this, so a sweep removes only its own.
+const TEMP_PREFIX: &str = ".tandem-tmp-";
+/// The lock file of a [`CheckpointDir`].
+const LOCK_FILE: &str = ".tandem.lock";
+/// The largest header safetensors itself accepts.
+const MAX_HEADER: u64 = 100_000_000;
+/// The bytes before the header: its length, u64 little-endian.
+const N_LEN: u64 = 8;
+/// The metadata key of the step.
+const STEP: &str = "step";
+/// The metadata key that a resumed run may change: not part of `save_in_dir`'s identity.
+const END_STEP: &str = "end_step";
 
-/// What can go wrong with a checkpoint; every variant names the file.
+/// What can go wrong with a checkpoint; every variant names the file or directory.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
     /// Reading or writing failed.
@@ -30,7 +51,7 @@ pub enum CheckpointError {
         /// The cause.
         source: std::io::Error,
     },
-    /// Not a readable safetensors file (truncated, corrupted, not a checkpoint).
+    /// Not a readable checkpoint: truncated, padded, damaged values, not a checkpoint at all.
     #[error("{path}: not a valid checkpoint ({reason})")]
     Corrupt {
         /// The file.
@@ -54,6 +75,14 @@ pub enum CheckpointError {
         /// Why each candidate was rejected.
         skipped: Vec<String>,
     },
+    /// Another run holds the checkpoint directory.
+    #[error("{path} is in use by another run ({holder}): wait for it to end or choose another checkpoint directory")]
+    Locked {
+        /// The directory.
+        path: PathBuf,
+        /// Who holds it, e.g. `process 1234`.
+        holder: String,
+    },
 }
 
 /// A loaded checkpoint.
@@ -65,10 +94,24 @@ pub struct Checkpoint {
     pub metadata: BTreeMap<String, String>,
 }
 
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
+fn io(path: &Path) -> impl FnOnce(io::Error) -> CheckpointError + '_ {
     move |source| CheckpointError::Io {
         path: path.to_owned(),
         source,
+    }
+}
+
+fn corrupt(path: &Path, reason: impl Into<String>) -> CheckpointError {
+    CheckpointError::Corrupt {
+        path: path.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+fn mismatch(path: &Path, reason: impl Into<String>) -> CheckpointError {
+    CheckpointError::Mismatch {
+        path: path.to_owned(),
+        reason: reason.into(),
     }
 }
 
@@ -76,12 +119,48 @@ fn le_bytes(values: &[f32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
+fn layout_len(layout: &[ParamSpan]) -> usize {
+    layout.iter().map(ParamSpan::len).sum()
+}
+
+/// The file name of the checkpoint of `step`.
+fn file_name(step: u64) -> String {
+    format!("{PREFIX}{step:010}{SUFFIX}")
+}
+
+/// The step of a strict checkpoint file name, `step-<ascii digits>.safetensors`.
+fn parse_file_name(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix(PREFIX)?.strip_suffix(SUFFIX)?;
+    parse_step(digits)
+}
+
+/// A step as written: ASCII digits only (no sign, no spaces), within u64.
+fn parse_step(digits: &str) -> Option<u64> {
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
 /// Serialises `state` with `layout`'s names and shapes, and `metadata`.
+///
+/// The bytes depend only on the arguments: safetensors keeps metadata in a `HashMap`, whose
+/// order changes from map to map, so the header is written again from sorted maps.
 pub fn to_bytes(
     state: &TrainState,
     layout: &[ParamSpan],
     metadata: &BTreeMap<String, String>,
 ) -> Result<Vec<u8>, safetensors::SafeTensorError> {
+    let total = layout_len(layout);
+    for values in [&state.params, &state.ema] {
+        if values.len() != total {
+            return Err(safetensors::SafeTensorError::InvalidTensorView(
+                Dtype::F32,
+                vec![total],
+                values.len() * 4,
+            ));
+        }
+    }
     let mut bytes = Vec::new();
     let mut offset = 0;
     for span in layout {
@@ -107,151 +186,260 @@ pub fn to_bytes(
             ))
         })
         .collect::<Result<Vec<_>, safetensors::SafeTensorError>>()?;
-    let mut info: HashMap<String, String> = metadata.clone().into_iter().collect();
-    info.insert("step".into(), state.step.to_string());
-    safetensors::serialize(views, Some(info))
+    // safetensors lays out the data (sorted by dtype, then name) and the tensor entries; without
+    // metadata its output is already deterministic.
+    let plain = safetensors::serialize(views, None)?;
+    let (n, header) = SafeTensors::read_metadata(&plain)?;
+    let data = &plain[N_LEN as usize + n..];
+    let step = state.step.to_string();
+    let mut info: BTreeMap<&str, &str> = metadata
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    info.insert(STEP, &step);
+    // BTreeMaps serialise in key order whatever serde_json's features are.
+    let mut json = BTreeMap::new();
+    json.insert("__metadata__".to_string(), serde_json::to_value(info)?);
+    for (name, tensor) in header.tensors() {
+        json.insert(name, serde_json::to_value(tensor)?);
+    }
+    let mut header_bytes = serde_json::to_vec(&json)?;
+    // The same 8-byte alignment padding as safetensors.
+    header_bytes.resize(header_bytes.len().next_multiple_of(N_LEN as usize), b' ');
+    let mut out = Vec::with_capacity(N_LEN as usize + header_bytes.len() + data.len());
+    out.extend((header_bytes.len() as u64).to_le_bytes());
+    out.extend(&header_bytes);
+    out.extend(data);
+    // Never write what safetensors would not read.
+    SafeTensors::deserialize(&out)?;
+    Ok(out)
 }
 
-/// Reads a checkpoint and checks it against `layout`.
-pub fn load(path: &Path, layout: &[ParamSpan]) -> Result<Checkpoint, CheckpointError> {
-    let bytes = fs::read(path).map_err(io(path))?;
-    from_bytes(&bytes, layout).map_err(|e| match e {
-        Parse::Corrupt(reason) => CheckpointError::Corrupt {
-            path: path.to_owned(),
-            reason,
-        },
-        Parse::Mismatch(reason) => CheckpointError::Mismatch {
-            path: path.to_owned(),
-            reason,
-        },
-    })
+/// A checkpoint's header, its size checked against the file's.
+struct Header {
+    step: u64,
+    metadata: BTreeMap<String, String>,
+    tensors: Metadata,
 }
 
-enum Parse {
-    Corrupt(String),
-    Mismatch(String),
-}
-
-fn from_bytes(bytes: &[u8], layout: &[ParamSpan]) -> Result<Checkpoint, Parse> {
-    let tensors = SafeTensors::deserialize(bytes).map_err(|e| Parse::Corrupt(e.to_string()))?;
-    let (_, header) =
-        SafeTensors::read_metadata(bytes).map_err(|e| Parse::Corrupt(e.to_string()))?;
-    let mut metadata: BTreeMap<String, String> = header
+/// Reads and checks the header of the open `file`, leaving it positioned at the data.
+fn read_header_of(file: &mut File, path: &Path) -> Result<Header, CheckpointError> {
+    let len = file.metadata().map_err(io(path))?.len();
+    if len < N_LEN {
+        return Err(corrupt(
+            path,
+            format!("damaged: {len} bytes, too short for a safetensors header"),
+        ));
+    }
+    let mut prefix = [0; N_LEN as usize];
+    file.read_exact(&mut prefix).map_err(io(path))?;
+    let n = u64::from_le_bytes(prefix);
+    if n > MAX_HEADER {
+        return Err(corrupt(
+            path,
+            format!("its header claims {n} bytes, more than safetensors' limit of {MAX_HEADER}"),
+        ));
+    }
+    if N_LEN + n > len {
+        return Err(corrupt(
+            path,
+            format!("damaged: its header claims {n} bytes but the file's size is {len} bytes"),
+        ));
+    }
+    // n <= MAX_HEADER, so this fits in memory.
+    let mut header = vec![0; n as usize];
+    file.read_exact(&mut header).map_err(|e| {
+        if e.kind() == ErrorKind::UnexpectedEof {
+            corrupt(path, "damaged: truncated while reading its header")
+        } else {
+            io(path)(e)
+        }
+    })?;
+    let tensors: Metadata =
+        serde_json::from_slice(&header).map_err(|e| corrupt(path, format!("its header: {e}")))?;
+    let described = (tensors.data_len() as u64).checked_add(N_LEN + n);
+    if described != Some(len) {
+        return Err(corrupt(
+            path,
+            format!(
+                "damaged: its size is {len} bytes but its header describes {} bytes",
+                described.map_or_else(|| "too many".to_string(), |d| d.to_string())
+            ),
+        ));
+    }
+    let mut metadata: BTreeMap<String, String> = tensors
         .metadata()
         .clone()
         .unwrap_or_default()
         .into_iter()
         .collect();
     let step = metadata
-        .remove("step")
-        .ok_or_else(|| Parse::Corrupt("no step in its metadata".into()))?
-        .parse::<u64>()
-        .map_err(|e| Parse::Corrupt(format!("step: {e}")))?;
-    let total: usize = layout.iter().map(ParamSpan::len).sum();
+        .remove(STEP)
+        .ok_or_else(|| corrupt(path, "no step in its metadata"))?;
+    let step = parse_step(&step)
+        .ok_or_else(|| corrupt(path, format!("its step {step:?} is not a u64")))?;
+    Ok(Header {
+        step,
+        metadata,
+        tensors,
+    })
+}
+
+/// Reads only the header of the checkpoint at `path` and checks it and the file's size: its
+/// step and metadata (without `step`). Cheap whatever the file's size; the tensors are not read
+/// (use [`load`] for that).
+pub fn read_header(path: &Path) -> Result<(u64, BTreeMap<String, String>), CheckpointError> {
+    let mut file = File::open(path).map_err(io(path))?;
+    let header = read_header_of(&mut file, path)?;
+    Ok((header.step, header.metadata))
+}
+
+/// Reads the checkpoint at `path` and validates it as a whole: header and size, tensors against
+/// `layout` (exact count, F32, shapes) before reading any data, then every value finite.
+pub fn load(path: &Path, layout: &[ParamSpan]) -> Result<Checkpoint, CheckpointError> {
+    let mut file = File::open(path).map_err(io(path))?;
+    let header = read_header_of(&mut file, path)?;
+    let tensors = &header.tensors;
+    let expected = 2 * layout.len();
+    let found = tensors.tensors().len();
+    if found != expected {
+        return Err(mismatch(
+            path,
+            format!("{found} tensors where the model has {expected}"),
+        ));
+    }
+    let mut ranges = Vec::with_capacity(expected);
+    for span in layout {
+        for prefix in ["params", "ema"] {
+            let name = format!("{prefix}/{}", span.name);
+            let info = tensors
+                .info(&name)
+                .ok_or_else(|| mismatch(path, format!("no tensor {name}")))?;
+            if info.dtype != Dtype::F32 || info.shape != span.shape {
+                return Err(mismatch(
+                    path,
+                    format!(
+                        "{name} is {:?} {:?}, the model needs F32 {:?}",
+                        info.dtype, info.shape, span.shape
+                    ),
+                ));
+            }
+            ranges.push((name, info.data_offsets));
+        }
+    }
+    // Follows from the checks above; said outright because it bounds the read below.
+    let needed = 2 * 4 * layout_len(layout);
+    if tensors.data_len() != needed {
+        return Err(mismatch(
+            path,
+            format!(
+                "its data is {} bytes, the model needs {needed}",
+                tensors.data_len()
+            ),
+        ));
+    }
+    let mut data = vec![0; needed];
+    file.read_exact(&mut data).map_err(|e| {
+        if e.kind() == ErrorKind::UnexpectedEof {
+            corrupt(path, "damaged: truncated while reading its tensors")
+        } else {
+            io(path)(e)
+        }
+    })?;
+    let total = layout_len(layout);
     let mut state = TrainState {
         params: Vec::with_capacity(total),
         ema: Vec::with_capacity(total),
-        step,
+        step: header.step,
     };
-    for span in layout {
-        for (prefix, out) in [("params", &mut state.params), ("ema", &mut state.ema)] {
-            let name = format!("{prefix}/{}", span.name);
-            let view = tensors
-                .tensor(&name)
-                .map_err(|_| Parse::Mismatch(format!("no tensor {name}")))?;
-            if view.dtype() != Dtype::F32 || view.shape() != span.shape.as_slice() {
-                return Err(Parse::Mismatch(format!(
-                    "{name} is {:?} {:?}, the model needs F32 {:?}",
-                    view.dtype(),
-                    view.shape(),
-                    span.shape
-                )));
-            }
-            out.extend(
-                view.data()
-                    .chunks_exact(4)
-                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-            );
+    for (name, (start, end)) in ranges {
+        let bytes = data
+            .get(start..end)
+            .ok_or_else(|| corrupt(path, format!("damaged: {name} lies outside the file")))?;
+        let values: Vec<f32> = bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        if values.iter().any(|v| !v.is_finite()) {
+            return Err(corrupt(
+                path,
+                format!("damaged: tensor {name} holds a non-finite value"),
+            ));
+        }
+        if name.starts_with("params/") {
+            state.params.extend(values);
+        } else {
+            state.ema.extend(values);
         }
     }
-    let expected = 2 * layout.len();
-    if tensors.len() != expected {
-        return Err(Parse::Mismatch(format!(
-            "{} tensors where the model has {expected}",
-            tensors.len()
-        )));
-    }
-    Ok(Checkpoint { state, metadata })
+    Ok(Checkpoint {
+        state,
+        metadata: header.metadata,
+    })
 }
 
-/// Writes `bytes` to `path` atomically: a temporary file in the same directory, fsync, rename,
+/// A temporary file in `dir` of this module's naming, `.tandem-tmp-<what>-XXXXXX`.
+fn temp_file_in(dir: &Path, what: &str) -> io::Result<tempfile::NamedTempFile> {
+    let prefix = format!("{TEMP_PREFIX}{what}-");
+    tempfile::Builder::new().prefix(&prefix).tempfile_in(dir)
+}
+
+/// The directory of `path`, `.` for a bare file name.
+fn parent_of(path: &Path) -> &Path {
+    path.parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+}
+
+/// Writes `bytes` to `path` atomically: a temporary file in the same directory (named
+/// `.tandem-tmp-...`, which [`CheckpointDir::open`] sweeps if a crash leaves it), fsync, rename,
 /// fsync of the directory.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(io(dir))?;
+    let dir = parent_of(path);
+    let what = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("checkpoint");
+    let mut tmp = temp_file_in(dir, what).map_err(io(dir))?;
     tmp.write_all(bytes).map_err(io(tmp.path()))?;
     tmp.as_file().sync_all().map_err(io(tmp.path()))?;
     tmp.persist(path).map_err(|e| CheckpointError::Io {
         path: path.to_owned(),
         source: e.error,
     })?;
-    fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io(dir))
+    sync_dir(dir)
 }
 
-/// Saves `state` into `dir` as `step-NNNNNNNNNN.safetensors` and deletes all but the newest
-/// `keep` checkpoints there (`keep` of 0 keeps everything). Returns the new file's path.
-pub fn save_in_dir(
-    dir: &Path,
-    state: &TrainState,
-    layout: &[ParamSpan],
-    metadata: &BTreeMap<String, String>,
-    keep: usize,
-) -> Result<PathBuf, CheckpointError> {
-    fs::create_dir_all(dir).map_err(io(dir))?;
-    let path = dir.join(format!("{PREFIX}{:010}{SUFFIX}", state.step));
-    let bytes = to_bytes(state, layout, metadata).map_err(|e| CheckpointError::Corrupt {
-        path: path.clone(),
-        reason: e.to_string(),
-    })?;
-    write_atomically(&path, &bytes)?;
-    if keep > 0 {
-        for old in list(dir)?.into_iter().rev().skip(keep) {
-            fs::remove_file(&old).map_err(io(&old))?;
+fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
+}
+
+/// The checkpoint files in `dir` by parsed step, ascending; other names are ignored.
+fn scan(dir: &Path) -> Result<Vec<(u64, PathBuf)>, CheckpointError> {
+    let mut files = Vec::new();
+    for entry in fs::read_dir(dir).map_err(io(dir))? {
+        let entry = entry.map_err(io(dir))?;
+        if let Some(step) = entry.file_name().to_str().and_then(parse_file_name) {
+            files.push((step, entry.path()));
         }
     }
-    Ok(path)
-}
-
-/// The checkpoint files in `dir`, oldest first.
-pub fn list(dir: &Path) -> Result<Vec<PathBuf>, CheckpointError> {
-    let mut files: Vec<PathBuf> = fs::read_dir(dir)
-        .map_err(io(dir))?
-        .filter_map(|entry| entry.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(PREFIX) && n.ends_with(SUFFIX))
-        })
-        .collect();
     files.sort();
     Ok(files)
 }
 
-/// The newest checkpoint in `dir` that loads and fits `layout`, with the reasons the newer
-/// ones were skipped.
-pub fn load_newest(
+/// The newest checkpoint in `dir` that loads, fits `layout` and that `accept` accepts.
+fn newest_in(
     dir: &Path,
     layout: &[ParamSpan],
+    accept: impl Fn(&Checkpoint) -> Result<(), String>,
 ) -> Result<(PathBuf, Checkpoint, Vec<String>), CheckpointError> {
     let mut skipped = Vec::new();
-    for path in list(dir)?.into_iter().rev() {
+    for (_, path) in scan(dir)?.into_iter().rev() {
         match load(&path, layout) {
-            Ok(checkpoint) => return Ok((path, checkpoint, skipped)),
+            Ok(checkpoint) => match accept(&checkpoint) {
+                Ok(()) => return Ok((path, checkpoint, skipped)),
+                Err(reason) => skipped.push(format!("{}: {reason}", path.display())),
+            },
             Err(e) => skipped.push(e.to_string()),
         }
     }
@@ -259,6 +447,264 @@ pub fn load_newest(
         path: dir.to_owned(),
         skipped,
     })
+}
+
+/// A checkpoint directory held by one run: the lock file `.tandem.lock` in it is locked until
+/// the value is dropped (or the process dies, when the OS releases it).
+#[derive(Debug)]
+pub struct CheckpointDir {
+    dir: PathBuf,
+    /// Held for the lock; never read.
+    _lock: File,
+}
+
+impl CheckpointDir {
+    /// Creates `dir` if needed, locks it for this run, proves it writable (a temporary file
+    /// written, synced and removed) and removes the temporary files a killed writer left there
+    /// (only this module's `.tandem-tmp-` ones). Call it before training, so that a directory
+    /// that cannot take checkpoints fails the run before any work is done.
+    ///
+    /// Fails with [`CheckpointError::Locked`] if another live run holds `dir`; the lock of a
+    /// dead process is gone with it, so such a directory is taken over.
+    pub fn open(dir: &Path) -> Result<Self, CheckpointError> {
+        fs::create_dir_all(dir).map_err(|e| {
+            let source = if dir.exists() && !dir.is_dir() {
+                io::Error::new(ErrorKind::NotADirectory, "it exists and is not a directory")
+            } else {
+                e
+            };
+            CheckpointError::Io {
+                path: dir.to_owned(),
+                source,
+            }
+        })?;
+        let lock_path = dir.join(LOCK_FILE);
+        // Not truncated on open: until the lock is ours, the file names the holder.
+        let mut lock = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock_path)
+            .map_err(|e| CheckpointError::Io {
+                path: lock_path.clone(),
+                source: io::Error::new(e.kind(), format!("cannot create the lock file: {e}")),
+            })?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => {
+                return Err(CheckpointError::Locked {
+                    path: dir.to_owned(),
+                    holder: holder(&lock_path),
+                })
+            }
+            Err(fs::TryLockError::Error(e)) => return Err(io(&lock_path)(e)),
+        }
+        lock.set_len(0)
+            .and_then(|()| writeln!(lock, "{}", std::process::id()))
+            .map_err(io(&lock_path))?;
+        let this = Self {
+            dir: dir.to_owned(),
+            _lock: lock,
+        };
+        this.probe()?;
+        this.sweep()?;
+        Ok(this)
+    }
+
+    /// Writes, syncs and removes a temporary file: what every save will do.
+    fn probe(&self) -> Result<(), CheckpointError> {
+        let written = temp_file_in(&self.dir, "probe").and_then(|mut tmp| {
+            tmp.write_all(b"tandem")?;
+            tmp.as_file().sync_all()?;
+            tmp.close()
+        });
+        written.map_err(|e| CheckpointError::Io {
+            path: self.dir.clone(),
+            source: io::Error::new(e.kind(), format!("cannot write checkpoints here: {e}")),
+        })
+    }
+
+    /// Removes the temporary files of this module's naming: with the lock held, no writer of
+    /// ours is alive to own them.
+    fn sweep(&self) -> Result<(), CheckpointError> {
+        for entry in fs::read_dir(&self.dir).map_err(io(&self.dir))? {
+            let entry = entry.map_err(io(&self.dir))?;
+            let ours = entry
+                .file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with(TEMP_PREFIX));
+            if ours && entry.file_type().is_ok_and(|t| t.is_file()) {
+                let path = entry.path();
+                match fs::remove_file(&path) {
+                    Err(e) if e.kind() != ErrorKind::NotFound => return Err(io(&path)(e)),
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The checkpoint files (`step-<digits>.safetensors`) by parsed step, ascending; other
+    /// names are ignored. Nothing is read: a listed file may still be damaged.
+    pub fn checkpoints(&self) -> Result<Vec<(u64, PathBuf)>, CheckpointError> {
+        scan(&self.dir)
+    }
+
+    /// Saves `state` atomically as `step-NNNNNNNNNN.safetensors` and returns its path, then
+    /// rotates: keeps `keep` checkpoints of this run in total, counting the new one (`keep` of
+    /// 0 keeps everything).
+    ///
+    /// Rotation deletes only older checkpoints of this run: a file whose step, parsed from its
+    /// name, is below the new one; that loads whole against `layout`; and whose metadata has
+    /// the new file's value for every key in `identity` (a key missing on either side means
+    /// another run's; `step` is never part of the metadata compared). Files of other runs,
+    /// other names, newer steps and damaged files (which cannot be told to be this run's) are
+    /// left alone and take no keep slot.
+    ///
+    /// A state with a non-finite value is not written ([`CheckpointError::Corrupt`]): it would
+    /// not load, and rotation would make room for it.
+    pub fn save(
+        &self,
+        state: &TrainState,
+        layout: &[ParamSpan],
+        metadata: &BTreeMap<String, String>,
+        keep: usize,
+        identity: &[&str],
+    ) -> Result<PathBuf, CheckpointError> {
+        let path = self.dir.join(file_name(state.step));
+        let total = layout_len(layout);
+        if state.params.len() != total || state.ema.len() != total {
+            return Err(mismatch(
+                &path,
+                format!(
+                    "the state has {} parameters and {} averages, the layout {total}",
+                    state.params.len(),
+                    state.ema.len()
+                ),
+            ));
+        }
+        let mut offset = 0;
+        for span in layout {
+            let range = offset..offset + span.len();
+            for (prefix, values) in [("params", &state.params), ("ema", &state.ema)] {
+                if values[range.clone()].iter().any(|v| !v.is_finite()) {
+                    return Err(corrupt(
+                        &path,
+                        format!(
+                            "not written, the state is damaged: tensor {prefix}/{} holds a \
+                             non-finite value",
+                            span.name
+                        ),
+                    ));
+                }
+            }
+            offset = range.end;
+        }
+        let bytes = to_bytes(state, layout, metadata).map_err(|e| corrupt(&path, e.to_string()))?;
+        write_atomically(&path, &bytes)?;
+        if keep > 0 {
+            self.rotate(state.step, &path, layout, metadata, keep, identity)?;
+        }
+        Ok(path)
+    }
+
+    fn rotate(
+        &self,
+        step: u64,
+        new: &Path,
+        layout: &[ParamSpan],
+        metadata: &BTreeMap<String, String>,
+        keep: usize,
+        identity: &[&str],
+    ) -> Result<(), CheckpointError> {
+        let mut own = Vec::new();
+        for (old_step, old) in self.checkpoints()? {
+            if old_step >= step || old == new {
+                continue;
+            }
+            // The header first: cheap, and enough to pass over other runs' files.
+            let Ok((_, old_metadata)) = read_header(&old) else {
+                continue;
+            };
+            let same = identity.iter().all(|key| {
+                matches!((old_metadata.get(*key), metadata.get(*key)), (Some(a), Some(b)) if a == b)
+            });
+            if same && load(&old, layout).is_ok() {
+                own.push(old);
+            }
+        }
+        // `own` is ascending by step: the oldest go.
+        let excess = own.len().saturating_sub(keep - 1);
+        for old in &own[..excess] {
+            match fs::remove_file(old) {
+                Err(e) if e.kind() != ErrorKind::NotFound => return Err(io(old)(e)),
+                _ => {}
+            }
+        }
+        if excess > 0 {
+            sync_dir(&self.dir)?;
+        }
+        Ok(())
+    }
+
+    /// The newest checkpoint by parsed step that loads whole against `layout` and that `accept`
+    /// accepts (e.g. its metadata is this run's), with one line per newer file skipped, naming
+    /// it and why.
+    pub fn load_newest(
+        &self,
+        layout: &[ParamSpan],
+        accept: impl Fn(&Checkpoint) -> Result<(), String>,
+    ) -> Result<(PathBuf, Checkpoint, Vec<String>), CheckpointError> {
+        newest_in(&self.dir, layout, accept)
+    }
+}
+
+/// Who holds a lock, from the pid its holder wrote.
+fn holder(lock_path: &Path) -> String {
+    fs::read_to_string(lock_path)
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
+        .map_or_else(
+            || "an unknown process".to_string(),
+            |pid| format!("process {pid}"),
+        )
+}
+
+/// Saves `state` into `dir` through a [`CheckpointDir`] opened for this one save, with every
+/// metadata key but `end_step` as the run's identity. Returns the new file's path.
+pub fn save_in_dir(
+    dir: &Path,
+    state: &TrainState,
+    layout: &[ParamSpan],
+    metadata: &BTreeMap<String, String>,
+    keep: usize,
+) -> Result<PathBuf, CheckpointError> {
+    let identity: Vec<&str> = metadata
+        .keys()
+        .map(String::as_str)
+        .filter(|k| *k != END_STEP)
+        .collect();
+    CheckpointDir::open(dir)?.save(state, layout, metadata, keep, &identity)
+}
+
+/// The checkpoint files in `dir`, oldest (by parsed step) first.
+pub fn list(dir: &Path) -> Result<Vec<PathBuf>, CheckpointError> {
+    Ok(scan(dir)?.into_iter().map(|(_, p)| p).collect())
+}
+
+/// The newest checkpoint in `dir` that loads whole and fits `layout`, with the reasons the
+/// newer ones were skipped. Takes no lock: it only reads.
+pub fn load_newest(
+    dir: &Path,
+    layout: &[ParamSpan],
+) -> Result<(PathBuf, Checkpoint, Vec<String>), CheckpointError> {
+    newest_in(dir, layout, |_| Ok(()))
 }
 
 #[cfg(test)]
@@ -302,6 +748,7 @@ mod tests {
         assert_eq!(loaded.metadata, meta());
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&loaded.state.ema), bits(&state(42).ema));
+        assert_eq!(read_header(&path).unwrap(), (42, meta()));
     }
 
     #[test]
@@ -368,6 +815,9 @@ mod tests {
         let mut garbled = good.clone();
         garbled[10] = b'}';
         check(&garbled, &layout(), true);
+        let mut padded = good.clone();
+        padded.extend([0; 8]);
+        check(&padded, &layout(), true);
         let wider = vec![
             ParamSpan {
                 name: "w".into(),
@@ -389,5 +839,38 @@ mod tests {
             load_newest(empty.path(), &layout()),
             Err(CheckpointError::NoneFound { .. })
         ));
+    }
+
+    #[test]
+    fn file_names_parse_strictly() {
+        assert_eq!(parse_file_name("step-0000000042.safetensors"), Some(42));
+        assert_eq!(
+            parse_file_name("step-10000000000.safetensors"),
+            Some(10_000_000_000)
+        );
+        assert_eq!(parse_file_name(&file_name(u64::MAX)), Some(u64::MAX));
+        for name in [
+            "step-best.safetensors",
+            "step-.safetensors",
+            "step-+42.safetensors",
+            "step- 42.safetensors",
+            "step-42.safetensors.tmp",
+            "step-99999999999999999999.safetensors",
+            ".step-42.safetensors",
+        ] {
+            assert_eq!(parse_file_name(name), None, "{name}");
+        }
+    }
+
+    #[test]
+    fn temporary_files_carry_the_swept_prefix() {
+        let dir = tempfile::tempdir().unwrap();
+        let tmp = temp_file_in(dir.path(), "step-0000000001.safetensors").unwrap();
+        let name = tmp.path().file_name().unwrap().to_str().unwrap().to_owned();
+        assert!(name.starts_with(TEMP_PREFIX), "{name}");
+        // A crash leaves such a file: the next open sweeps it.
+        tmp.keep().unwrap();
+        drop(CheckpointDir::open(dir.path()).unwrap());
+        assert!(!dir.path().join(&name).exists());
     }
 }
