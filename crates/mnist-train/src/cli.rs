@@ -1,7 +1,9 @@
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
 use tandem_pool::DeviceSpec;
+
+use crate::session::Mode;
 
 /// Train the TensorFlow book's MNIST network (784-500-10 ReLU, SGD with exponential decay,
 /// L2 regularisation, a moving average of the weights) data-parallel across several workers.
@@ -101,7 +103,7 @@ pub struct CompareArgs {
     pub epochs: u64,
 
     /// Examples per worker per step.
-    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=60000))]
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=MAX_BATCH))]
     pub batch_size: u64,
 
     /// Seed of the initial weights and the data order (the same for both modes).
@@ -128,7 +130,13 @@ pub enum LogFormat {
 }
 
 /// How to train.
+///
+/// The hyper-parameter flags are options without a stored default: a fresh run takes
+/// `tandem_strategy::Hyper::default`'s values for those not given, and a resumed run takes the checkpoint's,
+/// so that a flag given with `--resume` can be told apart from a default (and refused when it
+/// disagrees with the run being resumed).
 #[derive(Debug, Clone, Args)]
+#[command(group(ArgGroup::new("checkpoint_target").args(["checkpoint_dir", "resume"]).multiple(true)))]
 pub struct TrainArgs {
     /// Synchronous data parallelism: averaged gradients, one identical update per step (default).
     #[arg(long, conflicts_with = "asynchronous")]
@@ -139,47 +147,50 @@ pub struct TrainArgs {
     pub asynchronous: bool,
 
     /// Devices, one replica each: auto (all GPUs, else one CPU worker per core), cpu:N,
-    /// cuda:0,1 (GPUs 0 and 1) or cuda:0x4 (four replicas on GPU 0).
+    /// cuda:0,1 (GPUs 0 and 1) or cuda:0x4 (four replicas on GPU 0); at most 256 replicas.
     #[arg(long, default_value = "auto", value_name = "SPEC")]
     pub devices: DeviceSpec,
 
-    /// Passes over the 55,000 training examples [default: 100; when resuming, the checkpointed
-    /// run's own length].
-    #[arg(long, conflicts_with = "steps")]
+    /// Passes over the 55,000 training examples, 1 to 100000 [default: 100; when resuming, the
+    /// checkpointed run's own length].
+    #[arg(long, conflicts_with = "steps", value_parser = clap::value_parser!(u64).range(1..=MAX_EPOCHS))]
     pub epochs: Option<u64>,
 
-    /// Train for this many global steps instead of --epochs (sync: one step uses every
+    /// Train until this global step instead of --epochs, 1 to 10^12 (sync: one step uses every
     /// worker's batch; async: one step is one worker's update).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=MAX_STEPS))]
     pub steps: Option<u64>,
 
-    /// Examples per worker per step.
-    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=60000))]
-    pub batch_size: u64,
+    /// Examples per worker per step, 1 to 60000 [default: 100].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=MAX_BATCH))]
+    pub batch_size: Option<u64>,
 
-    /// Base learning rate.
-    #[arg(long = "lr", alias = "learning-rate", default_value_t = 0.8)]
-    pub learning_rate: f32,
+    /// Base learning rate, a finite number > 0 [default: 0.8].
+    #[arg(long = "lr", alias = "learning-rate", value_name = "RATE", allow_negative_numbers = true, value_parser = learning_rate)]
+    pub learning_rate: Option<f32>,
 
-    /// The learning rate is multiplied by this once per epoch (continuously).
-    #[arg(long, default_value_t = 0.99)]
-    pub lr_decay: f32,
+    /// The learning rate is multiplied by this once per epoch (continuously), in (0, 1]
+    /// [default: 0.99].
+    #[arg(long, value_name = "FACTOR", allow_negative_numbers = true, value_parser = lr_decay)]
+    pub lr_decay: Option<f32>,
 
-    /// L2 regularisation coefficient on the weights.
-    #[arg(long, default_value_t = 1e-4)]
-    pub weight_decay: f32,
+    /// L2 regularisation coefficient on the weights, finite and >= 0 [default: 0.0001].
+    #[arg(long, value_name = "COEFF", allow_negative_numbers = true, value_parser = weight_decay)]
+    pub weight_decay: Option<f32>,
 
-    /// Moving-average decay of the parameters (warmed up as min(decay, (1+step)/(10+step))).
-    #[arg(long, default_value_t = 0.99)]
-    pub ema_decay: f32,
+    /// Moving-average decay of the parameters, in [0, 1) (warmed up as
+    /// min(decay, (1+step)/(10+step))) [default: 0.99].
+    #[arg(long, value_name = "DECAY", allow_negative_numbers = true, value_parser = ema_decay)]
+    pub ema_decay: Option<f32>,
 
-    /// Standard deviation of the truncated-normal initial weights.
-    #[arg(long, default_value_t = 0.1)]
-    pub init_stddev: f32,
+    /// Standard deviation of the truncated-normal initial weights, in (0, 10] (a fresh run only)
+    /// [default: 0.1].
+    #[arg(long, value_name = "STDDEV", allow_negative_numbers = true, value_parser = init_stddev)]
+    pub init_stddev: Option<f32>,
 
-    /// Seed of the initial weights and the data order.
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
+    /// Seed of the initial weights and the data order [default: 1].
+    #[arg(long)]
+    pub seed: Option<u64>,
 
     /// Directory holding the four MNIST IDX files (gzip or plain) [default: data/mnist of this
     /// repository].
@@ -194,27 +205,105 @@ pub struct TrainArgs {
     #[arg(long, value_enum, default_value_t = LogFormat::Auto)]
     pub log_format: LogFormat,
 
-    /// Write checkpoints (safetensors) into this directory.
+    /// Write checkpoints (safetensors) into this directory. It belongs to one run: a second run
+    /// on it is refused while the first lives, and a fresh run refuses a directory that holds
+    /// another run's checkpoints (continue that run with --resume, or choose another
+    /// directory).
     #[arg(long, value_name = "DIR")]
     pub checkpoint_dir: Option<PathBuf>,
 
-    /// Save a checkpoint every this many steps [default: once per epoch], and always at the end.
-    #[arg(long, value_name = "STEPS", requires = "checkpoint_dir", value_parser = clap::value_parser!(u64).range(1..))]
+    /// Save a checkpoint every this many steps [default: once per epoch; when resuming, the
+    /// run's own cadence], and always at the end.
+    #[arg(long, value_name = "STEPS", requires = "checkpoint_target", value_parser = clap::value_parser!(u64).range(1..=MAX_STEPS))]
     pub save_every: Option<u64>,
 
-    /// Keep only the newest this many checkpoints (0: keep all).
+    /// Keep only the newest this many of the run's checkpoints (0: keep all).
     #[arg(long, default_value_t = 3)]
     pub keep: usize,
 
     /// Continue from the newest valid checkpoint in DIR, with the configuration it was written
-    /// with (mode, batch size, hyper-parameters, seed, length); new checkpoints go there too
-    /// unless --checkpoint-dir says otherwise. --steps or --epochs extend the run.
+    /// with (mode, batch size, hyper-parameters, seed, length, checkpoint cadence); damaged
+    /// checkpoints are skipped with a warning. New checkpoints go there too unless
+    /// --checkpoint-dir says otherwise. --steps or --epochs extend the run; a flag that
+    /// disagrees with the checkpointed run (e.g. --async for a sync run) is an error.
     #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,
 
     /// Append one JSON object per logged step and per evaluation to FILE.
     #[arg(long, value_name = "FILE")]
     pub metrics: Option<PathBuf>,
+
+    /// Seconds a worker may go without finishing a step before it is reported as stalled; a
+    /// Ctrl-C then saves the last consistent checkpoint and ends the run even though the worker
+    /// hangs.
+    #[arg(long, value_name = "SECONDS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub stall_timeout: u64,
+}
+
+/// The longest run `--epochs` may ask for.
+pub const MAX_EPOCHS: u64 = 100_000;
+/// The largest step `--steps` may ask for (and a checkpoint may hold).
+pub const MAX_STEPS: u64 = 1_000_000_000_000;
+/// The largest per-worker batch: the training set has 55,000 examples.
+pub const MAX_BATCH: u64 = 60_000;
+
+/// Parses a finite `f32` and checks it with `allowed`, whose `Err` says what is allowed.
+fn finite(text: &str, allowed: impl Fn(f32) -> Result<(), &'static str>) -> Result<f32, String> {
+    let value: f32 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number"))?;
+    if !value.is_finite() {
+        return Err(format!("{text} is not finite"));
+    }
+    allowed(value).map_err(|rule| format!("{value} is out of range: {rule}"))?;
+    Ok(value)
+}
+
+/// `--lr`: finite and positive.
+pub fn learning_rate(text: &str) -> Result<f32, String> {
+    finite(text, |v| {
+        (v > 0.0)
+            .then_some(())
+            .ok_or("the learning rate must be > 0 (a negative one climbs the loss)")
+    })
+}
+
+/// `--lr-decay`: in (0, 1].
+pub fn lr_decay(text: &str) -> Result<f32, String> {
+    finite(text, |v| {
+        (v > 0.0 && v <= 1.0)
+            .then_some(())
+            .ok_or("the decay factor must be in (0, 1]: 1 keeps the rate constant")
+    })
+}
+
+/// `--weight-decay`: finite and not negative.
+pub fn weight_decay(text: &str) -> Result<f32, String> {
+    finite(text, |v| {
+        (v >= 0.0)
+            .then_some(())
+            .ok_or("the L2 coefficient must be >= 0 (0 turns L2 off)")
+    })
+}
+
+/// `--ema-decay`: in [0, 1).
+pub fn ema_decay(text: &str) -> Result<f32, String> {
+    finite(text, |v| {
+        (0.0..1.0)
+            .contains(&v)
+            .then_some(())
+            .ok_or("the moving-average decay must be in [0, 1): 1 would never move")
+    })
+}
+
+/// `--init-stddev`: in (0, 10].
+pub fn init_stddev(text: &str) -> Result<f32, String> {
+    finite(text, |v| {
+        (v > 0.0 && v <= 10.0)
+            .then_some(())
+            .ok_or("the initial standard deviation must be in (0, 10]")
+    })
 }
 
 /// The default number of epochs: with the book's slowly decaying learning rate, test accuracy
@@ -222,9 +311,18 @@ pub struct TrainArgs {
 /// in both modes.
 pub const DEFAULT_EPOCHS: u64 = 100;
 
+/// The book's standard deviation of the initial weights.
+pub const DEFAULT_INIT_STDDEV: f32 = 0.1;
+
 impl TrainArgs {
-    /// Whether asynchronous mode was asked for.
-    pub fn is_async(&self) -> bool {
-        self.asynchronous
+    /// The mode the flags ask for, if either was given.
+    pub fn mode(&self) -> Option<Mode> {
+        if self.asynchronous {
+            Some(Mode::Async)
+        } else if self.sync {
+            Some(Mode::Sync)
+        } else {
+            None
+        }
     }
 }

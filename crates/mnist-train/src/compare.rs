@@ -18,12 +18,10 @@ use tandem_model::Mlp;
 use tandem_strategy::{Hyper, Observer, StepReport, TrainReport};
 use tandem_tensor::CpuBackend;
 
-use crate::cli::CompareArgs;
+use crate::cli::{CompareArgs, DEFAULT_INIT_STDDEV};
 use crate::data::{self, Data};
 use crate::session::{initial_state, Mode, RunConfig, Session};
 
-/// The book's initial weights' standard deviation (the training default, `--init-stddev`).
-const INIT_STDDEV: f32 = 0.1;
 /// The test accuracies whose first crossing the report times.
 const MILESTONES: [f64; 2] = [0.97, 0.98];
 /// Size of the PNG and SVG, in pixels.
@@ -130,11 +128,11 @@ pub fn run(args: &CompareArgs) -> Result<()> {
     let table = table(&report);
     fs::write(&md, markdown(&report, &table))
         .with_context(|| format!("{}: cannot write the report", md.display()))?;
-    println!();
-    print!("{table}");
-    println!();
+    out!();
+    out!("{}", table.trim_end());
+    out!();
     for path in [&png, &svg, &md] {
-        println!("wrote {}", path.display());
+        out!("wrote {}", path.display());
     }
     Ok(())
 }
@@ -188,6 +186,7 @@ fn train(mode: Mode, args: &CompareArgs, data: &Data) -> Result<(Run, Vec<String
             ..Hyper::default()
         },
         end_step: 0,
+        save_every: None,
     };
     let budget = args.epochs * data.train.len() as u64;
     let ends = segment_ends(
@@ -201,10 +200,10 @@ fn train(mode: Mode, args: &CompareArgs, data: &Data) -> Result<(Run, Vec<String
     let per_segment = config.end_step / ends.len().max(1) as u64;
     config.hyper.log_every = (per_segment / 20).clamp(1, 10);
 
-    let state = initial_state(INIT_STDDEV, args.seed);
+    let state = initial_state(DEFAULT_INIT_STDDEV, args.seed);
     let mut session = Session::open(&args.devices, config, &data.train, state)?;
     let config = session.config.clone();
-    println!(
+    out!(
         "{}: {} worker(s) [{}], batch {} per worker, {} steps ({} examples)",
         mode.name(),
         config.workers,
@@ -248,7 +247,7 @@ fn train(mode: Mode, args: &CompareArgs, data: &Data) -> Result<(Run, Vec<String
         points.push(point);
         let last = i + 1 == ends.len();
         if last || ((i + 1) as u64).is_multiple_of(args.evals_per_epoch) {
-            println!(
+            out!(
                 "  epoch {:>5.2}: test accuracy {:.4}, loss {}, {:.1} s",
                 examples as f64 / data.train.len() as f64,
                 point.accuracy,

@@ -56,12 +56,14 @@ pub fn accuracy(params: &[f32], ema: &[f32], examples: &ExampleSet) -> Result<Ac
 
 /// The summary's two accuracy lines (training and `eval` print the same).
 pub fn print_accuracy(validation: Accuracy, test: Accuracy) {
-    println!(
+    out!(
         "validation accuracy: {:.4} averaged, {:.4} raw",
-        validation.averaged, validation.raw
+        validation.averaged,
+        validation.raw
     );
-    println!(
+    out!(
         "test accuracy:       {:.4} averaged, {:.4} raw",
-        test.averaged, test.raw
+        test.averaged,
+        test.raw
     );
 }

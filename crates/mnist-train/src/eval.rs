@@ -12,46 +12,53 @@ use tandem_tensor::CpuBackend;
 use crate::cli::EvalArgs;
 use crate::data;
 use crate::session::RunConfig;
+use crate::train::check_checkpoint;
 
-/// Loads a checkpoint of the MNIST model; every failure names the file.
+/// Loads a checkpoint of the MNIST model and checks it whole (tensors, metadata, step); every
+/// failure names the file.
 pub fn load_checkpoint(path: &Path) -> Result<Checkpoint> {
+    load_with_config(path).map(|(checkpoint, _)| checkpoint)
+}
+
+/// [`load_checkpoint`], with the run configuration its metadata holds.
+fn load_with_config(path: &Path) -> Result<(Checkpoint, RunConfig)> {
     // The checkpoint error already starts with the path; the context says what we were doing.
-    checkpoint::load(path, &Mlp::MNIST.layout()).context("cannot load the checkpoint")
+    let checkpoint =
+        checkpoint::load(path, &Mlp::MNIST.layout()).context("cannot load the checkpoint")?;
+    let config = check_checkpoint(&checkpoint)
+        .with_context(|| format!("{}: not a valid checkpoint of this model", path.display()))?;
+    Ok((checkpoint, config))
 }
 
 /// `mnist-train eval`: prints the accuracies and the test set's confusion matrix.
 pub fn run(args: &EvalArgs) -> Result<()> {
     // The checkpoint first: a bad file should fail before the data are read.
-    let saved = load_checkpoint(&args.checkpoint)?;
+    let (saved, config) = load_with_config(&args.checkpoint)?;
     let data = data::load(args.data_dir.as_deref())?;
     let state = &saved.state;
     let validation = data::accuracy(&state.params, &state.ema, &data.validation)?;
     let test = data::accuracy(&state.params, &state.ema, &data.test)?;
 
-    println!("checkpoint:          {}", args.checkpoint.display());
-    // Metadata is informative only: a checkpoint without it still evaluates.
-    match RunConfig::from_metadata(&saved.metadata, 0) {
-        Ok(config) => println!(
-            "step:                {} of {} ({}, {} worker(s), batch {} per worker)",
-            state.step,
-            config.end_step,
-            config.mode.name(),
-            config.workers,
-            config.hyper.batch_size
-        ),
-        Err(_) => println!("step:                {}", state.step),
-    }
+    out!("checkpoint:          {}", args.checkpoint.display());
+    out!(
+        "step:                {} of {} ({}, {} worker(s), batch {} per worker)",
+        state.step,
+        config.end_step,
+        config.mode.name(),
+        config.workers,
+        config.hyper.batch_size
+    );
     data::print_accuracy(validation, test);
 
     let predictions = Mlp::MNIST.predictions(&CpuBackend, &state.ema, &data.test)?;
     let matrix = Confusion::new(Mlp::MNIST.classes, data.test.labels(), &predictions);
-    println!();
-    println!(
+    out!();
+    out!(
         "confusion matrix of the averaged parameters on the test set ({} images)",
         data.test.len()
     );
-    println!("rows: true label, columns: predicted label, '.': none");
-    print!("{}", matrix.render());
+    out!("rows: true label, columns: predicted label, '.': none");
+    out!("{}", matrix.render().trim_end());
     Ok(())
 }
 

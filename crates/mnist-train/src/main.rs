@@ -1,6 +1,8 @@
 //! `mnist-train`: trains the TensorFlow book's MNIST network (784-500-10 ReLU) data-parallel,
 //! and evaluates, uses and compares what it trained. `--help` explains every flag.
 
+#[macro_use]
+mod output;
 mod cli;
 mod compare;
 mod data;
@@ -17,10 +19,17 @@ use cli::{Cli, Command};
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
-    match cli.command {
+    let result = match cli.command {
         None => train::run(&cli.train),
         Some(Command::Eval(args)) => eval::run(&args),
         Some(Command::Predict(args)) => predict::run(&args),
         Some(Command::Compare(args)) => compare::run(&args),
+    };
+    if let Some(status) = output::failure_status() {
+        if let Err(e) = result {
+            output::warn(format!("Error: {e:?}"));
+        }
+        std::process::exit(status);
     }
+    result
 }

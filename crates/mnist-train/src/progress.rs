@@ -3,7 +3,7 @@
 
 use std::fs::File;
 use std::io::{BufWriter, IsTerminal, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -14,6 +14,7 @@ use serde_json::json;
 use tandem_strategy::{Observer, StepReport, TrainReport};
 
 use crate::cli::LogFormat;
+use crate::output;
 
 /// Set by the first Ctrl-C (SIGINT or SIGTERM): finish the current step and stop cleanly.
 static STOP_REQUESTED: AtomicBool = AtomicBool::new(false);
@@ -25,7 +26,10 @@ pub fn install_interrupt_handler() -> Result<()> {
     ctrlc::set_handler(|| {
         if SIGNALS.fetch_add(1, Ordering::SeqCst) == 0 {
             STOP_REQUESTED.store(true, Ordering::SeqCst);
-            eprintln!("\ninterrupted: finishing the current step (Ctrl-C again to exit at once)");
+            output::warn(
+                "\ninterrupted: finishing the current step and saving (Ctrl-C again to exit at \
+                 once, keeping only the checkpoints already written)",
+            );
         } else {
             std::process::exit(130);
         }
@@ -33,9 +37,9 @@ pub fn install_interrupt_handler() -> Result<()> {
     .context("cannot install the Ctrl-C handler")
 }
 
-/// Whether a Ctrl-C asked the run to stop.
+/// Whether a Ctrl-C asked the run to stop, or stdout was closed under it.
 pub fn stop_requested() -> bool {
-    STOP_REQUESTED.load(Ordering::SeqCst)
+    STOP_REQUESTED.load(Ordering::SeqCst) || output::closed()
 }
 
 /// Totals of the segments before the current one, so rates and times run on across them.
@@ -51,11 +55,18 @@ struct Last {
     elapsed: Duration,
 }
 
+/// The metrics file. A failed write is reported once, naming the file, and metrics stop there:
+/// losing the rest of a metrics file must not cost the training run.
+struct Metrics {
+    path: PathBuf,
+    out: Option<BufWriter<File>>,
+}
+
 /// The observer of a training run.
 pub struct Progress {
     log_every: u64,
     bar: Option<ProgressBar>,
-    metrics: Option<Mutex<BufWriter<File>>>,
+    metrics: Option<Mutex<Metrics>>,
     base: Mutex<Base>,
     last: Mutex<Last>,
 }
@@ -86,7 +97,10 @@ impl Progress {
                     .append(true)
                     .open(path)
                     .with_context(|| format!("cannot open the metrics file {}", path.display()))?;
-                Ok::<_, anyhow::Error>(Mutex::new(BufWriter::new(file)))
+                Ok::<_, anyhow::Error>(Mutex::new(Metrics {
+                    path: path.to_owned(),
+                    out: Some(BufWriter::new(file)),
+                }))
             })
             .transpose()?;
         Ok(Self {
@@ -115,7 +129,7 @@ impl Progress {
     pub fn println(&self, line: &str) {
         match &self.bar {
             Some(bar) => bar.println(line),
-            None => println!("{line}"),
+            None => output::line(line),
         }
     }
 
@@ -127,14 +141,21 @@ impl Progress {
     }
 
     /// Writes one metrics record.
-    pub fn record(&self, value: serde_json::Value) -> Result<()> {
-        if let Some(metrics) = &self.metrics {
-            let mut out = metrics.lock().unwrap_or_else(|p| p.into_inner());
-            writeln!(out, "{value}")
-                .and_then(|()| out.flush())
-                .context("cannot write the metrics file")?;
+    pub fn record(&self, value: serde_json::Value) {
+        let Some(metrics) = &self.metrics else {
+            return;
+        };
+        let mut metrics = metrics.lock().unwrap_or_else(|p| p.into_inner());
+        let Metrics { path, out } = &mut *metrics;
+        if let Some(writer) = out {
+            if let Err(e) = writeln!(writer, "{value}").and_then(|()| writer.flush()) {
+                output::warn(format!(
+                    "warning: cannot write the metrics file {}: {e}; training goes on without metrics",
+                    path.display()
+                ));
+                *out = None;
+            }
         }
-        Ok(())
     }
 
     /// Training time so far, over all segments.
@@ -189,10 +210,10 @@ impl Observer for Progress {
             return;
         }
         if self.bar.is_none() {
-            println!(
+            output::line(format_args!(
                 "step {}, loss = {:.4} ({rate:.0} examples/sec; {per_batch:.4} sec/batch{staleness})",
                 r.step, r.loss
-            );
+            ));
         }
         let record = json!({
             "kind": "step",
@@ -203,9 +224,7 @@ impl Observer for Progress {
             "examples_per_sec": rate,
             "staleness": r.staleness,
         });
-        if let Err(e) = self.record(record) {
-            self.println(&format!("warning: {e:#}"));
-        }
+        self.record(record);
     }
 
     fn should_stop(&self) -> bool {

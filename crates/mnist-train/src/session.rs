@@ -3,12 +3,14 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use rand::SeedableRng;
 use tandem_model::{Mlp, MlpReplica};
-use tandem_pool::{Device, DeviceSpec, Replica, WorkerPool};
+use tandem_pool::{Device, DeviceSpec, Replica, WorkerPool, MAX_REPLICAS};
 use tandem_strategy::{asynchronous, sync, Hyper, Observer, TrainReport, TrainState};
 use tandem_tensor::{CpuBackend, ExampleSet};
+
+use crate::cli::{self, MAX_BATCH, MAX_STEPS};
 
 /// Synchronous or asynchronous data parallelism.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +36,15 @@ impl Mode {
     }
 }
 
+/// The checkpoint format this binary writes and reads.
+pub const FORMAT: &str = "tandem-mlp-v1";
+
+/// The model a checkpoint must hold, as its metadata names it.
+fn model_name() -> String {
+    let m = Mlp::MNIST;
+    format!("{}-{}-{}", m.inputs, m.hidden, m.classes)
+}
+
 /// Everything that defines a run, as stored in checkpoint metadata.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunConfig {
@@ -41,6 +52,8 @@ pub struct RunConfig {
     pub workers: usize,
     pub hyper: Hyper,
     pub end_step: u64,
+    /// Steps between checkpoints; `None`: once per epoch.
+    pub save_every: Option<u64>,
 }
 
 impl RunConfig {
@@ -57,19 +70,20 @@ impl RunConfig {
         (examples as u64 / self.examples_per_step()).max(1)
     }
 
+    /// The global step that ends `epochs` passes over `examples`.
+    pub fn steps_for_epochs(&self, epochs: u64, examples: usize) -> Result<u64> {
+        epochs
+            .checked_mul(examples as u64)
+            .map(|n| n.div_ceil(self.examples_per_step()))
+            .filter(|&n| n <= MAX_STEPS)
+            .with_context(|| format!("{epochs} epochs is more than {MAX_STEPS} steps"))
+    }
+
     pub fn to_metadata(&self) -> BTreeMap<String, String> {
         let h = &self.hyper;
         [
-            ("format", "tandem-mlp-v1".to_string()),
-            (
-                "model",
-                format!(
-                    "{}-{}-{}",
-                    Mlp::MNIST.inputs,
-                    Mlp::MNIST.hidden,
-                    Mlp::MNIST.classes
-                ),
-            ),
+            ("format", FORMAT.to_string()),
+            ("model", model_name()),
             ("mode", self.mode.name().to_string()),
             ("workers", self.workers.to_string()),
             ("end_step", self.end_step.to_string()),
@@ -81,35 +95,107 @@ impl RunConfig {
             ("seed", h.seed.to_string()),
         ]
         .into_iter()
+        .chain(self.save_every.map(|n| ("save_every", n.to_string())))
         .map(|(k, v)| (k.to_string(), v))
         .collect()
     }
 
-    pub fn from_metadata(meta: &BTreeMap<String, String>, log_every: u64) -> Result<Self> {
-        fn field<T: std::str::FromStr>(meta: &BTreeMap<String, String>, key: &str) -> Result<T>
-        where
-            T::Err: std::fmt::Display,
-        {
-            let text = meta
-                .get(key)
-                .with_context(|| format!("checkpoint metadata has no {key}"))?;
-            text.parse()
-                .map_err(|e| anyhow::anyhow!("checkpoint metadata {key} = {text:?}: {e}"))
+    /// The metadata keys whose values make checkpoints one run's: what a resume keeps fixed.
+    /// Rotation deletes only checkpoints that agree with the new one on all of them.
+    pub fn identity_keys(&self) -> &'static [&'static str] {
+        const ANY_WORKERS: &[&str] = &[
+            "format",
+            "model",
+            "mode",
+            "batch_size",
+            "learning_rate",
+            "lr_decay",
+            "weight_decay",
+            "ema_decay",
+            "seed",
+        ];
+        // A sync run resumes only on the same number of workers; async on any.
+        const SAME_WORKERS: &[&str] = &[
+            "format",
+            "model",
+            "mode",
+            "workers",
+            "batch_size",
+            "learning_rate",
+            "lr_decay",
+            "weight_decay",
+            "ema_decay",
+            "seed",
+        ];
+        match self.mode {
+            Mode::Sync => SAME_WORKERS,
+            Mode::Async => ANY_WORKERS,
         }
+    }
+
+    /// Reads and checks checkpoint metadata: every field must be present and in the range the
+    /// command line allows, so a file cannot make a run divide by zero or allocate without
+    /// bound.
+    pub fn from_metadata(meta: &BTreeMap<String, String>, log_every: u64) -> Result<Self> {
+        fn text<'m>(meta: &'m BTreeMap<String, String>, key: &str) -> Result<&'m str> {
+            meta.get(key)
+                .map(String::as_str)
+                .with_context(|| format!("its metadata has no {key}"))
+        }
+        fn checked<T>(
+            meta: &BTreeMap<String, String>,
+            key: &str,
+            parse: impl Fn(&str) -> Result<T, String>,
+        ) -> Result<T> {
+            let value = text(meta, key)?;
+            parse(value).map_err(|e| anyhow!("its metadata {key} = {value:?}: {e}"))
+        }
+        let integer = |range: std::ops::RangeInclusive<u64>| {
+            move |text: &str| {
+                let n: u64 = text.parse().map_err(|e| format!("{e}"))?;
+                if range.contains(&n) {
+                    Ok(n)
+                } else {
+                    Err(format!("out of range {}..={}", range.start(), range.end()))
+                }
+            }
+        };
+        for (key, expected) in [("format", FORMAT.to_string()), ("model", model_name())] {
+            let found = text(meta, key)?;
+            if found != expected {
+                bail!("its {key} is {found:?}, not {expected:?}");
+            }
+        }
+        let mode = checked(meta, "mode", |t| Mode::parse(t).map_err(|e| e.to_string()))?;
+        let end_step = checked(meta, "end_step", integer(1..=MAX_STEPS))?;
+        let save_every = match meta.get("save_every") {
+            // Written by versions that did not record the cadence: the default, once an epoch.
+            None => None,
+            Some(_) => Some(checked(meta, "save_every", integer(1..=MAX_STEPS))?),
+        };
         Ok(Self {
-            mode: Mode::parse(&field::<String>(meta, "mode")?)?,
-            workers: field(meta, "workers")?,
-            end_step: field(meta, "end_step")?,
+            mode,
+            workers: checked(meta, "workers", integer(1..=MAX_REPLICAS as u64))? as usize,
+            end_step,
+            save_every,
             hyper: Hyper {
-                batch_size: field(meta, "batch_size")?,
-                learning_rate: field(meta, "learning_rate")?,
-                lr_decay: field(meta, "lr_decay")?,
-                weight_decay: field(meta, "weight_decay")?,
-                ema_decay: field(meta, "ema_decay")?,
-                seed: field(meta, "seed")?,
+                batch_size: checked(meta, "batch_size", integer(1..=MAX_BATCH))? as usize,
+                learning_rate: checked(meta, "learning_rate", cli::learning_rate)?,
+                lr_decay: checked(meta, "lr_decay", cli::lr_decay)?,
+                weight_decay: checked(meta, "weight_decay", cli::weight_decay)?,
+                ema_decay: checked(meta, "ema_decay", cli::ema_decay)?,
+                seed: checked(meta, "seed", integer(0..=u64::MAX))?,
                 log_every,
             },
         })
+    }
+
+    /// Checks a loaded checkpoint against its own metadata: its step within the run.
+    pub fn check_step(&self, step: u64) -> Result<()> {
+        if step > self.end_step {
+            bail!("its step {step} is past its end_step {}", self.end_step);
+        }
+        Ok(())
     }
 }
 

@@ -1,73 +1,220 @@
 //! The default command: train, with checkpoints, resume, metrics and a summary.
 
-use std::path::PathBuf;
-use std::time::Instant;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use serde_json::json;
 use tandem_model::Mlp;
-use tandem_strategy::{checkpoint, Hyper, Staleness, TrainState};
+use tandem_pool::{DeviceSpec, ParamSpan};
+use tandem_strategy::checkpoint::{self, Checkpoint, CheckpointDir};
+use tandem_strategy::{Hyper, Observer, Staleness, Stall, StepReport, TrainState};
 
 use crate::cli::{TrainArgs, DEFAULT_EPOCHS};
 use crate::data::{self, Data};
+use crate::output;
 use crate::progress::{self, Progress};
 use crate::session::{initial_state, Mode, RunConfig, Session};
 
-/// The configuration the flags describe, for `workers` workers.
-pub fn config_from_args(args: &TrainArgs, workers: usize, training_examples: usize) -> RunConfig {
+/// The configuration the flags describe for a fresh run on `workers` workers; flags not given
+/// take [`Hyper::default`]'s values.
+pub fn config_from_args(
+    args: &TrainArgs,
+    workers: usize,
+    training_examples: usize,
+) -> Result<RunConfig> {
+    let defaults = Hyper::default();
     let mut config = RunConfig {
-        mode: if args.is_async() {
-            Mode::Async
-        } else {
-            Mode::Sync
-        },
+        mode: args.mode().unwrap_or(Mode::Sync),
         workers,
         hyper: Hyper {
-            batch_size: args.batch_size as usize,
-            learning_rate: args.learning_rate,
-            lr_decay: args.lr_decay,
-            weight_decay: args.weight_decay,
-            ema_decay: args.ema_decay,
-            seed: args.seed,
+            batch_size: args.batch_size.map_or(defaults.batch_size, |b| b as usize),
+            learning_rate: args.learning_rate.unwrap_or(defaults.learning_rate),
+            lr_decay: args.lr_decay.unwrap_or(defaults.lr_decay),
+            weight_decay: args.weight_decay.unwrap_or(defaults.weight_decay),
+            ema_decay: args.ema_decay.unwrap_or(defaults.ema_decay),
+            seed: args.seed.unwrap_or(defaults.seed),
             log_every: args.log_every,
         },
         end_step: 0,
+        save_every: None,
     };
-    config.end_step = end_step(args, &config, training_examples).unwrap_or_else(|| {
-        (DEFAULT_EPOCHS * training_examples as u64).div_ceil(config.examples_per_step())
-    });
-    config
+    config.end_step = match end_step(args, &config, training_examples)? {
+        Some(end) => end,
+        None => config.steps_for_epochs(DEFAULT_EPOCHS, training_examples)?,
+    };
+    config.save_every = Some(
+        args.save_every
+            .unwrap_or_else(|| config.steps_per_epoch(training_examples)),
+    );
+    Ok(config)
 }
 
 /// The length `--steps` or `--epochs` asks for, if either was given.
-fn end_step(args: &TrainArgs, config: &RunConfig, training_examples: usize) -> Option<u64> {
-    args.steps.or_else(|| {
-        args.epochs
-            .map(|e| (e * training_examples as u64).div_ceil(config.examples_per_step()))
-    })
+fn end_step(args: &TrainArgs, config: &RunConfig, training_examples: usize) -> Result<Option<u64>> {
+    match (args.steps, args.epochs) {
+        (Some(steps), _) => Ok(Some(steps)),
+        (None, Some(epochs)) => config.steps_for_epochs(epochs, training_examples).map(Some),
+        (None, None) => Ok(None),
+    }
+}
+
+/// The flags that a resumed run takes from its checkpoint, given on the command line with a
+/// different value: each is named with both values.
+fn conflicts_with_checkpoint(args: &TrainArgs, saved: &RunConfig) -> Vec<String> {
+    let h = &saved.hyper;
+    let mut conflicts = Vec::new();
+    let mut differ = |flag: &str, given: Option<String>, saved: String| {
+        if let Some(given) = given.filter(|g| *g != saved) {
+            conflicts.push(format!("{flag} {given} (the run has {saved})"));
+        }
+    };
+    differ(
+        "--sync/--async",
+        args.mode().map(|m| m.name().to_string()),
+        saved.mode.name().to_string(),
+    );
+    differ(
+        "--batch-size",
+        args.batch_size.map(|v| v.to_string()),
+        h.batch_size.to_string(),
+    );
+    differ(
+        "--lr",
+        args.learning_rate.map(|v| v.to_string()),
+        h.learning_rate.to_string(),
+    );
+    differ(
+        "--lr-decay",
+        args.lr_decay.map(|v| v.to_string()),
+        h.lr_decay.to_string(),
+    );
+    differ(
+        "--weight-decay",
+        args.weight_decay.map(|v| v.to_string()),
+        h.weight_decay.to_string(),
+    );
+    differ(
+        "--ema-decay",
+        args.ema_decay.map(|v| v.to_string()),
+        h.ema_decay.to_string(),
+    );
+    differ(
+        "--seed",
+        args.seed.map(|v| v.to_string()),
+        h.seed.to_string(),
+    );
+    if let Some(stddev) = args.init_stddev {
+        conflicts.push(format!(
+            "--init-stddev {stddev} (the initial weights of a resumed run are long gone)"
+        ));
+    }
+    conflicts
+}
+
+/// Warns when CPU workers outnumber the cores: they would only take turns.
+fn warn_about_oversubscription(spec: &DeviceSpec) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if let DeviceSpec::Cpu(workers) = spec {
+        if *workers > cores {
+            output::warn(format!(
+                "warning: {workers} CPU workers on {cores} core(s): workers will share cores, \
+                 which is slower than one worker per core"
+            ));
+        }
+    }
+}
+
+/// Refuses a directory that holds checkpoints when the run would start a new lineage in it.
+fn refuse_other_runs(dir: &CheckpointDir) -> Result<()> {
+    if let Some((step, path)) = dir.checkpoints()?.pop() {
+        bail!(
+            "{} already holds checkpoints of a run (the newest: {}, step {step}); continue that \
+             run with --resume {}, or choose another --checkpoint-dir",
+            dir.path().display(),
+            path.display(),
+            dir.path().display()
+        );
+    }
+    Ok(())
+}
+
+/// Whether two paths name the same directory.
+fn same_dir(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
+}
+
+/// Checks a checkpoint as this binary's: its metadata a valid run configuration, its step
+/// within the run.
+pub fn check_checkpoint(checkpoint: &Checkpoint) -> Result<RunConfig> {
+    let config = RunConfig::from_metadata(&checkpoint.metadata, 0)?;
+    config.check_step(checkpoint.state.step)?;
+    Ok(config)
 }
 
 /// Where the run starts: a fresh state, or the newest valid checkpoint of `--resume`.
-fn starting_point(args: &TrainArgs, data: &Data) -> Result<(Session, Option<PathBuf>)> {
-    let Some(dir) = &args.resume else {
+fn starting_point(
+    args: &TrainArgs,
+    data: &Data,
+    target: Option<&CheckpointDir>,
+) -> Result<(Session, Option<PathBuf>)> {
+    let layout = Mlp::MNIST.layout();
+    let Some(resume) = &args.resume else {
+        if let Some(dir) = target {
+            refuse_other_runs(dir)?;
+        }
+        warn_about_oversubscription(&args.devices);
         let workers = args.devices.resolve()?.len();
-        let config = config_from_args(args, workers, data.train.len());
-        let state = initial_state(args.init_stddev, args.seed);
+        let config = config_from_args(args, workers, data.train.len())?;
+        let state = initial_state(
+            args.init_stddev.unwrap_or(crate::cli::DEFAULT_INIT_STDDEV),
+            config.hyper.seed,
+        );
         return Ok((
             Session::open(&args.devices, config, &data.train, state)?,
             None,
         ));
     };
-    let (path, saved, skipped) = checkpoint::load_newest(dir, &Mlp::MNIST.layout())?;
+    let accept = |checkpoint: &Checkpoint| {
+        check_checkpoint(checkpoint)
+            .map(|_| ())
+            .map_err(|e| format!("{e:#}"))
+    };
+    let (path, saved, skipped) = match target {
+        Some(dir) if same_dir(dir.path(), resume) => dir.load_newest(&layout, accept)?,
+        _ => {
+            if let Some(dir) = target {
+                refuse_other_runs(dir)?;
+            }
+            checkpoint::load_newest(resume, &layout, accept)?
+        }
+    };
     for reason in skipped {
-        eprintln!("warning: skipped {reason}");
+        output::warn(format!("warning: skipped damaged checkpoint {reason}"));
     }
     let mut config = RunConfig::from_metadata(&saved.metadata, args.log_every)
-        .map_err(|e| anyhow::anyhow!("{}: {e:#}", path.display()))?;
+        .with_context(|| format!("{}", path.display()))?;
+    let conflicts = conflicts_with_checkpoint(args, &config);
+    if !conflicts.is_empty() {
+        bail!(
+            "--resume {} continues the run as it was configured, but the command line changes \
+             it: {}; drop these flags, or start a fresh run in another directory",
+            resume.display(),
+            conflicts.join(", ")
+        );
+    }
     let saved_workers = config.workers;
-    if let Some(end) = end_step(args, &config, data.train.len()) {
+    if let Some(end) = end_step(args, &config, data.train.len())? {
         config.end_step = end;
     }
+    if let Some(every) = args.save_every {
+        config.save_every = Some(every);
+    }
+    warn_about_oversubscription(&args.devices);
     let session = Session::open(&args.devices, config, &data.train, saved.state)?;
     if session.config.mode == Mode::Sync && session.config.workers != saved_workers {
         bail!(
@@ -86,14 +233,103 @@ fn next_stop(step: u64, end: u64, every: &[u64]) -> u64 {
     every
         .iter()
         .filter(|&&n| n > 0)
-        .map(|&n| (step / n + 1) * n)
+        .map(|&n| (step / n + 1).saturating_mul(n))
         .fold(end, u64::min)
+}
+
+/// Writes the run's checkpoints into its directory.
+struct Saver<'run> {
+    dir: &'run CheckpointDir,
+    layout: Vec<ParamSpan>,
+    metadata: BTreeMap<String, String>,
+    identity: &'static [&'static str],
+    keep: usize,
+}
+
+impl Saver<'_> {
+    fn save(&self, state: &TrainState) -> Result<PathBuf> {
+        Ok(self.dir.save(
+            state,
+            &self.layout,
+            &self.metadata,
+            self.keep,
+            self.identity,
+        )?)
+    }
+}
+
+/// The observer of a training run: progress and stop requests, and the watchdog's reports.
+struct RunObserver<'run> {
+    progress: &'run Progress,
+    saver: Option<&'run Saver<'run>>,
+    stall_timeout: Duration,
+}
+
+impl Observer for RunObserver<'_> {
+    fn on_log(&self, report: &StepReport) {
+        self.progress.on_log(report);
+    }
+
+    fn should_stop(&self) -> bool {
+        self.progress.should_stop()
+    }
+
+    fn stall_timeout(&self) -> Option<Duration> {
+        Some(self.stall_timeout)
+    }
+
+    fn on_stall(&self, stall: &Stall) {
+        output::warn(format!(
+            "warning: worker {} ({}) has made no progress for {} s{} (Ctrl-C saves the last \
+             consistent checkpoint and ends the run)",
+            stall.worker,
+            stall.device,
+            stall.idle.as_secs(),
+            stall
+                .step
+                .map(|s| format!(", at step {s}"))
+                .unwrap_or_default()
+        ));
+    }
+
+    fn on_abandon(&self, stalled: &[Stall], state: Option<&TrainState>) {
+        // The hung workers' threads cannot be joined, so the process ends here, after saving
+        // what is consistent.
+        self.progress.finish();
+        let names: Vec<String> = stalled
+            .iter()
+            .map(|s| format!("worker {} ({})", s.worker, s.device))
+            .collect();
+        let saved = match (self.saver, state) {
+            (Some(saver), Some(state)) => match saver.save(state) {
+                Ok(path) => format!(
+                    "checkpoint of step {} written to {}",
+                    state.step,
+                    path.display()
+                ),
+                Err(e) => format!("cannot save the last checkpoint: {e:#}"),
+            },
+            (None, _) => "no --checkpoint-dir, nothing saved".to_string(),
+            (Some(_), None) => {
+                "no consistent state to save; the last checkpoint written stays".to_string()
+            }
+        };
+        output::warn(format!(
+            "stopped while {} made no progress: {saved}",
+            names.join(", ")
+        ));
+        std::process::exit(130);
+    }
 }
 
 pub fn run(args: &TrainArgs) -> Result<()> {
     let wall = Instant::now();
+    // The checkpoint directory before anything else: taken for this run, created and
+    // test-written, so a run that could not save fails now rather than after an epoch.
+    let target = args.checkpoint_dir.as_ref().or(args.resume.as_ref());
+    let checkpoint_dir = target.map(|d| CheckpointDir::open(d)).transpose()?;
     let data = data::load(args.data_dir.as_deref())?;
-    let (mut session, resumed) = starting_point(args, &data)?;
+    let (mut session, resumed) = starting_point(args, &data, checkpoint_dir.as_ref())?;
     let config = session.config.clone();
     let start = session.state.step;
     if start >= config.end_step {
@@ -102,11 +338,18 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             config.end_step
         );
     }
-    let checkpoint_dir = args.checkpoint_dir.clone().or_else(|| args.resume.clone());
     let epoch = config.steps_per_epoch(data.train.len());
-    let save_every = checkpoint_dir
-        .as_ref()
-        .map_or(0, |_| args.save_every.unwrap_or(epoch));
+    let saver = checkpoint_dir.as_ref().map(|dir| Saver {
+        dir,
+        layout: session.layout(),
+        metadata: config.to_metadata(),
+        identity: config.identity_keys(),
+        keep: args.keep,
+    });
+    let save_every = match &saver {
+        Some(_) => config.save_every.unwrap_or(epoch),
+        None => 0,
+    };
     let eval_every = if args.metrics.is_some() { epoch } else { 0 };
 
     progress::install_interrupt_handler()?;
@@ -118,6 +361,11 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         args.metrics.as_deref(),
     )?;
     session.config.hyper.log_every = progress.report_every();
+    let observer = RunObserver {
+        progress: &progress,
+        saver: saver.as_ref(),
+        stall_timeout: Duration::from_secs(args.stall_timeout),
+    };
 
     progress.println(&format!(
         "tandem: {} training on {} worker(s) [{}], batch {} per worker, steps {}..{}{}",
@@ -140,20 +388,13 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             config.end_step,
             &[save_every, eval_every],
         );
-        let report = session.advance(to, &progress)?;
+        let report = session.advance(to, &observer)?;
         progress.end_segment(&report);
         totals.add(&report);
         let step = session.state.step;
-        if let Some(dir) = &checkpoint_dir {
+        if let Some(saver) = &saver {
             if report.stopped || step == config.end_step || step.is_multiple_of(save_every) {
-                let path = checkpoint::save_in_dir(
-                    dir,
-                    &session.state,
-                    &session.layout(),
-                    &config.to_metadata(),
-                    args.keep,
-                )?;
-                last_checkpoint = Some(path);
+                last_checkpoint = Some(saver.save(&session.state)?);
             }
         }
         if eval_every > 0 && (step.is_multiple_of(eval_every) || step == config.end_step) {
@@ -165,16 +406,21 @@ pub fn run(args: &TrainArgs) -> Result<()> {
                 "wall_time": progress.training_time().as_secs_f64(),
                 "validation_accuracy_averaged": validation.averaged,
                 "validation_accuracy_raw": validation.raw,
-            }))?;
+            }));
         }
         if report.stopped {
             progress.finish();
+            if let Some(status) = output::failure_status() {
+                // stdout was closed under the run: it stopped as after a Ctrl-C, and ends as
+                // a closed pipe would end it, with nobody left to read a summary.
+                std::process::exit(status);
+            }
             match &last_checkpoint {
-                Some(path) => println!(
+                Some(path) => out!(
                     "interrupted at step {step}: checkpoint written to {}",
                     path.display()
                 ),
-                None => println!("interrupted at step {step} (no --checkpoint-dir, nothing saved)"),
+                None => out!("interrupted at step {step} (no --checkpoint-dir, nothing saved)"),
             }
             std::process::exit(130);
         }
@@ -218,36 +464,37 @@ fn summarise(
     let state: &TrainState = &session.state;
     let validation = data::accuracy(&state.params, &state.ema, &data.validation)?;
     let test = data::accuracy(&state.params, &state.ema, &data.test)?;
-    println!("== summary ==");
-    println!("mode:                {}", session.config.mode.name());
-    println!(
+    out!("== summary ==");
+    out!("mode:                {}", session.config.mode.name());
+    out!(
         "devices:             {} [{}]",
         session.devices.len(),
         session.devices.join(", ")
     );
-    println!(
+    out!(
         "steps:               {} ({} examples this run)",
-        state.step, totals.examples
+        state.step,
+        totals.examples
     );
-    println!(
+    out!(
         "examples/sec:        {:.0}",
         totals.examples as f64 / totals.seconds.max(1e-9)
     );
     if totals.async_steps > 0 {
         let mean = totals.staleness_sum / totals.async_steps as f64;
-        println!(
+        out!(
             "staleness:           mean {mean:.2}, max {}",
             totals.staleness_max
         );
     }
     for failure in &totals.failures {
-        println!("worker failure:      {failure}");
+        out!("worker failure:      {failure} (out for the rest of the run)");
     }
     data::print_accuracy(validation, test);
     if let Some(path) = checkpoint {
-        println!("checkpoint:          {}", path.display());
+        out!("checkpoint:          {}", path.display());
     }
-    println!("training time:       {:.1} s", totals.seconds);
-    println!("wall time:           {:.1} s", wall.elapsed().as_secs_f64());
+    out!("training time:       {:.1} s", totals.seconds);
+    out!("wall time:           {:.1} s", wall.elapsed().as_secs_f64());
     Ok(())
 }

@@ -1,53 +1,16 @@
 //! The subcommands end to end, through the binary: train a quick checkpoint, evaluate it,
 //! classify real MNIST test digits written out as image files, and compare the two modes.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use image::codecs::jpeg::JpegEncoder;
 use image::imageops::{self, FilterType};
 use image::GrayImage;
 use tandem_mnist::{Mnist, COLS, ROWS};
 
-fn mnist_train(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_mnist-train"))
-        .args(args)
-        // Error messages are compared below; a backtrace would only add noise.
-        .env("RUST_BACKTRACE", "0")
-        .env("RUST_LIB_BACKTRACE", "0")
-        .output()
-        .expect("cannot run mnist-train")
-}
-
-fn stdout(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-/// Runs mnist-train and returns its stdout, failing the test with its stderr if it failed.
-fn succeed(args: &[&str]) -> String {
-    let output = mnist_train(args);
-    assert!(
-        output.status.success(),
-        "mnist-train {args:?} failed:\n{}\n{}",
-        stdout(&output),
-        stderr(&output)
-    );
-    stdout(&output)
-}
-
-fn line_starting<'a>(text: &'a str, prefix: &str) -> &'a str {
-    text.lines()
-        .find(|l| l.starts_with(prefix))
-        .unwrap_or_else(|| panic!("no line starting with {prefix:?} in:\n{text}"))
-}
-
-fn data_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/mnist")
-}
+use common::{data_dir, line_starting, mnist_train, stderr, stdout, succeed};
 
 /// How a digit is written out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

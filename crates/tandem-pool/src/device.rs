@@ -25,6 +25,11 @@ impl fmt::Display for Device {
     }
 }
 
+/// The most CPU workers or replicas of one GPU a specification may ask for: each replica holds
+/// its own buffers (several MB for MNIST), so a typo such as `cpu:5000` would otherwise
+/// allocate gigabytes before anything is said.
+pub const MAX_REPLICAS: usize = 256;
+
 /// What `--devices` asked for, before it is checked against the machine.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeviceSpec {
@@ -85,13 +90,21 @@ impl FromStr for DeviceSpec {
                 .parse::<usize>()
                 .map_err(|_| invalid(&format!("{n:?} is not a {what}")))
         };
+        let bounded = |n: &str, what: &str| -> Result<usize, DeviceError> {
+            match count(n, what)? {
+                n if n > MAX_REPLICAS => Err(invalid(&format!(
+                    "{n} is more than the {MAX_REPLICAS} replicas a specification may ask for"
+                ))),
+                n => Ok(n),
+            }
+        };
         match text.trim() {
             "auto" => Ok(DeviceSpec::Auto),
             "cpu" => Ok(DeviceSpec::Cpu(1)),
             "cuda" => Ok(DeviceSpec::Cuda(Vec::new())),
             t => {
                 if let Some(n) = t.strip_prefix("cpu:") {
-                    match count(n, "worker count")? {
+                    match bounded(n, "worker count")? {
                         0 => Err(invalid("at least one CPU worker is needed")),
                         n => Ok(DeviceSpec::Cpu(n)),
                     }
@@ -100,7 +113,7 @@ impl FromStr for DeviceSpec {
                         .split(',')
                         .map(|item| match item.split_once('x') {
                             Some((ordinal, replicas)) => {
-                                let replicas = count(replicas, "replica count")?;
+                                let replicas = bounded(replicas, "replica count")?;
                                 if replicas == 0 {
                                     return Err(invalid("a GPU needs at least one replica"));
                                 }
@@ -109,6 +122,12 @@ impl FromStr for DeviceSpec {
                             None => Ok((count(item, "GPU ordinal")?, 1)),
                         })
                         .collect::<Result<Vec<_>, _>>()?;
+                    let total: usize = gpus.iter().map(|&(_, r)| r).sum();
+                    if total > MAX_REPLICAS {
+                        return Err(invalid(&format!(
+                            "{total} replicas in all is more than {MAX_REPLICAS}"
+                        )));
+                    }
                     Ok(DeviceSpec::Cuda(gpus))
                 } else {
                     Err(invalid("unknown device kind"))
@@ -234,7 +253,18 @@ mod tests {
     #[test]
     fn rejects_malformed_specs_with_a_reason() {
         for bad in [
-            "cpu:0", "cpu:-1", "cpu:x", "gpu:0", "cuda:0x0", "cuda:a", "cuda:0,", "",
+            "cpu:0",
+            "cpu:-1",
+            "cpu:x",
+            "gpu:0",
+            "cuda:0x0",
+            "cuda:a",
+            "cuda:0,",
+            "",
+            "cpu:257",
+            "cpu:5000",
+            "cuda:0x1000",
+            "cuda:0x200,1x200",
         ] {
             let err = bad.parse::<DeviceSpec>().unwrap_err();
             assert!(matches!(err, DeviceError::Invalid { .. }), "{bad}: {err}");

@@ -698,13 +698,15 @@ pub fn list(dir: &Path) -> Result<Vec<PathBuf>, CheckpointError> {
     Ok(scan(dir)?.into_iter().map(|(_, p)| p).collect())
 }
 
-/// The newest checkpoint in `dir` that loads whole and fits `layout`, with the reasons the
-/// newer ones were skipped. Takes no lock: it only reads.
+/// The newest checkpoint in `dir` that loads whole, fits `layout` and that `accept` accepts,
+/// with the reasons the newer ones were skipped. Takes no lock: it only reads (a run resuming
+/// from another run's directory, which may be read-only).
 pub fn load_newest(
     dir: &Path,
     layout: &[ParamSpan],
+    accept: impl Fn(&Checkpoint) -> Result<(), String>,
 ) -> Result<(PathBuf, Checkpoint, Vec<String>), CheckpointError> {
-    newest_in(dir, layout, |_| Ok(()))
+    newest_in(dir, layout, accept)
 }
 
 #[cfg(test)]

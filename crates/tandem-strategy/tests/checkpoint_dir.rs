@@ -144,7 +144,7 @@ fn steps_order_by_value_not_by_name() {
     assert_eq!(newest.state.step, 10_000_000_001);
     assert!(path.ends_with("step-10000000001.safetensors"));
     assert!(skipped.is_empty());
-    let (_, newest, _) = checkpoint::load_newest(tmp.path(), &layout()).unwrap();
+    let (_, newest, _) = checkpoint::load_newest(tmp.path(), &layout(), |_| Ok(())).unwrap();
     assert_eq!(newest.state.step, 10_000_000_001);
     let listed = checkpoint::list(tmp.path()).unwrap();
     assert!(listed[1].ends_with("step-10000000001.safetensors"));
