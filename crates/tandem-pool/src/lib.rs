@@ -3,7 +3,10 @@
 //!
 //! The pool knows nothing of any particular model or strategy. Workers talk to each other only
 //! through [`WorkerContext`] (a barrier that a failing worker breaks, so nobody waits forever)
-//! and whatever shared state a strategy hands them.
+//! and whatever shared state a strategy hands them. A worker that fails under
+//! [`FailurePolicy::Continue`] is retired for the pool's life ([`WorkerPool::retired`]), and
+//! [`WorkerPool::run_watched`] runs a watcher beside the workers that sees, through
+//! [`RunWatch`], which of them make progress, without slowing them down.
 //!
 //! ```
 //! use tandem_pool::{DeviceSpec, FailurePolicy, WorkerPool};
@@ -26,4 +29,7 @@ mod workers;
 
 pub use device::{Device, DeviceError, DeviceSpec};
 pub use replica::{ParamSpan, Replica, ReplicaError};
-pub use workers::{Aborted, FailurePolicy, RunOutcome, WorkerContext, WorkerFailure, WorkerPool};
+pub use workers::{
+    Aborted, FailurePolicy, RunOutcome, RunWatch, WorkerActivity, WorkerContext, WorkerFailure,
+    WorkerPool,
+};

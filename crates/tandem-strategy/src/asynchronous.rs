@@ -6,15 +6,20 @@
 //! lock, so no update is lost. Nobody waits for anybody: an update may be computed from
 //! parameters that others have changed since (its staleness, recorded for every update).
 //!
-//! A worker that fails drops out; the others carry on and the report lists the failure. The run
-//! fails only when every worker has.
+//! A worker that fails drops out; the others carry on and the report lists the failure. The
+//! pool retires it, so later runs on the same pool (the segments of a long run) leave it out
+//! too and do not report it again. A run fails only when every worker has failed.
+//!
+//! A watchdog beside the workers reports stalls to the observer and, when a stop cannot be
+//! honoured because a worker hangs, hands it the store with every update it holds applied in
+//! full (see [`Observer::on_abandon`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
-use tandem_pool::{FailurePolicy, Replica, WorkerPool};
+use tandem_pool::{FailurePolicy, Replica, RunWatch, WorkerContext, WorkerPool};
 
-use crate::common::{check_loss, validate};
+use crate::common::{check_loss, validate, watchdog};
 use crate::store::ParamStore;
 use crate::{
     EpochOrder, Hyper, Observer, Staleness, StepReport, TrainError, TrainReport, TrainState,
@@ -36,14 +41,27 @@ pub fn train<R: Replica>(
     let steps_per_epoch = examples as f64 / batch_size as f64;
     let store = ParamStore::new(state, pool.replicas()[0].layout());
     let shards = store.shard_count();
-    // Tickets hand out batches; `applied` counts updates and is the store's version.
+    // Tickets hand out batches; `applied` counts updates begun and is the store's version;
+    // `completed` counts updates whose every shard is written.
     let tickets = AtomicU64::new(state.step);
     let applied = AtomicU64::new(state.step);
+    let completed = AtomicU64::new(state.step);
     let stop = AtomicBool::new(false);
     let start_step = state.step;
     let started = Instant::now();
 
-    let outcome = pool.run(FailurePolicy::Continue, |ctx, replica| {
+    // Updates write shard by shard, so a plain copy of the store may hold half of one. When
+    // every update begun has completed, none is under way: `completed` is read first, so
+    // that an update that begins after it makes the two differ, or changes `applied` by the
+    // second look.
+    let snapshot = |_: &RunWatch<'_>| {
+        store.consistent_copy(|| {
+            let done = completed.load(Ordering::Acquire);
+            let begun = applied.load(Ordering::Acquire);
+            (done == begun).then_some(begun)
+        })
+    };
+    let work = |ctx: &WorkerContext<'_>, replica: &mut R| {
         replica.bind_thread()?;
         let mut order = EpochOrder::new(hyper.seed, examples);
         let mut batch = vec![0u32; hyper.batch_size];
@@ -70,6 +88,8 @@ pub fn train<R: Replica>(
                 for shard in (first_shard..shards).chain(0..first_shard) {
                     store.update(shard, &[g], hyper, lr, hyper.ema_decay(step));
                 }
+                // Release: whoever sees the count sees every shard this update wrote.
+                completed.fetch_add(1, Ordering::Release);
             })?;
             let staleness = step - read_version;
             staleness_sum += staleness;
@@ -90,6 +110,9 @@ pub fn train<R: Replica>(
             }
         }
         Ok((staleness_sum, staleness_max, updates))
+    };
+    let outcome = pool.run_watched(FailurePolicy::Continue, work, |run| {
+        watchdog(observer, run, snapshot)
     });
     let elapsed = started.elapsed();
     if outcome.results.iter().all(Option::is_none) {

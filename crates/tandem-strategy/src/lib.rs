@@ -110,16 +110,65 @@ pub struct StepReport {
     pub staleness: Option<u64>,
 }
 
-/// Hooks a strategy calls while it trains. Both methods are called from worker threads.
+/// A worker that has made no progress for a while (see [`Observer::stall_timeout`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stall {
+    /// The worker's index.
+    pub worker: usize,
+    /// Its device.
+    pub device: tandem_pool::Device,
+    /// The global step it is on (1-based), if it has announced one.
+    pub step: Option<u64>,
+    /// How long it has gone without finishing a step.
+    pub idle: Duration,
+}
+
+/// Hooks a strategy calls while it trains. `on_log` and `should_stop` are called from worker
+/// threads; `should_stop`, `stall_timeout`, `stop_grace`, `on_stall` and `on_abandon` also from
+/// the run's watchdog thread, which watches the workers for as long as a strategy's `train`
+/// runs them.
 pub trait Observer: Sync {
     /// Called after every `log_every`-th global step.
     fn on_log(&self, report: &StepReport) {
         let _ = report;
     }
 
-    /// Polled once a step; `true` ends the run cleanly after the current step.
+    /// Polled once a step (and by the watchdog); `true` ends the run cleanly after the current
+    /// step.
     fn should_stop(&self) -> bool {
         false
+    }
+
+    /// How long a worker may go without finishing a step before [`on_stall`](Self::on_stall)
+    /// reports it (`None`: never watch). A worker waiting at a barrier for the others is not
+    /// stalled itself.
+    fn stall_timeout(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Called from the watchdog thread, once per stall, when a worker has made no progress for
+    /// [`stall_timeout`](Self::stall_timeout). If the worker makes progress again, a later stall
+    /// is reported again.
+    fn on_stall(&self, stall: &Stall) {
+        let _ = stall;
+    }
+
+    /// Called once, from the watchdog thread, when [`should_stop`](Self::should_stop) has been
+    /// true for [`stop_grace`](Self::stop_grace) while the run still has not ended because of
+    /// workers that have made no progress for that long: the run cannot end while they hang
+    /// (their threads cannot be stopped from outside). `state` is the last consistent state of
+    /// record (`None` if there is none to give): synchronous, the state after the last step all
+    /// workers completed; asynchronous, the store with every update it holds applied in full.
+    /// A binary typically saves it and exits the process; if this returns, the run keeps
+    /// waiting.
+    fn on_abandon(&self, stalled: &[Stall], state: Option<&TrainState>) {
+        let _ = (stalled, state);
+    }
+
+    /// How long after a stop request a run may take to end before
+    /// [`on_abandon`](Self::on_abandon) (default 10 s).
+    fn stop_grace(&self) -> Duration {
+        Duration::from_secs(10)
     }
 }
 
@@ -149,7 +198,9 @@ pub struct TrainReport {
     pub elapsed: Duration,
     /// Asynchronous only.
     pub staleness: Option<Staleness>,
-    /// Asynchronous only: workers that failed while the others carried on.
+    /// Asynchronous only: workers that failed in this run while the others carried on. The pool
+    /// retires them: [`tandem_pool::WorkerPool::retired`] lists every worker that later runs
+    /// leave out.
     pub failures: Vec<WorkerFailure>,
     /// Whether the observer asked to stop before the last step.
     pub stopped: bool,
@@ -176,7 +227,9 @@ pub enum TrainError {
     /// The configuration cannot run.
     #[error("invalid training configuration: {0}")]
     Config(String),
-    /// A worker failed (synchronous: the run stopped; asynchronous: every worker failed).
+    /// A worker failed (synchronous: the run stopped, or the pool has a retired worker, without
+    /// which lockstep training cannot run; asynchronous: every worker has failed, in this run or
+    /// an earlier one on the same pool).
     #[error(transparent)]
     Worker(#[from] WorkerFailure),
 }

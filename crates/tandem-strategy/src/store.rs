@@ -1,5 +1,6 @@
 use std::ops::Range;
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Duration;
 
 use tandem_pool::ParamSpan;
 use tandem_tensor::cpu::{self, UpdateStep};
@@ -9,6 +10,9 @@ use crate::{Hyper, TrainState};
 /// Parameters per shard: small enough that workers updating different shards rarely wait for
 /// each other, large enough that locking costs nothing next to the arithmetic.
 const SHARD_LEN: usize = 16 * 1024;
+
+/// How many times [`ParamStore::consistent_copy`] tries before it gives up, a millisecond apart.
+const COPY_TRIES: usize = 200;
 
 /// One contiguous piece of the parameters and their moving average.
 pub(crate) struct Shard {
@@ -132,5 +136,107 @@ impl ParamStore {
             state.params[shard.range()].copy_from_slice(&shard.params);
             state.ema[shard.range()].copy_from_slice(&shard.ema);
         }
+    }
+
+    /// A copy of the parameters and moving average that no update straddles, as a state whose
+    /// step is the one `version` gives. `version` names the step the store holds, or `None`
+    /// while an update is under way; writers must change it before they touch a shard and
+    /// keep it changed until they are done (a seqlock). A copy counts only if the version is
+    /// the same before and after it: a shard changed meanwhile changed the version first, and
+    /// the shard's lock makes that visible here. `None` if no quiet moment came in
+    /// [`COPY_TRIES`] attempts. Meant for rare use (a run being abandoned): it retries rather
+    /// than making writers wait.
+    pub fn consistent_copy(&self, version: impl Fn() -> Option<u64>) -> Option<TrainState> {
+        for _ in 0..COPY_TRIES {
+            if let Some(step) = version() {
+                let mut state = TrainState {
+                    params: vec![0.0; self.len],
+                    ema: vec![0.0; self.len],
+                    step,
+                };
+                self.save_into(&mut state);
+                if version() == Some(step) {
+                    return Some(state);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use super::*;
+
+    /// The asynchronous protocol (begin, write every shard, complete) against copies taken at
+    /// the same time: a copy never holds part of an update, and its step is the updates it holds.
+    #[test]
+    fn a_consistent_copy_never_holds_half_an_update() {
+        let span = |name: &str| ParamSpan {
+            name: name.into(),
+            shape: vec![20_000],
+            weight_decay: false,
+        };
+        let layout = [span("a"), span("b")];
+        let store = ParamStore::new(&TrainState::new(vec![0.0; 40_000]), &layout);
+        assert!(store.shard_count() > 2);
+        let hyper = Hyper {
+            weight_decay: 0.0,
+            ..Hyper::default()
+        };
+        let ones = vec![1.0f32; 40_000];
+        const UPDATES: u64 = 2_000;
+        // Every value follows the same sequence: after k updates, `expected[k]`.
+        let mut expected = vec![(0.0f32, 0.0f32)];
+        let (mut p, mut e) = ([0.0f32], [0.0f32]);
+        for _ in 0..UPDATES {
+            let step = UpdateStep {
+                learning_rate: 1.0,
+                weight_decay: 0.0,
+                ema_decay: 0.5,
+            };
+            cpu::sgd_ema_update(&mut p, &mut e, &[&[1.0]], step);
+            expected.push((p[0], e[0]));
+        }
+        let (begun, done) = (AtomicU64::new(0), AtomicU64::new(0));
+        let version = || {
+            let completed = done.load(Ordering::Acquire);
+            let started = begun.load(Ordering::Acquire);
+            (completed == started).then_some(started)
+        };
+        let check = |copy: &TrainState| {
+            let (p, e) = expected[copy.step as usize];
+            assert!(copy.params.iter().all(|&v| v == p), "step {}", copy.step);
+            assert!(copy.ema.iter().all(|&v| v == e), "step {}", copy.step);
+        };
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                for _ in 0..UPDATES {
+                    begun.fetch_add(1, Ordering::AcqRel);
+                    // Last shard first (asynchronous workers start at different shards): an
+                    // update that begins during a copy writes ahead of it.
+                    for shard in (0..store.shard_count()).rev() {
+                        store.update(shard, &[&ones], &hyper, 1.0, 0.5);
+                        // Leaves the update half-applied for a while, as a preempted worker
+                        // would, so that copies meet it.
+                        std::thread::yield_now();
+                    }
+                    done.fetch_add(1, Ordering::Release);
+                    // And gives copies a quiet moment to start in, about as long as a copy.
+                    std::thread::sleep(std::time::Duration::from_micros(20));
+                }
+            });
+            while done.load(Ordering::Acquire) < UPDATES {
+                if let Some(copy) = store.consistent_copy(version) {
+                    check(&copy);
+                }
+            }
+        });
+        let last = store.consistent_copy(version).expect("no update under way");
+        assert_eq!(last.step, UPDATES);
+        check(&last);
     }
 }

@@ -9,15 +9,20 @@
 //! one worker with a `workers` times larger batch.
 //!
 //! A worker that fails stops the whole run at the next barrier, with an error naming the
-//! worker and the step.
+//! worker and the step. Every step needs every worker, so a pool with a retired worker (one that
+//! failed under asynchronous training) does not train synchronously.
+//!
+//! A watchdog beside the workers reports stalls to the observer and, when a stop cannot be
+//! honoured because a worker hangs, hands it the state after the last step every worker
+//! completed (see [`Observer::on_abandon`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::RwLock;
 use std::time::Instant;
 
-use tandem_pool::{FailurePolicy, Replica, WorkerPool};
+use tandem_pool::{FailurePolicy, Replica, RunWatch, WorkerContext, WorkerPool};
 
-use crate::common::{check_loss, validate};
+use crate::common::{check_loss, validate, watchdog};
 use crate::store::ParamStore;
 use crate::{EpochOrder, Hyper, Observer, StepReport, TrainError, TrainReport, TrainState};
 
@@ -31,6 +36,11 @@ pub fn train<R: Replica>(
     observer: &dyn Observer,
 ) -> Result<TrainReport, TrainError> {
     let examples = validate(pool, state, hyper)?;
+    // The global batch and the split of the update are the whole pool's: without a retired
+    // worker this would silently be another run, so its failure ends this one too.
+    if let Some(failure) = pool.retired().first() {
+        return Err(failure.clone().into());
+    }
     let workers = pool.len();
     let global_batch = (workers * hyper.batch_size) as u64;
     let steps_per_epoch = examples as f64 / global_batch as f64;
@@ -44,7 +54,16 @@ pub fn train<R: Replica>(
     let start_step = state.step;
     let started = Instant::now();
 
-    let outcome = pool.run(FailurePolicy::StopAll, |ctx, replica| {
+    // The store changes only between the two barriers of a step, so an even count of opened
+    // barriers means no worker is updating, and half of it is the number of completed steps:
+    // the version of `ParamStore::consistent_copy`.
+    let snapshot = |run: &RunWatch<'_>| {
+        store.consistent_copy(|| {
+            let passed = run.barriers_passed();
+            passed.is_multiple_of(2).then_some(start_step + passed / 2)
+        })
+    };
+    let work = |ctx: &WorkerContext<'_>, replica: &mut R| {
         let me = ctx.worker();
         let owned = store.owned_by(me, workers);
         replica.bind_thread()?;
@@ -106,6 +125,9 @@ pub fn train<R: Replica>(
             }
         }
         Ok(done)
+    };
+    let outcome = pool.run_watched(FailurePolicy::StopAll, work, |run| {
+        watchdog(observer, run, snapshot)
     });
     let elapsed = started.elapsed();
     let finished = outcome.into_results()?;

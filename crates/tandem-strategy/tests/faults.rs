@@ -1,7 +1,8 @@
 //! Failures, stops and divergence, on a tiny least-squares model (the strategies know nothing
 //! of MNIST).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tandem_pool::{Device, ParamSpan, Replica, ReplicaError, WorkerPool};
@@ -26,7 +27,14 @@ struct LeastSquares {
     calls: u64,
     fault: Fault,
     fail_at: u64,
+    /// When set, healthy replicas wait until the faulty one has failed (so it surely fails in
+    /// the first run) and the faulty one sets it when it fails.
+    gate: Option<Arc<AtomicBool>>,
 }
+
+/// How long a gated replica waits for the faulty one before failing: a test must fail, not
+/// hang, when the fault never comes.
+const GATE_LIMIT: Duration = Duration::from_secs(60);
 
 impl Replica for LeastSquares {
     fn layout(&self) -> &[ParamSpan] {
@@ -41,8 +49,20 @@ impl Replica for LeastSquares {
         // Healthy workers take a little time, so that a faulty one surely gets its turn.
         if matches!(self.fault, Fault::None) {
             std::thread::sleep(Duration::from_micros(100));
+            if let Some(gate) = &self.gate {
+                let started = Instant::now();
+                while !gate.load(Ordering::SeqCst) {
+                    if started.elapsed() > GATE_LIMIT {
+                        return Err("the faulty replica never failed".into());
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
         }
         if self.calls == self.fail_at {
+            if let Some(gate) = &self.gate {
+                gate.store(true, Ordering::SeqCst);
+            }
             match self.fault {
                 Fault::Error => return Err("injected fault".into()),
                 Fault::Panic => panic!("injected fault"),
@@ -89,6 +109,7 @@ fn pool(workers: usize, faulty: usize, fault: Fault, fail_at: u64) -> WorkerPool
             calls: 0,
             fault: if worker == faulty { fault } else { Fault::None },
             fail_at,
+            gate: None,
         })
     })
     .unwrap()
@@ -232,4 +253,71 @@ fn an_observer_stops_every_sync_worker_after_the_same_step() {
     assert!(report.stopped);
     // The third log happens after step 15; the stop is seen when step 16 ends.
     assert_eq!((report.steps, state.step), (16, 16));
+}
+
+#[test]
+fn an_async_worker_that_failed_stays_out_of_later_segments() {
+    let mut pool = pool(2, 0, Fault::Error, 3);
+    let gate = Arc::new(AtomicBool::new(false));
+    for replica in pool.replicas_mut() {
+        replica.gate = Some(gate.clone());
+    }
+    let mut state = TrainState::new(vec![0.0; 2]);
+    let mut reported = Vec::new();
+    // Three segments on one pool, as the binary trains between checkpoints.
+    for (segment, end) in [100, 200, 300].into_iter().enumerate() {
+        let report =
+            asynchronous::train(&mut pool, &mut state, &hyper(), end, &NoObserver).unwrap();
+        reported.extend(report.failures.iter().cloned());
+        assert_eq!(
+            pool.replicas()[0].calls,
+            3,
+            "segment {segment}: the failed replica was called again"
+        );
+        assert_eq!(state.step, if segment == 0 { 99 } else { end });
+    }
+    assert_eq!(reported.len(), 1, "reported once: {reported:?}");
+    assert_eq!(reported[0].worker, 0);
+    assert!(reported[0].step.is_some(), "{:?}", reported[0]);
+    assert!(reported[0].to_string().contains("injected fault"));
+    assert_eq!(pool.retired(), reported.as_slice());
+    // Every update but the faulty worker's first two was the healthy worker's.
+    assert_eq!(pool.replicas()[1].calls, 300 - 2);
+    assert!(
+        (state.params[0] - 2.0).abs() < 0.05 && state.params[1].abs() < 0.05,
+        "{:?}",
+        state.params
+    );
+}
+
+#[test]
+fn async_fails_at_once_when_every_worker_is_retired() {
+    let mut pool = pool(1, 0, Fault::Error, 3);
+    let mut state = TrainState::new(vec![0.0; 2]);
+    let first = asynchronous::train(&mut pool, &mut state, &hyper(), 100, &NoObserver).unwrap_err();
+    let again = asynchronous::train(&mut pool, &mut state, &hyper(), 200, &NoObserver).unwrap_err();
+    assert_eq!(first.to_string(), again.to_string());
+    assert!(
+        again
+            .to_string()
+            .contains("worker 0 (cpu:0) failed at step 3"),
+        "{again}"
+    );
+    assert_eq!(
+        pool.replicas()[0].calls,
+        3,
+        "a retired worker is not started"
+    );
+}
+
+#[test]
+fn sync_refuses_a_pool_with_a_retired_worker() {
+    let mut pool = pool(2, 1, Fault::Error, 1);
+    let mut state = TrainState::new(vec![0.0; 2]);
+    asynchronous::train(&mut pool, &mut state, &hyper(), 50, &NoObserver).unwrap();
+    assert_eq!(pool.retired().len(), 1);
+    let before = state.clone();
+    let err = sync::train(&mut pool, &mut state, &hyper(), 100, &NoObserver).unwrap_err();
+    assert!(err.to_string().contains("worker 1 (cpu:1) failed"), "{err}");
+    assert_eq!(state, before);
 }

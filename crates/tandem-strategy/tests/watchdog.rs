@@ -1,0 +1,344 @@
+//! The watchdog: stalled workers are reported, and a stop that a hung worker keeps from
+//! happening hands the observer the last consistent state. Every run that could hang runs on a
+//! thread of its own, and the test waits for it with a timeout: a hang fails the test.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tandem_pool::{Device, ParamSpan, Replica, ReplicaError, WorkerPool};
+use tandem_strategy::{
+    asynchronous, sync, Hyper, Observer, Stall, TrainError, TrainReport, TrainState,
+};
+use tandem_tensor::cpu::{sgd_ema_update, UpdateStep};
+
+/// Long enough for any machine; only reached when the code under test hangs.
+const LIMIT: Duration = Duration::from_secs(60);
+
+const EXAMPLES: usize = 70;
+
+/// Fits w to targets 2*x over x = (i % 7, 1), as in `faults.rs`. The replica of worker
+/// `hang_at.0` blocks at its `hang_at.1`-th gradient computation until released. Every gradient
+/// is logged in the order it is applied: the log's lock is held while the strategy applies it.
+struct Hanging {
+    layout: Vec<ParamSpan>,
+    w: [f32; 2],
+    grad: [f32; 2],
+    calls: u64,
+    hang_at: Option<u64>,
+    release: Option<Receiver<()>>,
+    /// Healthy workers take a little time, so that the hung one is not alone for long.
+    pause: Duration,
+    applied: Log,
+}
+
+impl Replica for Hanging {
+    fn layout(&self) -> &[ParamSpan] {
+        &self.layout
+    }
+    fn set_params(&mut self, fill: &mut dyn FnMut(&mut [f32])) -> Result<(), ReplicaError> {
+        fill(&mut self.w);
+        Ok(())
+    }
+    fn compute_gradients(&mut self, batch: &[u32]) -> Result<f32, ReplicaError> {
+        self.calls += 1;
+        if Some(self.calls) == self.hang_at {
+            // Stuck, like a device call that never returns, until the test lets it go.
+            let release = self.release.as_ref().ok_or("no release channel")?;
+            release
+                .recv_timeout(LIMIT)
+                .map_err(|_| "the hung replica was never released")?;
+        } else {
+            std::thread::sleep(self.pause);
+        }
+        let n = batch.len() as f32;
+        let (mut loss, mut grad) = (0.0, [0.0; 2]);
+        for &i in batch {
+            let x = [(i % 7) as f32 / 7.0, 1.0];
+            let err = self.w[0] * x[0] + self.w[1] * x[1] - 2.0 * x[0];
+            loss += 0.5 * err * err / n;
+            grad[0] += err * x[0] / n;
+            grad[1] += err / n;
+        }
+        self.grad = grad;
+        Ok(loss)
+    }
+    fn read_gradients(&mut self, read: &mut dyn FnMut(&[f32])) -> Result<(), ReplicaError> {
+        let mut applied = self.applied.lock().unwrap();
+        applied.push(self.grad);
+        read(&self.grad);
+        Ok(())
+    }
+    fn training_examples(&self) -> usize {
+        EXAMPLES
+    }
+}
+
+/// The gradients applied, in order.
+type Log = Arc<Mutex<Vec<[f32; 2]>>>;
+
+/// What a training thread hands back: its result, the state it left, and the pool.
+type Ended = (
+    Result<TrainReport, TrainError>,
+    TrainState,
+    WorkerPool<Hanging>,
+);
+
+/// A pool of `workers`; worker `hung` (if any) blocks at its `at`-th gradient computation until
+/// the returned sender sends.
+fn hanging_pool(
+    workers: usize,
+    hung: Option<(usize, u64)>,
+    pause: Duration,
+) -> (WorkerPool<Hanging>, Sender<()>, Log) {
+    let (release, released) = channel();
+    let mut released = Some(released);
+    let applied = Arc::new(Mutex::new(Vec::new()));
+    let devices = (0..workers).map(|worker| Device::Cpu { worker }).collect();
+    let pool = WorkerPool::new(devices, |d| {
+        let Device::Cpu { worker } = *d else {
+            unreachable!("CPU devices only")
+        };
+        let hang_at = hung.filter(|&(w, _)| w == worker).map(|(_, at)| at);
+        Ok::<_, ReplicaError>(Hanging {
+            layout: vec![ParamSpan {
+                name: "w".into(),
+                shape: vec![2],
+                weight_decay: true,
+            }],
+            w: [0.0; 2],
+            grad: [0.0; 2],
+            calls: 0,
+            hang_at,
+            release: hang_at.and_then(|_| released.take()),
+            pause,
+            applied: applied.clone(),
+        })
+    })
+    .unwrap();
+    (pool, release, applied)
+}
+
+fn hyper() -> Hyper {
+    Hyper {
+        batch_size: 10,
+        learning_rate: 0.5,
+        ..Hyper::default()
+    }
+}
+
+/// Records what the watchdog tells it; asks to stop once a stall is reported (as a user who
+/// sees the stall and presses Ctrl-C), and says when it is asked to abandon the run.
+struct Watcher {
+    stall_timeout: Option<Duration>,
+    stop_grace: Duration,
+    stop: AtomicBool,
+    stalls: Mutex<Vec<Stall>>,
+    abandons: Mutex<Vec<(Vec<Stall>, Option<TrainState>)>>,
+    abandoned: Mutex<Sender<()>>,
+}
+
+impl Watcher {
+    fn new(stall_timeout: Option<Duration>, stop_grace: Duration) -> (Arc<Self>, Receiver<()>) {
+        let (abandoned, on_abandon) = channel();
+        let watcher = Self {
+            stall_timeout,
+            stop_grace,
+            stop: AtomicBool::new(false),
+            stalls: Mutex::new(Vec::new()),
+            abandons: Mutex::new(Vec::new()),
+            abandoned: Mutex::new(abandoned),
+        };
+        (Arc::new(watcher), on_abandon)
+    }
+}
+
+impl Observer for Watcher {
+    fn should_stop(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+    fn stall_timeout(&self) -> Option<Duration> {
+        self.stall_timeout
+    }
+    fn on_stall(&self, stall: &Stall) {
+        self.stalls.lock().unwrap().push(stall.clone());
+        self.stop.store(true, Ordering::SeqCst);
+    }
+    fn on_abandon(&self, stalled: &[Stall], state: Option<&TrainState>) {
+        self.abandons
+            .lock()
+            .unwrap()
+            .push((stalled.to_vec(), state.cloned()));
+        let _ = self.abandoned.lock().unwrap().send(());
+    }
+    fn stop_grace(&self) -> Duration {
+        self.stop_grace
+    }
+}
+
+type Train = fn(
+    &mut WorkerPool<Hanging>,
+    &mut TrainState,
+    &Hyper,
+    u64,
+    &dyn Observer,
+) -> Result<TrainReport, TrainError>;
+
+/// Starts `train` on a thread of its own; its result comes back on the channel, with the pool.
+fn start(
+    train: Train,
+    mut pool: WorkerPool<Hanging>,
+    end_step: u64,
+    observer: Arc<Watcher>,
+) -> Receiver<Ended> {
+    let (done, result) = channel();
+    std::thread::spawn(move || {
+        let mut state = TrainState::new(vec![0.0; 2]);
+        let report = train(&mut pool, &mut state, &hyper(), end_step, &*observer);
+        let _ = done.send((report, state, pool));
+    });
+    result
+}
+
+fn bits(values: &[f32]) -> Vec<u32> {
+    values.iter().map(|v| v.to_bits()).collect()
+}
+
+#[test]
+fn sync_hang_is_reported_and_abandoned_with_the_last_completed_step() {
+    // Worker 1 hangs in its 5th gradient computation: global step 5.
+    let (pool, release, _) = hanging_pool(2, Some((1, 5)), Duration::ZERO);
+    let (watcher, abandoned) =
+        Watcher::new(Some(Duration::from_millis(200)), Duration::from_millis(300));
+    let result = start(sync::train, pool, 1_000_000, watcher.clone());
+    abandoned
+        .recv_timeout(LIMIT)
+        .expect("on_abandon was never called: the run hangs for good");
+    release.send(()).expect("the hung replica is gone");
+    let (report, state, _) = result
+        .recv_timeout(LIMIT)
+        .expect("the run did not end once released");
+
+    let stalls = watcher.stalls.lock().unwrap().clone();
+    assert_eq!(stalls.len(), 1, "only the hung worker stalls: {stalls:?}");
+    let stall = &stalls[0];
+    assert_eq!(
+        (stall.worker, stall.device, stall.step),
+        (1, Device::Cpu { worker: 1 }, Some(5))
+    );
+    assert!(stall.idle >= Duration::from_millis(200), "{stall:?}");
+
+    let abandons = watcher.abandons.lock().unwrap().clone();
+    assert_eq!(abandons.len(), 1, "abandoned once");
+    let (stalled, abandon_state) = &abandons[0];
+    assert_eq!(stalled.len(), 1, "{stalled:?}");
+    assert_eq!((stalled[0].worker, stalled[0].step), (1, Some(5)));
+    let abandon_state = abandon_state.as_ref().expect("a consistent state");
+
+    // What an uninterrupted 4-step run gives, bit for bit.
+    let (mut healthy, _, _) = hanging_pool(2, None, Duration::ZERO);
+    let mut reference = TrainState::new(vec![0.0; 2]);
+    sync::train(
+        &mut healthy,
+        &mut reference,
+        &hyper(),
+        4,
+        &tandem_strategy::NoObserver,
+    )
+    .unwrap();
+    assert_eq!(abandon_state.step, 4);
+    assert_eq!(bits(&abandon_state.params), bits(&reference.params));
+    assert_eq!(bits(&abandon_state.ema), bits(&reference.ema));
+
+    // Released, the hung worker finishes step 5, and the stop ends the run after it.
+    let report = report.unwrap();
+    assert!(report.stopped);
+    assert_eq!((report.steps, state.step), (5, 5));
+}
+
+#[test]
+fn async_hang_is_reported_and_abandoned_with_every_applied_update() {
+    // Worker 1 hangs in its 3rd gradient computation; worker 0 goes on until the stop.
+    let (pool, release, applied) = hanging_pool(2, Some((1, 3)), Duration::from_micros(200));
+    let (watcher, abandoned) =
+        Watcher::new(Some(Duration::from_millis(200)), Duration::from_millis(300));
+    let result = start(asynchronous::train, pool, 1_000_000, watcher.clone());
+    abandoned
+        .recv_timeout(LIMIT)
+        .expect("on_abandon was never called: the run hangs for good");
+    // Worker 0 stopped before the abandon, and worker 1 is stuck: the log is complete.
+    let applied_at_abandon = applied.lock().unwrap().clone();
+    release.send(()).expect("the hung replica is gone");
+    let (report, state, _) = result
+        .recv_timeout(LIMIT)
+        .expect("the run did not end once released");
+
+    let stalls = watcher.stalls.lock().unwrap().clone();
+    assert!(!stalls.is_empty());
+    assert!(
+        stalls.iter().all(|s| s.worker == 1),
+        "only the hung worker stalls: {stalls:?}"
+    );
+    assert_eq!(stalls[0].device, Device::Cpu { worker: 1 });
+    assert!(stalls[0].step.is_some(), "{stalls:?}");
+
+    let abandons = watcher.abandons.lock().unwrap().clone();
+    assert_eq!(abandons.len(), 1, "abandoned once");
+    let (stalled, abandon_state) = &abandons[0];
+    assert_eq!(stalled.len(), 1, "{stalled:?}");
+    assert_eq!(stalled[0].worker, 1);
+    let abandon_state = abandon_state.as_ref().expect("a consistent state");
+    assert_eq!(abandon_state.step, applied_at_abandon.len() as u64);
+
+    // Replay the updates in the order they were applied: parameters and moving average match
+    // bit for bit, so the state holds each of them whole and none other.
+    let hyper = hyper();
+    let steps_per_epoch = EXAMPLES as f64 / hyper.batch_size as f64;
+    let (mut params, mut ema) = (vec![0.0f32; 2], vec![0.0f32; 2]);
+    for (step, grad) in applied_at_abandon.iter().enumerate() {
+        let step = step as u64;
+        let update = UpdateStep {
+            learning_rate: hyper.learning_rate(step, steps_per_epoch),
+            weight_decay: hyper.weight_decay,
+            ema_decay: hyper.ema_decay(step),
+        };
+        sgd_ema_update(&mut params, &mut ema, &[grad.as_slice()], update);
+    }
+    assert_eq!(bits(&abandon_state.params), bits(&params));
+    assert_eq!(bits(&abandon_state.ema), bits(&ema));
+
+    // Released, the hung worker applies its update and stops.
+    let report = report.unwrap();
+    assert!(report.stopped && report.failures.is_empty(), "{report:?}");
+    assert_eq!(state.step, abandon_state.step + 1);
+}
+
+#[test]
+fn a_healthy_run_is_never_reported_as_stalled() {
+    for train in [sync::train as Train, asynchronous::train] {
+        let (pool, _release, _) = hanging_pool(2, None, Duration::from_micros(100));
+        let (watcher, _abandoned) = Watcher::new(Some(Duration::from_secs(30)), LIMIT);
+        let (report, state, _) = start(train, pool, 300, watcher.clone())
+            .recv_timeout(LIMIT)
+            .expect("the run did not end");
+        report.unwrap();
+        assert_eq!(state.step, 300);
+        assert!(watcher.stalls.lock().unwrap().is_empty());
+        assert!(watcher.abandons.lock().unwrap().is_empty());
+    }
+}
+
+#[test]
+fn a_healthy_run_that_is_asked_to_stop_is_not_abandoned() {
+    for train in [sync::train as Train, asynchronous::train] {
+        let (pool, _release, _) = hanging_pool(2, None, Duration::from_micros(100));
+        let (watcher, _abandoned) = Watcher::new(None, LIMIT);
+        watcher.stop.store(true, Ordering::SeqCst);
+        let (report, _, _) = start(train, pool, 1_000_000, watcher.clone())
+            .recv_timeout(LIMIT)
+            .expect("the run did not end");
+        assert!(report.unwrap().stopped);
+        assert!(watcher.abandons.lock().unwrap().is_empty());
+    }
+}
