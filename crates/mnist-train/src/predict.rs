@@ -1,27 +1,67 @@
 //! `mnist-train predict`: classifies image files of handwritten digits with a checkpoint.
+//!
+//! Every image file is hostile input: its size, its declared dimensions and its structure are
+//! checked before anything is allocated for them, and a file that is cut short or damaged is an
+//! error rather than a guess.
 
 use std::fmt::Write as _;
+use std::fs::File;
+use std::io::{self, Cursor, Read, Write as _};
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use image::imageops::{self, FilterType};
-use image::{DynamicImage, GrayImage, ImageBuffer, ImageReader, Luma};
+use image::{
+    DynamicImage, GrayImage, ImageBuffer, ImageDecoder, ImageError, ImageFormat, ImageReader,
+    Limits, Luma,
+};
 use tandem_mnist::{COLS, ROWS};
 use tandem_model::Mlp;
 
 use crate::cli::PredictArgs;
 use crate::eval::load_checkpoint;
 
-/// `mnist-train predict`: prints `PATH: DIGIT (p = PROBABILITY)` for each image.
+/// The widest and tallest image accepted: a 12-megapixel phone photo (4032 x 3024) fits.
+const MAX_SIDE: u32 = 4096;
+/// The most the decoded image may take, in bytes: 4096 x 4096 grey, RGB or RGBA pixels of 8
+/// bits, or fewer pixels of 16 bits. Decoding needs the whole picture in memory at once.
+const MAX_DECODED_BYTES: u64 = 64 << 20;
+/// The largest file read. The JPEG decoder holds the whole file in memory (twice, with our
+/// copy); no reasonable picture of one digit comes near this.
+const MAX_FILE_BYTES: u64 = 32 << 20;
+/// The longer side of the grey image that is normalised: a larger one is shrunk to this first
+/// (averaging its pixels), so that the working planes take a megabyte or two whatever the
+/// photo's size. A digit would have to fill less than 1/25 of the picture's longer side to
+/// shrink below MNIST's 20 pixels.
+const WORKING_SIDE: u32 = 512;
+/// The exit status of a program whose output pipe was closed, as a shell reports a process
+/// killed by SIGPIPE (128 + 13).
+const BROKEN_PIPE_STATUS: i32 = 141;
+
+/// `mnist-train predict`: prints `PATH: DIGIT (p = PROBABILITY)` for each image, or
+/// `PATH: no digit found` for a blank one.
 pub fn run(args: &PredictArgs) -> Result<()> {
     let saved = load_checkpoint(&args.checkpoint)?;
     // Every image gets its line or its error: one unreadable file should not hide the answers
     // for the others, but it must still fail the command.
     let mut failures = Vec::new();
     for path in &args.images {
-        match classify(&saved.state.ema, path) {
-            Ok((digit, p)) => println!("{}: {digit} (p = {p:.3})", path.display()),
-            Err(e) => failures.push(format!("{e:#}")),
+        let answer = match classify(&saved.state.ema, path) {
+            Ok(Some((digit, p))) => format!("{digit} (p = {p:.3})"),
+            Ok(None) => "no digit found".to_owned(),
+            Err(e) => {
+                failures.push(format!("{e:#}"));
+                continue;
+            }
+        };
+        // Locked and written by hand rather than with println!, which panics when the reader
+        // has gone away (`predict ... | head -1`).
+        if let Err(e) = writeln!(io::stdout().lock(), "{}: {answer}", path.display()) {
+            if e.kind() == io::ErrorKind::BrokenPipe {
+                // Nobody reads the rest: stop quietly, as a filter killed by SIGPIPE would.
+                std::process::exit(BROKEN_PIPE_STATUS);
+            }
+            return Err(e).context("cannot write to standard output");
         }
     }
     if !failures.is_empty() {
@@ -38,29 +78,215 @@ pub fn run(args: &PredictArgs) -> Result<()> {
     Ok(())
 }
 
-/// The most probable digit of the image at `path` and its probability.
-fn classify(params: &[f32], path: &Path) -> Result<(usize, f32)> {
-    let image = read_image(path)?;
-    let x = to_mnist(&image);
+/// The most probable digit of the image at `path` and its probability, or `None` for an image
+/// with no digit in it (nothing but background).
+fn classify(params: &[f32], path: &Path) -> Result<Option<(usize, f32)>> {
+    let grey = read_image(path)?;
+    let Some(x) = normalise(grey) else {
+        return Ok(None);
+    };
     let probabilities = Mlp::MNIST
         .probabilities(params, &x)
         .with_context(|| format!("{}: cannot classify", path.display()))?;
     let digit = tandem_tensor::cpu::argmax(&probabilities);
-    Ok((digit, probabilities[digit]))
+    // The model always has ten classes; an empty answer would be a bug, reported rather than
+    // panicking.
+    let p = probabilities
+        .get(digit)
+        .copied()
+        .ok_or_else(|| anyhow!("{}: the model gave no probabilities", path.display()))?;
+    Ok(Some((digit, p)))
 }
 
-/// Decodes a PNG or JPEG, recognised by its content rather than its name.
-pub fn read_image(path: &Path) -> Result<DynamicImage> {
-    let context = || format!("{}: cannot read the image", path.display());
-    let image = ImageReader::open(path)
-        .and_then(ImageReader::with_guessed_format)
-        .with_context(context)?
-        .decode()
-        .with_context(context)?;
-    if image.width() == 0 || image.height() == 0 {
-        bail!("{}: the image is empty", path.display());
+/// Decodes a PNG or JPEG, recognised by its content rather than its name, into grey levels
+/// (transparency over white paper).
+///
+/// The file may be anything: it is read only up to [`MAX_FILE_BYTES`], its structure must be
+/// complete (the decoders quietly fill in the rest of a file that is cut short), and its
+/// declared size is checked against [`MAX_SIDE`] and [`MAX_DECODED_BYTES`] before the picture
+/// is decoded. The colour picture is dropped as soon as it is grey.
+pub fn read_image(path: &Path) -> Result<GrayImage> {
+    let name = path.display();
+    let file = File::open(path).with_context(|| format!("{name}: cannot open the image"))?;
+    let mut bytes = Vec::new();
+    // One byte more than accepted tells a file at the limit from a larger one; `take` also
+    // bounds what a device or pipe given as the path can make us read.
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("{name}: cannot read the image"))?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        bail!(
+            "{name}: the file is larger than predict accepts (at most {} MiB)",
+            MAX_FILE_BYTES >> 20
+        );
     }
-    Ok(image)
+    let format = if bytes.starts_with(PNG_SIGNATURE) {
+        ImageFormat::Png
+    } else if bytes.starts_with(&[0xFF, 0xD8, 0xFF]) {
+        ImageFormat::Jpeg
+    } else if bytes.is_empty() {
+        bail!("{name}: the file is empty");
+    } else {
+        bail!("{name}: not a PNG or JPEG image");
+    };
+    let complete = match format {
+        ImageFormat::Png => png_is_complete(&bytes),
+        _ => jpeg_is_complete(&bytes),
+    };
+    if !complete {
+        bail!("{name}: truncated or damaged image (it ends before its end-of-image marker)");
+    }
+
+    let mut reader = ImageReader::with_format(Cursor::new(bytes.as_slice()), format);
+    // Width and height are checked below, where the error can say what they are; here the
+    // limit bounds what the PNG decoder allocates while reading the header chunks.
+    reader.limits(limits(None, MAX_DECODED_BYTES));
+    let mut decoder = reader.into_decoder().map_err(|e| image_error(path, e))?;
+    let (width, height) = decoder.dimensions();
+    let decoded_bytes = decoder.total_bytes();
+    let bytes_per_pixel = u64::from(decoder.color_type().bytes_per_pixel()).max(1);
+    if width > MAX_SIDE || height > MAX_SIDE || decoded_bytes > MAX_DECODED_BYTES {
+        let pixels =
+            (u64::from(MAX_SIDE) * u64::from(MAX_SIDE)).min(MAX_DECODED_BYTES / bytes_per_pixel);
+        bail!(
+            "{name}: {width}x{height} pixels is more than predict accepts (at most \
+             {MAX_SIDE}x{MAX_SIDE} / {:.1} megapixels)",
+            pixels as f64 / 1e6
+        );
+    }
+    if width == 0 || height == 0 {
+        bail!("{name}: the image is empty");
+    }
+    // What is left of the allocation budget once the picture itself is counted, as
+    // `ImageReader::decode` does.
+    decoder
+        .set_limits(limits(Some(MAX_SIDE), MAX_DECODED_BYTES - decoded_bytes))
+        .map_err(|e| image_error(path, e))?;
+    let image = DynamicImage::from_decoder(decoder).map_err(|e| image_error(path, e))?;
+    // The colour picture goes as soon as it is grey; normalising shrinks it before anything
+    // else.
+    Ok(greyscale(image))
+}
+
+/// Decoding limits: at most `side` pixels each way, at most `bytes` allocated.
+fn limits(side: Option<u32>, bytes: u64) -> Limits {
+    let mut limits = Limits::default();
+    limits.max_image_width = side;
+    limits.max_image_height = side;
+    limits.max_alloc = Some(bytes);
+    limits
+}
+
+/// A decoder's error, said in terms of the file.
+fn image_error(path: &Path, e: ImageError) -> anyhow::Error {
+    let what = match e {
+        ImageError::Decoding(_) | ImageError::IoError(_) | ImageError::Parameter(_) => {
+            "truncated or damaged image"
+        }
+        ImageError::Unsupported(_) => "unsupported image",
+        ImageError::Limits(_) => "the image is larger than predict accepts",
+        ImageError::Encoding(_) => "cannot read the image",
+    };
+    // The image error's own text already includes its cause, which `{:#}` would repeat.
+    anyhow!("{}: {what}: {e}", path.display())
+}
+
+/// The eight bytes every PNG file starts with.
+const PNG_SIGNATURE: &[u8] = b"\x89PNG\r\n\x1a\n";
+
+/// Whether a PNG's chunks are all there, up to its IEND chunk.
+///
+/// Each chunk is a 4-byte big-endian length, a 4-byte type, the data and a 4-byte CRC; the
+/// decoder checks the CRCs of the chunks it reads, this checks that the file is not cut short
+/// (the decoder may stop reading once it has the pixels).
+fn png_is_complete(bytes: &[u8]) -> bool {
+    let mut at = PNG_SIGNATURE.len();
+    loop {
+        let Some(&[l0, l1, l2, l3, k0, k1, k2, k3]) = bytes.get(at..at + 8) else {
+            return false;
+        };
+        // The length is the file's word: added with checks, so that a huge one cannot wrap.
+        let Some(end) = usize::try_from(u32::from_be_bytes([l0, l1, l2, l3]))
+            .ok()
+            .and_then(|length| at.checked_add(12)?.checked_add(length))
+        else {
+            return false;
+        };
+        if end > bytes.len() {
+            return false;
+        }
+        if [k0, k1, k2, k3] == *b"IEND" {
+            return true;
+        }
+        at = end;
+    }
+}
+
+/// Whether a JPEG's segments run complete up to an end-of-image marker after its image data.
+///
+/// The JPEG decoder fills in whatever is missing from a file that is cut short (700 bytes of a
+/// 3736-byte digit were classified with p = 0.92), so the structure is checked here. Markers
+/// are `FF` and a code, possibly after more `FF` fill bytes; every segment but the standalone
+/// markers carries its length. In the entropy-coded data after a start-of-scan, an `FF` byte
+/// is always followed by `00` (a stuffed byte) or a restart marker, so any other `FF xx` there
+/// is the next marker: an `FF D9` found that way really ends the image.
+fn jpeg_is_complete(bytes: &[u8]) -> bool {
+    // Past the start-of-image marker the caller recognised the file by.
+    let mut at = 2;
+    let mut scanned = false;
+    loop {
+        // Stray bytes between segments are skipped, as libjpeg does.
+        let Some(ff) = bytes
+            .get(at..)
+            .and_then(|rest| rest.iter().position(|&b| b == 0xFF))
+        else {
+            return false;
+        };
+        at += ff;
+        while bytes.get(at) == Some(&0xFF) {
+            at += 1;
+        }
+        let Some(&code) = bytes.get(at) else {
+            return false;
+        };
+        at += 1;
+        match code {
+            // End of image: complete if there was image data before it.
+            0xD9 => return scanned,
+            // Markers without a length: TEM, restarts, start of image; 00 is a stray byte.
+            0x00 | 0x01 | 0xD0..=0xD8 => {}
+            _ => {
+                let Some(&[hi, lo]) = bytes.get(at..at + 2) else {
+                    return false;
+                };
+                let length = usize::from(u16::from_be_bytes([hi, lo]));
+                // The length counts its own two bytes.
+                if length < 2 {
+                    return false;
+                }
+                at += length;
+                if code == 0xDA {
+                    scanned = true;
+                    let Some(end) = entropy_coded_end(bytes, at) else {
+                        return false;
+                    };
+                    at = end;
+                }
+            }
+        }
+    }
+}
+
+/// Where the entropy-coded data starting at `at` ends (the `FF` of the next marker), or
+/// `None` when the file ends first.
+fn entropy_coded_end(bytes: &[u8], mut at: usize) -> Option<usize> {
+    loop {
+        at += bytes.get(at..)?.iter().position(|&b| b == 0xFF)?;
+        match bytes.get(at + 1)? {
+            0x00 | 0xD0..=0xD7 => at += 2,
+            _ => return Some(at),
+        }
+    }
 }
 
 /// MNIST fits each digit into a 20 x 20 box (keeping its aspect ratio) inside the 28 x 28
@@ -77,14 +303,16 @@ const MIN_CONTRAST: f32 = 8.0;
 /// A grey image of `f32` values in `[0, 1]`.
 type Plane = ImageBuffer<Luma<f32>, Vec<f32>>;
 
-/// Turns any picture of a digit into an MNIST-like input: 28 x 28 grey levels in `[0, 1]`,
-/// row by row, white ink on a black background, normalised the way MNIST's digits were.
+/// Turns a grey picture of a digit into an MNIST-like input: 28 x 28 grey levels in `[0, 1]`,
+/// row by row, white ink on a black background, normalised the way MNIST's digits were; `None`
+/// when there is no digit (a blank picture, nothing but background).
 ///
-/// 1. Grey levels; transparent pixels count as white paper.
+/// 1. Shrunk (averaging) so that its longer side is at most [`WORKING_SIDE`].
 /// 2. Inverted when the border is light on average: MNIST is light ink on dark, most scans
 ///    and drawings are the opposite.
 /// 3. The border's mean is the background level: it is subtracted and the brightest pixel
-///    scaled to 1, so grey paper or faint ink look like MNIST's black and white.
+///    scaled to 1, so grey paper or faint ink look like MNIST's black and white. Less
+///    contrast than [`MIN_CONTRAST`] is a blank picture.
 /// 4. Framed: a square window centred on the digit (the pixels above 10% of the contrast),
 ///    padded with background where it leaves the image, sized so that the digit fills 20 of
 ///    the 28 pixels on its longer side as in MNIST. The aspect ratio is kept, and a small
@@ -95,8 +323,8 @@ type Plane = ImageBuffer<Luma<f32>, Vec<f32>>;
 ///
 /// An MNIST image itself comes out unchanged (up to a one-pixel shift at most, when its
 /// centre of mass is exactly between two pixels).
-pub fn to_mnist(image: &DynamicImage) -> Vec<f32> {
-    let mut grey = greyscale(image);
+fn normalise(grey: GrayImage) -> Option<Vec<f32>> {
+    let mut grey = shrink(grey);
     if border_mean(&grey) > 127.5 {
         imageops::invert(&mut grey);
     }
@@ -104,17 +332,18 @@ pub fn to_mnist(image: &DynamicImage) -> Vec<f32> {
     let brightest = grey.pixels().map(|p| f32::from(p.0[0])).fold(0.0, f32::max);
     let contrast = brightest - background;
     if contrast < MIN_CONTRAST {
-        // A blank image: nothing but background.
-        return vec![0.0; COLS * ROWS];
+        return None;
     }
     let ink: Plane = ImageBuffer::from_fn(grey.width(), grey.height(), |x, y| {
         let v = f32::from(grey.get_pixel(x, y).0[0]);
         Luma([((v - background) / contrast).clamp(0.0, 1.0)])
     });
-    let Some((x0, y0, w, h)) = ink_box(&ink) else {
-        return vec![0.0; COLS * ROWS];
-    };
+    drop(grey);
+    // The brightest pixel is 1 > INK, so there is a box; `None` all the same rather than a
+    // panic should that ever change.
+    let (x0, y0, w, h) = ink_box(&ink)?;
     let side = w.max(h);
+    // At most WORKING_SIDE x 28 / 20 pixels: the cast cannot overflow.
     let frame = ((side as f32 * COLS as f32 / DIGIT_BOX).round() as u32).max(side);
     // The square window centred on the digit, taken from the whole image rather than from the
     // box, so that the faint edges of the strokes below the ink threshold are kept.
@@ -132,7 +361,24 @@ pub fn to_mnist(image: &DynamicImage) -> Vec<f32> {
     } else {
         imageops::resize(&square, COLS as u32, ROWS as u32, FilterType::Triangle)
     };
-    centre_mass(&small)
+    Some(centre_mass(&small))
+}
+
+/// The picture with its longer side shrunk to [`WORKING_SIDE`] by averaging, if it is longer;
+/// no side becomes less than one pixel.
+fn shrink(grey: GrayImage) -> GrayImage {
+    let (w, h) = grey.dimensions();
+    let longer = w.max(h);
+    if longer <= WORKING_SIDE {
+        return grey;
+    }
+    let scaled = |side: u32| {
+        let side =
+            (u64::from(side) * u64::from(WORKING_SIDE) + u64::from(longer) / 2) / u64::from(longer);
+        // At most WORKING_SIDE, so the conversion cannot fail.
+        u32::try_from(side).unwrap_or(WORKING_SIDE).max(1)
+    };
+    imageops::thumbnail(&grey, scaled(w), scaled(h))
 }
 
 /// The smallest rectangle `(x, y, width, height)` holding every pixel brighter than [`INK`].
@@ -176,13 +422,14 @@ fn centre_mass(plane: &Plane) -> Vec<f32> {
     out
 }
 
-/// Grey levels, with transparency composited over white.
-fn greyscale(image: &DynamicImage) -> GrayImage {
+/// Grey levels, with transparency composited over white. Takes the picture so that a colour
+/// one is freed as soon as its grey copy exists.
+fn greyscale(image: DynamicImage) -> GrayImage {
     if !image.color().has_alpha() {
-        return image.to_luma8();
+        return image.into_luma8();
     }
-    let with_alpha = image.to_luma_alpha8();
-    GrayImage::from_fn(image.width(), image.height(), |x, y| {
+    let with_alpha = image.into_luma_alpha8();
+    GrayImage::from_fn(with_alpha.width(), with_alpha.height(), |x, y| {
         let [l, a] = with_alpha.get_pixel(x, y).0;
         let (l, a) = (f32::from(l), f32::from(a) / 255.0);
         Luma([(l * a + 255.0 * (1.0 - a)).round() as u8])
@@ -221,6 +468,16 @@ mod tests {
                 .map(|i| GrayImage::from_raw(28, 28, mnist.test.image(i).to_vec()).unwrap())
                 .collect()
         })
+    }
+
+    /// The whole pipeline after decoding; `None` for a blank picture.
+    fn to_mnist(image: DynamicImage) -> Option<Vec<f32>> {
+        normalise(greyscale(image))
+    }
+
+    /// The whole pipeline for a picture with a digit in it.
+    fn read_digit(image: GrayImage) -> Vec<f32> {
+        to_mnist(DynamicImage::ImageLuma8(image)).unwrap()
     }
 
     fn values(image: &GrayImage) -> Vec<f32> {
@@ -270,7 +527,7 @@ mod tests {
     fn mnist_images_come_out_as_they_are() {
         let mut unchanged = 0;
         for image in mnist() {
-            let x = to_mnist(&DynamicImage::ImageLuma8(image.clone()));
+            let x = read_digit(image.clone());
             let brightest = image.pixels().map(|p| p.0[0]).max().unwrap();
             // Scaled so that the brightest pixel is 1; nothing else changes.
             let expected: Vec<f32> = image
@@ -289,7 +546,7 @@ mod tests {
         for image in &mnist()[..20] {
             let mut scan = imageops::resize(image, 112, 112, FilterType::Triangle);
             imageops::invert(&mut scan);
-            let x = to_mnist(&DynamicImage::ImageLuma8(scan));
+            let x = read_digit(scan);
             // Upscaling and shrinking again blurs by about 0.03 on its own, and the blur makes
             // the digit look a little larger (so it comes out a little smaller).
             let error = shifted_error(&x, &values(image));
@@ -304,7 +561,7 @@ mod tests {
             imageops::invert(&mut digit);
             let mut page = GrayImage::from_pixel(300, 200, Luma([230]));
             imageops::replace(&mut page, &digit, 30, 120);
-            let x = to_mnist(&DynamicImage::ImageLuma8(page));
+            let x = read_digit(page);
             let error = shifted_error(&x, &values(image));
             assert!(error < 0.06, "{error}");
         }
@@ -320,13 +577,13 @@ mod tests {
                 0
             }])
         });
-        let x = to_mnist(&DynamicImage::ImageLuma8(wide));
+        let x = read_digit(wide);
         let (w, h) = extent(&x);
         assert!((19..=21).contains(&h) && (9..=11).contains(&w), "{w} x {h}");
     }
 
     #[test]
-    fn transparency_is_paper_and_blank_images_are_zero() {
+    fn transparency_is_paper_and_blank_images_have_no_digit() {
         // Black ink on a transparent background (as drawing programs save it) reads like the
         // same ink on white paper.
         let inside = |x: u32, y: u32| (12..16).contains(&x) && (5..23).contains(&y);
@@ -335,14 +592,12 @@ mod tests {
         });
         let paper = GrayImage::from_fn(28, 28, |x, y| Luma([if inside(x, y) { 0 } else { 255 }]));
         assert_eq!(
-            to_mnist(&DynamicImage::ImageRgba8(rgba)),
-            to_mnist(&DynamicImage::ImageLuma8(paper))
+            to_mnist(DynamicImage::ImageRgba8(rgba)).unwrap(),
+            read_digit(paper)
         );
         for level in [0, 200, 255] {
             let blank = GrayImage::from_pixel(40, 30, Luma([level]));
-            assert!(to_mnist(&DynamicImage::ImageLuma8(blank))
-                .iter()
-                .all(|&v| v == 0.0));
+            assert_eq!(to_mnist(DynamicImage::ImageLuma8(blank)), None);
         }
     }
 
@@ -356,5 +611,127 @@ mod tests {
             let err = format!("{:#}", read_image(&path).unwrap_err());
             assert!(err.starts_with(&path.display().to_string()), "{err}");
         }
+    }
+
+    #[test]
+    fn large_pictures_are_shrunk_first_and_still_read() {
+        for image in &mnist()[..5] {
+            // A 400-pixel digit on a 2000 x 1500 page: 102 pixels once the page is shrunk.
+            let mut large = imageops::resize(image, 400, 400, FilterType::Triangle);
+            imageops::invert(&mut large);
+            let mut page = GrayImage::from_pixel(2000, 1500, Luma([230]));
+            imageops::replace(&mut page, &large, 900, 300);
+            let x = read_digit(page);
+            let error = shifted_error(&x, &values(image));
+            assert!(error < 0.06, "{error}");
+        }
+    }
+
+    #[test]
+    fn shrinking_keeps_the_shape_and_at_least_one_pixel() {
+        for ((w, h), expected) in [
+            ((28, 28), (28, 28)),
+            ((512, 100), (512, 100)),
+            ((1024, 600), (512, 300)),
+            ((1, 5000), (1, 512)),
+            ((5000, 3), (512, 1)),
+            ((4096, 4096), (512, 512)),
+        ] {
+            let shrunk = shrink(GrayImage::new(w, h));
+            assert_eq!(shrunk.dimensions(), expected, "{w} x {h}");
+        }
+    }
+
+    #[test]
+    fn thin_and_tiny_pictures_do_not_panic() {
+        for (w, h) in [
+            (1, 1),
+            (1, 2),
+            (2, 1),
+            (1, 28),
+            (28, 1),
+            (3, 2),
+            (1, 4096),
+            (4096, 1),
+            (7, 4000),
+        ] {
+            for pattern in 0..3u32 {
+                let image = GrayImage::from_fn(w, h, |x, y| {
+                    Luma([match pattern {
+                        // One bright pixel in the middle.
+                        0 => u8::from(x == w / 2 && y == h / 2) * 255,
+                        // Stripes.
+                        1 => ((x + y) % 2 * 255) as u8,
+                        // A ramp.
+                        _ => ((x + y) * 255 / (w + h)) as u8,
+                    }])
+                });
+                if let Some(x) = to_mnist(DynamicImage::ImageLuma8(image)) {
+                    assert_eq!(x.len(), COLS * ROWS);
+                    assert!(x.iter().all(|v| (0.0..=1.0).contains(v)), "{w} x {h}");
+                }
+            }
+        }
+    }
+
+    /// A small real JPEG and PNG of an MNIST digit.
+    fn encoded(format: ImageFormat) -> Vec<u8> {
+        let mut big = imageops::resize(&mnist()[0], 112, 112, FilterType::Triangle);
+        imageops::invert(&mut big);
+        let mut bytes = Cursor::new(Vec::new());
+        big.write_to(&mut bytes, format).unwrap();
+        bytes.into_inner()
+    }
+
+    #[test]
+    fn every_cut_short_jpeg_or_png_is_incomplete() {
+        let jpeg = encoded(ImageFormat::Jpeg);
+        assert!(jpeg_is_complete(&jpeg));
+        for cut in 0..jpeg.len() {
+            assert!(!jpeg_is_complete(&jpeg[..cut]), "{cut} of {}", jpeg.len());
+        }
+        let png = encoded(ImageFormat::Png);
+        assert!(png_is_complete(&png));
+        for cut in 0..png.len() {
+            assert!(!png_is_complete(&png[..cut]), "{cut} of {}", png.len());
+        }
+        // Anything after the end is not the image's business.
+        assert!(jpeg_is_complete(&[jpeg.as_slice(), b"trailer"].concat()));
+        assert!(png_is_complete(&[png.as_slice(), b"trailer"].concat()));
+    }
+
+    #[test]
+    fn jpeg_markers_are_found_only_where_they_can_be() {
+        const SOI: &[u8] = &[0xFF, 0xD8];
+        const EOI: &[u8] = &[0xFF, 0xD9];
+        // A segment with a length (a quantisation table), and a scan header.
+        const DQT: &[u8] = &[0xFF, 0xDB, 0x00, 0x04, 0x12, 0x34];
+        const SOS: &[u8] = &[0xFF, 0xDA, 0x00, 0x03, 0x01];
+        // Entropy-coded data with a stuffed FF and a restart marker.
+        const DATA: &[u8] = &[0x12, 0xFF, 0x00, 0x34, 0xFF, 0xD3, 0x56];
+        let complete = [SOI, DQT, SOS, DATA, EOI].concat();
+        assert!(jpeg_is_complete(&complete));
+        // Fill bytes before a marker.
+        assert!(jpeg_is_complete(
+            &[SOI, DQT, SOS, DATA, &[0xFF, 0xFF], EOI].concat()
+        ));
+        // No image data before the end.
+        assert!(!jpeg_is_complete(&[SOI, DQT, EOI].concat()));
+        // An end-of-image inside a segment (an Exif thumbnail's) does not end the file.
+        let app1 = [&[0xFF, 0xE1, 0x00, 0x06][..], SOS, EOI].concat();
+        assert!(!jpeg_is_complete(&[SOI, &app1, SOS, DATA].concat()));
+        // A length running past the end, or too short to count itself.
+        assert!(!jpeg_is_complete(
+            &[SOI, &[0xFF, 0xDB, 0x40, 0x00, 0x12], EOI].concat()
+        ));
+        assert!(!jpeg_is_complete(
+            &[SOI, &[0xFF, 0xDB, 0x00, 0x01], SOS, DATA, EOI].concat()
+        ));
+    }
+
+    #[test]
+    fn a_huge_png_chunk_length_is_incomplete_not_a_panic() {
+        let png = [PNG_SIGNATURE, &[0xFF; 4], b"IHDR", &[0; 16]].concat();
+        assert!(!png_is_complete(&png));
     }
 }
