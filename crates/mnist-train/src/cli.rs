@@ -45,8 +45,10 @@ pub enum Command {
     /// was: a square frame centred on the digit, so that the digit fills 20 of 28 pixels
     /// without changing its aspect ratio, resized to 28x28, centre of mass in the middle. It
     /// is classified with the averaged parameters. Prints one line per image:
-    /// `PATH: DIGIT (p = PROBABILITY)`. Expects one dark digit on light paper or one light
-    /// digit on a dark background per image.
+    /// `PATH: DIGIT (p = PROBABILITY)`, or `PATH: no digit found` for a blank image. Expects
+    /// one dark digit on light paper or one light digit on a dark background per image.
+    /// Images larger than 4096 pixels a side (or 64 MiB decoded) and truncated or damaged
+    /// files are errors naming the file; the other images are still classified.
     Predict(PredictArgs),
 
     /// Train sync and then async with the same budget and devices, and write a report:
