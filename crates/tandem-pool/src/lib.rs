@@ -27,7 +27,7 @@ mod device;
 mod replica;
 mod workers;
 
-pub use device::{Device, DeviceError, DeviceSpec};
+pub use device::{Device, DeviceError, DeviceSpec, MAX_REPLICAS};
 pub use replica::{ParamSpan, Replica, ReplicaError};
 pub use workers::{
     Aborted, FailurePolicy, RunOutcome, RunWatch, WorkerActivity, WorkerContext, WorkerFailure,
