@@ -776,7 +776,7 @@ mod tests {
         let newest = dir.path().join("step-0000000040.safetensors");
         let bytes = fs::read(&newest).unwrap();
         fs::write(&newest, &bytes[..bytes.len() / 2]).unwrap();
-        let (path, checkpoint, skipped) = load_newest(dir.path(), &layout()).unwrap();
+        let (path, checkpoint, skipped) = load_newest(dir.path(), &layout(), |_| Ok(())).unwrap();
         assert_eq!(checkpoint.state.step, 30);
         assert!(path.ends_with("step-0000000030.safetensors"));
         assert_eq!(skipped.len(), 1);
@@ -838,7 +838,7 @@ mod tests {
         assert!(matches!(missing, CheckpointError::Io { .. }));
         let empty = tempfile::tempdir().unwrap();
         assert!(matches!(
-            load_newest(empty.path(), &layout()),
+            load_newest(empty.path(), &layout(), |_| Ok(())),
             Err(CheckpointError::NoneFound { .. })
         ));
     }
