@@ -53,7 +53,7 @@ pub fn failure_status() -> Option<i32> {
     }
 }
 
-/// `println!` through [`line`].
+/// `println!` through [`line()`].
 macro_rules! out {
     () => {
         $crate::output::line("")
