@@ -103,7 +103,8 @@ impl RunConfig {
     /// The metadata keys whose values make checkpoints one run's: what a resume keeps fixed.
     /// Rotation deletes only checkpoints that agree with the new one on all of them.
     pub fn identity_keys(&self) -> &'static [&'static str] {
-        const ANY_WORKERS: &[&str] = &[
+        // `workers` last: a sync run resumes only on the same number of workers, async on any.
+        const KEYS: &[&str] = &[
             "format",
             "model",
             "mode",
@@ -113,23 +114,11 @@ impl RunConfig {
             "weight_decay",
             "ema_decay",
             "seed",
-        ];
-        // A sync run resumes only on the same number of workers; async on any.
-        const SAME_WORKERS: &[&str] = &[
-            "format",
-            "model",
-            "mode",
             "workers",
-            "batch_size",
-            "learning_rate",
-            "lr_decay",
-            "weight_decay",
-            "ema_decay",
-            "seed",
         ];
         match self.mode {
-            Mode::Sync => SAME_WORKERS,
-            Mode::Async => ANY_WORKERS,
+            Mode::Sync => KEYS,
+            Mode::Async => &KEYS[..KEYS.len() - 1],
         }
     }
 
