@@ -248,13 +248,22 @@ struct Saver<'run> {
 
 impl Saver<'_> {
     fn save(&self, state: &TrainState) -> Result<PathBuf> {
-        Ok(self.dir.save(
-            state,
-            &self.layout,
-            &self.metadata,
-            self.keep,
-            self.identity,
-        )?)
+        self.dir
+            .save(
+                state,
+                &self.layout,
+                &self.metadata,
+                self.keep,
+                self.identity,
+            )
+            .with_context(|| {
+                format!(
+                    "cannot save the checkpoint of step {} in {} (the checkpoints already \
+                     there are intact)",
+                    state.step,
+                    self.dir.path().display()
+                )
+            })
     }
 }
 
