@@ -579,22 +579,28 @@ mod tests {
     #[test]
     fn stop_all_ends_promptly_naming_the_failed_worker_and_step() {
         for panics in [false, true] {
-            let mut pool = cpu_pool(3);
-            let start = Instant::now();
-            let outcome = pool.run(FailurePolicy::StopAll, |ctx, id| {
-                for step in 0..1_000_000u64 {
-                    ctx.set_step(step);
-                    if *id == 1 && step == 7 {
-                        if panics {
-                            panic!("injected fault");
+            // Under a deadline: if the barrier never broke, the run would wait forever (the
+            // others for worker 1, a million steps each), and the test must fail, not hang.
+            let (done, outcome) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let mut pool = cpu_pool(3);
+                let _ = done.send(pool.run(FailurePolicy::StopAll, |ctx, id| {
+                    for step in 0..1_000_000u64 {
+                        ctx.set_step(step);
+                        if *id == 1 && step == 7 {
+                            if panics {
+                                panic!("injected fault");
+                            }
+                            return Err("injected fault".into());
                         }
-                        return Err("injected fault".into());
+                        ctx.barrier()?;
                     }
-                    ctx.barrier()?;
-                }
-                Ok(())
+                    Ok(())
+                }));
             });
-            assert!(start.elapsed() < Duration::from_secs(20), "the run hung");
+            let outcome = outcome
+                .recv_timeout(Duration::from_secs(60))
+                .expect("the run did not stop within 60 s of the failure");
             assert_eq!(outcome.failures.len(), 1, "{:?}", outcome.failures);
             let failure = &outcome.failures[0];
             assert_eq!((failure.worker, failure.step), (1, Some(7)));
