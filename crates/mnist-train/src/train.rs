@@ -335,6 +335,10 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     let wall = Instant::now();
     // The checkpoint directory before anything else: taken for this run, created and
     // test-written, so a run that could not save fails now rather than after an epoch.
+    if let Some(resume) = args.resume.as_ref().filter(|dir| !dir.is_dir()) {
+        // Checked before the directory is opened, which would create it.
+        bail!("--resume {}: no such directory", resume.display());
+    }
     let target = args.checkpoint_dir.as_ref().or(args.resume.as_ref());
     let checkpoint_dir = target.map(|d| CheckpointDir::open(d)).transpose()?;
     let data = data::load(args.data_dir.as_deref())?;

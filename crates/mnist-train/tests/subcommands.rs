@@ -117,6 +117,7 @@ fn eval_and_predict_use_a_trained_checkpoint() {
     let predicted = succeed(&args);
     eprintln!("{predicted}");
     let mut answers = Vec::new();
+    let mut confidences = Vec::new();
     for (path, form, label) in &digits {
         let prefix = format!("{}: ", path.display());
         let line = line_starting(&predicted, &prefix);
@@ -127,9 +128,16 @@ fn eval_and_predict_use_a_trained_checkpoint() {
             .unwrap_or_else(|| panic!("not `PATH: D (p = P)`: {line}"));
         let digit: u8 = digit.parse().expect("a digit");
         let p: f32 = p.parse().expect("a probability");
-        assert!((0.0..=1.0).contains(&p) && p >= 0.1, "{line}");
+        assert!((0.0..=1.0).contains(&p), "{line}");
         answers.push((*form, digit, *label));
+        if digit == *label {
+            confidences.push(p);
+        }
     }
+    // The argmax of 10 classes is always >= 0.1; a trained model is sure of most real digits.
+    confidences.sort_by(f32::total_cmp);
+    let median = confidences[confidences.len() / 2];
+    assert!(median > 0.9, "median confidence {median}:\n{predicted}");
     for form in [Form::AsIs, Form::Scanned] {
         let right = answers
             .iter()

@@ -1,0 +1,208 @@
+//! The training command as a user runs it: metrics, async, a diverging run, Ctrl-C, and the
+//! resume errors a user meets.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+
+use serde_json::Value;
+use tandem_model::Mlp;
+use tandem_strategy::checkpoint;
+
+use common::{arg, command, fail, line_starting, succeed};
+
+/// The number after `prefix` on its line of `text`.
+fn number_after(text: &str, prefix: &str) -> f64 {
+    line_starting(text, prefix)[prefix.len()..]
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.trim_end_matches(',').parse().ok())
+        .unwrap_or_else(|| panic!("no number after {prefix:?} in:\n{text}"))
+}
+
+#[test]
+fn metrics_hold_every_logged_step_and_every_epochs_validation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let metrics = tmp.path().join("run.jsonl");
+    // 2 workers x 100: an epoch is 275 steps.
+    succeed(&[
+        "--steps",
+        "600",
+        "--devices",
+        "cpu:2",
+        "--log-every",
+        "50",
+        "--metrics",
+        arg(&metrics),
+    ]);
+    let records: Vec<Value> = std::fs::read_to_string(&metrics)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    let of_kind =
+        |kind: &str| -> Vec<&Value> { records.iter().filter(|r| r["kind"] == kind).collect() };
+    let steps: Vec<u64> = of_kind("step")
+        .iter()
+        .map(|r| r["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(steps, (1..=12).map(|i| i * 50).collect::<Vec<_>>());
+    let rates: Vec<f64> = of_kind("step")
+        .iter()
+        .map(|r| r["learning_rate"].as_f64().unwrap())
+        .collect();
+    assert!(rates.windows(2).all(|w| w[1] < w[0]), "{rates:?}");
+    // The book's schedule: 0.8 x 0.99^(step / 275).
+    assert!(
+        (rates[0] - 0.8 * 0.99f64.powf(49.0 / 275.0)).abs() < 1e-6,
+        "{rates:?}"
+    );
+    let losses: Vec<f64> = of_kind("step")
+        .iter()
+        .map(|r| r["loss"].as_f64().unwrap())
+        .collect();
+    assert!(
+        losses.iter().all(|l| l.is_finite() && *l > 0.0),
+        "{losses:?}"
+    );
+    assert!(
+        losses[11] < losses[0] / 2.0,
+        "the loss did not fall: {losses:?}"
+    );
+    let evals: Vec<(u64, f64)> = of_kind("eval")
+        .iter()
+        .map(|r| {
+            (
+                r["step"].as_u64().unwrap(),
+                r["validation_accuracy_averaged"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        evals.iter().map(|e| e.0).collect::<Vec<_>>(),
+        [275, 550, 600]
+    );
+    assert!(evals.iter().all(|e| e.1 > 0.9 && e.1 <= 1.0), "{evals:?}");
+}
+
+#[test]
+fn async_training_learns_and_reports_staleness() {
+    let out = succeed(&[
+        "--async",
+        "--steps",
+        "600",
+        "--devices",
+        "cpu:2",
+        "--log-every",
+        "0",
+    ]);
+    assert_eq!(line_starting(&out, "mode:"), "mode:                async");
+    let staleness = number_after(&out, "staleness:           mean");
+    assert!((0.0..10.0).contains(&staleness), "{out}");
+    assert!(number_after(&out, "test accuracy:") > 0.9, "{out}");
+    assert!(number_after(&out, "steps:") == 600.0, "{out}");
+}
+
+#[test]
+fn a_diverging_run_fails_naming_the_step_and_keeps_its_checkpoints() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    let message = fail(&[
+        "--lr",
+        "1e6",
+        "--steps",
+        "100",
+        "--devices",
+        "cpu:2",
+        "--log-every",
+        "0",
+        "--checkpoint-dir",
+        arg(&dir),
+        "--save-every",
+        "1",
+    ]);
+    assert!(message.contains("training diverged"), "{message}");
+    assert!(message.contains("failed at step"), "{message}");
+    // Every checkpoint written before the divergence is whole, with finite values.
+    let saved = checkpoint::CheckpointDir::open(&dir)
+        .unwrap()
+        .checkpoints()
+        .unwrap();
+    assert!(!saved.is_empty(), "{message}");
+    for (_, path) in saved {
+        checkpoint::load(&path, &Mlp::MNIST.layout()).unwrap();
+    }
+}
+
+#[test]
+fn ctrl_c_saves_and_exits_130() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    let mut child = command(&[
+        "--steps",
+        "1000000",
+        "--devices",
+        "cpu:2",
+        "--log-every",
+        "1",
+        "--checkpoint-dir",
+        arg(&dir),
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first_step = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find(|l| l.starts_with("step "));
+    assert!(first_step.is_some(), "the run printed no step");
+    let status = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(130), "{rest:?}");
+    let said = rest
+        .iter()
+        .find(|l| l.starts_with("interrupted at step"))
+        .expect("a final line");
+    let saved = checkpoint::CheckpointDir::open(&dir)
+        .unwrap()
+        .checkpoints()
+        .unwrap();
+    assert_eq!(saved.len(), 1);
+    assert!(said.ends_with(&saved[0].1.display().to_string()), "{said}");
+    assert!(said.contains(&format!("at step {}:", saved[0].0)), "{said}");
+}
+
+#[test]
+fn resume_errors_say_what_to_do() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    succeed(&[
+        "--steps",
+        "4",
+        "--devices",
+        "cpu:2",
+        "--log-every",
+        "0",
+        "--checkpoint-dir",
+        arg(&dir),
+    ]);
+    let message = fail(&["--resume", arg(&dir), "--log-every", "0"]);
+    assert!(
+        message.contains("nothing to train: the run is at step 4 of 4"),
+        "{message}"
+    );
+    assert!(message.contains("--steps"), "{message}");
+    let message = fail(&["--resume", arg(&dir), "--steps", "8", "--devices", "cpu:1"]);
+    assert!(message.contains("sync run on 2 worker(s)"), "{message}");
+    assert!(message.contains("--devices cpu:2"), "{message}");
+    let message = fail(&["--resume", arg(&tmp.path().join("nowhere")), "--steps", "8"]);
+    assert!(message.contains("nowhere"), "{message}");
+}
