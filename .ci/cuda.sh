@@ -23,7 +23,12 @@ cargo build -p mnist-train --features cuda
 if out=$(target/debug/mnist-train --devices cuda:0 --steps 1 2>&1); then
     echo "cuda.sh: mnist-train --devices cuda:0 succeeded without a GPU" >&2; exit 1
 fi
-grep -qi 'cuda' <<<"$out" || { echo "cuda.sh: unexpected error: $out" >&2; exit 1; }
+# The stub answers every call with CUDA_ERROR_NO_DEVICE: zero GPUs, said as such (not a panic,
+# not some other error that happens to mention CUDA).
+expected='Error: there is no CUDA device 0: this machine has 0'
+if [ "$(head -n 1 <<<"$out")" != "$expected" ] || grep -q 'panicked' <<<"$out"; then
+    echo "cuda.sh: expected '$expected', got: $out" >&2; exit 1
+fi
 echo "mnist-train without a GPU: $(head -n 1 <<<"$out")"
 
 binaries=$(cargo test -p tandem-kernels --features cuda --no-run --message-format=json 2>/dev/null |
