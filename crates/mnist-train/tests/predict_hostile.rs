@@ -2,38 +2,22 @@
 //! declared sizes, files cut short or damaged, blank pictures, a reader that goes away, 16-bit
 //! and one-pixel-wide pictures.
 
-use std::io::{BufRead, BufReader, Read};
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use common::{arg, command, stderr, stdout};
 use image::codecs::jpeg::JpegEncoder;
 use image::codecs::png::PngEncoder;
 use image::imageops::{self, FilterType};
 use image::{ExtendedColorType, GrayImage, ImageEncoder, Luma, Rgba, RgbaImage};
+use png::BitDepth::{self, Eight, Sixteen};
+use png::ColorType::{self, Grayscale};
 use tandem_mnist::{Mnist, COLS, ROWS};
-
-fn command() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_mnist-train"));
-    // Error messages are compared below; a backtrace would only add noise (and memory).
-    command
-        .env("RUST_BACKTRACE", "0")
-        .env("RUST_LIB_BACKTRACE", "0");
-    command
-}
-
-fn stdout(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-fn utf8(path: &Path) -> &str {
-    path.to_str().expect("a UTF-8 path")
-}
 
 /// A checkpoint to classify with, trained once for all the tests here. Its accuracy does not
 /// matter: only what predict does with the files is tested.
@@ -44,8 +28,7 @@ fn checkpoint() -> &'static str {
         // temporary directory would be left behind by every run.
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("predict_hostile");
         let _ = std::fs::remove_dir_all(&dir);
-        let output = command()
-            .args(["--steps", "50", "--log-every", "0", "--devices", "cpu:2"])
+        let output = command(&["--steps", "50", "--log-every", "0", "--devices", "cpu:2"])
             .arg("--checkpoint-dir")
             .arg(&dir)
             .output()
@@ -62,15 +45,20 @@ fn checkpoint() -> &'static str {
             .filter(|path| path.extension().is_some_and(|e| e == "safetensors"))
             .max()
             .expect("a checkpoint");
-        utf8(&newest).to_owned()
+        arg(&newest).to_owned()
     })
 }
 
 /// `mnist-train predict --checkpoint CHECKPOINT IMAGES...`.
+fn predict_command(images: &[PathBuf]) -> Command {
+    let mut command = command(&["predict", "--checkpoint", checkpoint()]);
+    command.args(images);
+    command
+}
+
+/// Runs `mnist-train predict --checkpoint CHECKPOINT IMAGES...` to the end.
 fn predict(images: &[PathBuf]) -> Output {
-    command()
-        .args(["predict", "--checkpoint", checkpoint()])
-        .args(images)
+    predict_command(images)
         .output()
         .expect("cannot run mnist-train")
 }
@@ -133,118 +121,49 @@ fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
     path
 }
 
-/// The CRC-32 of PNG chunks (ISO 3309), bit by bit: only a few megabytes are checked here.
-fn crc32(bytes: &[u8]) -> u32 {
-    let mut crc = !0u32;
-    for &byte in bytes {
-        crc ^= u32::from(byte);
-        for _ in 0..8 {
-            crc = if crc & 1 == 1 {
-                (crc >> 1) ^ 0xEDB8_8320
-            } else {
-                crc >> 1
-            };
-        }
-    }
-    !crc
-}
-
-/// A PNG chunk: length, type, data, CRC of type and data.
-fn chunk(kind: &[u8; 4], data: &[u8]) -> Vec<u8> {
-    let length = u32::try_from(data.len()).expect("a chunk under 4 GiB");
-    let crc = crc32(&[kind.as_slice(), data].concat());
-    [
-        &length.to_be_bytes()[..],
-        kind,
-        data,
-        &crc.to_be_bytes()[..],
-    ]
-    .concat()
-}
-
-/// A PNG file with the given header fields and IDAT data.
-fn png_file(width: u32, height: u32, bit_depth: u8, color_type: u8, idat: &[u8]) -> Vec<u8> {
-    let ihdr = [
-        &width.to_be_bytes()[..],
-        &height.to_be_bytes()[..],
-        // Bit depth, colour type, compression, filter, no interlace.
-        &[bit_depth, color_type, 0, 0, 0][..],
-    ]
-    .concat();
-    [
-        &b"\x89PNG\r\n\x1a\n"[..],
-        &chunk(b"IHDR", &ihdr),
-        &chunk(b"IDAT", idat),
-        &chunk(b"IEND", &[]),
-    ]
-    .concat()
-}
-
-/// Deflate's bit stream: values least significant bit first, Huffman codes most significant
-/// bit first (RFC 1951, 3.1.1).
-#[derive(Default)]
-struct Bits {
-    bytes: Vec<u8>,
-    pending: u64,
-    count: u32,
-}
-
-impl Bits {
-    fn value(&mut self, value: u32, bits: u32) {
-        self.pending |= u64::from(value) << self.count;
-        self.count += bits;
-        while self.count >= 8 {
-            self.bytes.push(self.pending as u8);
-            self.pending >>= 8;
-            self.count -= 8;
-        }
-    }
-
-    fn code(&mut self, code: u32, bits: u32) {
-        self.value(code.reverse_bits() >> (32 - bits), bits);
-    }
-
-    fn finish(mut self) -> Vec<u8> {
-        if self.count > 0 {
-            self.bytes.push(self.pending as u8);
-        }
-        self.bytes
-    }
-}
-
-/// A valid PNG of `width` x `height` pixels of `bytes_per_pixel` zero bytes each, without
-/// ever holding them: the zlib stream is written by hand as one literal zero and then copies
-/// of the previous 258 bytes (deflate's longest match), 13 bits each with the fixed Huffman
-/// codes, so that 20000 x 20000 grey pixels take 2.5 MB. Every row is filter 0 and zeros.
-fn zero_png(
+/// A PNG encoder for `width` x `height` pixels of `color` and `depth`, writing to `bytes`.
+fn png_encoder(
+    bytes: &mut Vec<u8>,
     width: u32,
     height: u32,
-    bit_depth: u8,
-    color_type: u8,
-    bytes_per_pixel: u64,
-) -> Vec<u8> {
-    let total = u64::from(height) * (u64::from(width) * bytes_per_pixel + 1);
-    let mut bits = Bits::default();
-    // The last block, compressed with the fixed codes.
-    bits.value(1, 1);
-    bits.value(1, 2);
-    // The literal 0 (codes 0x30.. of 8 bits for literals 0-143).
-    bits.code(0x30, 8);
-    let rest = total - 1;
-    for _ in 0..rest / 258 {
-        // Length 258 (symbol 285, 8 bits 0xC5), distance 1 (distance code 0, 5 bits).
-        bits.code(0xC5, 8);
-        bits.code(0, 5);
+    color: ColorType,
+    depth: BitDepth,
+) -> png::Encoder<'static, &mut Vec<u8>> {
+    let mut encoder = png::Encoder::new(bytes, width, height);
+    encoder.set_color(color);
+    encoder.set_depth(depth);
+    encoder.set_compression(png::Compression::Fast);
+    encoder
+}
+
+/// A valid PNG of `width` x `height` pixels of zeros, without ever holding them: the rows are
+/// streamed through the encoder one at a time, so that 20000 x 20000 grey pixels take a few
+/// megabytes at most.
+fn zero_png(width: u32, height: u32, color: ColorType, depth: BitDepth) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    let encoder = png_encoder(&mut bytes, width, height, color, depth);
+    let mut writer = encoder.write_header().expect("a PNG header");
+    let mut stream = writer.stream_writer().expect("a PNG stream");
+    // A row of 8- or 16-bit samples.
+    let row = vec![0; width as usize * color.samples() * depth as usize / 8];
+    for _ in 0..height {
+        stream.write_all(&row).expect("a row of zeros");
     }
-    for _ in 0..rest % 258 {
-        bits.code(0x30, 8);
-    }
-    // End of block (symbol 256, 7 bits of zeros).
-    bits.code(0, 7);
-    // Adler-32 of zeros: the sum is 1, the sum of sums the length.
-    let adler = (((total % 65521) as u32) << 16) | 1;
-    let zlib = [&[0x78, 0x01][..], &bits.finish(), &adler.to_be_bytes()[..]].concat();
-    png_file(width, height, bit_depth, color_type, &zlib)
+    stream.finish().expect("all the rows");
+    writer.finish().expect("a whole PNG");
+    bytes
+}
+
+/// A PNG declaring `width` x `height` grey pixels whose only image data is `idat`.
+fn header_only_png(width: u32, height: u32, idat: &[u8]) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    let encoder = png_encoder(&mut bytes, width, height, Grayscale, Eight);
+    let mut writer = encoder.write_header().expect("a PNG header");
+    writer
+        .write_chunk(png::chunk::IDAT, idat)
+        .expect("an IDAT chunk");
+    writer.finish().expect("a whole PNG");
+    bytes
 }
 
 /// The peak memory of a command in kilobytes, measured by `/usr/bin/time -v`, with its
@@ -254,13 +173,17 @@ fn peak_memory(images: &[PathBuf]) -> Option<(u64, Output)> {
     if !time.exists() {
         return None;
     }
+    // The same command as `predict` runs, under time.
+    let predict = predict_command(images);
     let output = Command::new(time)
         .arg("-v")
-        .arg(env!("CARGO_BIN_EXE_mnist-train"))
-        .args(["predict", "--checkpoint", checkpoint()])
-        .args(images)
-        .env("RUST_BACKTRACE", "0")
-        .env("RUST_LIB_BACKTRACE", "0")
+        .arg(predict.get_program())
+        .args(predict.get_args())
+        .envs(
+            predict
+                .get_envs()
+                .filter_map(|(name, value)| Some((name, value?))),
+        )
         .output()
         .expect("cannot run /usr/bin/time");
     let report = stderr(&output);
@@ -275,13 +198,13 @@ fn peak_memory(images: &[PathBuf]) -> Option<(u64, Output)> {
 }
 
 #[test]
-fn the_hand_made_pngs_are_valid() {
+fn the_streamed_pngs_are_valid() {
     // So that the huge ones below really are what a user could give predict.
-    let png = zero_png(300, 200, 8, 0, 1);
+    let png = zero_png(300, 200, Grayscale, Eight);
     let image = image::load_from_memory(&png).expect("a valid PNG");
     assert_eq!((image.width(), image.height()), (300, 200));
     assert!(image.to_luma8().pixels().all(|p| p.0[0] == 0));
-    let png = zero_png(70, 9, 16, 6, 8);
+    let png = zero_png(70, 9, ColorType::Rgba, Sixteen);
     let image = image::load_from_memory(&png).expect("a valid PNG");
     assert_eq!(image.color(), image::ColorType::Rgba16);
     assert_eq!((image.width(), image.height()), (70, 9));
@@ -293,16 +216,14 @@ fn the_hand_made_pngs_are_valid() {
 fn huge_images_are_refused_at_once_saying_their_size() {
     let tmp = tempfile::tempdir().expect("a temporary directory");
     let dir = tmp.path();
-    let huge = write(dir, "huge.png", &zero_png(20000, 20000, 8, 0, 1));
+    let huge = write(dir, "huge.png", &zero_png(20000, 20000, Grayscale, Eight));
     // The same header with almost no pixel data.
-    let header_only = write(
-        dir,
-        "header-only.png",
-        &png_file(20000, 20000, 8, 0, &[0x78, 0x01]),
-    );
-    let wide = write(dir, "wide.png", &zero_png(5000, 1, 8, 0, 1));
+    let header_only = header_only_png(20000, 20000, &[0x78, 0x01]);
+    let header_only = write(dir, "header-only.png", &header_only);
+    let wide = write(dir, "wide.png", &zero_png(5000, 1, Grayscale, Eight));
     // 4096 x 4096 of 16-bit RGBA would take 128 MiB.
-    let deep = write(dir, "deep.png", &zero_png(4096, 4096, 16, 6, 8));
+    let deep = zero_png(4096, 4096, ColorType::Rgba, Sixteen);
+    let deep = write(dir, "deep.png", &deep);
     let images = [
         huge.clone(),
         header_only.clone(),
@@ -349,8 +270,8 @@ fn huge_images_are_refused_at_once_saying_their_size() {
 fn images_at_the_limit_are_read() {
     let tmp = tempfile::tempdir().expect("a temporary directory");
     let dir = tmp.path();
-    let grey = write(dir, "grey.png", &zero_png(4096, 4096, 8, 0, 1));
-    let grey16 = write(dir, "grey16.png", &zero_png(4096, 4096, 16, 0, 2));
+    let grey = write(dir, "grey.png", &zero_png(4096, 4096, Grayscale, Eight));
+    let grey16 = write(dir, "grey16.png", &zero_png(4096, 4096, Grayscale, Sixteen));
     let images = [grey.clone(), grey16.clone()];
     let output = predict(&images);
     assert!(output.status.success(), "{}", stderr(&output));
@@ -396,7 +317,7 @@ fn truncated_or_damaged_images_are_errors() {
     bad.push(write(
         dir,
         "tiny-body.png",
-        &png_file(4000, 4000, 8, 0, &[0x78, 0x01, 0x01]),
+        &header_only_png(4000, 4000, &[0x78, 0x01, 0x01]),
     ));
     good.push(write(dir, "zero.png", &grey_png(&mnist_digit(0))));
 
@@ -480,9 +401,7 @@ fn a_closed_output_ends_quietly() {
     let name = format!("{}.png", "seven".repeat(40));
     let seven = write(tmp.path(), &name, &grey_png(&scanned(7)));
     let images = vec![seven; 1000];
-    let mut child = command()
-        .args(["predict", "--checkpoint", checkpoint()])
-        .args(&images)
+    let mut child = predict_command(&images)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

@@ -495,6 +495,109 @@ fn load_newest_skips_what_accept_rejects_and_says_why() {
     assert_eq!(dir.path(), tmp.path());
 }
 
+#[test]
+fn round_trip_is_bitwise() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = save_in_dir(dir.path(), &state(42), &layout(), &meta("run"), 3).unwrap();
+    let loaded = checkpoint::load(&path, &layout()).unwrap();
+    assert_eq!(loaded.state, state(42));
+    assert_eq!(loaded.metadata, meta("run"));
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&loaded.state.ema), bits(&state(42).ema));
+    assert_eq!(read_header(&path).unwrap(), (42, meta("run")));
+}
+
+#[test]
+fn keeps_only_the_newest_and_resumes_from_the_newest_valid() {
+    let dir = tempfile::tempdir().unwrap();
+    for step in [10, 20, 30, 40] {
+        save_in_dir(dir.path(), &state(step), &layout(), &meta("run"), 3).unwrap();
+    }
+    let names: Vec<_> = checkpoint::list(dir.path())
+        .unwrap()
+        .iter()
+        .map(|p| p.file_name().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "step-0000000020.safetensors",
+            "step-0000000030.safetensors",
+            "step-0000000040.safetensors"
+        ]
+    );
+    // Damage the newest: resuming falls back to the one before and says why.
+    let newest = dir.path().join("step-0000000040.safetensors");
+    let bytes = fs::read(&newest).unwrap();
+    fs::write(&newest, &bytes[..bytes.len() / 2]).unwrap();
+    let (path, loaded, skipped) =
+        checkpoint::load_newest(dir.path(), &layout(), |_| Ok(())).unwrap();
+    assert_eq!(loaded.state.step, 30);
+    assert!(path.ends_with("step-0000000030.safetensors"));
+    assert_eq!(skipped.len(), 1);
+    assert!(
+        skipped[0].contains("step-0000000040.safetensors"),
+        "{}",
+        skipped[0]
+    );
+}
+
+#[test]
+fn truncated_corrupted_and_mismatched_files_are_errors_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = save_in_dir(dir.path(), &state(1), &layout(), &meta("run"), 0).unwrap();
+    let good = fs::read(&path).unwrap();
+    let bad = dir.path().join("bad.safetensors");
+    let check = |bytes: &[u8], layout: &[ParamSpan], corrupt: bool| {
+        fs::write(&bad, bytes).unwrap();
+        let err = checkpoint::load(&bad, layout).unwrap_err();
+        assert!(
+            err.to_string().starts_with(&bad.display().to_string()),
+            "{err}"
+        );
+        assert_eq!(
+            matches!(err, CheckpointError::Corrupt { .. }),
+            corrupt,
+            "{err}"
+        );
+        assert_eq!(
+            matches!(err, CheckpointError::Mismatch { .. }),
+            !corrupt,
+            "{err}"
+        );
+    };
+    check(&good[..good.len() - 5], &layout(), true);
+    check(&good[..3], &layout(), true);
+    check(b"", &layout(), true);
+    let mut garbled = good.clone();
+    garbled[10] = b'}';
+    check(&garbled, &layout(), true);
+    let mut padded = good.clone();
+    padded.extend([0; 8]);
+    check(&padded, &layout(), true);
+    let wider = vec![
+        ParamSpan {
+            name: "w".into(),
+            shape: vec![2, 4],
+            weight_decay: true,
+        },
+        ParamSpan {
+            name: "b".into(),
+            shape: vec![4],
+            weight_decay: false,
+        },
+    ];
+    check(&good, &wider, false);
+    check(&good, &layout()[..1], false);
+    let missing = checkpoint::load(&dir.path().join("nope.safetensors"), &layout()).unwrap_err();
+    assert!(matches!(missing, CheckpointError::Io { .. }));
+    let empty = tempfile::tempdir().unwrap();
+    assert!(matches!(
+        checkpoint::load_newest(empty.path(), &layout(), |_| Ok(())),
+        Err(CheckpointError::NoneFound { .. })
+    ));
+}
+
 const CHILD_DIR: &str = "TANDEM_CHECKPOINT_TEST_CHILD_DIR";
 
 /// Only does something in the child process of the kill test: saves large checkpoints for ever.

@@ -1,11 +1,14 @@
 //! Failures, stops and divergence, on a tiny least-squares model (the strategies know nothing
 //! of MNIST).
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tandem_pool::{Device, ParamSpan, Replica, ReplicaError, WorkerPool};
+use common::{hyper, LeastSquares, Quirks};
+use tandem_pool::{ReplicaError, WorkerPool};
 use tandem_strategy::{
     asynchronous, sync, Hyper, NoObserver, Observer, StepReport, TrainError, TrainState,
 };
@@ -18,13 +21,8 @@ enum Fault {
     NanLoss,
 }
 
-/// Fits w to targets 2*x with loss 0.5 * (w.x - 2*x)^2 over x = (i % 7, 1); fails on its
-/// `fail_at`-th gradient computation when told to.
-struct LeastSquares {
-    layout: Vec<ParamSpan>,
-    w: [f32; 2],
-    grad: [f32; 2],
-    calls: u64,
+/// Fails the replica's `fail_at`-th gradient computation when told to.
+struct Faulty {
     fault: Fault,
     fail_at: u64,
     /// When set, healthy replicas wait until the faulty one has failed (so it surely fails in
@@ -36,16 +34,8 @@ struct LeastSquares {
 /// hang, when the fault never comes.
 const GATE_LIMIT: Duration = Duration::from_secs(60);
 
-impl Replica for LeastSquares {
-    fn layout(&self) -> &[ParamSpan] {
-        &self.layout
-    }
-    fn set_params(&mut self, fill: &mut dyn FnMut(&mut [f32])) -> Result<(), ReplicaError> {
-        fill(&mut self.w);
-        Ok(())
-    }
-    fn compute_gradients(&mut self, batch: &[u32]) -> Result<f32, ReplicaError> {
-        self.calls += 1;
+impl Quirks for Faulty {
+    fn before_gradients(&mut self, call: u64) -> Result<Option<f32>, ReplicaError> {
         // Healthy workers take a little time, so that a faulty one surely gets its turn.
         if matches!(self.fault, Fault::None) {
             std::thread::sleep(Duration::from_micros(100));
@@ -59,68 +49,33 @@ impl Replica for LeastSquares {
                 }
             }
         }
-        if self.calls == self.fail_at {
+        if call == self.fail_at {
             if let Some(gate) = &self.gate {
                 gate.store(true, Ordering::SeqCst);
             }
             match self.fault {
                 Fault::Error => return Err("injected fault".into()),
                 Fault::Panic => panic!("injected fault"),
-                Fault::NanLoss => return Ok(f32::NAN),
+                Fault::NanLoss => return Ok(Some(f32::NAN)),
                 Fault::None => {}
             }
         }
-        let n = batch.len() as f32;
-        let (mut loss, mut grad) = (0.0, [0.0; 2]);
-        for &i in batch {
-            let x = [(i % 7) as f32 / 7.0, 1.0];
-            let err = self.w[0] * x[0] + self.w[1] * x[1] - 2.0 * x[0];
-            loss += 0.5 * err * err / n;
-            grad[0] += err * x[0] / n;
-            grad[1] += err / n;
-        }
-        self.grad = grad;
-        Ok(loss)
-    }
-    fn read_gradients(&mut self, read: &mut dyn FnMut(&[f32])) -> Result<(), ReplicaError> {
-        read(&self.grad);
-        Ok(())
-    }
-    fn training_examples(&self) -> usize {
-        70
+        Ok(None)
     }
 }
 
 /// `workers` replicas; worker `faulty` has `fault` on its `fail_at`-th step.
-fn pool(workers: usize, faulty: usize, fault: Fault, fail_at: u64) -> WorkerPool<LeastSquares> {
-    let devices = (0..workers).map(|worker| Device::Cpu { worker }).collect();
-    WorkerPool::new(devices, |d| {
-        let Device::Cpu { worker } = *d else {
-            unreachable!("CPU devices only")
-        };
-        Ok::<_, ReplicaError>(LeastSquares {
-            layout: vec![ParamSpan {
-                name: "w".into(),
-                shape: vec![2],
-                weight_decay: true,
-            }],
-            w: [0.0; 2],
-            grad: [0.0; 2],
-            calls: 0,
-            fault: if worker == faulty { fault } else { Fault::None },
-            fail_at,
-            gate: None,
-        })
+fn pool(
+    workers: usize,
+    faulty: usize,
+    fault: Fault,
+    fail_at: u64,
+) -> WorkerPool<LeastSquares<Faulty>> {
+    common::pool(workers, |worker| Faulty {
+        fault: if worker == faulty { fault } else { Fault::None },
+        fail_at,
+        gate: None,
     })
-    .unwrap()
-}
-
-fn hyper() -> Hyper {
-    Hyper {
-        batch_size: 10,
-        learning_rate: 0.5,
-        ..Hyper::default()
-    }
 }
 
 #[test]
@@ -260,7 +215,7 @@ fn an_async_worker_that_failed_stays_out_of_later_segments() {
     let mut pool = pool(2, 0, Fault::Error, 3);
     let gate = Arc::new(AtomicBool::new(false));
     for replica in pool.replicas_mut() {
-        replica.gate = Some(gate.clone());
+        replica.quirks.gate = Some(gate.clone());
     }
     let mut state = TrainState::new(vec![0.0; 2]);
     let mut reported = Vec::new();

@@ -2,12 +2,15 @@
 //! happening hands the observer the last consistent state. Every run that could hang runs on a
 //! thread of its own, and the test waits for it with a timeout: a hang fails the test.
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tandem_pool::{Device, ParamSpan, Replica, ReplicaError, WorkerPool};
+use common::{hyper, LeastSquares, Quirks, EXAMPLES};
+use tandem_pool::{Device, ReplicaError, WorkerPool};
 use tandem_strategy::{
     asynchronous, sync, Hyper, Observer, Stall, TrainError, TrainReport, TrainState,
 };
@@ -16,16 +19,10 @@ use tandem_tensor::cpu::{sgd_ema_update, UpdateStep};
 /// Long enough for any machine; only reached when the code under test hangs.
 const LIMIT: Duration = Duration::from_secs(60);
 
-const EXAMPLES: usize = 70;
-
-/// Fits w to targets 2*x over x = (i % 7, 1), as in `faults.rs`. The replica of worker
-/// `hang_at.0` blocks at its `hang_at.1`-th gradient computation until released. Every gradient
-/// is logged in the order it is applied: the log's lock is held while the strategy applies it.
-struct Hanging {
-    layout: Vec<ParamSpan>,
-    w: [f32; 2],
-    grad: [f32; 2],
-    calls: u64,
+/// The replica of worker `hang_at.0` blocks at its `hang_at.1`-th gradient computation until
+/// released. Every gradient is logged in the order it is applied: the log's lock is held while
+/// the strategy applies it.
+struct Hang {
     hang_at: Option<u64>,
     release: Option<Receiver<()>>,
     /// Healthy workers take a little time, so that the hung one is not alone for long.
@@ -33,17 +30,9 @@ struct Hanging {
     applied: Log,
 }
 
-impl Replica for Hanging {
-    fn layout(&self) -> &[ParamSpan] {
-        &self.layout
-    }
-    fn set_params(&mut self, fill: &mut dyn FnMut(&mut [f32])) -> Result<(), ReplicaError> {
-        fill(&mut self.w);
-        Ok(())
-    }
-    fn compute_gradients(&mut self, batch: &[u32]) -> Result<f32, ReplicaError> {
-        self.calls += 1;
-        if Some(self.calls) == self.hang_at {
+impl Quirks for Hang {
+    fn before_gradients(&mut self, call: u64) -> Result<Option<f32>, ReplicaError> {
+        if Some(call) == self.hang_at {
             // Stuck, like a device call that never returns, until the test lets it go.
             let release = self.release.as_ref().ok_or("no release channel")?;
             release
@@ -52,28 +41,17 @@ impl Replica for Hanging {
         } else {
             std::thread::sleep(self.pause);
         }
-        let n = batch.len() as f32;
-        let (mut loss, mut grad) = (0.0, [0.0; 2]);
-        for &i in batch {
-            let x = [(i % 7) as f32 / 7.0, 1.0];
-            let err = self.w[0] * x[0] + self.w[1] * x[1] - 2.0 * x[0];
-            loss += 0.5 * err * err / n;
-            grad[0] += err * x[0] / n;
-            grad[1] += err / n;
-        }
-        self.grad = grad;
-        Ok(loss)
+        Ok(None)
     }
-    fn read_gradients(&mut self, read: &mut dyn FnMut(&[f32])) -> Result<(), ReplicaError> {
+    fn read_gradients(&mut self, grad: &[f32; 2], read: &mut dyn FnMut(&[f32])) {
         let mut applied = self.applied.lock().unwrap();
-        applied.push(self.grad);
-        read(&self.grad);
-        Ok(())
-    }
-    fn training_examples(&self) -> usize {
-        EXAMPLES
+        applied.push(*grad);
+        read(grad);
     }
 }
+
+/// The tiny model of `common`, hanging when told to.
+type Hanging = LeastSquares<Hang>;
 
 /// The gradients applied, in order.
 type Log = Arc<Mutex<Vec<[f32; 2]>>>;
@@ -95,37 +73,16 @@ fn hanging_pool(
     let (release, released) = channel();
     let mut released = Some(released);
     let applied = Arc::new(Mutex::new(Vec::new()));
-    let devices = (0..workers).map(|worker| Device::Cpu { worker }).collect();
-    let pool = WorkerPool::new(devices, |d| {
-        let Device::Cpu { worker } = *d else {
-            unreachable!("CPU devices only")
-        };
+    let pool = common::pool(workers, |worker| {
         let hang_at = hung.filter(|&(w, _)| w == worker).map(|(_, at)| at);
-        Ok::<_, ReplicaError>(Hanging {
-            layout: vec![ParamSpan {
-                name: "w".into(),
-                shape: vec![2],
-                weight_decay: true,
-            }],
-            w: [0.0; 2],
-            grad: [0.0; 2],
-            calls: 0,
+        Hang {
             hang_at,
             release: hang_at.and_then(|_| released.take()),
             pause,
             applied: applied.clone(),
-        })
-    })
-    .unwrap();
+        }
+    });
     (pool, release, applied)
-}
-
-fn hyper() -> Hyper {
-    Hyper {
-        batch_size: 10,
-        learning_rate: 0.5,
-        ..Hyper::default()
-    }
 }
 
 /// Records what the watchdog tells it; asks to stop once a stall is reported (as a user who
