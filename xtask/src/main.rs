@@ -7,10 +7,12 @@
 //!   GPU machine that has no Rust toolchain.
 //! * `bench-train [--rounds N] [--epochs N]`: whole training runs, sync and async at one and two
 //!   CPU workers, alternated, with the median examples/sec of each.
+//! * `mutants [ARGS]`: mutation testing (cargo-mutants) of the code that decides results.
 
 mod bench;
 mod bundle;
 mod kernels;
+mod mutants;
 mod stub;
 mod toolchain;
 
@@ -53,6 +55,15 @@ enum Task {
         #[arg(long, default_value_t = 4)]
         epochs: u64,
     },
+    /// Mutation testing with cargo-mutants of the strategies and their store, the optimiser
+    /// update, the CPU operations, checkpoints and the IDX reader (the list is in
+    /// .cargo/mutants.toml); the report goes to mutants.out/. Takes hours on 2 cores.
+    Mutants {
+        /// Passed to cargo mutants, e.g. `--iterate` (only what was missed last time) or
+        /// `--file crates/tandem-strategy/src/sync.rs`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 fn main() -> Result<()> {
@@ -62,6 +73,7 @@ fn main() -> Result<()> {
         Task::CudaStub => stub::build(&root).map(|_| ()),
         Task::GpuBundle => bundle::build(&root),
         Task::BenchTrain { rounds, epochs } => bench::train(&root, rounds, epochs),
+        Task::Mutants { args } => mutants::run_mutants(&root, &args),
     }
 }
 
