@@ -164,6 +164,68 @@ fn an_unwritable_checkpoint_directory_fails_before_training() {
     }
 }
 
+/// A read-only directory: by permissions where they bind (not root), else a read-only tmpfs
+/// (root, as in CI, where permissions do not stop writes). Unmounted on drop.
+struct ReadOnlyDir {
+    path: PathBuf,
+    mounted: bool,
+}
+
+impl ReadOnlyDir {
+    fn new(parent: &Path) -> Self {
+        use std::os::unix::fs::PermissionsExt;
+        let path = parent.join("read-only");
+        fs::create_dir(&path).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o555)).unwrap();
+        if fs::write(path.join("probe"), b"x").is_err() {
+            return Self {
+                path,
+                mounted: false,
+            };
+        }
+        fs::remove_file(path.join("probe")).unwrap();
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "ro,size=1m", "tandem-test", arg(&path)])
+            .status();
+        assert!(
+            status.is_ok_and(|s| s.success()),
+            "cannot make a read-only directory: permissions do not bind and mount failed"
+        );
+        Self {
+            path,
+            mounted: true,
+        }
+    }
+}
+
+impl Drop for ReadOnlyDir {
+    fn drop(&mut self) {
+        if self.mounted {
+            let _ = std::process::Command::new("umount")
+                .arg(&self.path)
+                .status();
+        }
+    }
+}
+
+#[test]
+fn a_read_only_checkpoint_directory_fails_before_training() {
+    let tmp = tempfile::tempdir().unwrap();
+    let read_only = ReadOnlyDir::new(tmp.path());
+    for dir in [read_only.path.clone(), read_only.path.join("run")] {
+        let output = mnist_train(
+            &quick(&dir, 100_000, 100_000)
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+        );
+        let message = stderr(&output);
+        assert!(!output.status.success(), "{message}");
+        assert!(message.contains(arg(&read_only.path)), "{message}");
+        assert!(!stdout(&output).contains("tandem:"), "{}", stdout(&output));
+    }
+}
+
 /// A valid checkpoint of a quick run, with the step it holds.
 fn trained_checkpoint(dir: &Path) -> PathBuf {
     run_ok(&quick(dir, 4, 4));
@@ -242,6 +304,13 @@ fn non_finite_weights_are_damage_and_resume_falls_back() {
     bytes[end - 400..end].fill(0xFF);
     fs::write(&newest, &bytes).unwrap();
     let message = fail(&["eval", "--checkpoint", arg(&newest)]);
+    assert!(message.contains("non-finite"), "{message}");
+    // predict used to answer `0 (p = NaN)` with it.
+    let digit = tmp.path().join("digit.png");
+    image::GrayImage::from_fn(28, 28, |x, _| image::Luma([if x == 14 { 255 } else { 0 }]))
+        .save(&digit)
+        .unwrap();
+    let message = fail(&["predict", "--checkpoint", arg(&newest), arg(&digit)]);
     assert!(message.contains("non-finite"), "{message}");
     let output = mnist_train(&["--resume", arg(&dir), "--steps", "30", "--log-every", "0"]);
     let said = stderr(&output);
