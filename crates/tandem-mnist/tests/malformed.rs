@@ -478,3 +478,70 @@ fn uncompressed_files_are_accepted_and_gz_comes_first() {
     let mnist = Mnist::load_with_validation(p, 1).unwrap();
     assert_eq!(mnist.test.labels, [5, 6]);
 }
+
+#[test]
+fn dimensions_whose_product_overflows_are_too_large() {
+    // Products past usize: a reader that let them wrap would see a small size, and with that
+    // many bytes after the header, a complete file.
+    let cases: [&[u32]; 5] = [
+        // 2^64: wraps to 0, and an empty body would read fine.
+        &[1 << 16, 1 << 16, 1 << 16, 1 << 16],
+        &[3, 1 << 31, 1 << 31, 1 << 31, 1 << 31],
+        // (2^32 - 1)^2 * (2^33 + 1) = 1 modulo 2^64 (and modulo 2^32), times 10: wraps to 10,
+        // and 10 bytes of data would read as a one-dimensional file of 10 values.
+        &[u32::MAX, u32::MAX, 3, 2_863_311_531, 10],
+        // Wraps to something large: still too large, not merely truncated.
+        &[u32::MAX, u32::MAX, u32::MAX],
+        &[1 << 16, 1 << 16, 1 << 16, 1 << 16, 5],
+    ];
+    for dims in cases {
+        // As many bytes of data as a wrapped product would want (at most 64): the file is
+        // complete for a reader that wraps.
+        let wrapped = dims.iter().fold(1usize, |n, &d| n.wrapping_mul(d as usize));
+        let data = vec![7u8; wrapped.min(64)];
+        for (name, content) in [
+            ("raw", idx_bytes(0x08, dims, &data)),
+            ("gz", gzip(&idx_bytes(0x08, dims, &data))),
+        ] {
+            let (_dir, path, result) = read_written(name, &content);
+            let err = match result {
+                Ok(idx) => panic!(
+                    "{dims:?} ({name}): read as dimensions {:?} with {} bytes",
+                    idx.dims,
+                    idx.data.len()
+                ),
+                Err(err) => err,
+            };
+            assert!(
+                matches!(&err, MnistError::TooLarge { dims: d, .. }
+                    if d.iter().map(|&x| x as u32).eq(dims.iter().copied())),
+                "{dims:?} ({name}): {err:?}"
+            );
+            assert_message(&err, &path, &[]);
+        }
+    }
+}
+
+#[test]
+fn a_label_of_ten_is_out_of_range() {
+    for (index, label) in [(0usize, 10u8), (3, 10), (2, 11), (1, 255)] {
+        let dir = tiny_mnist();
+        let path = dir.path().join("t10k-labels-idx1-ubyte.gz");
+        let mut values = label_values(4, 3);
+        values[index] = label;
+        fs::write(&path, gzip(&idx_bytes(0x08, &[4], &values))).unwrap();
+        let err = Mnist::load_with_validation(dir.path(), 2).unwrap_err();
+        assert!(
+            matches!(err, MnistError::LabelOutOfRange { index: i, label: l, .. }
+                if i == index && l == label),
+            "label {label} at {index}: {err:?}"
+        );
+        assert_message(&err, &path, &[&format!("label {label}"), "0..=9"]);
+    }
+    // Nine, the largest class, is fine.
+    let dir = tiny_mnist();
+    let path = dir.path().join("train-labels-idx1-ubyte.gz");
+    fs::write(&path, gzip(&idx_bytes(0x08, &[12], &[9; 12]))).unwrap();
+    let mnist = Mnist::load_with_validation(dir.path(), 2).unwrap();
+    assert_eq!(mnist.train.labels, [9; 10]);
+}

@@ -1,0 +1,157 @@
+//! What a checkpoint must hold before it loads: F32 tensors only (any other dtype is a mismatch
+//! with the model, even where the shapes are right and the data is exactly as long as F32 data
+//! would be, so that no size check can catch it: never values reinterpreted as f32), and a step
+//! (a file without one is damaged, never a checkpoint of step 0).
+
+use std::collections::HashMap;
+use std::fs;
+
+use safetensors::tensor::TensorView;
+use safetensors::Dtype;
+use tandem_pool::ParamSpan;
+use tandem_strategy::checkpoint::{self, CheckpointError};
+
+fn layout() -> Vec<ParamSpan> {
+    vec![
+        ParamSpan {
+            name: "w".into(),
+            shape: vec![2, 3],
+            weight_decay: true,
+        },
+        ParamSpan {
+            name: "b".into(),
+            shape: vec![3],
+            weight_decay: false,
+        },
+    ]
+}
+
+/// Which dtype each tensor of a test file gets, by name.
+type DtypeOf = fn(&str) -> Dtype;
+
+fn size_of(dtype: Dtype) -> usize {
+    match dtype {
+        Dtype::F16 | Dtype::BF16 => 2,
+        Dtype::F32 | Dtype::I32 | Dtype::U32 => 4,
+        Dtype::F64 | Dtype::I64 => 8,
+        other => panic!("no size for {other:?} here"),
+    }
+}
+
+/// A checkpoint file's bytes with step 1 and tensors of the layout's shapes, each of the dtype
+/// `dtype_of` gives its name; every value is small, finite and non-zero in any of these types
+/// (bytes `0x01, 0x3c`, repeated).
+fn file_with(dtype_of: impl Fn(&str) -> Dtype) -> Vec<u8> {
+    let metadata = HashMap::from([("step".to_string(), "1".to_string())]);
+    file_with_metadata(dtype_of, Some(metadata))
+}
+
+/// [`file_with`], with `metadata` as the file's.
+fn file_with_metadata(
+    dtype_of: impl Fn(&str) -> Dtype,
+    metadata: Option<HashMap<String, String>>,
+) -> Vec<u8> {
+    let names = [
+        ("params/w", vec![2, 3]),
+        ("params/b", vec![3]),
+        ("ema/w", vec![2, 3]),
+        ("ema/b", vec![3]),
+    ];
+    let data: Vec<(&str, Dtype, Vec<usize>, Vec<u8>)> = names
+        .into_iter()
+        .map(|(name, shape)| {
+            let dtype = dtype_of(name);
+            let len = shape.iter().product::<usize>() * size_of(dtype);
+            let bytes = (0..len)
+                .map(|i| if i % 2 == 0 { 0x01 } else { 0x3c })
+                .collect();
+            (name, dtype, shape, bytes)
+        })
+        .collect();
+    let views = data.iter().map(|(name, dtype, shape, bytes)| {
+        (
+            *name,
+            TensorView::new(*dtype, shape.clone(), bytes).unwrap(),
+        )
+    });
+    safetensors::serialize(views, metadata).unwrap()
+}
+
+#[test]
+fn a_tensor_of_another_dtype_is_a_mismatch_even_when_sizes_agree() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("step-0000000001.safetensors");
+
+    // The control: the same file in F32 loads.
+    fs::write(&path, file_with(|_| Dtype::F32)).unwrap();
+    let loaded = checkpoint::load(&path, &layout()).unwrap();
+    assert_eq!(loaded.state.step, 1);
+    assert_eq!(loaded.state.params.len(), 9);
+
+    let cases: [(&str, DtypeOf, &str); 5] = [
+        // Four bytes a value, like F32: the data has exactly the size the model needs.
+        ("all I32", |_| Dtype::I32, "I32"),
+        (
+            "ema/b U32",
+            |n| if n == "ema/b" { Dtype::U32 } else { Dtype::F32 },
+            "U32",
+        ),
+        // Six values two bytes short and three values four bytes long: the total is right.
+        (
+            "params/w F16, ema/b F64",
+            |n| match n {
+                "params/w" => Dtype::F16,
+                "ema/b" => Dtype::F64,
+                _ => Dtype::F32,
+            },
+            "F16",
+        ),
+        ("all F64", |_| Dtype::F64, "F64"),
+        ("all F16", |_| Dtype::F16, "F16"),
+    ];
+    for (case, dtype_of, named) in cases {
+        fs::write(&path, file_with(dtype_of)).unwrap();
+        let err = match checkpoint::load(&path, &layout()) {
+            Ok(loaded) => panic!(
+                "{case}: loaded as {:?} / {:?}",
+                loaded.state.params, loaded.state.ema
+            ),
+            Err(err) => err,
+        };
+        assert!(
+            matches!(err, CheckpointError::Mismatch { .. }),
+            "{case}: {err}"
+        );
+        let message = err.to_string();
+        assert!(
+            message.starts_with(&path.display().to_string()),
+            "{case}: {message}"
+        );
+        assert!(
+            message.contains(named) && message.contains("F32"),
+            "{case}: the message should name {named} and F32: {message}"
+        );
+    }
+}
+
+#[test]
+fn a_file_without_a_step_is_damaged_not_step_0() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("step-0000000000.safetensors");
+    let other = HashMap::from([("mode".to_string(), "sync".to_string())]);
+    for metadata in [None, Some(HashMap::new()), Some(other)] {
+        fs::write(&path, file_with_metadata(|_| Dtype::F32, metadata.clone())).unwrap();
+        for err in [
+            checkpoint::load(&path, &layout()).map(|c| c.state.step),
+            checkpoint::read_header(&path).map(|(step, _)| step),
+        ]
+        .map(|r| r.expect_err("a file without a step loaded"))
+        {
+            assert!(
+                matches!(err, CheckpointError::Corrupt { .. }),
+                "{metadata:?}: {err}"
+            );
+            assert!(err.to_string().contains("step"), "{metadata:?}: {err}");
+        }
+    }
+}

@@ -1,0 +1,349 @@
+//! The synchronous reduction, bit for bit: with 3 and 4 workers (where, unlike with 2, the order
+//! of an f32 sum shows in its result) a run equals a trajectory computed here step by step with
+//! the fused update applied to the workers' gradients summed in worker order, and the same run
+//! twice is identical, however the workers' timing varies.
+//!
+//! The replica's gradients are pseudo-random values of widely different magnitudes, determined
+//! by the batch and the parameters, so that any other summation order, or one that depends on
+//! which worker finished first, changes the bits of the very first update.
+
+use std::ops::Range;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use tandem_pool::{Device, ParamSpan, Replica, ReplicaError, WorkerPool};
+use tandem_strategy::{asynchronous, sync, EpochOrder, Hyper, NoObserver, TrainState};
+use tandem_tensor::cpu::{sgd_ema_update, UpdateStep};
+
+/// A run that takes longer than this hangs: the test fails rather than waits forever.
+const DEADLINE: Duration = Duration::from_secs(120);
+
+/// Training examples the batch indices address.
+const EXAMPLES: usize = 60;
+
+/// Runs `f` on its own thread and fails the test, naming `what`, if it has not returned within
+/// [`DEADLINE`] (or if it panicked).
+fn within<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(DEADLINE) {
+        Ok(value) => value,
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            panic!("{what} did not finish within {DEADLINE:?}: a worker hangs")
+        }
+        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("{what} panicked (see above)"),
+    }
+}
+
+/// splitmix64's finaliser: a well-mixed 64-bit function of `z`.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A weight span of several store shards (16K values each) and a small bias span.
+fn layout() -> Vec<ParamSpan> {
+    vec![
+        ParamSpan {
+            name: "w".into(),
+            shape: vec![3, 16 * 1024 + 7],
+            weight_decay: true,
+        },
+        ParamSpan {
+            name: "b".into(),
+            shape: vec![19],
+            weight_decay: false,
+        },
+    ]
+}
+
+/// The flat ranges of the layout's spans, with whether each is regularised.
+fn spans(layout: &[ParamSpan]) -> Vec<(Range<usize>, bool)> {
+    let mut offset = 0;
+    layout
+        .iter()
+        .map(|span| {
+            let range = offset..offset + span.len();
+            offset = range.end;
+            (range, span.weight_decay)
+        })
+        .collect()
+}
+
+fn num_params() -> usize {
+    layout().iter().map(ParamSpan::len).sum()
+}
+
+/// The seed of a gradient: a function of the batch (in order) and of every parameter's bits.
+fn seed_of(batch: &[u32], params: &[f32]) -> u64 {
+    let from_batch = batch
+        .iter()
+        .fold(0x1234_5678u64, |h, &i| mix(h ^ u64::from(i)));
+    params
+        .iter()
+        .fold(from_batch, |h, p| h.rotate_left(5) ^ u64::from(p.to_bits()))
+}
+
+/// The replica's gradients and loss for `batch` at `params`: each value `+-(1 + u) * 2^e`
+/// with `e` in -12..=4, so that sums of three or four of them round differently in another
+/// order.
+fn noisy_gradients(batch: &[u32], params: &[f32], grads: &mut [f32]) -> f32 {
+    let seed = mix(seed_of(batch, params));
+    for (i, g) in grads.iter_mut().enumerate() {
+        let r = mix(seed ^ i as u64);
+        let magnitude = 1.0 + (r >> 40) as f32 / (1u64 << 24) as f32;
+        let exponent = (r % 17) as i32 - 12;
+        let sign = if r & (1 << 20) == 0 { 1.0 } else { -1.0 };
+        *g = sign * magnitude * 2f32.powi(exponent);
+    }
+    1.0 + (seed % 1000) as f32 / 1000.0
+}
+
+/// A model whose gradients are [`noisy_gradients`]; with `jitter`, it also takes a
+/// pseudo-random time over each step (up to 0.4 ms), so that workers finish in varying orders.
+struct Noisy {
+    layout: Vec<ParamSpan>,
+    params: Vec<f32>,
+    grads: Vec<f32>,
+    jitter: bool,
+}
+
+impl Replica for Noisy {
+    fn layout(&self) -> &[ParamSpan] {
+        &self.layout
+    }
+    fn set_params(&mut self, fill: &mut dyn FnMut(&mut [f32])) -> Result<(), ReplicaError> {
+        fill(&mut self.params);
+        Ok(())
+    }
+    fn compute_gradients(&mut self, batch: &[u32]) -> Result<f32, ReplicaError> {
+        let loss = noisy_gradients(batch, &self.params, &mut self.grads);
+        if self.jitter {
+            let wait = mix(u64::from(batch[0]) ^ 0xABCD) % 400;
+            std::thread::sleep(Duration::from_micros(wait));
+        }
+        Ok(loss)
+    }
+    fn read_gradients(&mut self, read: &mut dyn FnMut(&[f32])) -> Result<(), ReplicaError> {
+        read(&self.grads);
+        Ok(())
+    }
+    fn training_examples(&self) -> usize {
+        EXAMPLES
+    }
+}
+
+fn pool(workers: usize, jitter: bool) -> WorkerPool<Noisy> {
+    let devices = (0..workers).map(|worker| Device::Cpu { worker }).collect();
+    WorkerPool::new(devices, |_| {
+        Ok::<_, ReplicaError>(Noisy {
+            layout: layout(),
+            params: vec![0.0; num_params()],
+            grads: vec![0.0; num_params()],
+            jitter,
+        })
+    })
+    .unwrap()
+}
+
+fn hyper() -> Hyper {
+    Hyper {
+        batch_size: 3,
+        learning_rate: 0.05,
+        lr_decay: 0.9,
+        weight_decay: 0.01,
+        ema_decay: 0.99,
+        seed: 7,
+        log_every: 0,
+    }
+}
+
+fn initial_state() -> TrainState {
+    TrainState::new(
+        (0..num_params())
+            .map(|i| (mix(i as u64) % 2001) as f32 / 1000.0 - 1.0)
+            .collect(),
+    )
+}
+
+/// The learning rate of `step`, as documented: `learning_rate * lr_decay ^ (step /
+/// steps_per_epoch)`, computed in f64 and rounded once.
+fn learning_rate(hyper: &Hyper, step: u64, steps_per_epoch: f64) -> f32 {
+    (f64::from(hyper.learning_rate) * f64::from(hyper.lr_decay).powf(step as f64 / steps_per_epoch))
+        as f32
+}
+
+/// The moving-average decay of `step`: `min(ema_decay, (1 + step) / (10 + step))`.
+fn ema_decay(hyper: &Hyper, step: u64) -> f32 {
+    (((1 + step) as f64 / (10 + step) as f64) as f32).min(hyper.ema_decay)
+}
+
+/// What `workers` synchronous workers must compute in `steps` steps from `state`: at each step,
+/// every worker's gradients at the current parameters on its part of the global batch, then one
+/// fused update per span with the gradients in worker order.
+fn expected_sync(state: &TrainState, workers: usize, steps: u64) -> TrainState {
+    let hyper = hyper();
+    let global = (workers * hyper.batch_size) as u64;
+    let steps_per_epoch = EXAMPLES as f64 / global as f64;
+    let mut order = EpochOrder::new(hyper.seed, EXAMPLES);
+    let mut state = state.clone();
+    let mut grads = vec![vec![0.0f32; num_params()]; workers];
+    let mut batch = vec![0u32; hyper.batch_size];
+    for step in state.step..state.step + steps {
+        for (worker, g) in grads.iter_mut().enumerate() {
+            order.fill(
+                step * global + (worker * hyper.batch_size) as u64,
+                &mut batch,
+            );
+            noisy_gradients(&batch, &state.params, g);
+        }
+        for (range, decayed) in spans(&layout()) {
+            let parts: Vec<&[f32]> = grads.iter().map(|g| &g[range.clone()]).collect();
+            let update = UpdateStep {
+                learning_rate: learning_rate(&hyper, step, steps_per_epoch),
+                weight_decay: if decayed { hyper.weight_decay } else { 0.0 },
+                ema_decay: ema_decay(&hyper, step),
+            };
+            sgd_ema_update(
+                &mut state.params[range.clone()],
+                &mut state.ema[range],
+                &parts,
+                update,
+            );
+        }
+    }
+    state.step += steps;
+    state
+}
+
+fn bits(values: &[f32]) -> Vec<u32> {
+    values.iter().map(|v| v.to_bits()).collect()
+}
+
+/// Fails naming the first value whose bits differ.
+fn assert_bitwise(what: &str, found: &TrainState, expected: &TrainState) {
+    assert_eq!(found.step, expected.step, "{what}: step");
+    for (name, f, e) in [
+        ("params", &found.params, &expected.params),
+        ("ema", &found.ema, &expected.ema),
+    ] {
+        if let Some(i) = (0..e.len()).find(|&i| f[i].to_bits() != e[i].to_bits()) {
+            panic!(
+                "{what}: {name}[{i}] is {} where the update of the gradients summed in worker \
+                 order gives {}",
+                f[i], e[i]
+            );
+        }
+        assert_eq!(bits(f), bits(e), "{what}: {name}");
+    }
+}
+
+fn train_sync(workers: usize, jitter: bool, steps: u64) -> TrainState {
+    within(
+        &format!("sync training with {workers} workers"),
+        move || {
+            let mut pool = pool(workers, jitter);
+            let mut state = initial_state();
+            let report = sync::train(&mut pool, &mut state, &hyper(), steps, &NoObserver).unwrap();
+            assert_eq!(report.steps, steps);
+            state
+        },
+    )
+}
+
+/// The premise of the test: with three or four of these gradients, the order of the sum shows
+/// in its bits (with two it cannot: a + b == b + a).
+#[test]
+fn the_order_of_the_gradients_shows_in_the_update() {
+    let params = initial_state().params;
+    let g: Vec<Vec<f32>> = (0..4u32)
+        .map(|w| {
+            let mut g = vec![0.0; params.len()];
+            noisy_gradients(&[w, w + 10, w + 20], &params, &mut g);
+            g
+        })
+        .collect();
+    let update = |grads: &[&[f32]]| {
+        let mut state = initial_state();
+        let step = UpdateStep {
+            learning_rate: 0.05,
+            weight_decay: 0.0,
+            ema_decay: 0.5,
+        };
+        sgd_ema_update(&mut state.params, &mut state.ema, grads, step);
+        bits(&state.params)
+    };
+    for n in [3, 4] {
+        let forward: Vec<&[f32]> = g[..n].iter().map(Vec::as_slice).collect();
+        let mut reversed = forward.clone();
+        reversed.reverse();
+        let mut rotated = forward.clone();
+        rotated.rotate_left(1);
+        assert_ne!(update(&forward), update(&reversed), "{n} workers reversed");
+        assert_ne!(update(&forward), update(&rotated), "{n} workers rotated");
+    }
+}
+
+#[test]
+fn sync_equals_the_fused_update_of_the_gradients_in_worker_order() {
+    const STEPS: u64 = 25;
+    for workers in [1, 2, 3, 4] {
+        let expected = expected_sync(&initial_state(), workers, STEPS);
+        let found = train_sync(workers, false, STEPS);
+        assert_bitwise(&format!("{workers} workers"), &found, &expected);
+    }
+}
+
+/// Workers finish their gradients in a different order from step to step; the result must not
+/// depend on it.
+#[test]
+fn sync_with_3_and_4_workers_is_bitwise_reproducible_whatever_the_timing() {
+    const STEPS: u64 = 30;
+    for workers in [3, 4] {
+        let expected = expected_sync(&initial_state(), workers, STEPS);
+        let first = train_sync(workers, true, STEPS);
+        let second = train_sync(workers, true, STEPS);
+        assert_bitwise(&format!("{workers} workers, first run"), &first, &expected);
+        assert_bitwise(
+            &format!("{workers} workers, second run"),
+            &second,
+            &expected,
+        );
+    }
+}
+
+/// Resuming is part of the trajectory too: two segments equal one run.
+#[test]
+fn sync_in_two_segments_equals_the_trajectory() {
+    let expected = expected_sync(&initial_state(), 3, 20);
+    let found = within("sync training in two segments", || {
+        let mut pool = pool(3, false);
+        let mut state = initial_state();
+        sync::train(&mut pool, &mut state, &hyper(), 8, &NoObserver).unwrap();
+        sync::train(&mut pool, &mut state, &hyper(), 20, &NoObserver).unwrap();
+        state
+    });
+    assert_bitwise("3 workers, 8 + 12 steps", &found, &expected);
+}
+
+/// One asynchronous worker applies exactly the updates one synchronous worker does.
+#[test]
+fn async_with_one_worker_equals_sync_with_one_worker_bitwise() {
+    const STEPS: u64 = 25;
+    let expected = expected_sync(&initial_state(), 1, STEPS);
+    let found = within("async training with one worker", || {
+        let mut pool = pool(1, false);
+        let mut state = initial_state();
+        let report =
+            asynchronous::train(&mut pool, &mut state, &hyper(), STEPS, &NoObserver).unwrap();
+        assert_eq!(report.steps, STEPS);
+        assert!(report.failures.is_empty(), "{:?}", report.failures);
+        state
+    });
+    assert_bitwise("async, 1 worker", &found, &expected);
+    assert_bitwise("sync, 1 worker", &train_sync(1, false, STEPS), &found);
+}
