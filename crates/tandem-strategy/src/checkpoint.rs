@@ -18,6 +18,7 @@ use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, ErrorKind, Read, Write};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use safetensors::tensor::{Dtype, Metadata, SafeTensors, TensorView};
 use tandem_pool::ParamSpan;
@@ -490,15 +491,27 @@ impl CheckpointDir {
                 path: lock_path.clone(),
                 source: io::Error::new(e.kind(), format!("cannot create the lock file: {e}")),
             })?;
-        match lock.try_lock() {
-            Ok(()) => {}
-            Err(fs::TryLockError::WouldBlock) => {
-                return Err(CheckpointError::Locked {
-                    path: dir.to_owned(),
-                    holder: holder(&lock_path),
-                })
+        // A process spawning a child shares the lock's open file with it until it execs, so a
+        // lock this process just released can still be held for a moment: a lock naming this
+        // process is tried again for a while before it counts as taken.
+        let patient_until = Instant::now() + Duration::from_secs(2);
+        loop {
+            match lock.try_lock() {
+                Ok(()) => break,
+                Err(fs::TryLockError::WouldBlock)
+                    if holder_pid(&lock_path) == Some(std::process::id())
+                        && Instant::now() < patient_until =>
+                {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(fs::TryLockError::WouldBlock) => {
+                    return Err(CheckpointError::Locked {
+                        path: dir.to_owned(),
+                        holder: holder(&lock_path),
+                    })
+                }
+                Err(fs::TryLockError::Error(e)) => return Err(io(&lock_path)(e)),
             }
-            Err(fs::TryLockError::Error(e)) => return Err(io(&lock_path)(e)),
         }
         lock.set_len(0)
             .and_then(|()| writeln!(lock, "{}", std::process::id()))
@@ -665,15 +678,19 @@ impl CheckpointDir {
     }
 }
 
-/// Who holds a lock, from the pid its holder wrote.
-fn holder(lock_path: &Path) -> String {
+/// The pid the holder of a lock wrote into it.
+fn holder_pid(lock_path: &Path) -> Option<u32> {
     fs::read_to_string(lock_path)
         .ok()
         .and_then(|s| s.trim().parse::<u32>().ok())
-        .map_or_else(
-            || "an unknown process".to_string(),
-            |pid| format!("process {pid}"),
-        )
+}
+
+/// Who holds a lock, from the pid its holder wrote.
+fn holder(lock_path: &Path) -> String {
+    holder_pid(lock_path).map_or_else(
+        || "an unknown process".to_string(),
+        |pid| format!("process {pid}"),
+    )
 }
 
 /// Saves `state` into `dir` through a [`CheckpointDir`] opened for this one save, with every
