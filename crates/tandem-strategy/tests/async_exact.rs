@@ -6,49 +6,23 @@
 //! step. The model spans many store shards (16K values each) and several workers run at once.
 //! A non-finite loss must never reach the stored parameters.
 
-use std::sync::mpsc;
+mod common;
+
 use std::time::Duration;
 
-use tandem_pool::{Device, ParamSpan, Replica, ReplicaError, WorkerPool};
-use tandem_strategy::{asynchronous, sync, Hyper, NoObserver, TrainError, TrainState};
-
-/// A run that takes longer than this hangs: the test fails rather than waits forever.
-const DEADLINE: Duration = Duration::from_secs(120);
+use common::{pool_of, weights_and_bias, within, Loss, Model, TestReplica};
+use tandem_pool::{ParamSpan, WorkerPool};
+use tandem_strategy::{
+    asynchronous, sync, Hyper, NoObserver, Observer, TrainError, TrainReport, TrainState,
+};
 
 /// The learning rate, and so the step of every parameter: 2^-10.
 const LR: f32 = 1.0 / 1024.0;
 
-/// Runs `f` on its own thread and fails the test, naming `what`, if it has not returned within
-/// [`DEADLINE`] (or if it panicked).
-fn within<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(DEADLINE) {
-        Ok(value) => value,
-        Err(mpsc::RecvTimeoutError::Timeout) => {
-            panic!("{what} did not finish within {DEADLINE:?}: a worker hangs")
-        }
-        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("{what} panicked (see above)"),
-    }
-}
-
 /// About 5 shards of weights and one of biases: 7 shards in all, so that workers start their
 /// updates at different shards.
 fn layout() -> Vec<ParamSpan> {
-    vec![
-        ParamSpan {
-            name: "w".into(),
-            shape: vec![5, 16 * 1024 + 3],
-            weight_decay: true,
-        },
-        ParamSpan {
-            name: "b".into(),
-            shape: vec![37],
-            weight_decay: false,
-        },
-    ]
+    weights_and_bias(vec![5, 16 * 1024 + 3], 37)
 }
 
 fn num_params() -> usize {
@@ -67,60 +41,31 @@ fn initial_state() -> TrainState {
 /// Gradient 1 everywhere and a constant loss; `poison_at`: on that gradient computation (counted
 /// from 1) the loss and every gradient are NaN, as after a divergence.
 struct Constant {
-    layout: Vec<ParamSpan>,
-    grads: Vec<f32>,
-    calls: u64,
     poison_at: Option<u64>,
     worker: usize,
 }
 
-impl Replica for Constant {
-    fn layout(&self) -> &[ParamSpan] {
-        &self.layout
-    }
-    fn set_params(&mut self, fill: &mut dyn FnMut(&mut [f32])) -> Result<(), ReplicaError> {
-        let mut params = vec![0.0; self.grads.len()];
-        fill(&mut params);
-        Ok(())
-    }
-    fn compute_gradients(&mut self, _batch: &[u32]) -> Result<f32, ReplicaError> {
-        self.calls += 1;
+impl Model for Constant {
+    fn gradients(&mut self, call: u64, _batch: &[u32], _params: &[f32], grads: &mut [f32]) -> Loss {
         // A little time that differs from worker to worker and call to call, so that updates
         // interleave differently.
-        let wait = (self.calls * 7 + self.worker as u64 * 13) % 5;
+        let wait = (call * 7 + self.worker as u64 * 13) % 5;
         std::thread::sleep(Duration::from_micros(50 * wait));
-        if self.poison_at == Some(self.calls) {
-            self.grads.fill(f32::NAN);
+        if self.poison_at == Some(call) {
+            grads.fill(f32::NAN);
             return Ok(f32::NAN);
         }
-        self.grads.fill(1.0);
+        grads.fill(1.0);
         Ok(0.5)
-    }
-    fn read_gradients(&mut self, read: &mut dyn FnMut(&[f32])) -> Result<(), ReplicaError> {
-        read(&self.grads);
-        Ok(())
-    }
-    fn training_examples(&self) -> usize {
-        1000
     }
 }
 
 /// `workers` replicas; worker `poisoned.0` has a NaN loss on its `poisoned.1`-th computation.
-fn pool(workers: usize, poisoned: Option<(usize, u64)>) -> WorkerPool<Constant> {
-    let devices = (0..workers).map(|worker| Device::Cpu { worker }).collect();
-    WorkerPool::new(devices, |device| {
-        let Device::Cpu { worker } = *device else {
-            unreachable!("CPU devices only")
-        };
-        Ok::<_, ReplicaError>(Constant {
-            layout: layout(),
-            grads: vec![0.0; num_params()],
-            calls: 0,
-            poison_at: poisoned.and_then(|(w, at)| (w == worker).then_some(at)),
-            worker,
-        })
+fn pool(workers: usize, poisoned: Option<(usize, u64)>) -> WorkerPool<TestReplica<Constant>> {
+    pool_of(workers, layout(), 1000, |worker| Constant {
+        poison_at: poisoned.and_then(|(w, at)| (w == worker).then_some(at)),
+        worker,
     })
-    .unwrap()
 }
 
 /// A constant learning rate of [`LR`], no L2.
@@ -156,18 +101,58 @@ fn assert_moved_by(what: &str, state: &TrainState, updates: u64) {
     assert!(state.ema.iter().all(|e| e.is_finite()), "{what}: ema");
 }
 
+/// A strategy's `train`.
+type Train = fn(
+    &mut WorkerPool<TestReplica<Constant>>,
+    &mut TrainState,
+    &Hyper,
+    u64,
+    &dyn Observer,
+) -> Result<TrainReport, TrainError>;
+
+/// Trains `workers` replicas (worker `poisoned.0` with a NaN loss on its `poisoned.1`-th
+/// computation) from the initial state to step `end` with `train`, within the [`DEADLINE`].
+fn run(
+    what: &str,
+    train: Train,
+    workers: usize,
+    poisoned: Option<(usize, u64)>,
+    end: u64,
+) -> (TrainState, Result<TrainReport, TrainError>) {
+    within(what, move || {
+        let mut pool = pool(workers, poisoned);
+        let mut state = initial_state();
+        let result = train(&mut pool, &mut state, &hyper(), end, &NoObserver);
+        (state, result)
+    })
+}
+
+/// [`run`], which must fail naming the NaN and leave a state that holds none; returns that
+/// state.
+fn fails_on_nan(
+    what: &str,
+    train: Train,
+    workers: usize,
+    poisoned: (usize, u64),
+    end: u64,
+) -> TrainState {
+    let (state, result) = run(what, train, workers, Some(poisoned), end);
+    assert!(
+        matches!(result, Err(TrainError::Worker(ref f)) if f.to_string().contains("NaN")),
+        "{result:?}"
+    );
+    assert!(state.params.iter().all(|p| p.is_finite()));
+    assert!(state.ema.iter().all(|e| e.is_finite()));
+    state
+}
+
 #[test]
 fn every_async_update_reaches_every_shard_exactly_once() {
     const UPDATES: u64 = 120;
     for workers in [2, 3, 4] {
         let what = format!("async, {workers} workers");
-        let (state, report) = within(&what, move || {
-            let mut pool = pool(workers, None);
-            let mut state = initial_state();
-            let report =
-                asynchronous::train(&mut pool, &mut state, &hyper(), UPDATES, &NoObserver).unwrap();
-            (state, report)
-        });
+        let (state, report) = run(&what, asynchronous::train, workers, None, UPDATES);
+        let report = report.unwrap();
         assert!(report.failures.is_empty(), "{what}: {:?}", report.failures);
         assert_eq!((report.steps, state.step), (UPDATES, UPDATES), "{what}");
         assert_moved_by(&what, &state, UPDATES);
@@ -195,13 +180,9 @@ fn async_segments_lose_no_update() {
 #[test]
 fn an_async_nan_loss_never_reaches_the_stored_parameters() {
     const UPDATES: u64 = 60;
-    let (state, report) = within("async with a NaN loss", || {
-        let mut pool = pool(3, Some((1, 4)));
-        let mut state = initial_state();
-        let report =
-            asynchronous::train(&mut pool, &mut state, &hyper(), UPDATES, &NoObserver).unwrap();
-        (state, report)
-    });
+    let what = "async with a NaN loss";
+    let (state, report) = run(what, asynchronous::train, 3, Some((1, 4)), UPDATES);
+    let report = report.unwrap();
     assert_eq!(report.failures.len(), 1, "{:?}", report.failures);
     assert_eq!(report.failures[0].worker, 1, "{:?}", report.failures);
     assert!(
@@ -217,37 +198,16 @@ fn an_async_nan_loss_never_reaches_the_stored_parameters() {
         state.step
     );
     assert!(state.params.iter().all(|p| p.is_finite()));
-    assert_moved_by("async with a NaN loss", &state, state.step);
+    assert_moved_by(what, &state, state.step);
 
     // With one worker the run fails, and the state it leaves holds no NaN either.
-    let (state, result) = within("async with one worker and a NaN loss", || {
-        let mut pool = pool(1, Some((0, 5)));
-        let mut state = initial_state();
-        let result = asynchronous::train(&mut pool, &mut state, &hyper(), UPDATES, &NoObserver);
-        (state, result)
-    });
-    assert!(
-        matches!(result, Err(TrainError::Worker(ref f)) if f.to_string().contains("NaN")),
-        "{result:?}"
-    );
-    assert!(state.params.iter().all(|p| p.is_finite()));
-    assert!(state.ema.iter().all(|e| e.is_finite()));
+    let what = "async with one worker and a NaN loss";
+    fails_on_nan(what, asynchronous::train, 1, (0, 5), UPDATES);
 }
 
 #[test]
 fn a_sync_nan_loss_never_reaches_the_stored_parameters() {
-    let (state, result) = within("sync with a NaN loss", || {
-        let mut pool = pool(3, Some((2, 6)));
-        let mut state = initial_state();
-        let result = sync::train(&mut pool, &mut state, &hyper(), 40, &NoObserver);
-        (state, result)
-    });
-    assert!(
-        matches!(result, Err(TrainError::Worker(ref f)) if f.to_string().contains("NaN")),
-        "{result:?}"
-    );
-    assert!(state.params.iter().all(|p| p.is_finite()));
-    assert!(state.ema.iter().all(|e| e.is_finite()));
+    let state = fails_on_nan("sync with a NaN loss", sync::train, 3, (2, 6), 40);
     // Whatever the state holds, it is a whole number of the steps before the failure.
     let moved = (initial_state().params[0] - state.params[0]) / LR;
     assert!(moved <= 5.0, "{moved}");

@@ -8,26 +8,15 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::checkpoints::{file_with_metadata, layout};
+use safetensors::Dtype;
 use tandem_pool::ParamSpan;
 use tandem_strategy::checkpoint::{
     self, read_header, save_in_dir, to_bytes, CheckpointDir, CheckpointError,
 };
 use tandem_strategy::TrainState;
-
-fn layout() -> Vec<ParamSpan> {
-    vec![
-        ParamSpan {
-            name: "w".into(),
-            shape: vec![2, 3],
-            weight_decay: true,
-        },
-        ParamSpan {
-            name: "b".into(),
-            shape: vec![3],
-            weight_decay: false,
-        },
-    ]
-}
 
 fn state(step: u64) -> TrainState {
     let params: Vec<f32> = (0..9)
@@ -50,6 +39,20 @@ fn meta(run: &str) -> BTreeMap<String, String> {
 
 const IDENTITY: &[&str] = &["run", "mode"];
 
+/// A checkpoint directory opened in a fresh temporary one (which goes when it is dropped).
+fn open_fresh() -> (tempfile::TempDir, CheckpointDir) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = CheckpointDir::open(tmp.path()).unwrap();
+    (tmp, dir)
+}
+
+/// Saves [`state`]`(step)` of the run `run` in `dir`, keeping `keep` older files of the run.
+#[track_caller]
+fn save_step(dir: &CheckpointDir, step: u64, run: &str, keep: usize) -> PathBuf {
+    dir.save(&state(step), &layout(), &meta(run), keep, IDENTITY)
+        .unwrap()
+}
+
 fn names(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = fs::read_dir(dir)
         .unwrap()
@@ -71,9 +74,7 @@ fn a_fresh_run_keeps_its_own_files_beside_another_runs_higher_steps() {
         {
             let other = CheckpointDir::open(tmp.path()).unwrap();
             for step in [100, 200, 300] {
-                other
-                    .save(&state(step), &layout(), &meta("other"), 0, IDENTITY)
-                    .unwrap();
+                save_step(&other, step, "other", 0);
             }
         }
         for step in [10, 20, 30, 40] {
@@ -81,8 +82,7 @@ fn a_fresh_run_keeps_its_own_files_beside_another_runs_higher_steps() {
                 save_in_dir(tmp.path(), &state(step), &layout(), &meta("fresh"), 2).unwrap();
             } else {
                 let dir = CheckpointDir::open(tmp.path()).unwrap();
-                dir.save(&state(step), &layout(), &meta("fresh"), 2, IDENTITY)
-                    .unwrap();
+                save_step(&dir, step, "fresh", 2);
             }
         }
         assert_eq!(
@@ -95,12 +95,9 @@ fn a_fresh_run_keeps_its_own_files_beside_another_runs_higher_steps() {
 
 #[test]
 fn foreign_names_and_damaged_files_neither_count_nor_get_deleted() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = CheckpointDir::open(tmp.path()).unwrap();
+    let (tmp, dir) = open_fresh();
     // A copy under another name: byte for byte this run's, but not a step file.
-    let seven = dir
-        .save(&state(7), &layout(), &meta("run"), 0, IDENTITY)
-        .unwrap();
+    let seven = save_step(&dir, 7, "run", 0);
     fs::copy(&seven, tmp.path().join("step-best.safetensors")).unwrap();
     // This run's files, damaged: a truncated one below the new steps and one above them, and
     // one whose header is fine but whose values are not (NaN).
@@ -112,8 +109,7 @@ fn foreign_names_and_damaged_files_neither_count_nor_get_deleted() {
     nan[end - 4..].copy_from_slice(&[0xFF; 4]);
     fs::write(&seven, &nan).unwrap();
     for step in [10, 20, 30] {
-        dir.save(&state(step), &layout(), &meta("run"), 2, IDENTITY)
-            .unwrap();
+        save_step(&dir, step, "run", 2);
     }
     assert_eq!(
         names(tmp.path()),
@@ -132,11 +128,9 @@ fn foreign_names_and_damaged_files_neither_count_nor_get_deleted() {
 
 #[test]
 fn steps_order_by_value_not_by_name() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = CheckpointDir::open(tmp.path()).unwrap();
+    let (tmp, dir) = open_fresh();
     for step in [9_999_999_999, 10_000_000_000, 10_000_000_001] {
-        dir.save(&state(step), &layout(), &meta("run"), 2, IDENTITY)
-            .unwrap();
+        save_step(&dir, step, "run", 2);
     }
     let steps: Vec<u64> = dir.checkpoints().unwrap().iter().map(|c| c.0).collect();
     assert_eq!(steps, [10_000_000_000, 10_000_000_001]);
@@ -152,31 +146,25 @@ fn steps_order_by_value_not_by_name() {
 
 #[test]
 fn the_new_file_is_never_deleted_nor_any_newer_one() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = CheckpointDir::open(tmp.path()).unwrap();
+    let (tmp, dir) = open_fresh();
     for step in [10, 20, 30] {
-        dir.save(&state(step), &layout(), &meta("run"), 0, IDENTITY)
-            .unwrap();
+        save_step(&dir, step, "run", 0);
     }
     // A run resumed from an earlier point: its new file is below existing ones.
-    dir.save(&state(15), &layout(), &meta("run"), 2, IDENTITY)
-        .unwrap();
+    save_step(&dir, 15, "run", 2);
     assert_eq!(names(tmp.path()), [10, 15, 20, 30].map(step_name));
-    dir.save(&state(15), &layout(), &meta("run"), 1, IDENTITY)
-        .unwrap();
+    save_step(&dir, 15, "run", 1);
     assert_eq!(names(tmp.path()), [15, 20, 30].map(step_name));
 }
 
 #[test]
 fn an_identity_key_missing_on_either_side_means_another_run() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = CheckpointDir::open(tmp.path()).unwrap();
+    let (tmp, dir) = open_fresh();
     let mut without_mode = meta("run");
     without_mode.remove("mode");
     dir.save(&state(10), &layout(), &without_mode, 0, IDENTITY)
         .unwrap();
-    dir.save(&state(20), &layout(), &meta("run"), 1, IDENTITY)
-        .unwrap();
+    save_step(&dir, 20, "run", 1);
     dir.save(&state(30), &layout(), &without_mode, 1, IDENTITY)
         .unwrap();
     assert_eq!(names(tmp.path()), [10, 20, 30].map(step_name));
@@ -279,8 +267,7 @@ fn open_sweeps_only_its_own_stale_temporary_files() {
     let dir = CheckpointDir::open(tmp.path()).unwrap();
     assert_eq!(names(tmp.path()), [".tmpabc", "notes.txt"]);
     // Saving leaves no temporary file either.
-    dir.save(&state(1), &layout(), &meta("run"), 0, IDENTITY)
-        .unwrap();
+    save_step(&dir, 1, "run", 0);
     assert_eq!(names(tmp.path()), [".tmpabc", "notes.txt", &step_name(1)]);
 }
 
@@ -294,13 +281,9 @@ fn data_offset(path: &Path, name: &str) -> usize {
 
 #[test]
 fn a_non_finite_value_anywhere_makes_the_file_damaged() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = CheckpointDir::open(tmp.path()).unwrap();
-    dir.save(&state(2), &layout(), &meta("run"), 0, IDENTITY)
-        .unwrap();
-    let path = dir
-        .save(&state(3), &layout(), &meta("run"), 0, IDENTITY)
-        .unwrap();
+    let (tmp, dir) = open_fresh();
+    save_step(&dir, 2, "run", 0);
+    let path = save_step(&dir, 3, "run", 0);
     let good = fs::read(&path).unwrap();
     for (tensor, value) in [
         ("params/w", [0xFF; 4]),
@@ -350,12 +333,9 @@ fn bytes_read() -> u64 {
 #[test]
 fn a_file_claiming_gigabytes_is_rejected_after_reading_only_its_header() {
     const SIX_GB: u64 = 6 << 30;
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = CheckpointDir::open(tmp.path()).unwrap();
+    let (tmp, dir) = open_fresh();
     // A valid checkpoint padded (sparsely) to 6 GB.
-    let padded = dir
-        .save(&state(1), &layout(), &meta("run"), 0, IDENTITY)
-        .unwrap();
+    let padded = save_step(&dir, 1, "run", 0);
     File::options()
         .write(true)
         .open(&padded)
@@ -410,26 +390,13 @@ fn a_missing_or_malformed_step_is_an_error() {
     use std::collections::HashMap;
     let tmp = tempfile::tempdir().unwrap();
     let path = tmp.path().join(step_name(1));
-    let data = [vec![0u8; 24], vec![0u8; 12]];
-    let views = || {
-        [("params/w", 0), ("params/b", 1), ("ema/w", 0), ("ema/b", 1)].map(|(name, i)| {
-            let shape = if i == 0 { vec![2, 3] } else { vec![3] };
-            let view =
-                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape, &data[i]);
-            (name, view.unwrap())
-        })
-    };
     let mut cases: Vec<Option<HashMap<String, String>>> =
         vec![None, Some(HashMap::from([("mode".into(), "sync".into())]))];
     for step in ["", "-1", "+5", " 5", "12x", "18446744073709551616"] {
         cases.push(Some(HashMap::from([("step".into(), step.into())])));
     }
     for metadata in cases {
-        fs::write(
-            &path,
-            safetensors::serialize(views(), metadata.clone()).unwrap(),
-        )
-        .unwrap();
+        fs::write(&path, file_with_metadata(|_| Dtype::F32, metadata.clone())).unwrap();
         let err = checkpoint::load(&path, &layout()).unwrap_err();
         assert!(
             matches!(err, CheckpointError::Corrupt { .. }),
@@ -440,11 +407,7 @@ fn a_missing_or_malformed_step_is_an_error() {
     }
     // The same tensors with a step load.
     let metadata = HashMap::from([("step".into(), "18446744073709551615".into())]);
-    fs::write(
-        &path,
-        safetensors::serialize(views(), Some(metadata)).unwrap(),
-    )
-    .unwrap();
+    fs::write(&path, file_with_metadata(|_| Dtype::F32, Some(metadata))).unwrap();
     assert_eq!(
         checkpoint::load(&path, &layout()).unwrap().state.step,
         u64::MAX
@@ -467,8 +430,7 @@ fn identical_states_serialise_to_identical_bytes() {
         .unwrap()
         .unwrap();
     assert_eq!(elsewhere, bytes);
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = CheckpointDir::open(tmp.path()).unwrap();
+    let (_tmp, dir) = open_fresh();
     let path = dir.save(&state(5), &layout(), &metadata, 0, &[]).unwrap();
     assert_eq!(fs::read(&path).unwrap(), bytes);
     let loaded = checkpoint::load(&path, &layout()).unwrap();
@@ -480,13 +442,9 @@ fn identical_states_serialise_to_identical_bytes() {
 
 #[test]
 fn load_newest_skips_what_accept_rejects_and_says_why() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = CheckpointDir::open(tmp.path()).unwrap();
-    dir.save(&state(1), &layout(), &meta("mine"), 0, IDENTITY)
-        .unwrap();
-    let theirs = dir
-        .save(&state(2), &layout(), &meta("theirs"), 0, IDENTITY)
-        .unwrap();
+    let (tmp, dir) = open_fresh();
+    save_step(&dir, 1, "mine", 0);
+    let theirs = save_step(&dir, 2, "theirs", 0);
     let accept = |c: &checkpoint::Checkpoint| match c.metadata["run"].as_str() {
         "mine" => Ok(()),
         other => Err(format!("written by run {other}")),
@@ -587,19 +545,7 @@ fn truncated_corrupted_and_mismatched_files_are_errors_naming_the_file() {
     let mut padded = good.clone();
     padded.extend([0; 8]);
     check(&padded, &layout(), true);
-    let wider = vec![
-        ParamSpan {
-            name: "w".into(),
-            shape: vec![2, 4],
-            weight_decay: true,
-        },
-        ParamSpan {
-            name: "b".into(),
-            shape: vec![4],
-            weight_decay: false,
-        },
-    ];
-    check(&good, &wider, false);
+    check(&good, &common::weights_and_bias(vec![2, 4], 4), false);
     check(&good, &layout()[..1], false);
     let missing = checkpoint::load(&dir.path().join("nope.safetensors"), &layout()).unwrap_err();
     assert!(matches!(missing, CheckpointError::Io { .. }));

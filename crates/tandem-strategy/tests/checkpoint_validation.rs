@@ -3,78 +3,23 @@
 //! would be, so that no size check can catch it: never values reinterpreted as f32), and a step
 //! (a file without one is damaged, never a checkpoint of step 0).
 
+mod common;
+
 use std::collections::HashMap;
 use std::fs;
 
-use safetensors::tensor::TensorView;
+use common::checkpoints::{file_with_metadata, layout};
 use safetensors::Dtype;
-use tandem_pool::ParamSpan;
 use tandem_strategy::checkpoint::{self, CheckpointError};
-
-fn layout() -> Vec<ParamSpan> {
-    vec![
-        ParamSpan {
-            name: "w".into(),
-            shape: vec![2, 3],
-            weight_decay: true,
-        },
-        ParamSpan {
-            name: "b".into(),
-            shape: vec![3],
-            weight_decay: false,
-        },
-    ]
-}
 
 /// Which dtype each tensor of a test file gets, by name.
 type DtypeOf = fn(&str) -> Dtype;
 
-fn size_of(dtype: Dtype) -> usize {
-    match dtype {
-        Dtype::F16 | Dtype::BF16 => 2,
-        Dtype::F32 | Dtype::I32 | Dtype::U32 => 4,
-        Dtype::F64 | Dtype::I64 => 8,
-        other => panic!("no size for {other:?} here"),
-    }
-}
-
 /// A checkpoint file's bytes with step 1 and tensors of the layout's shapes, each of the dtype
-/// `dtype_of` gives its name; every value is small, finite and non-zero in any of these types
-/// (bytes `0x01, 0x3c`, repeated).
+/// `dtype_of` gives its name (see [`file_with_metadata`]).
 fn file_with(dtype_of: impl Fn(&str) -> Dtype) -> Vec<u8> {
     let metadata = HashMap::from([("step".to_string(), "1".to_string())]);
     file_with_metadata(dtype_of, Some(metadata))
-}
-
-/// [`file_with`], with `metadata` as the file's.
-fn file_with_metadata(
-    dtype_of: impl Fn(&str) -> Dtype,
-    metadata: Option<HashMap<String, String>>,
-) -> Vec<u8> {
-    let names = [
-        ("params/w", vec![2, 3]),
-        ("params/b", vec![3]),
-        ("ema/w", vec![2, 3]),
-        ("ema/b", vec![3]),
-    ];
-    let data: Vec<(&str, Dtype, Vec<usize>, Vec<u8>)> = names
-        .into_iter()
-        .map(|(name, shape)| {
-            let dtype = dtype_of(name);
-            let len = shape.iter().product::<usize>() * size_of(dtype);
-            let bytes = (0..len)
-                .map(|i| if i % 2 == 0 { 0x01 } else { 0x3c })
-                .collect();
-            (name, dtype, shape, bytes)
-        })
-        .collect();
-    let views = data.iter().map(|(name, dtype, shape, bytes)| {
-        (
-            *name,
-            TensorView::new(*dtype, shape.clone(), bytes).unwrap(),
-        )
-    });
-    safetensors::serialize(views, metadata).unwrap()
 }
 
 #[test]

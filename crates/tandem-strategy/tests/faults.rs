@@ -78,6 +78,16 @@ fn pool(
     })
 }
 
+/// The fit reached w = (2, 0), to within 0.05.
+#[track_caller]
+fn assert_fitted(state: &TrainState) {
+    assert!(
+        (state.params[0] - 2.0).abs() < 0.05 && state.params[1].abs() < 0.05,
+        "{:?}",
+        state.params
+    );
+}
+
 #[test]
 fn sync_stops_promptly_naming_the_failed_worker_and_step() {
     for fault in [Fault::Error, Fault::Panic] {
@@ -127,11 +137,7 @@ fn async_carries_on_without_the_failed_worker_and_reports_it() {
         assert!(report.failures[0].to_string().contains("injected fault"));
         // Every ticket but the failed worker's lost one was applied by someone.
         assert_eq!((report.steps, state.step), (299, 299));
-        assert!(
-            (state.params[0] - 2.0).abs() < 0.05 && state.params[1].abs() < 0.05,
-            "{:?}",
-            state.params
-        );
+        assert_fitted(&state);
     }
 }
 
@@ -215,7 +221,7 @@ fn an_async_worker_that_failed_stays_out_of_later_segments() {
     let mut pool = pool(2, 0, Fault::Error, 3);
     let gate = Arc::new(AtomicBool::new(false));
     for replica in pool.replicas_mut() {
-        replica.quirks.gate = Some(gate.clone());
+        replica.model.quirks.gate = Some(gate.clone());
     }
     let mut state = TrainState::new(vec![0.0; 2]);
     let mut reported = Vec::new();
@@ -238,11 +244,7 @@ fn an_async_worker_that_failed_stays_out_of_later_segments() {
     assert_eq!(pool.retired(), reported.as_slice());
     // Every update but the faulty worker's first two was the healthy worker's.
     assert_eq!(pool.replicas()[1].calls, 300 - 2);
-    assert!(
-        (state.params[0] - 2.0).abs() < 0.05 && state.params[1].abs() < 0.05,
-        "{:?}",
-        state.params
-    );
+    assert_fitted(&state);
 }
 
 #[test]

@@ -9,33 +9,16 @@
 //! The model is a linear least-squares fit `y = w . x + b` on 40 fixed examples; the replica
 //! computes in f32, the reference in f64, so they agree to f32 rounding and no closer.
 
-use std::sync::{mpsc, Mutex};
-use std::time::Duration;
+mod common;
 
-use tandem_pool::{Device, ParamSpan, Replica, ReplicaError, WorkerPool};
+use std::sync::Mutex;
+
+use common::{pool_of, weights_and_bias, within, Loss, Model, TestReplica};
+use tandem_pool::WorkerPool;
 use tandem_strategy::{asynchronous, sync, EpochOrder, Hyper, Observer, StepReport, TrainState};
-
-/// A run that takes longer than this hangs: the test fails rather than waits forever.
-const DEADLINE: Duration = Duration::from_secs(120);
 
 const EXAMPLES: usize = 40;
 const FEATURES: usize = 3;
-
-/// Runs `f` on its own thread and fails the test, naming `what`, if it has not returned within
-/// [`DEADLINE`] (or if it panicked).
-fn within<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(DEADLINE) {
-        Ok(value) => value,
-        Err(mpsc::RecvTimeoutError::Timeout) => {
-            panic!("{what} did not finish within {DEADLINE:?}: a worker hangs")
-        }
-        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("{what} panicked (see above)"),
-    }
-}
 
 /// Example `i`: features in [-0.5, 0.5) and a target from a linear rule with a bias of 0.8
 /// (which L2 on the bias would visibly pull towards 0) plus a little noise.
@@ -49,74 +32,33 @@ fn example(i: usize) -> ([f32; FEATURES], f32) {
     (x, y)
 }
 
-fn layout() -> Vec<ParamSpan> {
-    vec![
-        ParamSpan {
-            name: "w".into(),
-            shape: vec![FEATURES],
-            weight_decay: true,
-        },
-        ParamSpan {
-            name: "b".into(),
-            shape: vec![1],
-            weight_decay: false,
-        },
-    ]
-}
-
 /// `w` then `b`.
 const INITIAL: [f32; FEATURES + 1] = [0.5, -0.3, 0.9, -0.4];
 
 /// Loss `0.5 * mean (w . x + b - y)^2` and its gradients, in f32.
-struct Linear {
-    layout: Vec<ParamSpan>,
-    params: [f32; FEATURES + 1],
-    grads: [f32; FEATURES + 1],
-}
+struct Linear;
 
-impl Replica for Linear {
-    fn layout(&self) -> &[ParamSpan] {
-        &self.layout
-    }
-    fn set_params(&mut self, fill: &mut dyn FnMut(&mut [f32])) -> Result<(), ReplicaError> {
-        fill(&mut self.params);
-        Ok(())
-    }
-    fn compute_gradients(&mut self, batch: &[u32]) -> Result<f32, ReplicaError> {
+impl Model for Linear {
+    fn gradients(&mut self, _call: u64, batch: &[u32], p: &[f32], grads: &mut [f32]) -> Loss {
         let n = batch.len() as f32;
-        let (mut loss, mut grads) = (0.0f32, [0.0f32; FEATURES + 1]);
+        let (mut loss, mut g) = (0.0f32, [0.0f32; FEATURES + 1]);
         for &i in batch {
             let (x, y) = example(i as usize);
-            let p = &self.params;
             let err = p[0] * x[0] + p[1] * x[1] + p[2] * x[2] + p[3] - y;
             loss += 0.5 * err * err / n;
             for j in 0..FEATURES {
-                grads[j] += err * x[j] / n;
+                g[j] += err * x[j] / n;
             }
-            grads[FEATURES] += err / n;
+            g[FEATURES] += err / n;
         }
-        self.grads = grads;
+        grads.copy_from_slice(&g);
         Ok(loss)
-    }
-    fn read_gradients(&mut self, read: &mut dyn FnMut(&[f32])) -> Result<(), ReplicaError> {
-        read(&self.grads);
-        Ok(())
-    }
-    fn training_examples(&self) -> usize {
-        EXAMPLES
     }
 }
 
-fn pool(workers: usize) -> WorkerPool<Linear> {
-    let devices = (0..workers).map(|worker| Device::Cpu { worker }).collect();
-    WorkerPool::new(devices, |_| {
-        Ok::<_, ReplicaError>(Linear {
-            layout: layout(),
-            params: [0.0; FEATURES + 1],
-            grads: [0.0; FEATURES + 1],
-        })
-    })
-    .unwrap()
+fn pool(workers: usize) -> WorkerPool<TestReplica<Linear>> {
+    let layout = weights_and_bias(vec![FEATURES], 1);
+    pool_of(workers, layout, EXAMPLES, |_| Linear)
 }
 
 fn hyper(ema_decay: f32) -> Hyper {
@@ -261,20 +203,26 @@ fn check(mode: Mode, ema_decay: f32, split: u64, steps: u64) {
     assert_eq!(steps_reported, (1..=steps).collect::<Vec<_>>(), "{what}");
     for report in &reports {
         let exp = &expected[report.step as usize - 1];
-        assert!(
-            close(report.learning_rate, exp.learning_rate),
-            "{what}: step {} reports learning rate {}, the schedule gives {}",
-            report.step,
-            report.learning_rate,
-            exp.learning_rate
-        );
-        assert!(
-            close(report.loss, exp.loss),
-            "{what}: step {} reports loss {}, the batch's data loss plus the L2 term is {}",
-            report.step,
-            report.loss,
-            exp.loss
-        );
+        for (name, found, expected, by) in [
+            (
+                "learning rate",
+                report.learning_rate,
+                exp.learning_rate,
+                "the schedule gives",
+            ),
+            (
+                "loss",
+                report.loss,
+                exp.loss,
+                "the batch's data loss plus the L2 term is",
+            ),
+        ] {
+            assert!(
+                close(found, expected),
+                "{what}: step {} reports {name} {found}, {by} {expected}",
+                report.step
+            );
+        }
     }
 }
 

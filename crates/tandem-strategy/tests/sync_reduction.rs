@@ -7,35 +7,18 @@
 //! by the batch and the parameters, so that any other summation order, or one that depends on
 //! which worker finished first, changes the bits of the very first update.
 
+mod common;
+
 use std::ops::Range;
-use std::sync::mpsc;
 use std::time::Duration;
 
-use tandem_pool::{Device, ParamSpan, Replica, ReplicaError, WorkerPool};
+use common::{pool_of, weights_and_bias, within, Loss, Model, TestReplica};
+use tandem_pool::{ParamSpan, WorkerPool};
 use tandem_strategy::{asynchronous, sync, EpochOrder, Hyper, NoObserver, TrainState};
 use tandem_tensor::cpu::{sgd_ema_update, UpdateStep};
 
-/// A run that takes longer than this hangs: the test fails rather than waits forever.
-const DEADLINE: Duration = Duration::from_secs(120);
-
 /// Training examples the batch indices address.
 const EXAMPLES: usize = 60;
-
-/// Runs `f` on its own thread and fails the test, naming `what`, if it has not returned within
-/// [`DEADLINE`] (or if it panicked).
-fn within<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(DEADLINE) {
-        Ok(value) => value,
-        Err(mpsc::RecvTimeoutError::Timeout) => {
-            panic!("{what} did not finish within {DEADLINE:?}: a worker hangs")
-        }
-        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("{what} panicked (see above)"),
-    }
-}
 
 /// splitmix64's finaliser: a well-mixed 64-bit function of `z`.
 fn mix(mut z: u64) -> u64 {
@@ -47,18 +30,7 @@ fn mix(mut z: u64) -> u64 {
 
 /// A weight span of several store shards (16K values each) and a small bias span.
 fn layout() -> Vec<ParamSpan> {
-    vec![
-        ParamSpan {
-            name: "w".into(),
-            shape: vec![3, 16 * 1024 + 7],
-            weight_decay: true,
-        },
-        ParamSpan {
-            name: "b".into(),
-            shape: vec![19],
-            weight_decay: false,
-        },
-    ]
+    weights_and_bias(vec![3, 16 * 1024 + 7], 19)
 }
 
 /// The flat ranges of the layout's spans, with whether each is regularised.
@@ -106,48 +78,22 @@ fn noisy_gradients(batch: &[u32], params: &[f32], grads: &mut [f32]) -> f32 {
 /// A model whose gradients are [`noisy_gradients`]; with `jitter`, it also takes a
 /// pseudo-random time over each step (up to 0.4 ms), so that workers finish in varying orders.
 struct Noisy {
-    layout: Vec<ParamSpan>,
-    params: Vec<f32>,
-    grads: Vec<f32>,
     jitter: bool,
 }
 
-impl Replica for Noisy {
-    fn layout(&self) -> &[ParamSpan] {
-        &self.layout
-    }
-    fn set_params(&mut self, fill: &mut dyn FnMut(&mut [f32])) -> Result<(), ReplicaError> {
-        fill(&mut self.params);
-        Ok(())
-    }
-    fn compute_gradients(&mut self, batch: &[u32]) -> Result<f32, ReplicaError> {
-        let loss = noisy_gradients(batch, &self.params, &mut self.grads);
+impl Model for Noisy {
+    fn gradients(&mut self, _call: u64, batch: &[u32], params: &[f32], grads: &mut [f32]) -> Loss {
+        let loss = noisy_gradients(batch, params, grads);
         if self.jitter {
             let wait = mix(u64::from(batch[0]) ^ 0xABCD) % 400;
             std::thread::sleep(Duration::from_micros(wait));
         }
         Ok(loss)
     }
-    fn read_gradients(&mut self, read: &mut dyn FnMut(&[f32])) -> Result<(), ReplicaError> {
-        read(&self.grads);
-        Ok(())
-    }
-    fn training_examples(&self) -> usize {
-        EXAMPLES
-    }
 }
 
-fn pool(workers: usize, jitter: bool) -> WorkerPool<Noisy> {
-    let devices = (0..workers).map(|worker| Device::Cpu { worker }).collect();
-    WorkerPool::new(devices, |_| {
-        Ok::<_, ReplicaError>(Noisy {
-            layout: layout(),
-            params: vec![0.0; num_params()],
-            grads: vec![0.0; num_params()],
-            jitter,
-        })
-    })
-    .unwrap()
+fn pool(workers: usize, jitter: bool) -> WorkerPool<TestReplica<Noisy>> {
+    pool_of(workers, layout(), EXAMPLES, |_| Noisy { jitter })
 }
 
 fn hyper() -> Hyper {

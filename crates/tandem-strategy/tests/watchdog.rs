@@ -158,6 +158,25 @@ fn start(
     result
 }
 
+/// Starts `train` on 2 workers, worker 1 hung in its `hang_at`-th gradient computation and
+/// healthy ones pausing `pause` in each, under a watcher that stops the run on a stall of
+/// 200 ms and is to abandon it 300 ms later; returns once it has, with the run's result to
+/// come, the hung worker's release, the log of applied gradients and the watcher.
+fn abandoned(
+    train: Train,
+    hang_at: u64,
+    pause: Duration,
+) -> (Receiver<Ended>, Sender<()>, Log, Arc<Watcher>) {
+    let (pool, release, applied) = hanging_pool(2, Some((1, hang_at)), pause);
+    let (watcher, abandoned) =
+        Watcher::new(Some(Duration::from_millis(200)), Duration::from_millis(300));
+    let result = start(train, pool, 1_000_000, watcher.clone());
+    abandoned
+        .recv_timeout(LIMIT)
+        .expect("on_abandon was never called: the run hangs for good");
+    (result, release, applied, watcher)
+}
+
 fn bits(values: &[f32]) -> Vec<u32> {
     values.iter().map(|v| v.to_bits()).collect()
 }
@@ -165,13 +184,7 @@ fn bits(values: &[f32]) -> Vec<u32> {
 #[test]
 fn sync_hang_is_reported_and_abandoned_with_the_last_completed_step() {
     // Worker 1 hangs in its 5th gradient computation: global step 5.
-    let (pool, release, _) = hanging_pool(2, Some((1, 5)), Duration::ZERO);
-    let (watcher, abandoned) =
-        Watcher::new(Some(Duration::from_millis(200)), Duration::from_millis(300));
-    let result = start(sync::train, pool, 1_000_000, watcher.clone());
-    abandoned
-        .recv_timeout(LIMIT)
-        .expect("on_abandon was never called: the run hangs for good");
+    let (result, release, _, watcher) = abandoned(sync::train, 5, Duration::ZERO);
     release.send(()).expect("the hung replica is gone");
     let (report, state, _) = result
         .recv_timeout(LIMIT)
@@ -217,13 +230,8 @@ fn sync_hang_is_reported_and_abandoned_with_the_last_completed_step() {
 #[test]
 fn async_hang_is_reported_and_abandoned_with_every_applied_update() {
     // Worker 1 hangs in its 3rd gradient computation; worker 0 goes on until the stop.
-    let (pool, release, applied) = hanging_pool(2, Some((1, 3)), Duration::from_micros(200));
-    let (watcher, abandoned) =
-        Watcher::new(Some(Duration::from_millis(200)), Duration::from_millis(300));
-    let result = start(asynchronous::train, pool, 1_000_000, watcher.clone());
-    abandoned
-        .recv_timeout(LIMIT)
-        .expect("on_abandon was never called: the run hangs for good");
+    let (result, release, applied, watcher) =
+        abandoned(asynchronous::train, 3, Duration::from_micros(200));
     // Worker 0 stopped before the abandon, and worker 1 is stuck: the log is complete.
     let applied_at_abandon = applied.lock().unwrap().clone();
     release.send(()).expect("the hung replica is gone");

@@ -1,14 +1,129 @@
-//! What the strategy tests share: a tiny least-squares model (the strategies know nothing of
-//! MNIST) whose replicas each test gives its own faults, hangs or logs.
+//! What the strategy tests share: replicas of tiny models (the strategies know nothing of
+//! MNIST), among them a least-squares fit that each test gives its own faults, hangs or logs; a
+//! deadline for runs that could hang; and the checkpoint fixtures ([`checkpoints`]).
 #![allow(dead_code)] // each test binary uses its own part of this module
+
+pub mod checkpoints;
+
+use std::sync::mpsc;
+use std::time::Duration;
 
 use tandem_pool::{Device, ParamSpan, Replica, ReplicaError, WorkerPool};
 use tandem_strategy::Hyper;
 
-/// The number of training examples of the tiny model.
+/// A run that takes longer than this hangs: the test fails rather than waits forever.
+pub const DEADLINE: Duration = Duration::from_secs(120);
+
+/// Runs `f` on its own thread and fails the test, naming `what`, if it has not returned within
+/// [`DEADLINE`] (or if it panicked).
+pub fn within<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(DEADLINE) {
+        Ok(value) => value,
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            panic!("{what} did not finish within {DEADLINE:?}: a worker hangs")
+        }
+        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("{what} panicked (see above)"),
+    }
+}
+
+/// A weight span "w" of shape `w` (with L2) and a bias span "b" of `b` values (without).
+pub fn weights_and_bias(w: Vec<usize>, b: usize) -> Vec<ParamSpan> {
+    vec![
+        ParamSpan {
+            name: "w".into(),
+            shape: w,
+            weight_decay: true,
+        },
+        ParamSpan {
+            name: "b".into(),
+            shape: vec![b],
+            weight_decay: false,
+        },
+    ]
+}
+
+/// What a gradient computation answers: the loss, or why it failed.
+pub type Loss = Result<f32, ReplicaError>;
+
+/// What a test's model computes, in a [`TestReplica`].
+pub trait Model: Send {
+    /// The replica's `call`-th gradient computation (counted from 1), at `params`: writes the
+    /// gradients of `batch` into `grads` (or leaves the last ones there) and returns the loss.
+    fn gradients(&mut self, call: u64, batch: &[u32], params: &[f32], grads: &mut [f32]) -> Loss;
+
+    /// Hands the gradients to `read`, the strategy reading them.
+    fn read_gradients(&mut self, grads: &[f32], read: &mut dyn FnMut(&[f32])) {
+        read(grads);
+    }
+}
+
+/// A replica that keeps the parameters the strategy sets and the gradients its model computes.
+pub struct TestReplica<M> {
+    layout: Vec<ParamSpan>,
+    params: Vec<f32>,
+    grads: Vec<f32>,
+    examples: usize,
+    /// How many gradient computations were started.
+    pub calls: u64,
+    pub model: M,
+}
+
+impl<M: Model> Replica for TestReplica<M> {
+    fn layout(&self) -> &[ParamSpan] {
+        &self.layout
+    }
+    fn set_params(&mut self, fill: &mut dyn FnMut(&mut [f32])) -> Result<(), ReplicaError> {
+        fill(&mut self.params);
+        Ok(())
+    }
+    fn compute_gradients(&mut self, batch: &[u32]) -> Result<f32, ReplicaError> {
+        self.calls += 1;
+        self.model
+            .gradients(self.calls, batch, &self.params, &mut self.grads)
+    }
+    fn read_gradients(&mut self, read: &mut dyn FnMut(&[f32])) -> Result<(), ReplicaError> {
+        self.model.read_gradients(&self.grads, read);
+        Ok(())
+    }
+    fn training_examples(&self) -> usize {
+        self.examples
+    }
+}
+
+/// A pool of `workers` CPU replicas with parameters of `layout` and `examples` training
+/// examples, worker `w` with the model `model(w)`; parameters and gradients start at 0.
+pub fn pool_of<M: Model>(
+    workers: usize,
+    layout: Vec<ParamSpan>,
+    examples: usize,
+    mut model: impl FnMut(usize) -> M,
+) -> WorkerPool<TestReplica<M>> {
+    let len: usize = layout.iter().map(ParamSpan::len).sum();
+    let devices = (0..workers).map(|worker| Device::Cpu { worker }).collect();
+    WorkerPool::new(devices, |d| {
+        let Device::Cpu { worker } = *d else {
+            unreachable!("CPU devices only")
+        };
+        Ok::<_, ReplicaError>(TestReplica {
+            layout: layout.clone(),
+            params: vec![0.0; len],
+            grads: vec![0.0; len],
+            examples,
+            calls: 0,
+            model: model(worker),
+        })
+    })
+    .unwrap()
+}
+
+/// The number of training examples of the least-squares fit.
 pub const EXAMPLES: usize = 70;
 
-/// What a test adds to the tiny model's replica.
+/// What a test adds to the least-squares fit.
 pub trait Quirks: Send {
     /// Called at the start of the replica's `call`-th gradient computation (counted from 1):
     /// may wait, fail, or answer a loss of its own (`Some`) instead of computing the gradients.
@@ -22,75 +137,52 @@ pub trait Quirks: Send {
 
 /// Fits w to targets 2*x with loss 0.5 * (w.x - 2*x)^2 over x = (i % 7, 1), with the quirks of
 /// a test.
-pub struct LeastSquares<Q> {
-    layout: Vec<ParamSpan>,
-    w: [f32; 2],
-    grad: [f32; 2],
-    /// How many gradient computations were started.
-    pub calls: u64,
+pub struct LeastSquaresFit<Q> {
     pub quirks: Q,
 }
 
-impl<Q: Quirks> Replica for LeastSquares<Q> {
-    fn layout(&self) -> &[ParamSpan] {
-        &self.layout
-    }
-    fn set_params(&mut self, fill: &mut dyn FnMut(&mut [f32])) -> Result<(), ReplicaError> {
-        fill(&mut self.w);
-        Ok(())
-    }
-    fn compute_gradients(&mut self, batch: &[u32]) -> Result<f32, ReplicaError> {
-        self.calls += 1;
-        if let Some(loss) = self.quirks.before_gradients(self.calls)? {
+/// A replica of the least-squares fit.
+pub type LeastSquares<Q> = TestReplica<LeastSquaresFit<Q>>;
+
+impl<Q: Quirks> Model for LeastSquaresFit<Q> {
+    fn gradients(&mut self, call: u64, batch: &[u32], w: &[f32], grads: &mut [f32]) -> Loss {
+        if let Some(loss) = self.quirks.before_gradients(call)? {
             return Ok(loss);
         }
         let n = batch.len() as f32;
         let (mut loss, mut grad) = (0.0, [0.0; 2]);
         for &i in batch {
             let x = [(i % 7) as f32 / 7.0, 1.0];
-            let err = self.w[0] * x[0] + self.w[1] * x[1] - 2.0 * x[0];
+            let err = w[0] * x[0] + w[1] * x[1] - 2.0 * x[0];
             loss += 0.5 * err * err / n;
             grad[0] += err * x[0] / n;
             grad[1] += err / n;
         }
-        self.grad = grad;
+        grads.copy_from_slice(&grad);
         Ok(loss)
     }
-    fn read_gradients(&mut self, read: &mut dyn FnMut(&[f32])) -> Result<(), ReplicaError> {
-        self.quirks.read_gradients(&self.grad, read);
-        Ok(())
-    }
-    fn training_examples(&self) -> usize {
-        EXAMPLES
+    fn read_gradients(&mut self, grads: &[f32], read: &mut dyn FnMut(&[f32])) {
+        let grad = grads.try_into().expect("the fit has two parameters");
+        self.quirks.read_gradients(grad, read);
     }
 }
 
-/// A pool of `workers` CPU replicas, worker `w` with the quirks `quirks(w)`.
+/// A pool of `workers` least-squares replicas, worker `w` with the quirks `quirks(w)`.
 pub fn pool<Q: Quirks>(
     workers: usize,
     mut quirks: impl FnMut(usize) -> Q,
 ) -> WorkerPool<LeastSquares<Q>> {
-    let devices = (0..workers).map(|worker| Device::Cpu { worker }).collect();
-    WorkerPool::new(devices, |d| {
-        let Device::Cpu { worker } = *d else {
-            unreachable!("CPU devices only")
-        };
-        Ok::<_, ReplicaError>(LeastSquares {
-            layout: vec![ParamSpan {
-                name: "w".into(),
-                shape: vec![2],
-                weight_decay: true,
-            }],
-            w: [0.0; 2],
-            grad: [0.0; 2],
-            calls: 0,
-            quirks: quirks(worker),
-        })
+    let layout = vec![ParamSpan {
+        name: "w".into(),
+        shape: vec![2],
+        weight_decay: true,
+    }];
+    pool_of(workers, layout, EXAMPLES, |worker| LeastSquaresFit {
+        quirks: quirks(worker),
     })
-    .unwrap()
 }
 
-/// The tiny model's hyperparameters.
+/// The least-squares fit's hyperparameters.
 pub fn hyper() -> Hyper {
     Hyper {
         batch_size: 10,
