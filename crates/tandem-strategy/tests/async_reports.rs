@@ -1,0 +1,119 @@
+//! What asynchronous training reports: the logged steps and their cadence, examples, and
+//! staleness, per update and in total; and more workers than parameter shards.
+
+mod common;
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use tandem_pool::ReplicaError;
+use tandem_strategy::{asynchronous, Observer, StepReport, TrainReport, TrainState};
+
+use common::{hyper, pool, within, Quirks};
+
+/// Keeps every report the run logs.
+#[derive(Default)]
+struct Log(Mutex<Vec<StepReport>>);
+
+impl Observer for Log {
+    fn on_log(&self, report: &StepReport) {
+        self.0.lock().unwrap().push(report.clone());
+    }
+}
+
+/// No quirk: the plain least-squares fit.
+struct Plain;
+
+impl Quirks for Plain {
+    fn before_gradients(&mut self, _call: u64) -> Result<Option<f32>, ReplicaError> {
+        Ok(None)
+    }
+}
+
+/// Workers meet in every gradient computation, after each has read the parameters, so that of
+/// every two updates one is computed from parameters the other has since changed. A worker
+/// left alone (the other has finished) goes on after a moment.
+#[derive(Clone)]
+struct Meet(Arc<(Mutex<(usize, u64)>, Condvar)>);
+
+impl Quirks for Meet {
+    fn before_gradients(&mut self, _call: u64) -> Result<Option<f32>, ReplicaError> {
+        let (lock, turn) = &*self.0;
+        let mut state = lock.lock().unwrap();
+        let generation = state.1;
+        state.0 += 1;
+        if state.0 == 2 {
+            *state = (0, generation + 1);
+            turn.notify_all();
+        } else {
+            let (_state, _timeout) = turn
+                .wait_timeout_while(state, Duration::from_secs(2), |s| s.1 == generation)
+                .unwrap();
+        }
+        Ok(None)
+    }
+}
+
+fn train_async<Q: Quirks + 'static>(
+    workers: usize,
+    quirks: impl FnMut(usize) -> Q + Send + 'static,
+    start: u64,
+    end: u64,
+    log_every: u64,
+) -> (TrainReport, Vec<StepReport>, TrainState) {
+    within("async training", move || {
+        let mut pool = pool(workers, quirks);
+        let hyper = tandem_strategy::Hyper {
+            log_every,
+            ..hyper()
+        };
+        let mut state = TrainState::new(vec![0.0, 0.0]);
+        state.step = start;
+        let log = Log::default();
+        let report = asynchronous::train(&mut pool, &mut state, &hyper, end, &log).unwrap();
+        (report, log.0.into_inner().unwrap(), state)
+    })
+}
+
+#[test]
+fn one_worker_logs_every_nth_step_of_a_resumed_run_with_its_examples_and_no_staleness() {
+    let (report, logged, state) = train_async(1, |_| Plain, 30, 60, 3);
+    let steps: Vec<u64> = logged.iter().map(|r| r.step).collect();
+    assert_eq!(steps, (11..=20).map(|i| i * 3).collect::<Vec<_>>());
+    for r in &logged {
+        assert_eq!(r.examples, (r.step - 30) * 10, "{r:?}");
+        assert_eq!(r.staleness, Some(0), "one worker is never stale: {r:?}");
+    }
+    assert_eq!((report.steps, report.examples, state.step), (30, 300, 60));
+    let staleness = report.staleness.expect("async measures staleness");
+    assert_eq!((staleness.mean, staleness.max), (0.0, 0));
+}
+
+#[test]
+fn the_staleness_totals_are_those_of_the_updates() {
+    let meet = Meet(Arc::default());
+    let (report, logged, _) = train_async(2, move |_| meet.clone(), 0, 40, 1);
+    assert_eq!(logged.len(), 40);
+    let each: Vec<u64> = logged.iter().map(|r| r.staleness.unwrap()).collect();
+    // Of each pair of updates from the same parameters, the second is stale.
+    assert!(each.iter().filter(|&&s| s >= 1).count() >= 15, "{each:?}");
+    let staleness = report.staleness.unwrap();
+    let mean = each.iter().sum::<u64>() as f64 / each.len() as f64;
+    assert!(
+        (staleness.mean - mean).abs() < 1e-12,
+        "{staleness:?} vs {each:?}"
+    );
+    assert_eq!(staleness.max, *each.iter().max().unwrap());
+}
+
+#[test]
+fn more_workers_than_shards_update_every_shard() {
+    // The fit's two parameters make one shard; four workers each start their update at a
+    // shard of their own choosing, which must be a shard there is.
+    let (report, _, state) = train_async(4, |_| Plain, 0, 400, 0);
+    assert!(report.failures.is_empty(), "{:?}", report.failures);
+    assert_eq!(state.step, 400);
+    // Every update reached the parameters: the fit found w = (2, 0).
+    assert!((state.params[0] - 2.0).abs() < 0.05, "{:?}", state.params);
+    assert!(state.params[1].abs() < 0.05, "{:?}", state.params);
+}
