@@ -129,3 +129,29 @@ fn more_workers_than_shards_update_every_shard() {
     assert!(report.failures.is_empty(), "{:?}", report.failures);
     assert_eq!(state.step, 400);
 }
+
+/// Asks to stop from the first poll on.
+struct StopAtOnce;
+
+impl Observer for StopAtOnce {
+    fn should_stop(&self) -> bool {
+        true
+    }
+}
+
+#[test]
+fn a_run_stopped_before_its_end_says_so_and_one_that_reached_it_does_not() {
+    for (end, stopped) in [(5, true), (1, false)] {
+        let report = within("async training", move || {
+            let mut pool = pool(1, |_| Plain);
+            let mut state = TrainState::new(vec![0.0, 0.0]);
+            let report =
+                asynchronous::train(&mut pool, &mut state, &hyper(), end, &StopAtOnce).unwrap();
+            // The one worker finishes the update it began, then stops.
+            assert_eq!(state.step, 1);
+            report
+        });
+        assert_eq!(report.stopped, stopped, "end {end}: {report:?}");
+        assert_eq!(report.steps, 1);
+    }
+}
