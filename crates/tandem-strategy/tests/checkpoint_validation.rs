@@ -100,3 +100,82 @@ fn a_file_without_a_step_is_damaged_not_step_0() {
         }
     }
 }
+
+/// A header that lies about its own length, or a file cut inside its header, is damage (not an
+/// I/O error, not a panic on the length arithmetic), whether loaded or only its header read.
+#[test]
+fn a_header_length_that_lies_or_a_cut_header_is_damage() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("step-0000000001.safetensors");
+    let good = file_with(|_| Dtype::F32);
+    let header_len = u64::from_le_bytes(good[..8].try_into().unwrap()) as usize;
+    let mut cases: Vec<(String, Vec<u8>)> = [u64::MAX, u64::MAX - 7, 1 << 40]
+        .into_iter()
+        .map(|claim| {
+            let mut bytes = good.clone();
+            bytes[..8].copy_from_slice(&claim.to_le_bytes());
+            (format!("a header length of {claim}"), bytes)
+        })
+        .collect();
+    for cut in [8, 9, 8 + header_len / 2, 8 + header_len - 1] {
+        cases.push((format!("cut at {cut} bytes"), good[..cut].to_vec()));
+    }
+    for (case, bytes) in cases {
+        fs::write(&path, &bytes).unwrap();
+        for err in [
+            checkpoint::load(&path, &layout()).map(|c| c.state.step),
+            checkpoint::read_header(&path).map(|(step, _)| step),
+        ]
+        .map(|r| r.expect_err("a damaged header loaded"))
+        {
+            assert!(
+                matches!(err, CheckpointError::Corrupt { .. }),
+                "{case}: {err}"
+            );
+        }
+    }
+}
+
+/// The largest single allocation made on each thread, for the test below.
+struct LargestAllocation;
+
+thread_local! {
+    static LARGEST: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+// SAFETY: every call is passed on to the system allocator unchanged; the thread-local is only
+// read and written (const-initialised, so touching it never allocates).
+unsafe impl std::alloc::GlobalAlloc for LargestAllocation {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        let _ = LARGEST.try_with(|l| l.set(l.get().max(layout.size())));
+        // SAFETY: the caller's obligations are the system allocator's.
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: as above.
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: LargestAllocation = LargestAllocation;
+
+/// A small file whose header claims 90 MB (under safetensors' limit) is refused by its size
+/// before a buffer for that header is made: a lying file costs nothing.
+#[test]
+fn a_header_claiming_more_than_the_file_holds_allocates_nothing_for_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("step-0000000001.safetensors");
+    let mut bytes = file_with(|_| Dtype::F32);
+    bytes[..8].copy_from_slice(&90_000_000u64.to_le_bytes());
+    fs::write(&path, &bytes).unwrap();
+    LARGEST.with(|l| l.set(0));
+    let err = checkpoint::read_header(&path).expect_err("a lying header was read");
+    assert!(matches!(err, CheckpointError::Corrupt { .. }), "{err}");
+    let largest = LARGEST.with(std::cell::Cell::get);
+    assert!(
+        largest < 1 << 20,
+        "allocated {largest} bytes at once for a {}-byte file",
+        bytes.len()
+    );
+}
