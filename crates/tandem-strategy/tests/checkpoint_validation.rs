@@ -179,3 +179,21 @@ fn a_header_claiming_more_than_the_file_holds_allocates_nothing_for_it() {
         bytes.len()
     );
 }
+
+/// A whole, valid safetensors file without tensors (its header fills it) is a file of another
+/// model, not a damaged one: its header reads, and loading it is a mismatch.
+#[test]
+fn a_file_without_tensors_is_a_mismatch_not_damage() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("step-0000000001.safetensors");
+    let metadata = HashMap::from([("step".to_string(), "1".to_string())]);
+    let no_tensors: [(&str, safetensors::tensor::TensorView<'_>); 0] = [];
+    fs::write(
+        &path,
+        safetensors::serialize(no_tensors, Some(metadata)).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(checkpoint::read_header(&path).unwrap().0, 1);
+    let err = checkpoint::load(&path, &layout()).expect_err("a file without tensors loaded");
+    assert!(matches!(err, CheckpointError::Mismatch { .. }), "{err}");
+}
