@@ -101,22 +101,20 @@ fn compression_is_detected_by_content_not_name() {
 
 #[test]
 fn bad_magic() {
-    let mut bytes = labels(5, 0);
-    bytes[0] = 0x12;
-    bytes[1] = 0x34;
-    let (_dir, path, result) = read_written("bad-magic", &bytes);
-    let err = result.unwrap_err();
-    assert!(
-        matches!(
-            err,
-            MnistError::BadMagic {
-                magic: 0x1234_0801,
-                ..
-            }
-        ),
-        "{err:?}"
-    );
-    assert_message(&err, &path, &["not an IDX file", "0x12340801"]);
+    // Either of the two bytes that must be zero, or both.
+    for (first, second) in [(0x12, 0x34), (0x12, 0), (0, 0x34)] {
+        let mut bytes = labels(5, 0);
+        bytes[0] = first;
+        bytes[1] = second;
+        let (_dir, path, result) = read_written("bad-magic", &bytes);
+        let err = result.unwrap_err();
+        let magic = u32::from_be_bytes([first, second, 0x08, 0x01]);
+        assert!(
+            matches!(err, MnistError::BadMagic { magic: m, .. } if m == magic),
+            "{err:?}"
+        );
+        assert_message(&err, &path, &["not an IDX file", &format!("{magic:#010x}")]);
+    }
 }
 
 #[test]
