@@ -223,6 +223,23 @@ struct Header {
     tensors: Metadata,
 }
 
+/// Fills `buf` from `file`. The file's size was checked first, so running out means the file
+/// shrank meanwhile: damage, like a truncated file, not an I/O error.
+fn read_all(
+    file: &mut File,
+    buf: &mut [u8],
+    path: &Path,
+    what: &str,
+) -> Result<(), CheckpointError> {
+    file.read_exact(buf).map_err(|e| {
+        if e.kind() == ErrorKind::UnexpectedEof {
+            corrupt(path, format!("damaged: truncated while reading its {what}"))
+        } else {
+            io(path)(e)
+        }
+    })
+}
+
 /// Reads and checks the header of the open `file`, leaving it positioned at the data.
 fn read_header_of(file: &mut File, path: &Path) -> Result<Header, CheckpointError> {
     let len = file.metadata().map_err(io(path))?.len();
@@ -249,13 +266,7 @@ fn read_header_of(file: &mut File, path: &Path) -> Result<Header, CheckpointErro
     }
     // n <= MAX_HEADER, so this fits in memory.
     let mut header = vec![0; n as usize];
-    file.read_exact(&mut header).map_err(|e| {
-        if e.kind() == ErrorKind::UnexpectedEof {
-            corrupt(path, "damaged: truncated while reading its header")
-        } else {
-            io(path)(e)
-        }
-    })?;
+    read_all(file, &mut header, path, "header")?;
     let tensors: Metadata =
         serde_json::from_slice(&header).map_err(|e| corrupt(path, format!("its header: {e}")))?;
     let described = (tensors.data_len() as u64).checked_add(N_LEN + n);
@@ -340,13 +351,7 @@ pub fn load(path: &Path, layout: &[ParamSpan]) -> Result<Checkpoint, CheckpointE
         ));
     }
     let mut data = vec![0; needed];
-    file.read_exact(&mut data).map_err(|e| {
-        if e.kind() == ErrorKind::UnexpectedEof {
-            corrupt(path, "damaged: truncated while reading its tensors")
-        } else {
-            io(path)(e)
-        }
-    })?;
+    read_all(&mut file, &mut data, path, "tensors")?;
     let total = layout_len(layout);
     let mut state = TrainState {
         params: Vec::with_capacity(total),
