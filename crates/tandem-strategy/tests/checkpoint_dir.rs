@@ -220,38 +220,93 @@ fn an_unwritable_path_fails_at_open_naming_it() {
     let tmp = tempfile::tempdir().unwrap();
     let file = tmp.path().join("a-file");
     fs::write(&file, b"not a directory").unwrap();
-    for path in [file.clone(), file.join("below")] {
+    for (path, says) in [
+        (file.clone(), "it exists and is not a directory"),
+        (file.join("below"), "Not a directory"),
+    ] {
         let err = CheckpointDir::open(&path).unwrap_err();
         assert!(matches!(err, CheckpointError::Io { .. }), "{err}");
-        assert!(
-            err.to_string().contains(&path.display().to_string()),
-            "{err}"
-        );
+        let message = err.to_string();
+        assert!(message.contains(&path.display().to_string()), "{message}");
+        assert!(message.contains(says), "{message}");
     }
-    #[cfg(unix)]
-    {
+}
+
+/// A directory where the lock can be taken (its file exists and is writable) but no checkpoint
+/// can be written: by permissions where they bind (not root), else a full file system (root, as
+/// in CI, where permissions do not stop writes). Unmounted on drop.
+struct LockableButFull {
+    path: PathBuf,
+    mounted: bool,
+}
+
+impl LockableButFull {
+    fn new(parent: &Path) -> Self {
         use std::os::unix::fs::PermissionsExt;
-        for lock_file_exists in [false, true] {
-            let ro = tmp.path().join(format!("read-only-{lock_file_exists}"));
-            fs::create_dir(&ro).unwrap();
-            if lock_file_exists {
-                fs::write(ro.join(".tandem.lock"), b"").unwrap();
-            }
-            fs::set_permissions(&ro, fs::Permissions::from_mode(0o555)).unwrap();
-            // root writes through any mode bits (the tests run as root in CI): a probe write
-            // that succeeds means there is nothing to check here.
-            let root = fs::write(ro.join("probe"), b"").is_ok();
-            let result = CheckpointDir::open(&ro);
-            fs::set_permissions(&ro, fs::Permissions::from_mode(0o755)).unwrap();
-            if root {
-                eprintln!("skipped the read-only case: running as root");
-                continue;
-            }
-            let err = result.unwrap_err();
-            assert!(matches!(err, CheckpointError::Io { .. }), "{err}");
-            assert!(err.to_string().contains(&ro.display().to_string()), "{err}");
+        let path = parent.join("full");
+        fs::create_dir(&path).unwrap();
+        drop(CheckpointDir::open(&path).unwrap()); // leaves the lock file
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o555)).unwrap();
+        if fs::write(path.join("probe"), b"x").is_err() {
+            return Self {
+                path,
+                mounted: false,
+            };
+        }
+        fs::remove_file(path.join("probe")).unwrap();
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=64k", "tandem-test"])
+            .arg(&path)
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(
+            mounted,
+            "permissions do not bind and tmpfs cannot be mounted"
+        );
+        drop(CheckpointDir::open(&path).unwrap());
+        // Fill it: what a page of the lock file frees when it is rewritten is all there is.
+        let _ = fs::write(path.join("filler"), vec![0u8; 1 << 20]);
+        Self { path, mounted }
+    }
+}
+
+impl Drop for LockableButFull {
+    fn drop(&mut self) {
+        if self.mounted {
+            let _ = Command::new("umount").arg(&self.path).status();
         }
     }
+}
+
+#[test]
+fn a_directory_that_takes_the_lock_but_no_checkpoint_fails_at_open() {
+    let tmp = tempfile::tempdir().unwrap();
+    let full = LockableButFull::new(tmp.path());
+    let err = CheckpointDir::open(&full.path).expect_err("opened a directory it cannot write");
+    assert!(matches!(err, CheckpointError::Io { .. }), "{err}");
+    let message = err.to_string();
+    assert!(
+        message.contains("cannot write checkpoints here"),
+        "{message}"
+    );
+    assert!(
+        message.contains(&full.path.display().to_string()),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_lock_this_process_releases_meanwhile_is_waited_for_not_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let first = CheckpointDir::open(tmp.path()).unwrap();
+    // Released after a moment, as when a child being spawned let go of an inherited lock.
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        drop(first);
+    });
+    let second = CheckpointDir::open(tmp.path());
+    release.join().unwrap();
+    assert!(second.is_ok(), "{:?}", second.err());
 }
 
 #[test]
@@ -640,4 +695,21 @@ fn kill_9_mid_write_leaves_only_loadable_checkpoints() {
             assert!(loaded.state.params.iter().all(|&v| v == *step as f32));
         }
     }
+}
+
+#[test]
+fn a_state_that_does_not_fit_the_layout_is_not_saved() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = CheckpointDir::open(tmp.path()).unwrap();
+    let mut short_params = state(1);
+    short_params.params.pop();
+    let mut short_ema = state(1);
+    short_ema.ema.pop();
+    for bad in [short_params, short_ema] {
+        let err = dir
+            .save(&bad, &layout(), &meta("run"), 3, IDENTITY)
+            .expect_err("saved a state of the wrong size");
+        assert!(matches!(err, CheckpointError::Mismatch { .. }), "{err}");
+    }
+    assert!(dir.checkpoints().unwrap().is_empty());
 }
