@@ -553,11 +553,7 @@ impl CheckpointDir {
                 .to_str()
                 .is_some_and(|n| n.starts_with(TEMP_PREFIX));
             if ours && entry.file_type().is_ok_and(|t| t.is_file()) {
-                let path = entry.path();
-                match fs::remove_file(&path) {
-                    Err(e) if e.kind() != ErrorKind::NotFound => return Err(io(&path)(e)),
-                    _ => {}
-                }
+                remove(&entry.path())?;
             }
         }
         Ok(())
@@ -660,10 +656,7 @@ impl CheckpointDir {
         // `own` is ascending by step: the oldest go.
         let excess = own.len().saturating_sub(keep - 1);
         for old in &own[..excess] {
-            match fs::remove_file(old) {
-                Err(e) if e.kind() != ErrorKind::NotFound => return Err(io(old)(e)),
-                _ => {}
-            }
+            remove(old)?;
         }
         if excess > 0 {
             sync_dir(&self.dir)?;
@@ -688,6 +681,15 @@ fn holder_pid(lock_path: &Path) -> Option<u32> {
     fs::read_to_string(lock_path)
         .ok()
         .and_then(|s| s.trim().parse::<u32>().ok())
+}
+
+/// Removes a file of the locked directory; one already gone (removed by hand meanwhile) is
+/// what was wanted.
+fn remove(path: &Path) -> Result<(), CheckpointError> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != ErrorKind::NotFound => Err(io(path)(e)),
+        _ => Ok(()),
+    }
 }
 
 /// Who holds a lock, from the pid its holder wrote.
