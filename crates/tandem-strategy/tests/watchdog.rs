@@ -7,7 +7,7 @@ mod common;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{hyper, LeastSquares, Quirks, EXAMPLES};
 use tandem_pool::{Device, ReplicaError, WorkerPool};
@@ -92,7 +92,11 @@ struct Watcher {
     stop_grace: Duration,
     stop: AtomicBool,
     stalls: Mutex<Vec<Stall>>,
+    /// When the first stall was reported, and so the stop asked for.
+    stopped_at: Mutex<Option<Instant>>,
     abandons: Mutex<Vec<(Vec<Stall>, Option<TrainState>)>>,
+    /// How long after the stop request the run was abandoned.
+    abandoned_after: Mutex<Option<Duration>>,
     abandoned: Mutex<Sender<()>>,
 }
 
@@ -104,7 +108,9 @@ impl Watcher {
             stop_grace,
             stop: AtomicBool::new(false),
             stalls: Mutex::new(Vec::new()),
+            stopped_at: Mutex::new(None),
             abandons: Mutex::new(Vec::new()),
+            abandoned_after: Mutex::new(None),
             abandoned: Mutex::new(abandoned),
         };
         (Arc::new(watcher), on_abandon)
@@ -120,6 +126,10 @@ impl Observer for Watcher {
     }
     fn on_stall(&self, stall: &Stall) {
         self.stalls.lock().unwrap().push(stall.clone());
+        self.stopped_at
+            .lock()
+            .unwrap()
+            .get_or_insert_with(Instant::now);
         self.stop.store(true, Ordering::SeqCst);
     }
     fn on_abandon(&self, stalled: &[Stall], state: Option<&TrainState>) {
@@ -127,6 +137,8 @@ impl Observer for Watcher {
             .lock()
             .unwrap()
             .push((stalled.to_vec(), state.cloned()));
+        *self.abandoned_after.lock().unwrap() =
+            self.stopped_at.lock().unwrap().map(|t| t.elapsed());
         let _ = self.abandoned.lock().unwrap().send(());
     }
     fn stop_grace(&self) -> Duration {
@@ -174,6 +186,17 @@ fn abandoned(
     abandoned
         .recv_timeout(LIMIT)
         .expect("on_abandon was never called: the run hangs for good");
+    // The run gets its grace after the stop request before it is given up (a lower bound: a
+    // slow machine only makes it longer).
+    let after = watcher
+        .abandoned_after
+        .lock()
+        .unwrap()
+        .expect("a stop was asked for");
+    assert!(
+        after >= watcher.stop_grace,
+        "abandoned {after:?} after the stop"
+    );
     (result, release, applied, watcher)
 }
 
