@@ -80,7 +80,7 @@ pub fn train<R: Replica>(
             let read_version = applied.load(Ordering::Acquire);
             replica.set_params(&mut |p| store.copy_params(p))?;
             order.fill(ticket * batch_size, &mut batch);
-            let loss = check_loss(replica.compute_gradients(&batch)?, ticket)?;
+            let loss = check_loss(replica.compute_gradients(&batch)?)?;
             let mut step = 0;
             replica.read_gradients(&mut |g| {
                 step = applied.fetch_add(1, Ordering::AcqRel);

@@ -48,15 +48,13 @@ pub(crate) fn validate<R: Replica>(
     Ok(examples)
 }
 
-/// Fails the step when its loss is not finite, before any update is applied.
-pub(crate) fn check_loss(loss: f32, step: u64) -> Result<f32, ReplicaError> {
+/// Fails the step when its loss is not finite, before any update is applied (the worker's
+/// failure names the step).
+pub(crate) fn check_loss(loss: f32) -> Result<f32, ReplicaError> {
     if loss.is_finite() {
         Ok(loss)
     } else {
-        Err(Box::new(NonFiniteLoss {
-            loss,
-            step: step + 1,
-        }))
+        Err(Box::new(NonFiniteLoss { loss }))
     }
 }
 

@@ -241,6 +241,4 @@ pub enum TrainError {
 pub struct NonFiniteLoss {
     /// The loss.
     pub loss: f32,
-    /// The global step.
-    pub step: u64,
 }

@@ -77,7 +77,7 @@ pub fn train<R: Replica>(
                 step * global_batch + (me * hyper.batch_size) as u64,
                 &mut batch,
             );
-            let loss = check_loss(replica.compute_gradients(&batch)?, step)?;
+            let loss = check_loss(replica.compute_gradients(&batch)?)?;
             losses[me].store(loss.to_bits(), Ordering::Relaxed);
             {
                 let mut mine = grads[me].write().unwrap_or_else(|p| p.into_inner());

@@ -713,3 +713,26 @@ fn a_state_that_does_not_fit_the_layout_is_not_saved() {
     }
     assert!(dir.checkpoints().unwrap().is_empty());
 }
+
+/// `save_in_dir` takes every metadata key but `end_step` as the run's identity: a resumed run
+/// that was extended rotates its own earlier files, and another run's are left alone.
+#[test]
+fn save_in_dir_rotates_the_extended_run_and_spares_another() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut other = meta("other");
+    other.insert("end_step".into(), "1000".into());
+    save_in_dir(tmp.path(), &state(5), &layout(), &other, 2).unwrap();
+    save_in_dir(tmp.path(), &state(10), &layout(), &meta("run"), 2).unwrap();
+    save_in_dir(tmp.path(), &state(20), &layout(), &meta("run"), 2).unwrap();
+    let mut extended = meta("run");
+    extended.insert("end_step".into(), "5000".into());
+    save_in_dir(tmp.path(), &state(30), &layout(), &extended, 2).unwrap();
+    assert_eq!(
+        names(tmp.path()),
+        [
+            "step-0000000005.safetensors",
+            "step-0000000020.safetensors",
+            "step-0000000030.safetensors"
+        ]
+    );
+}

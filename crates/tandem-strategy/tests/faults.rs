@@ -278,3 +278,38 @@ fn sync_refuses_a_pool_with_a_retired_worker() {
     assert!(err.to_string().contains("worker 1 (cpu:1) failed"), "{err}");
     assert_eq!(state, before);
 }
+
+#[test]
+fn a_state_that_does_not_fit_the_model_is_refused_before_any_work() {
+    // The fit has 2 parameters: too few or too many of either the parameters or their average.
+    for (params, ema) in [(3, 2), (2, 3), (1, 2), (2, 1)] {
+        let fresh = || TrainState {
+            params: vec![0.0; params],
+            ema: vec![0.0; ema],
+            step: 0,
+        };
+        let mut state = fresh();
+        let synchronous = sync::train(
+            &mut pool(2, 9, Fault::None, 0),
+            &mut state,
+            &hyper(),
+            5,
+            &NoObserver,
+        );
+        let mut state = fresh();
+        let asynchronous = asynchronous::train(
+            &mut pool(2, 9, Fault::None, 0),
+            &mut state,
+            &hyper(),
+            5,
+            &NoObserver,
+        );
+        for result in [synchronous.map(|_| ()), asynchronous.map(|_| ())] {
+            assert!(
+                matches!(result, Err(TrainError::StateMismatch { model: 2, .. })),
+                "{params} parameters, {ema} averages: {result:?}"
+            );
+        }
+        assert_eq!(state, fresh(), "the state was touched");
+    }
+}
