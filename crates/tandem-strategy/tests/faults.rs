@@ -313,3 +313,23 @@ fn a_state_that_does_not_fit_the_model_is_refused_before_any_work() {
         assert_eq!(state, fresh(), "the state was touched");
     }
 }
+
+#[test]
+fn a_lone_sync_worker_stops_when_asked() {
+    for (end, stopped) in [(5, true), (1, false)] {
+        let mut state = TrainState::new(vec![0.0; 2]);
+        let stop_now = StopAfter {
+            logged: AtomicU64::new(0),
+            after: 0,
+        };
+        let report = sync::train(
+            &mut pool(1, 9, Fault::None, 0),
+            &mut state,
+            &hyper(),
+            end,
+            &stop_now,
+        )
+        .unwrap();
+        assert_eq!((state.step, report.stopped), (1, stopped), "end {end}");
+    }
+}
