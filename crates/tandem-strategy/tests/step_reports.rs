@@ -1,5 +1,6 @@
-//! What asynchronous training reports: the logged steps and their cadence, examples, and
-//! staleness, per update and in total; and more workers than parameter shards.
+//! What training reports: the logged steps and their cadence, examples, and (asynchronous)
+//! staleness, per update and in total; when a run counts as stopped; and asynchronous training
+//! with more workers than parameter shards.
 
 mod common;
 
@@ -7,7 +8,7 @@ use std::sync::{Arc, Barrier, Condvar, Mutex};
 use std::time::Duration;
 
 use tandem_pool::ReplicaError;
-use tandem_strategy::{asynchronous, Observer, StepReport, TrainReport, TrainState};
+use tandem_strategy::{asynchronous, sync, Observer, StepReport, TrainReport, TrainState};
 
 use common::{hyper, pool, within, Quirks};
 
@@ -154,4 +155,29 @@ fn a_run_stopped_before_its_end_says_so_and_one_that_reached_it_does_not() {
         assert_eq!(report.stopped, stopped, "end {end}: {report:?}");
         assert_eq!(report.steps, 1);
     }
+}
+
+#[test]
+fn sync_logs_every_nth_step_of_a_resumed_run_with_the_global_batchs_examples() {
+    let (report, logged) = within("sync training", || {
+        let mut pool = pool(2, |_| Plain);
+        let hyper = tandem_strategy::Hyper {
+            log_every: 3,
+            ..hyper()
+        };
+        let mut state = TrainState::new(vec![0.0, 0.0]);
+        state.step = 30;
+        let log = Log::default();
+        let report = sync::train(&mut pool, &mut state, &hyper, 60, &log).unwrap();
+        (report, log.0.into_inner().unwrap())
+    });
+    let steps: Vec<u64> = logged.iter().map(|r| r.step).collect();
+    assert_eq!(steps, (11..=20).map(|i| i * 3).collect::<Vec<_>>());
+    for r in &logged {
+        // Two workers of 10 examples a step.
+        assert_eq!(r.examples, (r.step - 30) * 20, "{r:?}");
+        assert_eq!(r.staleness, None, "{r:?}");
+    }
+    assert_eq!((report.steps, report.examples), (30, 600));
+    assert_eq!(report.staleness, None);
 }
