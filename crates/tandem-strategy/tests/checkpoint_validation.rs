@@ -197,3 +197,23 @@ fn a_file_without_tensors_is_a_mismatch_not_damage() {
     let err = checkpoint::load(&path, &layout()).expect_err("a file without tensors loaded");
     assert!(matches!(err, CheckpointError::Mismatch { .. }), "{err}");
 }
+
+/// Serialising a state that does not fit the layout says what it got: the values' bytes.
+#[test]
+fn serialising_a_state_of_the_wrong_size_says_its_size() {
+    let layout = layout(); // 9 values
+    for (params, ema) in [(8, 9), (9, 11)] {
+        let state = tandem_strategy::TrainState {
+            params: vec![0.5; params],
+            ema: vec![0.5; ema],
+            step: 1,
+        };
+        let wrong = if params != 9 { params } else { ema };
+        match checkpoint::to_bytes(&state, &layout, &Default::default()) {
+            Err(safetensors::SafeTensorError::InvalidTensorView(Dtype::F32, shape, bytes)) => {
+                assert_eq!((shape, bytes), (vec![9], wrong * 4));
+            }
+            other => panic!("{params} parameters, {ema} averages: {other:?}"),
+        }
+    }
+}
