@@ -98,7 +98,7 @@ pub fn train<R: Replica>(
             if observer.should_stop() {
                 stop.store(true, Ordering::Relaxed);
             }
-            if hyper.log_every > 0 && (step + 1).is_multiple_of(hyper.log_every) {
+            if hyper.reports(step + 1) {
                 observer.on_log(&StepReport {
                     step: step + 1,
                     loss: loss + store.l2_loss(hyper.weight_decay),

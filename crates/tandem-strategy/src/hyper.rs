@@ -39,6 +39,12 @@ impl Hyper {
         (f64::from(self.learning_rate) * f64::from(self.lr_decay).powf(epochs)) as f32
     }
 
+    /// Whether the observer hears of global step `step` (counted from 1): every `log_every`-th,
+    /// never when `log_every` is 0 (no step from 1 on is a multiple of 0).
+    pub fn reports(&self, step: u64) -> bool {
+        step.is_multiple_of(self.log_every)
+    }
+
     /// `min(ema_decay, (1 + step) / (10 + step))` (TensorFlow's `ExponentialMovingAverage` with
     /// `num_updates`): the average follows the parameters closely while they move fast.
     pub fn ema_decay(&self, step: u64) -> f32 {
@@ -50,6 +56,18 @@ impl Hyper {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reports_every_nth_step_and_never_for_0() {
+        let every = |n| Hyper {
+            log_every: n,
+            ..Hyper::default()
+        };
+        let reported = |h: Hyper| (1..=10).filter(|&s| h.reports(s)).collect::<Vec<u64>>();
+        assert_eq!(reported(every(3)), [3, 6, 9]);
+        assert_eq!(reported(every(1)), (1..=10).collect::<Vec<_>>());
+        assert_eq!(reported(every(0)), Vec::<u64>::new());
+    }
 
     #[test]
     fn schedules_follow_the_book() {

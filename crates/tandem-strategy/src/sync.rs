@@ -110,7 +110,7 @@ pub fn train<R: Replica>(
             ctx.barrier()?;
             done = step + 1;
 
-            if me == 0 && hyper.log_every > 0 && done.is_multiple_of(hyper.log_every) {
+            if me == 0 && hyper.reports(done) {
                 observer.on_log(&StepReport {
                     step: done,
                     loss: data_loss + store.l2_loss(hyper.weight_decay),

@@ -126,7 +126,12 @@ fn more_workers_than_shards_update_every_shard() {
     // The fit's two parameters make one shard; four workers each start their update at a
     // shard of their own choosing, which must be a shard there is.
     let start = StartTogether(Arc::new(Barrier::new(4)));
-    let (report, _, state) = train_async(4, move |_| start.clone(), 0, 400, 0);
+    let (report, logged, state) = train_async(4, move |_| start.clone(), 0, 400, 0);
+    assert!(
+        logged.is_empty(),
+        "log_every 0 logged {} steps",
+        logged.len()
+    );
     assert!(report.failures.is_empty(), "{:?}", report.failures);
     assert_eq!(state.step, 400);
 }
