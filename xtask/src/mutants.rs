@@ -10,9 +10,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use anyhow::{Context, Result};
-
-use crate::run;
+use anyhow::{bail, Context, Result};
 
 pub fn run_mutants(root: &Path, extra: &[String]) -> Result<()> {
     let version = Command::new(env!("CARGO"))
@@ -20,15 +18,24 @@ pub fn run_mutants(root: &Path, extra: &[String]) -> Result<()> {
         .output()
         .context("could not start `cargo mutants`")?;
     if !version.status.success() {
-        anyhow::bail!("cargo-mutants is not installed: `cargo install --locked cargo-mutants`");
+        bail!("cargo-mutants is not installed: `cargo install --locked cargo-mutants`");
     }
-    run(Command::new(env!("CARGO"))
+    let status = Command::new(env!("CARGO"))
         .current_dir(root)
         .arg("mutants")
-        .args(extra))?;
+        .args(extra)
+        .status()
+        .context("could not start `cargo mutants`")?;
+    let report = root.join("mutants.out");
     println!(
         "report: {} (caught.txt, missed.txt, timeout.txt, unviable.txt)",
-        root.join("mutants.out").display()
+        report.display()
     );
-    Ok(())
+    // cargo-mutants' own exit codes: 2 when mutants were missed, 3 when some timed out.
+    match status.code() {
+        Some(0) => Ok(()),
+        Some(2) => bail!("some mutants were not caught by any test: see missed.txt"),
+        Some(3) => bail!("some mutants timed out (no test failed, but they hang): see timeout.txt"),
+        _ => bail!("cargo mutants failed ({status})"),
+    }
 }
