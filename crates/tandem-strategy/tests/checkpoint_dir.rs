@@ -187,7 +187,12 @@ fn a_held_directory_is_locked_and_a_released_one_is_taken_over() {
         .path()
         .join(".tandem-tmp-step-0000000001.safetensors-abcdef");
     fs::write(&live_temp, b"a live writer's bytes").unwrap();
-    let err = CheckpointDir::open(tmp.path()).unwrap_err();
+    let path = tmp.path().to_owned();
+    // Under a deadline: an open that waited for ever on another's lock must fail the test.
+    let err = common::within("opening a locked directory", move || {
+        CheckpointDir::open(&path).map(|_| ())
+    })
+    .unwrap_err();
     assert!(
         matches!(&err, CheckpointError::Locked { holder, .. } if holder == "process 999999"),
         "{err}"
