@@ -22,7 +22,8 @@ fn spawn(args: &[&str]) -> Child {
         .expect("cannot run mnist-train")
 }
 
-/// The run's flags: sync on 2 workers, a checkpoint every `save_every` steps, all kept.
+/// The run's flags: sync on 2 workers, a checkpoint every `save_every` steps, the newest 3 kept
+/// (so that a run left behind by a failed test cannot fill the disk).
 fn run_args<'a>(
     dir_flag: &'a str,
     dir: &'a str,
@@ -35,7 +36,7 @@ fn run_args<'a>(
         "--log-every",
         "0",
         "--keep",
-        "0",
+        "3",
         dir_flag,
         dir,
         "--steps",

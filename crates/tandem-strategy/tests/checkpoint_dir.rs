@@ -619,14 +619,16 @@ fn truncated_corrupted_and_mismatched_files_are_errors_naming_the_file() {
 const CHILD_DIR: &str = "TANDEM_CHECKPOINT_TEST_CHILD_DIR";
 
 /// The child process of the kill test (run by it, with `--ignored`): saves large checkpoints
-/// for ever.
+/// until it is killed (or has saved 100).
 #[test]
 #[ignore = "the child process of kill_9_mid_write_leaves_only_loadable_checkpoints"]
 fn child_writer() {
     let dir = std::env::var_os(CHILD_DIR).expect("run by the kill test, which names the directory");
     let dir = CheckpointDir::open(Path::new(&dir)).unwrap();
     let layout = big_layout();
-    for step in 1.. {
+    // Bounded, so that a writer whose parent died, or a rotation broken by a mutant, cannot
+    // fill the disk: the parent kills it within a few saves.
+    for step in 1..=100 {
         let values = vec![step as f32; layout[0].len()];
         let state = TrainState {
             params: values.clone(),
@@ -656,6 +658,17 @@ fn writing(dir: &Path) -> bool {
     })
 }
 
+/// A child process killed however the test ends, so that a failed assertion leaves no writer
+/// behind.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 #[test]
 fn kill_9_mid_write_leaves_only_loadable_checkpoints() {
     let exe = std::env::current_exe().unwrap();
@@ -663,13 +676,16 @@ fn kill_9_mid_write_leaves_only_loadable_checkpoints() {
     // shows: in the middle of a write.
     for delay_ms in [Some(0), Some(70), Some(200), None, None] {
         let tmp = tempfile::tempdir().unwrap();
-        let mut child = Command::new(&exe)
-            .args(["--exact", "child_writer", "--ignored", "--test-threads=1"])
-            .env(CHILD_DIR, tmp.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut child = KillOnDrop(
+            Command::new(&exe)
+                .args(["--exact", "child_writer", "--ignored", "--test-threads=1"])
+                .env(CHILD_DIR, tmp.path())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let child = &mut child.0;
         let deadline = Instant::now() + Duration::from_secs(60);
         let ready = |dir: &Path| match delay_ms {
             Some(_) => checkpoint::list(dir).is_ok_and(|l| !l.is_empty()),
