@@ -305,30 +305,35 @@ impl Observer for RunObserver<'_> {
         // The hung workers' threads cannot be joined, so the process ends here, after saving
         // what is consistent.
         self.progress.finish();
-        let names: Vec<String> = stalled
-            .iter()
-            .map(|s| format!("worker {} ({})", s.worker, s.device))
-            .collect();
-        let saved = match (self.saver, state) {
-            (Some(saver), Some(state)) => match saver.save(state) {
-                Ok(path) => format!(
-                    "checkpoint of step {} written to {}",
-                    state.step,
-                    path.display()
-                ),
-                Err(e) => format!("cannot save the last checkpoint: {e:#}"),
-            },
-            (None, _) => "no --checkpoint-dir, nothing saved".to_string(),
-            (Some(_), None) => {
-                "no consistent state to save; the last checkpoint written stays".to_string()
-            }
-        };
-        output::warn(format!(
-            "stopped while {} made no progress: {saved}",
-            names.join(", ")
-        ));
+        output::warn(abandon(self.saver, stalled, state));
         std::process::exit(130);
     }
+}
+
+/// Saves what a run given up on its hung workers can keep, and says so.
+fn abandon(saver: Option<&Saver<'_>>, stalled: &[Stall], state: Option<&TrainState>) -> String {
+    let names: Vec<String> = stalled
+        .iter()
+        .map(|s| format!("worker {} ({})", s.worker, s.device))
+        .collect();
+    let saved = match (saver, state) {
+        (Some(saver), Some(state)) => match saver.save(state) {
+            Ok(path) => format!(
+                "checkpoint of step {} written to {}",
+                state.step,
+                path.display()
+            ),
+            Err(e) => format!("cannot save the last checkpoint: {e:#}"),
+        },
+        (None, _) => "no --checkpoint-dir, nothing saved".to_string(),
+        (Some(_), None) => {
+            "no consistent state to save; the last checkpoint written stays".to_string()
+        }
+    };
+    format!(
+        "stopped while {} made no progress: {saved}",
+        names.join(", ")
+    )
 }
 
 pub fn run(args: &TrainArgs) -> Result<()> {
@@ -510,4 +515,61 @@ fn summarise(
     out!("training time:       {:.1} s", totals.seconds);
     out!("wall time:           {:.1} s", wall.elapsed().as_secs_f64());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tandem_pool::Device;
+
+    use super::*;
+
+    #[test]
+    fn a_run_given_up_on_a_hung_worker_saves_its_consistent_state() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = CheckpointDir::open(tmp.path()).unwrap();
+        let config = RunConfig {
+            mode: Mode::Sync,
+            workers: 2,
+            hyper: Hyper::default(),
+            end_step: 100,
+            save_every: Some(10),
+        };
+        let saver = Saver {
+            dir: &dir,
+            layout: Mlp::MNIST.layout(),
+            metadata: config.to_metadata(),
+            identity: config.identity_keys(),
+            keep: 3,
+        };
+        let stalled = [Stall {
+            worker: 1,
+            device: Device::Cpu { worker: 1 },
+            step: Some(8),
+            idle: Duration::from_secs(400),
+        }];
+        let mut state = initial_state(0.1, 1);
+        state.step = 7;
+
+        let said = abandon(Some(&saver), &stalled, Some(&state));
+        let (step, path) = dir.checkpoints().unwrap().pop().expect("a checkpoint");
+        assert_eq!(step, 7);
+        let loaded = checkpoint::load(&path, &Mlp::MNIST.layout()).unwrap();
+        assert_eq!(loaded.state, state);
+        assert!(
+            said.starts_with("stopped while worker 1 (cpu:1) made no progress"),
+            "{said}"
+        );
+        assert!(
+            said.contains(&format!("step 7 written to {}", path.display())),
+            "{said}"
+        );
+
+        let said = abandon(Some(&saver), &stalled, None);
+        assert!(said.contains("no consistent state"), "{said}");
+        let said = abandon(None, &stalled, Some(&state));
+        assert!(said.contains("nothing saved"), "{said}");
+        assert_eq!(dir.checkpoints().unwrap().len(), 1);
+    }
 }
