@@ -63,48 +63,43 @@ fn end_step(args: &TrainArgs, config: &RunConfig, training_examples: usize) -> R
 /// The flags that a resumed run takes from its checkpoint, given on the command line with a
 /// different value: each is named with both values.
 fn conflicts_with_checkpoint(args: &TrainArgs, saved: &RunConfig) -> Vec<String> {
+    fn text(value: Option<impl ToString>) -> Option<String> {
+        value.map(|v| v.to_string())
+    }
     let h = &saved.hyper;
-    let mut conflicts = Vec::new();
-    let mut differ = |flag: &str, given: Option<String>, saved: String| {
-        if let Some(given) = given.filter(|g| *g != saved) {
-            conflicts.push(format!("{flag} {given} (the run has {saved})"));
-        }
-    };
-    differ(
-        "--sync/--async",
-        args.mode().map(|m| m.name().to_string()),
-        saved.mode.name().to_string(),
-    );
-    differ(
-        "--batch-size",
-        args.batch_size.map(|v| v.to_string()),
-        h.batch_size.to_string(),
-    );
-    differ(
-        "--lr",
-        args.learning_rate.map(|v| v.to_string()),
-        h.learning_rate.to_string(),
-    );
-    differ(
-        "--lr-decay",
-        args.lr_decay.map(|v| v.to_string()),
-        h.lr_decay.to_string(),
-    );
-    differ(
-        "--weight-decay",
-        args.weight_decay.map(|v| v.to_string()),
-        h.weight_decay.to_string(),
-    );
-    differ(
-        "--ema-decay",
-        args.ema_decay.map(|v| v.to_string()),
-        h.ema_decay.to_string(),
-    );
-    differ(
-        "--seed",
-        args.seed.map(|v| v.to_string()),
-        h.seed.to_string(),
-    );
+    let flags = [
+        (
+            "--sync/--async",
+            text(args.mode().map(Mode::name)),
+            saved.mode.name().to_string(),
+        ),
+        (
+            "--batch-size",
+            text(args.batch_size),
+            h.batch_size.to_string(),
+        ),
+        (
+            "--lr",
+            text(args.learning_rate),
+            h.learning_rate.to_string(),
+        ),
+        ("--lr-decay", text(args.lr_decay), h.lr_decay.to_string()),
+        (
+            "--weight-decay",
+            text(args.weight_decay),
+            h.weight_decay.to_string(),
+        ),
+        ("--ema-decay", text(args.ema_decay), h.ema_decay.to_string()),
+        ("--seed", text(args.seed), h.seed.to_string()),
+    ];
+    let mut conflicts: Vec<String> = flags
+        .into_iter()
+        .filter_map(|(flag, given, saved)| {
+            given
+                .filter(|g| *g != saved)
+                .map(|g| format!("{flag} {g} (the run has {saved})"))
+        })
+        .collect();
     if let Some(stddev) = args.init_stddev {
         conflicts.push(format!(
             "--init-stddev {stddev} (the initial weights of a resumed run are long gone)"
@@ -162,12 +157,12 @@ fn starting_point(
     data: &Data,
     target: Option<&CheckpointDir>,
 ) -> Result<(Session, Option<PathBuf>)> {
+    warn_about_oversubscription(&args.devices);
     let layout = Mlp::MNIST.layout();
     let Some(resume) = &args.resume else {
         if let Some(dir) = target {
             refuse_other_runs(dir)?;
         }
-        warn_about_oversubscription(&args.devices);
         let workers = args.devices.resolve()?.len();
         let config = config_from_args(args, workers, data.train.len())?;
         let state = initial_state(
@@ -214,7 +209,6 @@ fn starting_point(
     if let Some(every) = args.save_every {
         config.save_every = Some(every);
     }
-    warn_about_oversubscription(&args.devices);
     let session = Session::open(&args.devices, config, &data.train, saved.state)?;
     if session.config.mode == Mode::Sync && session.config.workers != saved_workers {
         bail!(
