@@ -1,35 +1,55 @@
 #!/usr/bin/env bash
-# The CUDA checks that need no GPU (called by .ci/run):
-#  1. the committed PTX is what kernels/*.cu compile to, and ptxas accepts it for sm_90
-#     (installs the pinned nvcc from PyPI into target/cuda-toolchain when none is installed);
-#  2. the `cuda` feature builds, lints and runs its tests against a stub libcuda, where every
-#     GPU test reports "SKIPPED: ...: no CUDA device" on stderr;
-#  3. no test binary records the stub's folder (RPATH/RUNPATH): on a GPU machine the real
+# The CUDA checks, on a machine without a GPU (called by .ci/run):
+#  1. the committed PTX is what kernels/*.cu (and kernels/conformance/*.cu) compile to, and
+#     ptxas accepts it for sm_90 (installs the pinned nvcc from PyPI into target/cuda-toolchain
+#     when none is installed);
+#  2. the `cuda` feature builds, lints and runs every GPU test against tandem's CPU stand-in
+#     for the CUDA driver (target/cuda-emu: two emulated devices running the PTX in an
+#     interpreter); TANDEM_REQUIRE_GPU=1 turns any skip into a failure;
+#  3. mnist-train built with `cuda` says "no device" cleanly where the driver has none;
+#  4. ordinary CUDA kernels not written for tandem give NumPy's results through the stand-in,
+#     and its strictness answers as the real driver's do (kernels/conformance/check.py);
+#  5. no test binary records the stand-in's folder (RPATH/RUNPATH): on a GPU machine the real
 #     driver must load.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$SECONDS
 
 cargo xtask build-kernels --check
-cargo xtask cuda-stub
+bash kernels/conformance/build.sh --check
+cargo xtask cuda-emu
 
-stub="$PWD/target/cuda-stub"
-export CUDA_LIBRARY_PATH="$stub"
-export LD_LIBRARY_PATH="$stub/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+emu="$PWD/target/cuda-emu"
+export CUDA_LIBRARY_PATH="$emu"
+export LD_LIBRARY_PATH="$emu/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export TANDEM_REQUIRE_GPU=1
 cargo clippy -p tandem-kernels -p tandem-pool -p mnist-train --features cuda --all-targets -- -D warnings
-cargo test -p tandem-kernels -p tandem-pool --features cuda
-# The GPU-enabled trainer links and, without a device, says so instead of crashing.
-cargo build -p mnist-train --features cuda
-if out=$(target/debug/mnist-train --devices cuda:0 --steps 1 2>&1); then
-    echo "cuda.sh: mnist-train --devices cuda:0 succeeded without a GPU" >&2; exit 1
+gpu_tests=$SECONDS
+cargo test -p tandem-kernels -p tandem-pool -p mnist-train --features cuda 2>&1 | tee target/cuda-tests.log
+if grep -q 'SKIPPED' target/cuda-tests.log; then
+    echo "cuda.sh: a GPU test skipped on the stand-in" >&2; exit 1
 fi
-# The stub answers every call with CUDA_ERROR_NO_DEVICE: zero GPUs, said as such (not a panic,
-# not some other error that happens to mention CUDA).
+echo "cuda.sh: GPU tests on the stand-in: $(grep -o '[0-9]* passed' target/cuda-tests.log |
+    awk '{n += $1} END {print n}') passed in $((SECONDS - gpu_tests)) s"
+
+# A driver with no device (the stand-in configured with none): the trainer says so, without a
+# panic or some other error that happens to mention CUDA.
+cargo build -p mnist-train --features cuda
+if out=$(TANDEM_EMU_DEVICES=0 target/debug/mnist-train --devices cuda:0 --steps 1 2>&1); then
+    echo "cuda.sh: mnist-train --devices cuda:0 succeeded without a device" >&2; exit 1
+fi
 expected='Error: there is no CUDA device 0: this machine has 0'
 if [ "$(head -n 1 <<<"$out")" != "$expected" ] || grep -q 'panicked' <<<"$out"; then
     echo "cuda.sh: expected '$expected', got: $out" >&2; exit 1
 fi
-echo "mnist-train without a GPU: $(head -n 1 <<<"$out")"
+echo "mnist-train without a device: $(head -n 1 <<<"$out")"
+
+python="$PWD/target/conformance-python"
+if ! PYTHONPATH="$python" python3 -c 'import numpy' 2>/dev/null; then
+    python3 -m pip install --quiet --target "$python" numpy
+fi
+PYTHONPATH="$python" python3 kernels/conformance/check.py
+PYTHONPATH="$python" python3 kernels/conformance/check.py --strict
 
 binaries=$(cargo test -p tandem-kernels --features cuda --no-run --message-format=json 2>/dev/null |
     grep -o '"executable":"[^"]*"' | cut -d'"' -f4)
@@ -37,8 +57,8 @@ binaries=$(cargo test -p tandem-kernels --features cuda --no-run --message-forma
 needs_driver=0
 for binary in $binaries; do
     dynamic=$(readelf -d "$binary")
-    if grep -E 'RPATH|RUNPATH' <<<"$dynamic" | grep -q 'cuda-stub'; then
-        echo "cuda.sh: $binary records the stub libcuda's folder:" >&2
+    if grep -E 'RPATH|RUNPATH' <<<"$dynamic" | grep -q 'cuda-emu'; then
+        echo "cuda.sh: $binary records the stand-in's folder:" >&2
         grep -E 'RPATH|RUNPATH' <<<"$dynamic" >&2
         exit 1
     fi

@@ -1,7 +1,7 @@
 //! `gpu-bundle`: everything a GPU machine without a Rust toolchain needs to run the CUDA tests,
 //! train on the GPU and time PyTorch beside it, in the ignored folder `gpu-bundle/`.
 //!
-//! The executables link against the stub libcuda here but record only its SONAME
+//! The executables link against the CUDA driver stand-in here but record only its SONAME
 //! (libcuda.so.1), so there they load the real driver.
 
 use std::fs;
@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result};
 
-use crate::{run, stub};
+use crate::{emu, run};
 
 const RUN_SH: &str = include_str!("../bundle/run.sh");
 const TORCH_GPU_PY: &str = include_str!("../bundle/torch_gpu.py");
@@ -28,11 +28,11 @@ pub fn build(root: &Path) -> Result<()> {
     if bundle.exists() {
         fs::remove_dir_all(&bundle).with_context(|| format!("removing {}", bundle.display()))?;
     }
-    let stub = stub::build(root)?;
+    let driver = emu::build(root)?;
 
     let binaries = cargo_executables(
         root,
-        &stub,
+        &driver,
         &[
             "build",
             "--release",
@@ -46,7 +46,7 @@ pub fn build(root: &Path) -> Result<()> {
     copy_all(&binaries, &bundle.join("bin"))?;
     let tests = cargo_executables(
         root,
-        &stub,
+        &driver,
         &[
             "test",
             "--release",
@@ -96,18 +96,18 @@ pub fn build(root: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Runs `cargo ARGS` against the stub driver and returns the executables it built whose
+/// Runs `cargo ARGS` against the stand-in driver and returns the executables it built whose
 /// target name and test-ness `keep` accepts.
 fn cargo_executables(
     root: &Path,
-    stub: &Path,
+    driver: &Path,
     args: &[&str],
     keep: impl Fn(&str, bool) -> bool,
 ) -> Result<Vec<PathBuf>> {
     let json = crate::output(
         Command::new(env!("CARGO"))
             .current_dir(root)
-            .env("CUDA_LIBRARY_PATH", stub)
+            .env("CUDA_LIBRARY_PATH", driver)
             .args(args)
             .arg("--message-format=json")
             .stderr(Stdio::inherit()),

@@ -2,7 +2,8 @@
 //!
 //! * `build-kernels [--check] [--pinned]`: compiles every `kernels/*.cu` to PTX in
 //!   `crates/tandem-kernels/ptx/`, or with `--check` fails when that committed PTX is stale.
-//! * `cuda-stub`: builds a link-only `libcuda.so` for machines without an NVIDIA driver.
+//! * `cuda-emu`: builds tandem's CPU stand-in for the CUDA driver (`libcuda.so.1`, running the
+//!   PTX in an interpreter) into `target/cuda-emu/lib64`, for machines without a GPU.
 //! * `gpu-bundle`: builds the binaries and GPU tests into `gpu-bundle/` with a `run.sh` for a
 //!   GPU machine that has no Rust toolchain.
 //! * `bench-train [--rounds N] [--epochs N]`: whole training runs, sync and async at one and two
@@ -11,6 +12,7 @@
 
 mod bench;
 mod bundle;
+mod emu;
 mod kernels;
 mod mutants;
 mod stub;
@@ -40,6 +42,10 @@ enum Task {
         #[arg(long)]
         pinned: bool,
     },
+    /// Build tandem's CPU stand-in for the CUDA driver (crates/tandem-cuda-emu) as
+    /// target/cuda-emu/lib64/libcuda.so.1: `--features cuda` binaries then link and run their
+    /// kernels without a GPU (see README, "Testing the CUDA backend without a GPU").
+    CudaEmu,
     /// Build a stub libcuda.so (every driver function returns CUDA_ERROR_NO_DEVICE) into
     /// target/cuda-stub/lib64, so that `--features cuda` links and runs without a driver.
     CudaStub,
@@ -70,6 +76,7 @@ fn main() -> Result<()> {
     let root = workspace_root()?;
     match Cli::parse().command {
         Task::BuildKernels { check, pinned } => kernels::build(&root, check, pinned),
+        Task::CudaEmu => emu::build(&root).map(|_| ()),
         Task::CudaStub => stub::build(&root).map(|_| ()),
         Task::GpuBundle => bundle::build(&root),
         Task::BenchTrain { rounds, epochs } => bench::train(&root, rounds, epochs),

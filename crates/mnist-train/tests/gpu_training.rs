@@ -1,0 +1,132 @@
+//! `mnist-train` on CUDA replicas, end to end: on a GPU, or on CPU-only machines through the
+//! CUDA driver stand-in (`cargo xtask cuda-emu`; `.ci/cuda.sh` runs these with it, two emulated
+//! devices). The stand-in interprets every kernel, so the runs are a few steps of small batches.
+//!
+//! Without a device these tests fail rather than skip when `TANDEM_REQUIRE_GPU=1` (CI).
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{arg, data_dir, succeed};
+use tandem_model::Mlp;
+use tandem_strategy::checkpoint;
+
+/// Steps and examples per replica of every run here.
+const STEPS: &str = "4";
+const BATCH: &str = "8";
+
+/// Whether a CUDA device is present; `false` (a visible skip) only when CI does not require one.
+fn gpu_present(test: &str) -> bool {
+    match tandem_kernels::device_count() {
+        Ok(count) if count > 0 => true,
+        outcome => {
+            assert!(
+                std::env::var_os("TANDEM_REQUIRE_GPU").is_none_or(|v| v != "1"),
+                "{test}: TANDEM_REQUIRE_GPU=1 but no CUDA device: {outcome:?}"
+            );
+            eprintln!("SKIPPED: {test}: no CUDA device ({outcome:?})");
+            false
+        }
+    }
+}
+
+/// Trains `mode` on `devices` into a fresh folder under `root` and returns the final checkpoint
+/// and what the run printed.
+fn train(root: &Path, mode: &str, devices: &str) -> (PathBuf, String) {
+    let dir = root.join(format!("{mode}-{}", devices.replace([':', ','], "-")));
+    let out = succeed(&[
+        mode,
+        "--devices",
+        devices,
+        "--steps",
+        STEPS,
+        "--batch-size",
+        BATCH,
+        "--log-every",
+        "1",
+        "--log-format",
+        "plain",
+        "--data-dir",
+        arg(&data_dir()),
+        "--checkpoint-dir",
+        arg(&dir),
+    ]);
+    (dir.join(format!("step-{:010}.safetensors", 4)), out)
+}
+
+/// The largest |a - b| / max(|b|, 1e-3) over two checkpoints' parameters and moving averages.
+fn max_relative_difference(a: &Path, b: &Path) -> f64 {
+    let layout = Mlp::MNIST.layout();
+    let (a, b) = (
+        checkpoint::load(a, &layout).unwrap(),
+        checkpoint::load(b, &layout).unwrap(),
+    );
+    let pairs = a.state.params.iter().zip(&b.state.params);
+    let pairs = pairs.chain(a.state.ema.iter().zip(&b.state.ema));
+    pairs
+        .map(|(&x, &y)| (f64::from(x) - f64::from(y)).abs() / f64::from(y).abs().max(1e-3))
+        .fold(0.0, f64::max)
+}
+
+#[test]
+fn sync_on_two_gpu_replicas_equals_two_cpu_workers() {
+    if !gpu_present("sync_on_two_gpu_replicas_equals_two_cpu_workers") {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let (gpu, out) = train(root.path(), "--sync", "cuda:0x2");
+    assert!(out.contains("cuda:0"), "{out}");
+    let (cpu, _) = train(root.path(), "--sync", "cpu:2");
+    let difference = max_relative_difference(&gpu, &cpu);
+    eprintln!("cuda:0x2 vs cpu:2 after {STEPS} steps: max relative difference {difference:e}");
+    assert!(difference <= 1e-4, "{difference}");
+    // The comparison can fail: the first step alone moves the parameters by far more.
+    let root2 = tempfile::tempdir().unwrap();
+    let one_step = succeed(&[
+        "--sync",
+        "--devices",
+        "cpu:2",
+        "--steps",
+        "1",
+        "--batch-size",
+        BATCH,
+        "--data-dir",
+        arg(&data_dir()),
+        "--checkpoint-dir",
+        arg(root2.path()),
+    ]);
+    assert!(!one_step.is_empty());
+    let early = root2.path().join(format!("step-{:010}.safetensors", 1));
+    assert!(max_relative_difference(&early, &cpu) > 1e-2);
+}
+
+#[test]
+fn async_on_gpu_replicas_trains_and_reports_staleness() {
+    if !gpu_present("async_on_gpu_replicas_trains_and_reports_staleness") {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    for devices in ["cuda:0x2", "cuda:0,1"] {
+        let (last, out) = train(root.path(), "--async", devices);
+        assert!(last.is_file(), "{devices}: no final checkpoint:\n{out}");
+        assert!(
+            out.contains("staleness:"),
+            "{devices}: no staleness line:\n{out}"
+        );
+    }
+}
+
+#[test]
+fn sync_across_two_gpus_equals_two_replicas_on_one() {
+    if !gpu_present("sync_across_two_gpus_equals_two_replicas_on_one") {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let (one_gpu, _) = train(root.path(), "--sync", "cuda:0x2");
+    let (two_gpus, out) = train(root.path(), "--sync", "cuda:0,1");
+    assert!(out.contains("cuda:1"), "{out}");
+    let difference = max_relative_difference(&two_gpus, &one_gpu);
+    assert!(difference <= 1e-6, "{difference}");
+}
