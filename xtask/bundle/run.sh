@@ -2,7 +2,9 @@
 # Runs on a GPU machine with no Rust toolchain (PyTorch with CUDA for the anchor), from the
 # bundle that `cargo xtask gpu-bundle` builds: the CUDA kernel tests, then mnist-train --sync and
 # --async on 1, 2 and 4 replicas of cuda:0, then PyTorch's same model on the same GPU, and one
-# table. Each run is cut off at LIMIT seconds so the whole stays within about 5 minutes.
+# table. First, the conformance suite (kernels/conformance) against NVIDIA's driver: the ordinary
+# kernels must give NumPy's results here as on the CPU stand-in, and the strict checks must get
+# the error codes the stand-in gives. Each run is cut off at LIMIT seconds so the whole stays within about 5 minutes.
 #   EPOCHS=30 LIMIT=30 ./run.sh
 set -uo pipefail
 cd "$(dirname "$0")"
@@ -28,6 +30,15 @@ pick() {
       sed -nE "s#.*$1[^0-9]*([0-9][0-9,]*(\.[0-9]+)?).*#\1#Ip" <<<"$line"
     } | head -n 1 | tr -d ,
 }
+
+echo "== Conformance: ordinary CUDA kernels and the strict checks on the real driver"
+for flags in "" --strict; do
+    log="logs/conformance${flags:+-strict}.log"
+    if ! timeout "$LIMIT" python3 conformance/check.py $flags >"$log" 2>&1; then
+        echo "FAILED: conformance/check.py $flags (see $log)"; failed=1
+    fi
+    cat "$log"
+done
 
 echo "== CUDA kernel tests"
 for t in tests/*; do

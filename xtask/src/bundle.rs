@@ -21,8 +21,8 @@ const TORCH_GPU_PY: &str = include_str!("../bundle/torch_gpu.py");
 const GPU_TESTS: &[&str] = &["cuda", "model_gpu"];
 
 /// Builds `gpu-bundle/`: `bin/mnist-train`, `tests/*` (the `--features cuda` test executables of
-/// tandem-kernels), `anchors/` (the PyTorch anchor, and a GPU driver for it), `data/mnist/` and
-/// `run.sh`.
+/// tandem-kernels), `anchors/` (the PyTorch anchor, and a GPU driver for it), `conformance/`
+/// (kernels/conformance's checker and PTX), `data/mnist/` and `run.sh`.
 pub fn build(root: &Path) -> Result<()> {
     let bundle = root.join("gpu-bundle");
     if bundle.exists() {
@@ -81,6 +81,15 @@ pub fn build(root: &Path) -> Result<()> {
         &anchors,
     )?;
     write(&anchors.join("torch_gpu.py"), TORCH_GPU_PY, false)?;
+    // The conformance suite: its checker and the committed PTX it loads.
+    let conformance: Vec<PathBuf> = fs::read_dir(root.join("kernels/conformance"))
+        .context("reading kernels/conformance")?
+        .map(|entry| entry.map(|e| e.path()))
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter()
+        .filter(|path| path.extension().is_some_and(|e| e == "ptx" || e == "py"))
+        .collect();
+    copy_all(&conformance, &bundle.join("conformance"))?;
     // mnist_idx.py reads ../data/mnist beside its own folder.
     let data: Vec<PathBuf> = fs::read_dir(root.join("data/mnist"))
         .context("reading data/mnist")?
