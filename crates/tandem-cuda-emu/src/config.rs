@@ -1,0 +1,85 @@
+//! The driver's configuration: environment variables read once, at `cuInit`.
+
+use crate::codes::{CUresult, CUDA_ERROR_INVALID_VALUE};
+
+/// What `cuInit` read from the environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// `TANDEM_EMU_DEVICES`: how many devices (default 2; 0 makes `cuInit` fail with
+    /// `CUDA_ERROR_NO_DEVICE`, like a machine without GPUs).
+    pub devices: usize,
+    /// `TANDEM_EMU_DRIVER_VERSION`: the CUDA version `cuDriverGetVersion` reports, as
+    /// `1000 * major + 10 * minor` (default 13000, CUDA 13.0). PTX newer than it is refused.
+    pub driver_version: u32,
+    /// `TANDEM_EMU_MEMORY`: bytes of memory per device (default 16 GiB).
+    pub memory: u64,
+    /// `TANDEM_EMU_THREADS`: host threads per kernel launch (default: available parallelism).
+    pub threads: usize,
+    /// `TANDEM_EMU_STATS`: where to write the statistics JSON at process exit, if anywhere.
+    pub stats: Option<String>,
+}
+
+impl Config {
+    /// Reads the configuration from the environment. An invalid value is reported on stderr,
+    /// naming the variable, and fails with `CUDA_ERROR_INVALID_VALUE`.
+    pub fn from_env() -> Result<Config, CUresult> {
+        Config::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// [`from_env`](Self::from_env) with the variables looked up by `lookup` (for tests).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, CUresult> {
+        let parallelism = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let devices = number(&lookup, "TANDEM_EMU_DEVICES", 2, 0, 64)?;
+        let driver_version = number(&lookup, "TANDEM_EMU_DRIVER_VERSION", 13000, 1000, 99990)?;
+        let memory = number(&lookup, "TANDEM_EMU_MEMORY", 16 << 30, 1, 1 << 40)?;
+        let threads = number(&lookup, "TANDEM_EMU_THREADS", parallelism as u64, 1, 1024)?;
+        let stats = lookup("TANDEM_EMU_STATS").filter(|path| !path.is_empty());
+        Ok(Config {
+            devices: devices as usize,
+            driver_version: driver_version as u32,
+            memory,
+            threads: threads as usize,
+            stats,
+        })
+    }
+}
+
+/// The integer in variable `name`, `default` when unset, in `min..=max`.
+fn number(
+    lookup: &impl Fn(&str) -> Option<String>,
+    name: &str,
+    default: u64,
+    min: u64,
+    max: u64,
+) -> Result<u64, CUresult> {
+    let Some(text) = lookup(name) else {
+        return Ok(default);
+    };
+    match text.trim().parse::<u64>() {
+        Ok(value) if (min..=max).contains(&value) => Ok(value),
+        _ => {
+            eprintln!(
+                "tandem-cuda-emu: {name}={text:?} is invalid: expected an integer from {min} to {max}"
+            );
+            Err(CUDA_ERROR_INVALID_VALUE)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_invalid_values() {
+        let config = Config::from_lookup(|_| None).unwrap();
+        assert_eq!(config.devices, 2);
+        assert_eq!(config.driver_version, 13000);
+        assert_eq!(config.memory, 16 << 30);
+        assert!(config.threads >= 1);
+        let bad = Config::from_lookup(|name| (name == "TANDEM_EMU_THREADS").then(|| "x".into()));
+        assert_eq!(bad, Err(CUDA_ERROR_INVALID_VALUE));
+        let zero = Config::from_lookup(|name| (name == "TANDEM_EMU_DEVICES").then(|| "0".into()));
+        assert_eq!(zero.unwrap().devices, 0);
+    }
+}

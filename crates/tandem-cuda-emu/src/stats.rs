@@ -1,0 +1,139 @@
+//! Counters of what the driver did, written as JSON at process exit when `TANDEM_EMU_STATS`
+//! names a file (so tests and CI can check that work really ran on the stand-in driver).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Mutex;
+
+/// Counters of one stream (or, summed, of the whole process).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    /// Kernels launched directly on the stream.
+    pub kernel_launches: u64,
+    /// Graph executions launched on the stream.
+    pub graph_launches: u64,
+    /// Kernels that ran inside those graphs.
+    pub graph_kernels: u64,
+    /// Bytes copied host to device.
+    pub bytes_htod: u64,
+    /// Bytes copied device to host.
+    pub bytes_dtoh: u64,
+    /// Bytes copied device to device on one device.
+    pub bytes_dtod: u64,
+    /// Bytes copied between devices.
+    pub bytes_peer: u64,
+    /// `cuStreamSynchronize` calls.
+    pub stream_synchronizations: u64,
+}
+
+impl Counts {
+    fn add(&mut self, other: &Counts) {
+        self.kernel_launches += other.kernel_launches;
+        self.graph_launches += other.graph_launches;
+        self.graph_kernels += other.graph_kernels;
+        self.bytes_htod += other.bytes_htod;
+        self.bytes_dtoh += other.bytes_dtoh;
+        self.bytes_dtod += other.bytes_dtod;
+        self.bytes_peer += other.bytes_peer;
+        self.stream_synchronizations += other.stream_synchronizations;
+    }
+
+    fn json(&self, out: &mut String) {
+        let _ = write!(
+            out,
+            "\"kernel_launches\": {}, \"graph_launches\": {}, \"graph_kernels\": {}, \
+             \"bytes_htod\": {}, \"bytes_dtoh\": {}, \"bytes_dtod\": {}, \"bytes_peer\": {}, \
+             \"stream_synchronizations\": {}",
+            self.kernel_launches,
+            self.graph_launches,
+            self.graph_kernels,
+            self.bytes_htod,
+            self.bytes_dtoh,
+            self.bytes_dtod,
+            self.bytes_peer,
+            self.stream_synchronizations
+        );
+    }
+}
+
+/// Process-wide statistics.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Per stream, by stream handle (the legacy NULL streams of contexts included).
+    pub streams: BTreeMap<u64, (usize, Counts)>,
+    /// `cuCtxSynchronize` calls.
+    pub context_synchronizations: u64,
+    /// `cuEventSynchronize` calls.
+    pub event_synchronizations: u64,
+    /// Device allocations made.
+    pub allocations: u64,
+    /// Bytes of those allocations.
+    pub allocation_bytes: u64,
+}
+
+/// The statistics of this process.
+pub static STATS: Mutex<Stats> = Mutex::new(Stats {
+    streams: BTreeMap::new(),
+    context_synchronizations: 0,
+    event_synchronizations: 0,
+    allocations: 0,
+    allocation_bytes: 0,
+});
+
+/// Runs `f` on the statistics (a poisoned lock is still usable: counters cannot be left
+/// inconsistent in a way that matters).
+pub fn with<R>(f: impl FnOnce(&mut Stats) -> R) -> R {
+    let mut stats = STATS.lock().unwrap_or_else(|poison| poison.into_inner());
+    f(&mut stats)
+}
+
+/// Updates the counters of stream `stream` on `device`.
+pub fn stream(stream: u64, device: usize, f: impl FnOnce(&mut Counts)) {
+    with(|stats| {
+        f(&mut stats
+            .streams
+            .entry(stream)
+            .or_insert((device, Counts::default()))
+            .1)
+    });
+}
+
+/// The statistics as a JSON object.
+pub fn to_json(devices: usize, driver_version: u32) -> String {
+    with(|stats| {
+        let mut totals = Counts::default();
+        for (_, counts) in stats.streams.values() {
+            totals.add(counts);
+        }
+        let mut out = String::from("{\n");
+        let _ = writeln!(out, "  \"devices\": {devices},");
+        let _ = writeln!(out, "  \"driver_version\": {driver_version},");
+        out.push_str("  \"totals\": {");
+        totals.json(&mut out);
+        let _ = write!(
+            out,
+            ", \"context_synchronizations\": {}, \"event_synchronizations\": {}, \
+             \"allocations\": {}, \"allocation_bytes\": {}}},\n  \"streams\": {{",
+            stats.context_synchronizations,
+            stats.event_synchronizations,
+            stats.allocations,
+            stats.allocation_bytes
+        );
+        for (i, (id, (device, counts))) in stats.streams.iter().enumerate() {
+            let sep = if i == 0 { "" } else { "," };
+            let _ = write!(out, "{sep}\n    \"{id}\": {{\"device\": {device}, ");
+            counts.json(&mut out);
+            out.push('}');
+        }
+        out.push_str("\n  }\n}\n");
+        out
+    })
+}
+
+/// Writes [`to_json`] to `path`, reporting a failure on stderr (nothing else can be done at
+/// process exit).
+pub fn write(path: &str, devices: usize, driver_version: u32) {
+    if let Err(err) = std::fs::write(path, to_json(devices, driver_version)) {
+        eprintln!("tandem-cuda-emu: writing TANDEM_EMU_STATS file {path}: {err}");
+    }
+}
