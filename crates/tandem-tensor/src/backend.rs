@@ -1,5 +1,6 @@
 use std::sync::Arc;
 
+use crate::check::{self, Operand};
 use crate::cpu;
 
 /// The shape of one matrix product `C (m x n) = op(A) (m x k) . op(B) (k x n)`, all row-major.
@@ -146,7 +147,8 @@ impl ExampleSet {
 /// labels, wherever the backend computes (host memory for [`CpuBackend`], device memory for
 /// CUDA). Operands are passed as `(buffer, offset)` so that one flat buffer can hold every
 /// parameter of a model. Every operation checks that its operands are long enough and returns
-/// an error rather than panicking.
+/// an error rather than panicking: the checks of [`check`](crate::check), the same for every
+/// backend, so that all of them refuse the same inputs with the same [`ShapeError`].
 pub trait Backend: Send {
     /// `f32` storage.
     type Buffer: Send;
@@ -226,7 +228,8 @@ pub trait Backend: Send {
         len: usize,
     ) -> Result<(), Self::Error>;
     /// Fused, numerically stable softmax + cross-entropy over `rows x classes` logits: returns
-    /// the mean loss and writes its gradient with respect to the logits into `dlogits`.
+    /// the mean loss and writes its gradient with respect to the logits into `dlogits`. A label
+    /// outside `0..classes` is an error ([`check::labels`](crate::check::labels)).
     fn softmax_cross_entropy(
         &self,
         logits: &Self::Buffer,
@@ -243,7 +246,8 @@ pub trait Backend: Send {
         cols: usize,
         out: (&mut Self::Buffer, usize),
     ) -> Result<(), Self::Error>;
-    /// How many of the first `rows` rows of `logits` have their argmax at their label.
+    /// How many of the first `rows` rows of `logits` have their argmax at their label. A label
+    /// outside `0..classes` is an error ([`check::labels`](crate::check::labels)).
     fn count_correct(
         &self,
         logits: &Self::Buffer,
@@ -256,26 +260,6 @@ pub trait Backend: Send {
 /// The host backend: single-threaded operations on `Vec`s (one core per worker).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CpuBackend;
-
-fn span<'a>(
-    op: &'static str,
-    operand: &'static str,
-    (buf, offset): (&'a Vec<f32>, usize),
-    len: usize,
-) -> Result<&'a [f32], ShapeError> {
-    ShapeError::check(op, operand, offset.saturating_add(len), buf.len())?;
-    Ok(&buf[offset..offset + len])
-}
-
-fn span_mut<'a>(
-    op: &'static str,
-    operand: &'static str,
-    (buf, offset): (&'a mut Vec<f32>, usize),
-    len: usize,
-) -> Result<&'a mut [f32], ShapeError> {
-    ShapeError::check(op, operand, offset.saturating_add(len), buf.len())?;
-    Ok(&mut buf[offset..offset + len])
-}
 
 impl Backend for CpuBackend {
     type Buffer = Vec<f32>;
@@ -292,12 +276,14 @@ impl Backend for CpuBackend {
     }
 
     fn upload(&self, src: &[f32], dst: &mut Vec<f32>, offset: usize) -> Result<(), ShapeError> {
-        span_mut("upload", "dst", (dst, offset), src.len())?.copy_from_slice(src);
+        check::upload(src.len(), Operand::at(dst.len(), offset))?;
+        dst[offset..offset + src.len()].copy_from_slice(src);
         Ok(())
     }
 
     fn download(&self, src: &Vec<f32>, offset: usize, dst: &mut [f32]) -> Result<(), ShapeError> {
-        dst.copy_from_slice(span("download", "src", (src, offset), dst.len())?);
+        check::download(Operand::at(src.len(), offset), dst.len())?;
+        dst.copy_from_slice(&src[offset..offset + dst.len()]);
         Ok(())
     }
 
@@ -326,17 +312,13 @@ impl Backend for CpuBackend {
         x: &mut Vec<f32>,
         labels: &mut Vec<u32>,
     ) -> Result<(), ShapeError> {
-        let rows = indices.len();
-        ShapeError::check("gather", "x", rows * examples.features(), x.len())?;
-        ShapeError::check("gather", "labels", rows, labels.len())?;
-        if let Some(&bad) = indices.iter().find(|&&i| i as usize >= examples.len()) {
-            return Err(ShapeError {
-                op: "gather",
-                operand: "examples",
-                needed: bad as usize + 1,
-                available: examples.len(),
-            });
-        }
+        check::gather(
+            examples.len(),
+            examples.features(),
+            indices,
+            x.len(),
+            labels.len(),
+        )?;
         cpu::gather(examples, indices, x, labels);
         Ok(())
     }
@@ -344,13 +326,19 @@ impl Backend for CpuBackend {
     fn matmul(
         &self,
         spec: Gemm,
-        a: (&Vec<f32>, usize),
-        b: (&Vec<f32>, usize),
-        c: (&mut Vec<f32>, usize),
+        (a, a_at): (&Vec<f32>, usize),
+        (b, b_at): (&Vec<f32>, usize),
+        (c, c_at): (&mut Vec<f32>, usize),
     ) -> Result<(), ShapeError> {
-        let a = span("matmul", "a", a, spec.m * spec.k)?;
-        let b = span("matmul", "b", b, spec.k * spec.n)?;
-        let c = span_mut("matmul", "c", c, spec.m * spec.n)?;
+        check::matmul(
+            spec,
+            Operand::at(a.len(), a_at),
+            Operand::at(b.len(), b_at),
+            Operand::at(c.len(), c_at),
+        )?;
+        let a = &a[a_at..a_at + spec.m * spec.k];
+        let b = &b[b_at..b_at + spec.k * spec.n];
+        let c = &mut c[c_at..c_at + spec.m * spec.n];
         cpu::matmul(spec, a, b, c);
         Ok(())
     }
@@ -358,15 +346,14 @@ impl Backend for CpuBackend {
     fn bias_add(
         &self,
         x: &mut Vec<f32>,
-        bias: (&Vec<f32>, usize),
+        (bias, bias_at): (&Vec<f32>, usize),
         rows: usize,
         cols: usize,
         activation: Activation,
     ) -> Result<(), ShapeError> {
-        let op = "bias_add";
-        ShapeError::check(op, "cols", 1, cols)?;
-        let bias = span(op, "bias", bias, cols)?;
-        let x = span_mut(op, "x", (x, 0), rows * cols)?;
+        check::bias_add(x.len(), Operand::at(bias.len(), bias_at), rows, cols)?;
+        let bias = &bias[bias_at..bias_at + cols];
+        let x = &mut x[..rows * cols];
         match activation {
             Activation::Identity => cpu::bias_add(x, bias),
             Activation::Relu => cpu::bias_relu(x, bias),
@@ -380,11 +367,8 @@ impl Backend for CpuBackend {
         activation: &Vec<f32>,
         len: usize,
     ) -> Result<(), ShapeError> {
-        let activation = span("relu_backward", "activation", (activation, 0), len)?;
-        cpu::relu_backward(
-            span_mut("relu_backward", "grad", (grad, 0), len)?,
-            activation,
-        );
+        check::relu_backward(grad.len(), activation.len(), len)?;
+        cpu::relu_backward(&mut grad[..len], &activation[..len]);
         Ok(())
     }
 
@@ -397,20 +381,16 @@ impl Backend for CpuBackend {
         dlogits: &mut Vec<f32>,
     ) -> Result<f32, ShapeError> {
         let op = "softmax_cross_entropy";
-        ShapeError::check(op, "classes", 1, classes)?;
-        let logits = span(op, "logits", (logits, 0), rows * classes)?;
-        ShapeError::check(op, "labels", rows, labels.len())?;
+        check::softmax_cross_entropy(logits.len(), labels.len(), rows, classes, dlogits.len())?;
         let labels = &labels[..rows];
-        if let Some(&bad) = labels.iter().find(|&&l| l as usize >= classes) {
-            return Err(ShapeError {
-                op,
-                operand: "labels",
-                needed: bad as usize + 1,
-                available: classes,
-            });
-        }
-        let dlogits = span_mut(op, "dlogits", (dlogits, 0), rows * classes)?;
-        Ok(cpu::softmax_cross_entropy(logits, labels, classes, dlogits))
+        check::labels(op, labels, classes)?;
+        let len = rows * classes;
+        Ok(cpu::softmax_cross_entropy(
+            &logits[..len],
+            labels,
+            classes,
+            &mut dlogits[..len],
+        ))
     }
 
     fn column_sum(
@@ -418,11 +398,10 @@ impl Backend for CpuBackend {
         x: &Vec<f32>,
         rows: usize,
         cols: usize,
-        out: (&mut Vec<f32>, usize),
+        (out, out_at): (&mut Vec<f32>, usize),
     ) -> Result<(), ShapeError> {
-        ShapeError::check("column_sum", "cols", 1, cols)?;
-        let x = span("column_sum", "x", (x, 0), rows * cols)?;
-        cpu::column_sum(x, span_mut("column_sum", "out", out, cols)?);
+        check::column_sum(x.len(), rows, cols, Operand::at(out.len(), out_at))?;
+        cpu::column_sum(&x[..rows * cols], &mut out[out_at..out_at + cols]);
         Ok(())
     }
 
@@ -433,9 +412,13 @@ impl Backend for CpuBackend {
         rows: usize,
         classes: usize,
     ) -> Result<usize, ShapeError> {
-        ShapeError::check("count_correct", "classes", 1, classes)?;
-        let logits = span("count_correct", "logits", (logits, 0), rows * classes)?;
-        ShapeError::check("count_correct", "labels", rows, labels.len())?;
-        Ok(cpu::count_correct(logits, &labels[..rows], classes))
+        check::count_correct(logits.len(), labels.len(), rows, classes)?;
+        let labels = &labels[..rows];
+        check::labels("count_correct", labels, classes)?;
+        Ok(cpu::count_correct(
+            &logits[..rows * classes],
+            labels,
+            classes,
+        ))
     }
 }

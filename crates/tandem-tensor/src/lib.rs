@@ -6,6 +6,8 @@
 //!   written against (matrix products with either operand transposed, bias + ReLU, a fused
 //!   softmax + cross-entropy, column sums, ...). [`CpuBackend`] implements it on the host; the
 //!   `tandem-kernels` crate implements it with CUDA kernels.
+//! * [`check`]: the operand checks of every operation, shared by all backends so that they
+//!   refuse the same inputs with the same error.
 //! * [`cpu`]: the plain CPU functions behind [`CpuBackend`]. They are also the reference twins
 //!   that every GPU kernel is tested against, and hold the host-side optimiser step
 //!   ([`cpu::sgd_ema_update`]).
@@ -25,6 +27,7 @@
 #![warn(missing_docs)]
 
 mod backend;
+pub mod check;
 pub mod cpu;
 mod tensor;
 
