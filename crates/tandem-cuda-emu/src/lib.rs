@@ -55,3 +55,14 @@ pub fn guard(name: &str, body: impl FnOnce() -> Result<(), CUresult>) -> CUresul
         }
     }
 }
+
+/// A test hook: queues a closed [`stream::Gate`] on `stream` (a `CUstream`; NULL: the current
+/// context's NULL stream) and returns it; the stream runs nothing queued after it until it is
+/// opened.
+pub fn hold_stream(stream: api::Handle) -> Result<stream::Gate, CUresult> {
+    let driver = state::driver()?;
+    let stream = driver.stream(stream as u64)?;
+    let gate = stream::Gate::default();
+    stream.enqueue(stream::Work::Gate(gate.clone()));
+    Ok(gate)
+}

@@ -131,6 +131,28 @@ pub enum Work {
     },
     /// The items of a graph, in order.
     Graph(Vec<Work>),
+    /// Blocks the stream until the gate opens (a test hook: see [`Gate`]).
+    Gate(Gate),
+}
+
+/// A test hook: holds a stream's later work back until [`open`](Gate::open)ed, so that tests
+/// can observe asynchronous behaviour deterministically.
+#[derive(Debug, Clone, Default)]
+pub struct Gate(Arc<(Mutex<bool>, Condvar)>);
+
+impl Gate {
+    /// Lets the stream go on.
+    pub fn open(&self) {
+        *self.0 .0.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.0 .1.notify_all();
+    }
+
+    fn pass(&self) {
+        let mut open = self.0 .0.lock().unwrap_or_else(|p| p.into_inner());
+        while !*open {
+            open = self.0 .1.wait(open).unwrap_or_else(|p| p.into_inner());
+        }
+    }
 }
 
 /// An event: records complete in order; waits wait for a given record.
@@ -363,6 +385,7 @@ impl Stream {
         match item {
             Work::Record { event, generation } => event.complete(*generation),
             Work::Wait { event, generation } => event.wait(*generation),
+            Work::Gate(gate) => gate.pass(),
             Work::Graph(items) => {
                 for item in items {
                     self.run(item, runner);

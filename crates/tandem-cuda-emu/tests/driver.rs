@@ -1,0 +1,405 @@
+//! The driver API without kernels, in the default configuration (2 devices, CUDA 13.0).
+//! Each test makes its own context.
+
+mod common;
+
+use std::ffi::{c_char, c_void, CStr};
+use std::ptr::{null, null_mut};
+
+use common::*;
+
+#[test]
+fn devices_report_h200_like_attributes() {
+    check!(cuInit(0));
+    let mut n = 0;
+    check!(cuDeviceGetCount(&mut n));
+    assert_eq!(n, 2);
+    let mut version = 0;
+    check!(cuDriverGetVersion(&mut version));
+    assert_eq!(version, 13000);
+    let attribute = |a: i32| {
+        let mut v = 0;
+        check!(cuDeviceGetAttribute(&mut v, a, 0));
+        v
+    };
+    assert_eq!(attribute(1), 1024);
+    assert_eq!((attribute(2), attribute(3), attribute(4)), (1024, 1024, 64));
+    assert_eq!(
+        (attribute(5), attribute(6), attribute(7)),
+        (i32::MAX, 65535, 65535)
+    );
+    assert_eq!((attribute(8), attribute(97)), (48 * 1024, 227 * 1024));
+    assert_eq!(
+        (attribute(75), attribute(76), attribute(10), attribute(41)),
+        (9, 0, 32, 1)
+    );
+    let mut v = 0;
+    check!(
+        CUDA_ERROR_INVALID_VALUE,
+        cuDeviceGetAttribute(&mut v, 9999, 0)
+    );
+    check!(
+        CUDA_ERROR_INVALID_DEVICE,
+        cuDeviceGetAttribute(&mut v, 1, 2)
+    );
+    let mut name = [0 as c_char; 64];
+    check!(cuDeviceGetName(name.as_mut_ptr(), 64, 1));
+    let name = unsafe { CStr::from_ptr(name.as_ptr()) }.to_str().unwrap();
+    assert!(name.contains("H200"), "{name}");
+    let mut total = 0;
+    check!(cuDeviceTotalMem_v2(&mut total, 0));
+    assert_eq!(total, 16 << 30);
+}
+
+#[test]
+fn error_names_and_strings_are_static_c_strings() {
+    let mut p: *const c_char = null();
+    check!(cuGetErrorName(700, &mut p));
+    assert_eq!(
+        unsafe { CStr::from_ptr(p) }.to_str().unwrap(),
+        "CUDA_ERROR_ILLEGAL_ADDRESS"
+    );
+    check!(cuGetErrorString(700, &mut p));
+    assert_eq!(
+        unsafe { CStr::from_ptr(p) }.to_str().unwrap(),
+        "an illegal memory access was encountered"
+    );
+    check!(CUDA_ERROR_INVALID_VALUE, cuGetErrorName(46, &mut p));
+    assert!(p.is_null());
+}
+
+#[test]
+fn context_calls_without_a_current_context_fail() {
+    check!(cuInit(0));
+    std::thread::spawn(|| {
+        let mut p = 0;
+        check!(CUDA_ERROR_INVALID_CONTEXT, cuMemAlloc_v2(&mut p, 16));
+        check!(CUDA_ERROR_INVALID_CONTEXT, cuCtxSynchronize());
+        let mut s = null_mut();
+        check!(CUDA_ERROR_INVALID_CONTEXT, cuStreamCreate(&mut s, 0));
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+fn primary_contexts_are_reference_counted() {
+    check!(cuInit(0));
+    let (mut a, mut b) = (null_mut(), null_mut());
+    check!(cuDevicePrimaryCtxRetain(&mut a, 1));
+    check!(cuDevicePrimaryCtxRetain(&mut b, 1));
+    assert_eq!(a, b);
+    let (mut flags, mut active) = (0, 0);
+    check!(cuDevicePrimaryCtxRelease_v2(1));
+    check!(cuDevicePrimaryCtxGetState(1, &mut flags, &mut active));
+    assert_eq!(active, 1);
+    check!(cuDevicePrimaryCtxRelease_v2(1));
+    check!(cuDevicePrimaryCtxGetState(1, &mut flags, &mut active));
+    assert_eq!(active, 0);
+    check!(CUDA_ERROR_INVALID_CONTEXT, cuCtxSetCurrent(a));
+}
+
+#[test]
+fn allocation_rules() {
+    let ctx = context(0);
+    let mut p = 0;
+    check!(CUDA_ERROR_INVALID_VALUE, cuMemAlloc_v2(&mut p, 0));
+    check!(
+        CUDA_ERROR_OUT_OF_MEMORY,
+        cuMemAlloc_v2(&mut p, (16 << 30) + 1)
+    );
+    let a = alloc(64);
+    let b = alloc(64);
+    assert!(
+        b >= a + 64 + (1 << 20),
+        "allocations are separated by a gap"
+    );
+    assert!(a >= 1 << 52, "device addresses are not host addresses");
+    check!(CUDA_ERROR_INVALID_VALUE, cuMemFree_v2(a + 4));
+    check!(cuMemFree_v2(a));
+    check!(CUDA_ERROR_INVALID_VALUE, cuMemFree_v2(a));
+    let (mut free, mut total) = (0, 0);
+    check!(cuMemGetInfo_v2(&mut free, &mut total));
+    assert!(free <= total - 64, "the live allocation counts");
+    check!(cuMemFree_v2(b));
+    check!(cuCtxDestroy_v2(ctx));
+}
+
+#[test]
+fn fresh_memory_is_nan() {
+    let ctx = context(0);
+    let p = alloc(8);
+    let mut out = [0f32; 2];
+    check!(cuMemcpyDtoH_v2(out.as_mut_ptr() as *mut c_void, p, 8));
+    assert!(out.iter().all(|v| v.is_nan()));
+    assert_eq!(download(p, 2), [u32::MAX; 2]);
+    check!(cuCtxDestroy_v2(ctx));
+}
+
+#[test]
+fn copies_and_memsets_check_their_device_ranges() {
+    let ctx = context(0);
+    let p = alloc(16);
+    let values = [1u32, 2, 3, 4, 5];
+    check!(
+        CUDA_ERROR_INVALID_VALUE,
+        cuMemcpyHtoD_v2(p, values.as_ptr() as *const c_void, 20)
+    );
+    check!(
+        CUDA_ERROR_INVALID_VALUE,
+        cuMemcpyHtoD_v2(p + 4, values.as_ptr() as *const c_void, 16)
+    );
+    check!(CUDA_ERROR_INVALID_VALUE, cuMemsetD32_v2(p, 7, 5));
+    check!(cuMemsetD32_v2(p, 7, 4));
+    assert_eq!(download(p, 4), [7; 4]);
+    check!(cuMemsetD8_v2(p + 1, 0xAB, 2));
+    assert_eq!(download(p, 1), [0x00AB_AB07]);
+    let q = alloc(16);
+    check!(cuMemcpyDtoD_v2(q, p, 16));
+    assert_eq!(download(q, 4), download(p, 4));
+    check!(cuMemFree_v2(q));
+    let mut out = [0u32; 4];
+    check!(
+        CUDA_ERROR_INVALID_VALUE,
+        cuMemcpyDtoH_v2(out.as_mut_ptr() as *mut c_void, q, 16)
+    );
+    check!(CUDA_ERROR_INVALID_VALUE, cuMemcpyDtoD_v2(q, p, 16));
+    check!(cuCtxDestroy_v2(ctx));
+}
+
+#[test]
+fn copies_to_pinned_memory_are_deferred_until_synchronised() {
+    let ctx = context(0);
+    let s = stream();
+    let p = alloc(16);
+    upload(p, &[1, 2, 3, 4]);
+    let host = pinned(16);
+    unsafe { std::ptr::write_bytes(host, 0, 16) };
+    let gate = hold_stream(s).unwrap();
+    check!(cuMemcpyDtoHAsync_v2(host as *mut c_void, p, 16, s));
+    check!(CUDA_ERROR_NOT_READY, cuStreamQuery(s));
+    let before = unsafe { std::slice::from_raw_parts(host as *const u32, 4) }.to_vec();
+    assert_eq!(
+        before, [0; 4],
+        "read before synchronising: still the old bytes"
+    );
+    gate.open();
+    check!(cuStreamSynchronize(s));
+    let after = unsafe { std::slice::from_raw_parts(host as *const u32, 4) }.to_vec();
+    assert_eq!(after, [1, 2, 3, 4]);
+    // From pageable memory the source is snapshot at the call.
+    let gate = hold_stream(s).unwrap();
+    let mut pageable = vec![9u32; 4];
+    check!(cuMemcpyHtoDAsync_v2(
+        p,
+        pageable.as_ptr() as *const c_void,
+        16,
+        s
+    ));
+    pageable.fill(5);
+    gate.open();
+    check!(cuStreamSynchronize(s));
+    assert_eq!(download(p, 4), [9; 4]);
+    check!(cuMemFreeHost(host as *mut c_void));
+    check!(CUDA_ERROR_INVALID_VALUE, cuMemFreeHost(host as *mut c_void));
+    check!(cuCtxDestroy_v2(ctx));
+}
+
+#[test]
+fn two_streams_are_ordered_by_an_event() {
+    let ctx = context(0);
+    let (a, b) = (stream(), stream());
+    let src = alloc(16);
+    let dst = alloc(16);
+    upload(dst, &[0; 4]);
+    let staging = pinned(16);
+    unsafe { std::ptr::copy_nonoverlapping([4u32, 3, 2, 1].as_ptr() as *const u8, staging, 16) };
+    let mut event = null_mut();
+    check!(cuEventCreate(&mut event, 0));
+    let gate = hold_stream(a).unwrap();
+    check!(cuMemcpyHtoDAsync_v2(src, staging as *const c_void, 16, a));
+    check!(cuEventRecord(event, a));
+    check!(cuStreamWaitEvent(b, event, 0));
+    check!(cuMemcpyDtoDAsync_v2(dst, src, 16, b));
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    check!(CUDA_ERROR_NOT_READY, cuStreamQuery(b));
+    check!(CUDA_ERROR_NOT_READY, cuEventQuery(event));
+    gate.open();
+    check!(cuStreamSynchronize(b));
+    check!(cuEventQuery(event));
+    assert_eq!(download(dst, 4), [4, 3, 2, 1]);
+    let mut end = null_mut();
+    check!(cuEventCreate(&mut end, 0));
+    check!(cuEventRecord(end, a));
+    check!(cuEventSynchronize(end));
+    let mut ms = -1.0;
+    check!(cuEventElapsedTime(&mut ms, event, end));
+    assert!(ms >= 0.0);
+    check!(cuEventDestroy_v2(event));
+    check!(CUDA_ERROR_INVALID_HANDLE, cuEventQuery(event));
+    check!(CUDA_ERROR_INVALID_HANDLE, cuEventRecord(event, a));
+    check!(cuStreamDestroy_v2(b));
+    check!(CUDA_ERROR_INVALID_HANDLE, cuStreamSynchronize(b));
+    check!(CUDA_ERROR_INVALID_HANDLE, cuStreamDestroy_v2(b));
+    check!(cuCtxDestroy_v2(ctx));
+}
+
+#[test]
+fn captured_work_replays_at_each_graph_launch() {
+    let ctx = context(0);
+    let s = stream();
+    let p = alloc(16);
+    let host = pinned(16);
+    check!(cuStreamBeginCapture_v2(s, 0));
+    let mut status = 0;
+    check!(cuStreamIsCapturing(s, &mut status));
+    assert_eq!(status, 1);
+    check!(cuMemsetD32Async(p, 6, 4, s));
+    check!(cuMemcpyDtoHAsync_v2(host as *mut c_void, p, 16, s));
+    check!(
+        CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+        cuStreamSynchronize(s)
+    );
+    let mut graph = null_mut();
+    check!(cuStreamEndCapture(s, &mut graph));
+    // Nothing ran while capturing.
+    assert_eq!(download(p, 1), [u32::MAX]);
+    let mut exec = null_mut();
+    check!(cuGraphInstantiate_v2(
+        &mut exec,
+        graph,
+        null_mut(),
+        null_mut(),
+        0
+    ));
+    for _ in 0..2 {
+        upload(p, &[0; 4]);
+        unsafe { std::ptr::write_bytes(host, 0, 16) };
+        check!(cuGraphLaunch(exec, s));
+        check!(cuStreamSynchronize(s));
+        assert_eq!(download(p, 4), [6; 4]);
+        assert_eq!(
+            unsafe { std::slice::from_raw_parts(host as *const u32, 4) },
+            [6; 4]
+        );
+    }
+    check!(cuGraphExecDestroy(exec));
+    check!(CUDA_ERROR_INVALID_HANDLE, cuGraphLaunch(exec, s));
+    check!(cuGraphDestroy(graph));
+    check!(cuCtxDestroy_v2(ctx));
+}
+
+#[test]
+fn peer_access_rules() {
+    let ctx0 = context(0);
+    let ctx1 = context(1);
+    let mut can = -1;
+    check!(cuDeviceCanAccessPeer(&mut can, 0, 1));
+    assert_eq!(can, 1);
+    check!(cuDeviceCanAccessPeer(&mut can, 0, 0));
+    assert_eq!(can, 0);
+    // Current: ctx1 (device 1).
+    check!(
+        CUDA_ERROR_PEER_ACCESS_NOT_ENABLED,
+        cuCtxDisablePeerAccess(ctx0)
+    );
+    check!(cuCtxEnablePeerAccess(ctx0, 0));
+    check!(
+        CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED,
+        cuCtxEnablePeerAccess(ctx0, 0)
+    );
+    check!(
+        CUDA_ERROR_PEER_ACCESS_UNSUPPORTED,
+        cuCtxEnablePeerAccess(ctx1, 0)
+    );
+    check!(cuCtxDisablePeerAccess(ctx0));
+    // Copies between devices need no peer access.
+    let on1 = alloc(16);
+    upload(on1, &[8; 4]);
+    check!(cuCtxSetCurrent(ctx0));
+    let on0 = alloc(16);
+    check!(cuMemcpyPeer(on0, ctx0, on1, ctx1, 16));
+    assert_eq!(download(on0, 4), [8; 4]);
+    check!(cuCtxDestroy_v2(ctx1));
+    check!(cuCtxDestroy_v2(ctx0));
+}
+
+#[test]
+fn handles_are_validated() {
+    let ctx = context(1);
+    let bogus = 0xdead_beef_usize as Handle;
+    check!(CUDA_ERROR_INVALID_HANDLE, cuStreamSynchronize(bogus));
+    check!(CUDA_ERROR_INVALID_HANDLE, cuEventSynchronize(bogus));
+    check!(CUDA_ERROR_INVALID_HANDLE, cuModuleUnload(bogus));
+    check!(CUDA_ERROR_INVALID_HANDLE, cuGraphDestroy(bogus));
+    check!(CUDA_ERROR_INVALID_CONTEXT, cuCtxSetCurrent(bogus));
+    // A stream handle is not an event handle.
+    let s = stream();
+    check!(CUDA_ERROR_INVALID_HANDLE, cuEventQuery(s));
+    check!(cuCtxDestroy_v2(ctx));
+    check!(CUDA_ERROR_INVALID_HANDLE, cuStreamQuery(s));
+    check!(CUDA_ERROR_NOT_SUPPORTED, cuMemAllocManaged());
+}
+
+#[test]
+fn streams_on_several_threads_at_once() {
+    check!(cuInit(0));
+    let threads: Vec<_> = (0..4u32)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let ctx = context((t % 2) as i32);
+                let s = stream();
+                let p = alloc(4096);
+                let q = alloc(4096);
+                for round in 0..50u32 {
+                    let values = vec![t * 1000 + round; 1024];
+                    check!(cuMemcpyHtoDAsync_v2(
+                        p,
+                        values.as_ptr() as *const c_void,
+                        4096,
+                        s
+                    ));
+                    check!(cuMemcpyDtoDAsync_v2(q, p, 4096, s));
+                    let mut out = vec![0u32; 1024];
+                    check!(cuMemcpyDtoHAsync_v2(
+                        out.as_mut_ptr() as *mut c_void,
+                        q,
+                        4096,
+                        s
+                    ));
+                    assert_eq!(out, values);
+                }
+                check!(cuStreamSynchronize(s));
+                check!(cuCtxDestroy_v2(ctx));
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+}
+
+#[test]
+fn statistics_are_json() {
+    let ctx = context(0);
+    let s = stream();
+    let p = alloc(32);
+    let values = [1u32; 8];
+    check!(cuMemcpyHtoDAsync_v2(
+        p,
+        values.as_ptr() as *const c_void,
+        32,
+        s
+    ));
+    check!(cuStreamSynchronize(s));
+    let json = tandem_cuda_emu::stats::to_json(2, 13000);
+    let value: serde_json::Value = serde_json::from_str(&json).expect("valid JSON");
+    assert_eq!(value["devices"], 2);
+    assert_eq!(value["driver_version"], 13000);
+    assert!(value["totals"]["bytes_htod"].as_u64().unwrap() >= 32);
+    assert!(value["totals"]["allocations"].as_u64().unwrap() >= 1);
+    let mine = &value["streams"][(s as u64).to_string()];
+    assert_eq!(mine["bytes_htod"], 32);
+    assert_eq!(mine["stream_synchronizations"], 1);
+    check!(cuCtxDestroy_v2(ctx));
+}

@@ -1,0 +1,180 @@
+//! Every driver function cust_raw declares is exported by exactly one of the implemented
+//! (src/api.rs) and unsupported (src/unsupported.rs) lists, and every error code the driver can
+//! return is a variant of cust_raw's `CUresult` (CUDA 11.4's list, all that cust knows).
+//!
+//! cust_raw's bindings are found through `cargo metadata`; not finding them fails the test.
+//! `REGENERATE_UNSUPPORTED=1` rewrites src/unsupported.rs from them first.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// cust_raw's `src/cuda.rs`, as the workspace resolves it.
+fn bindings() -> String {
+    let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let output = Command::new(env!("CARGO"))
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--all-features",
+            "--manifest-path",
+        ])
+        .arg(manifest_dir.join("../../Cargo.toml"))
+        .output()
+        .expect("running cargo metadata");
+    assert!(
+        output.status.success(),
+        "cargo metadata failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let metadata: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("cargo metadata's output is JSON");
+    let manifest = metadata["packages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["name"] == "cust_raw")
+        .and_then(|p| p["manifest_path"].as_str())
+        .map(PathBuf::from)
+        .expect("cargo metadata lists no cust_raw package (is cust a dependency?)");
+    let path = manifest
+        .parent()
+        .expect("a folder")
+        .join("src")
+        .join("cuda.rs");
+    std::fs::read_to_string(&path).unwrap_or_else(|err| panic!("reading {}: {err}", path.display()))
+}
+
+/// The `cu*` names declared (`pub fn cuName(`) in the bindings.
+fn declared(bindings: &str) -> BTreeSet<String> {
+    bindings
+        .lines()
+        .filter_map(|line| line.trim_start().strip_prefix("pub fn "))
+        .filter_map(|rest| rest.split('(').next())
+        .filter(|name| name.starts_with("cu"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The names defined in `api!` (`    fn cuName(`) of src/api.rs.
+fn implemented() -> BTreeSet<String> {
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/api.rs"))
+        .expect("reading src/api.rs");
+    text.lines()
+        .filter_map(|line| line.strip_prefix("    fn "))
+        .filter_map(|rest| rest.split('(').next())
+        .filter(|name| name.starts_with("cu"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The names in src/unsupported.rs's `unsupported!` list.
+fn unsupported(text: &str) -> BTreeSet<String> {
+    let list = text
+        .split("unsupported! {")
+        .nth(1)
+        .expect("the unsupported! list");
+    list.split_whitespace()
+        .filter(|w| w.starts_with("cu"))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn every_declared_function_is_exported_exactly_once() {
+    let declared = declared(&bindings());
+    assert!(
+        declared.len() > 300,
+        "only {} functions found",
+        declared.len()
+    );
+    let implemented = implemented();
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/unsupported.rs");
+    let mut text = std::fs::read_to_string(&path).expect("reading src/unsupported.rs");
+    if std::env::var_os("REGENERATE_UNSUPPORTED").is_some() {
+        let head = text
+            .split("unsupported! {")
+            .next()
+            .expect("a header")
+            .to_string();
+        let mut list = String::new();
+        for name in declared.difference(&implemented) {
+            list.push_str(&format!("    {name}\n"));
+        }
+        text = format!("{head}unsupported! {{\n{list}}}\n");
+        std::fs::write(&path, &text).expect("writing src/unsupported.rs");
+    }
+    let unsupported = unsupported(&text);
+    let both: Vec<_> = implemented.intersection(&unsupported).collect();
+    assert!(
+        both.is_empty(),
+        "both implemented and unsupported: {both:?}"
+    );
+    let exported: BTreeSet<_> = implemented.union(&unsupported).cloned().collect();
+    let missing: Vec<_> = declared.difference(&exported).collect();
+    assert!(
+        missing.is_empty(),
+        "declared by cust_raw but not exported: {missing:?}"
+    );
+    let extra: Vec<_> = exported.difference(&declared).collect();
+    assert!(
+        extra.is_empty(),
+        "exported but not declared by cust_raw: {extra:?}"
+    );
+}
+
+#[test]
+fn every_error_code_is_a_cuda_11_4_result() {
+    let bindings = bindings();
+    let start = bindings
+        .find("pub enum cudaError_enum")
+        .expect("the CUresult enum");
+    let body = &bindings[start..start + bindings[start..].find('}').expect("its end")];
+    for (name, value, _) in tandem_cuda_emu::codes::ALL {
+        assert!(
+            body.contains(&format!("{name} = {value},")),
+            "{name} = {value} is not in cust_raw's CUresult"
+        );
+    }
+}
+
+#[test]
+fn the_shared_library_exports_them_under_the_real_soname() {
+    // The cdylib is built next to this test's binary's folder (target/<profile>/).
+    let exe = std::env::current_exe().expect("the test binary");
+    let so = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|dir| dir.join("libtandem_cuda_emu.so"));
+    let Some(so) = so.filter(|so| so.exists()) else {
+        panic!("libtandem_cuda_emu.so not found next to {}", exe.display());
+    };
+    let Ok(output) = Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(&so)
+        .output()
+    else {
+        eprintln!("nm is not installed: skipping the symbol table check");
+        return;
+    };
+    let symbols = String::from_utf8_lossy(&output.stdout);
+    let exported: BTreeSet<&str> = symbols
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2))
+        .collect();
+    for name in declared(&bindings()) {
+        assert!(
+            exported.contains(name.as_str()),
+            "{} does not export {name}",
+            so.display()
+        );
+    }
+    let readelf = Command::new("readelf").arg("-d").arg(&so).output();
+    if let Ok(readelf) = readelf {
+        assert!(
+            String::from_utf8_lossy(&readelf.stdout).contains("[libcuda.so.1]"),
+            "SONAME is not libcuda.so.1"
+        );
+    }
+}
