@@ -8,6 +8,22 @@
 
 use std::sync::Arc;
 
+mod decode;
+mod exec;
+mod float;
+mod ir;
+mod lex;
+mod parse;
+
+/// Start of the generic-address window that maps to the block's `.shared` memory
+/// (`cvta.shared` adds it, `cvta.to.shared` subtracts it). The driver must not hand out global
+/// addresses in `[GENERIC_SHARED_BASE, GENERIC_SHARED_BASE + WINDOW_SIZE)`.
+pub const GENERIC_SHARED_BASE: u64 = 0x7FFF_0000_0000_0000;
+/// Start of the generic-address window that maps to the thread's `.local` memory.
+pub const GENERIC_LOCAL_BASE: u64 = 0x7FFE_0000_0000_0000;
+/// Size of each generic window.
+pub const WINDOW_SIZE: u64 = 1 << 40;
+
 /// A parse or decode failure: the 1-based line and what is wrong there.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("line {line}: {message}")]
@@ -32,58 +48,149 @@ pub struct Param {
 /// An `.entry` of a parsed module.
 #[derive(Debug)]
 pub struct Kernel {
-    // private: decoded body, registers, name, params, shared/local sizes
+    prog: Arc<parse::Program>,
+    name: String,
+    params: Vec<Param>,
+    param_bytes: usize,
+    static_shared: usize,
+    /// Where dynamic shared memory starts.
+    dyn_offset: usize,
+    /// The register file a thread starts with (constants and symbol addresses filled in).
+    template: Vec<u64>,
+    /// First instruction.
+    start: u32,
 }
 
 impl Kernel {
     /// The entry's name.
     pub fn name(&self) -> &str {
-        todo!()
+        &self.name
     }
     /// The parameters in order, with their offsets in the packed buffer [`run`] takes.
     pub fn params(&self) -> &[Param] {
-        todo!()
+        &self.params
     }
     /// Total bytes of the packed parameter buffer (end of the last parameter, 0 if none).
     pub fn param_bytes(&self) -> usize {
-        todo!()
+        self.param_bytes
     }
     /// Bytes of statically declared `.shared` memory this entry uses (its own and the module's
     /// that it references).
     pub fn static_shared_bytes(&self) -> usize {
-        todo!()
+        self.static_shared
+    }
+
+    /// Bytes of shared memory a block holds with `dynamic` dynamic bytes.
+    fn shared_bytes(&self, dynamic: usize) -> usize {
+        if dynamic == 0 {
+            self.static_shared
+        } else {
+            self.dyn_offset + dynamic
+        }
+    }
+
+    fn new(prog: &Arc<parse::Program>, fi: usize) -> Kernel {
+        let f = &prog.funcs[fi];
+        // Functions reachable from the entry, for the shared memory it uses.
+        let mut reach = vec![fi];
+        let mut i = 0;
+        while i < reach.len() {
+            for &c in &prog.funcs[reach[i]].calls {
+                if !reach.contains(&c) {
+                    reach.push(c);
+                }
+            }
+            i += 1;
+        }
+        let mut shared_off: Vec<(usize, usize)> = Vec::new();
+        let mut end = 0usize;
+        let mut dyn_align = 16usize;
+        for &r in &reach {
+            for &s in &prog.funcs[r].shared {
+                let sym = &prog.syms[s];
+                if shared_off.iter().any(|&(x, _)| x == s) {
+                    continue;
+                }
+                if sym.space == parse::SymSpace::DynShared {
+                    dyn_align = dyn_align.max(sym.align);
+                    continue;
+                }
+                let o = end.div_ceil(sym.align) * sym.align;
+                shared_off.push((s, o));
+                end = o + sym.size;
+            }
+        }
+        let dyn_offset = end.div_ceil(dyn_align) * dyn_align;
+        let mut template = vec![0u64; prog.nslots as usize];
+        for &(slot, src) in &prog.consts {
+            template[slot as usize] = match src {
+                parse::ConstSrc::Imm(v) => v,
+                parse::ConstSrc::Sym(id) => {
+                    let sym = &prog.syms[id];
+                    match sym.space {
+                        parse::SymSpace::Shared => shared_off.iter().find(|x| x.0 == id).map_or(0, |x| x.1 as u64),
+                        parse::SymSpace::DynShared => dyn_offset as u64,
+                        parse::SymSpace::Local | parse::SymSpace::KernelParam => sym.offset as u64,
+                        parse::SymSpace::FuncParam => parse::FPARAM_BASE + sym.offset as u64,
+                    }
+                }
+            };
+        }
+        let params: Vec<Param> = f
+            .params
+            .iter()
+            .map(|&p| {
+                let s = &prog.syms[p];
+                Param { offset: s.offset, size: s.size, align: s.align }
+            })
+            .collect();
+        let param_bytes = params.last().map_or(0, |p| p.offset + p.size);
+        Kernel {
+            prog: Arc::clone(prog),
+            name: f.name.clone(),
+            params,
+            param_bytes,
+            static_shared: end,
+            dyn_offset,
+            template,
+            start: f.start,
+        }
     }
 }
 
 /// A parsed, pre-decoded PTX module.
 #[derive(Debug)]
 pub struct Module {
-    // private
+    prog: Arc<parse::Program>,
+    kernels: Vec<Arc<Kernel>>,
 }
 
 impl Module {
     /// Parses `text`. Any unknown directive or instruction is an error naming it and its line;
     /// never a panic, whatever the text.
     pub fn parse(text: &str) -> Result<Module, ParseError> {
-        let _ = text;
-        todo!()
+        let prog = Arc::new(parse::parse(text)?);
+        let kernels = (0..prog.funcs.len())
+            .filter(|&i| prog.funcs[i].entry && prog.funcs[i].defined)
+            .map(|i| Arc::new(Kernel::new(&prog, i)))
+            .collect();
+        Ok(Module { prog, kernels })
     }
     /// The `.version` directive: (major, minor), e.g. (9, 0).
     pub fn version(&self) -> (u32, u32) {
-        todo!()
+        self.prog.version
     }
     /// The `.target` directive's first architecture, e.g. "sm_75".
     pub fn target(&self) -> &str {
-        todo!()
+        &self.prog.target
     }
     /// The `.entry` called `name` (`.func`s are not kernels).
     pub fn kernel(&self, name: &str) -> Option<Arc<Kernel>> {
-        let _ = name;
-        todo!()
+        self.kernels.iter().find(|k| k.name == name).cloned()
     }
     /// Names of every `.entry`, in file order.
     pub fn kernel_names(&self) -> Vec<String> {
-        todo!()
+        self.kernels.iter().map(|k| k.name.clone()).collect()
     }
 }
 
@@ -154,6 +261,5 @@ pub enum ExecError {
 /// Runs `kernel` once over the whole grid. Each error message names the kernel, the block and
 /// thread, and the PTX line of the faulting instruction.
 pub fn run(kernel: &Kernel, launch: &Launch<'_>, memory: &dyn GlobalMemory) -> Result<(), ExecError> {
-    let _ = (kernel, launch, memory);
-    todo!()
+    exec::run(kernel, launch, memory)
 }

@@ -1,0 +1,703 @@
+//! Decoding one instruction's opcode, modifiers and operands into an [`Op`].
+
+use crate::ir::*;
+use crate::parse::{Decoded, Parser, Raw, SINK};
+use crate::ParseError;
+
+/// `Err(None)`: an unknown instruction (the caller names it).
+type R = Result<Decoded, Option<ParseError>>;
+
+/// The modifiers after the base opcode; decoders remove what they understand.
+struct Mods<'a>(Vec<&'a str>);
+
+impl<'a> Mods<'a> {
+    fn has(&mut self, m: &str) -> bool {
+        match self.0.iter().position(|x| *x == m) {
+            Some(i) => {
+                self.0.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+    fn any(&mut self, list: &[&str]) -> Option<&'a str> {
+        let i = self.0.iter().position(|x| list.contains(x))?;
+        Some(self.0.remove(i))
+    }
+    fn drop_all(&mut self, list: &[&str]) {
+        self.0.retain(|x| !list.contains(x));
+    }
+    fn rnd(&mut self) -> Rnd {
+        match self.any(&["rn", "rz", "rm", "rp", "rni", "rzi", "rmi", "rpi"]) {
+            Some("rn") => Rnd::Rn,
+            Some("rz") => Rnd::Rz,
+            Some("rm") => Rnd::Rm,
+            Some("rp") => Rnd::Rp,
+            Some("rni") => Rnd::Rni,
+            Some("rzi") => Rnd::Rzi,
+            Some("rmi") => Rnd::Rmi,
+            Some("rpi") => Rnd::Rpi,
+            _ => Rnd::Default,
+        }
+    }
+    fn space(&mut self) -> Space {
+        match self.any(&["global", "shared", "local", "param", "const"]) {
+            Some("global") => Space::Global,
+            Some("shared") => {
+                self.drop_all(&["cta"]);
+                Space::Shared
+            }
+            Some("local") => Space::Local,
+            Some("param") => Space::Param,
+            Some("const") => Space::Const,
+            _ => Space::Generic,
+        }
+    }
+    /// The single remaining modifier, a type.
+    fn ty(&self) -> Option<Ty> {
+        match self.0.as_slice() {
+            [t] => Ty::parse(t),
+            _ => None,
+        }
+    }
+    /// The two remaining modifiers, both types.
+    fn ty2(&self) -> Option<(Ty, Ty)> {
+        match self.0.as_slice() {
+            [a, b] => Some((Ty::parse(a)?, Ty::parse(b)?)),
+            _ => None,
+        }
+    }
+}
+
+fn n_ops(ops: &[Raw], n: usize) -> Result<(), Option<ParseError>> {
+    if ops.len() == n {
+        Ok(())
+    } else {
+        Err(None)
+    }
+}
+
+fn done(op: Op) -> R {
+    Ok(Decoded::Op(op))
+}
+
+fn cmp(s: &str) -> Option<Cmp> {
+    Some(match s {
+        "eq" => Cmp::Eq,
+        "ne" => Cmp::Ne,
+        "lt" => Cmp::Lt,
+        "le" => Cmp::Le,
+        "gt" => Cmp::Gt,
+        "ge" => Cmp::Ge,
+        "lo" => Cmp::Lo,
+        "ls" => Cmp::Ls,
+        "hi" => Cmp::Hi,
+        "hs" => Cmp::Hs,
+        "equ" => Cmp::Equ,
+        "neu" => Cmp::Neu,
+        "ltu" => Cmp::Ltu,
+        "leu" => Cmp::Leu,
+        "gtu" => Cmp::Gtu,
+        "geu" => Cmp::Geu,
+        "num" => Cmp::Num,
+        "nan" => Cmp::Nan,
+        _ => return None,
+    })
+}
+
+fn mask(ty: Ty) -> u64 {
+    match ty.bits() {
+        64 => u64::MAX,
+        b => (1u64 << b) - 1,
+    }
+}
+
+/// Decodes `base.mods... ops`.
+pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], line: usize) -> R {
+    let mut m = Mods(mods.to_vec());
+    match base {
+        "add" | "sub" | "mul" | "div" | "rem" | "min" | "max" | "and" | "or" | "xor" | "shl" | "shr" | "mul24"
+        | "copysign" => binary(p, base, &mut m, ops, line),
+        "abs" | "neg" | "not" | "cnot" | "popc" | "clz" | "brev" | "sqrt" | "rcp" | "rsqrt" | "ex2" | "lg2" | "sin"
+        | "cos" | "tanh" => unary(p, base, &mut m, ops, line),
+        "addc" | "subc" => {
+            n_ops(ops, 3)?;
+            let cc = m.has("cc");
+            let ty = m.ty().ok_or(None)?;
+            if !matches!(ty.bits(), 32 | 64) || ty.float() {
+                return Err(None);
+            }
+            let (d, a, b) = (p.dst(&ops[0], line)?, p.src(&ops[1], ty, line)?, p.src(&ops[2], ty, line)?);
+            done(Op::AddCc { carry_in: true, carry_out: cc, ty, sub: base == "subc", d, a, b })
+        }
+        "mad" | "fma" | "mad24" => mad(p, base, &mut m, ops, line),
+        "bfe" => {
+            n_ops(ops, 4)?;
+            let ty = m.ty().ok_or(None)?;
+            let d = p.dst(&ops[0], line)?;
+            let (a, b, c) = (p.src(&ops[1], ty, line)?, p.src(&ops[2], Ty::U32, line)?, p.src(&ops[3], Ty::U32, line)?);
+            done(Op::Bfe { ty, d, a, b, c })
+        }
+        "bfi" => {
+            n_ops(ops, 5)?;
+            let ty = m.ty().ok_or(None)?;
+            let d = p.dst(&ops[0], line)?;
+            let (f, a) = (p.src(&ops[1], ty, line)?, p.src(&ops[2], ty, line)?);
+            let (b, c) = (p.src(&ops[3], Ty::U32, line)?, p.src(&ops[4], Ty::U32, line)?);
+            done(Op::Bfi { ty, d, f, a, b, c })
+        }
+        "prmt" => {
+            n_ops(ops, 4)?;
+            if m.ty() != Some(Ty::B32) {
+                return Err(None);
+            }
+            let d = p.dst(&ops[0], line)?;
+            let (a, b, c) = (p.src(&ops[1], Ty::B32, line)?, p.src(&ops[2], Ty::B32, line)?, p.src(&ops[3], Ty::B32, line)?);
+            done(Op::Prmt { d, a, b, c })
+        }
+        "lop3" => {
+            n_ops(ops, 5)?;
+            if m.ty() != Some(Ty::B32) {
+                return Err(None);
+            }
+            let Raw::Imm(crate::parse::Imm::Int(lut)) = ops[4] else {
+                return Err(Some(ParseError { line, message: "lop3 needs an immediate table".into() }));
+            };
+            let d = p.dst(&ops[0], line)?;
+            let (a, b, c) = (p.src(&ops[1], Ty::B32, line)?, p.src(&ops[2], Ty::B32, line)?, p.src(&ops[3], Ty::B32, line)?);
+            done(Op::Lop3 { d, a, b, c, lut: lut as u8 })
+        }
+        "shf" => {
+            n_ops(ops, 4)?;
+            let left = match m.any(&["l", "r"]) {
+                Some("l") => true,
+                Some(_) => false,
+                None => return Err(None),
+            };
+            let clamp = match m.any(&["clamp", "wrap"]) {
+                Some("clamp") => true,
+                Some(_) => false,
+                None => return Err(None),
+            };
+            if m.ty() != Some(Ty::B32) {
+                return Err(None);
+            }
+            let d = p.dst(&ops[0], line)?;
+            let (a, b, c) = (p.src(&ops[1], Ty::B32, line)?, p.src(&ops[2], Ty::B32, line)?, p.src(&ops[3], Ty::U32, line)?);
+            done(Op::Shf { left, clamp, d, a, b, c })
+        }
+        "testp" => {
+            n_ops(ops, 2)?;
+            let op = match m.any(&["finite", "infinite", "number", "notanumber", "normal", "subnormal"]) {
+                Some("finite") => 0,
+                Some("infinite") => 1,
+                Some("number") => 2,
+                Some("notanumber") => 3,
+                Some("normal") => 4,
+                Some(_) => 5,
+                None => return Err(None),
+            };
+            let ty = m.ty().filter(|t| matches!(t, Ty::F32 | Ty::F64)).ok_or(None)?;
+            let (d, a) = (p.dst(&ops[0], line)?, p.src(&ops[1], ty, line)?);
+            done(Op::Testp { op, ty, d, a })
+        }
+        "setp" => setp(p, &mut m, ops, line),
+        "selp" => {
+            n_ops(ops, 4)?;
+            let ty = m.ty().ok_or(None)?;
+            let d = p.dst(&ops[0], line)?;
+            let (a, b) = (p.src(&ops[1], ty, line)?, p.src(&ops[2], ty, line)?);
+            let (c, neg) = p.pred_src(&ops[3], line)?;
+            if neg {
+                return Err(None);
+            }
+            done(Op::Selp { mask: mask(ty), d, a, b, p: c })
+        }
+        "slct" => {
+            n_ops(ops, 4)?;
+            let ftz = m.has("ftz");
+            let (ty, cty) = m.ty2().ok_or(None)?;
+            if !matches!(cty, Ty::S32 | Ty::F32) {
+                return Err(None);
+            }
+            let d = p.dst(&ops[0], line)?;
+            let (a, b, c) = (p.src(&ops[1], ty, line)?, p.src(&ops[2], ty, line)?, p.src(&ops[3], cty, line)?);
+            done(Op::Slct { ty, cty, ftz, d, a, b, c })
+        }
+        "mov" => mov(p, &mut m, ops, line),
+        "cvt" => {
+            n_ops(ops, 2)?;
+            let rnd = m.rnd();
+            let ftz = m.has("ftz");
+            let sat = m.has("sat");
+            let (dty, sty) = m.ty2().ok_or(None)?;
+            if dty == Ty::Pred || sty == Ty::Pred {
+                return Err(None);
+            }
+            let (d, a) = (p.dst(&ops[0], line)?, p.src(&ops[1], sty, line)?);
+            done(Op::Cvt { dty, sty, rnd, sat, ftz, d, a })
+        }
+        "cvta" => {
+            n_ops(ops, 2)?;
+            let to = m.has("to");
+            let space = m.space();
+            if !matches!(space, Space::Global | Space::Shared | Space::Local | Space::Const | Space::Param) {
+                return Err(None);
+            }
+            let ty = m.ty().ok_or(None)?;
+            if !matches!(ty, Ty::U32 | Ty::U64 | Ty::B32 | Ty::B64) {
+                return Err(None);
+            }
+            let (d, a) = (p.dst(&ops[0], line)?, p.src(&ops[1], ty, line)?);
+            done(Op::Cvta { to, space, bits32: ty.bits() == 32, d, a })
+        }
+        "ld" | "ldu" | "st" => ld_st(p, base == "st", &mut m, ops, line),
+        "atom" | "red" => atom(p, base == "red", &mut m, ops, line),
+        "bra" | "brx" => {
+            m.drop_all(&["uni"]);
+            if !m.0.is_empty() || base == "brx" {
+                return Err(None);
+            }
+            match ops {
+                [Raw::Name(l)] => Ok(Decoded::Branch(l.clone())),
+                _ => Err(Some(ParseError { line, message: "bra needs a label".into() })),
+            }
+        }
+        "call" => {
+            m.drop_all(&["uni"]);
+            if !m.0.is_empty() {
+                return Err(None);
+            }
+            p.call_operands(ops, line)
+        }
+        "ret" | "exit" | "trap" => {
+            m.drop_all(&["uni"]);
+            if !m.0.is_empty() || !ops.is_empty() {
+                return Err(None);
+            }
+            done(match base {
+                "ret" => Op::Ret,
+                "exit" => Op::Exit,
+                _ => Op::Trap,
+            })
+        }
+        "bar" | "barrier" => {
+            if m.has("warp") {
+                if !m.has("sync") || !m.0.is_empty() || ops.len() != 1 {
+                    return Err(None);
+                }
+                return done(Op::Nop);
+            }
+            let aligned = base == "bar" || m.has("aligned");
+            m.drop_all(&["cta"]);
+            if !m.has("sync") && !(base == "bar" && m.0.is_empty() && !ops.is_empty()) {
+                return Err(None);
+            }
+            if !m.0.is_empty() || ops.is_empty() || ops.len() > 2 {
+                return Err(None);
+            }
+            let id = p.src(&ops[0], Ty::U32, line)?;
+            let count = match ops.get(1) {
+                Some(c) => p.src(c, Ty::U32, line)?,
+                None => SINK,
+            };
+            done(Op::Bar { id, count, aligned })
+        }
+        "membar" | "fence" => {
+            m.drop_all(&["cta", "gl", "sys", "gpu", "sc", "acq_rel", "proxy", "alias", "cluster"]);
+            if !m.0.is_empty() || !ops.is_empty() {
+                return Err(None);
+            }
+            done(Op::Nop)
+        }
+        "prefetch" | "prefetchu" | "nanosleep" | "pmevent" => done(Op::Nop),
+        "shfl" => {
+            if !m.has("sync") {
+                return Err(Some(ParseError { line, message: "shfl without .sync is not supported".into() }));
+            }
+            let mode = match m.any(&["up", "down", "bfly", "idx"]) {
+                Some("up") => ShflMode::Up,
+                Some("down") => ShflMode::Down,
+                Some("bfly") => ShflMode::Bfly,
+                Some(_) => ShflMode::Idx,
+                None => return Err(None),
+            };
+            if m.ty() != Some(Ty::B32) || ops.len() != 5 {
+                return Err(None);
+            }
+            let (d, pd) = match &ops[0] {
+                Raw::Pair(a, b) => (p.dst(&Raw::Name(a.clone()), line)?, p.dst(&Raw::Name(b.clone()), line)?),
+                r => (p.dst(r, line)?, SINK),
+            };
+            let a = p.src(&ops[1], Ty::B32, line)?;
+            let b = p.src(&ops[2], Ty::B32, line)?;
+            let c = p.src(&ops[3], Ty::B32, line)?;
+            let mask = p.src(&ops[4], Ty::B32, line)?;
+            done(Op::Shfl { mode, d, p: pd, a, b, c, mask })
+        }
+        "vote" => {
+            if !m.has("sync") {
+                return Err(Some(ParseError { line, message: "vote without .sync is not supported".into() }));
+            }
+            let mode = match m.any(&["all", "any", "uni", "ballot"]) {
+                Some("all") => VoteMode::All,
+                Some("any") => VoteMode::Any,
+                Some("uni") => VoteMode::Uni,
+                Some(_) => VoteMode::Ballot,
+                None => return Err(None),
+            };
+            let want = if mode == VoteMode::Ballot { Ty::B32 } else { Ty::Pred };
+            if m.ty() != Some(want) {
+                return Err(None);
+            }
+            n_ops(ops, 3)?;
+            let d = p.dst(&ops[0], line)?;
+            let (a, neg) = p.pred_src(&ops[1], line)?;
+            let mask = p.src(&ops[2], Ty::B32, line)?;
+            done(Op::Vote { mode, d, a, neg, mask })
+        }
+        "activemask" => {
+            n_ops(ops, 1)?;
+            if m.ty() != Some(Ty::B32) {
+                return Err(None);
+            }
+            done(Op::Activemask { d: p.dst(&ops[0], line)? })
+        }
+        _ => Err(None),
+    }
+}
+
+fn binary(p: &mut Parser, base: &str, m: &mut Mods, ops: &[Raw], line: usize) -> R {
+    n_ops(ops, 3)?;
+    let rnd = m.rnd();
+    let ftz = m.has("ftz");
+    let sat = m.has("sat");
+    let approx = m.has("approx");
+    let full = m.has("full");
+    let cc = m.has("cc");
+    m.drop_all(&["NaN", "xorsign", "abs"]);
+    let lohi = m.any(&["lo", "hi", "wide"]);
+    let ty = m.ty().ok_or(None)?;
+    let d = p.dst(&ops[0], line)?;
+    if ty.float() {
+        if lohi.is_some() || cc || ty == Ty::F16 {
+            return Err(None);
+        }
+        let op = match base {
+            "add" => FOp::Add,
+            "sub" => FOp::Sub,
+            "mul" => FOp::Mul,
+            "div" => FOp::Div,
+            "min" => FOp::Min,
+            "max" => FOp::Max,
+            "copysign" => FOp::Copysign,
+            _ => return Err(None),
+        };
+        let (a, b) = (p.src(&ops[1], ty, line)?, p.src(&ops[2], ty, line)?);
+        if op == FOp::Add && !ftz && !sat && matches!(rnd, Rnd::Default | Rnd::Rn) && ty == Ty::F32 {
+            return done(Op::AddF32 { d, a, b });
+        }
+        if op == FOp::Mul && !ftz && !sat && matches!(rnd, Rnd::Default | Rnd::Rn) && ty == Ty::F32 {
+            return done(Op::MulF32 { d, a, b });
+        }
+        return done(Op::FBin { op, ty, rnd, approx: approx || full, ftz, sat, d, a, b });
+    }
+    if rnd != Rnd::Default || ftz || approx || full {
+        return Err(None);
+    }
+    let pred = ty == Ty::Pred;
+    let op = match (base, lohi) {
+        ("add", None) if sat => IOp::AddSat,
+        ("sub", None) if sat => IOp::SubSat,
+        ("add", None) => IOp::Add,
+        ("sub", None) => IOp::Sub,
+        ("mul", Some("lo")) => IOp::MulLo,
+        ("mul", Some("hi")) => IOp::MulHi,
+        ("mul", Some("wide")) => IOp::MulWide,
+        ("mul24", Some("lo")) => IOp::Mul24Lo,
+        ("mul24", Some("hi")) => IOp::Mul24Hi,
+        ("div", None) => IOp::Div,
+        ("rem", None) => IOp::Rem,
+        ("min", None) => IOp::Min,
+        ("max", None) => IOp::Max,
+        ("and", None) => IOp::And,
+        ("or", None) => IOp::Or,
+        ("xor", None) => IOp::Xor,
+        ("shl", None) => IOp::Shl,
+        ("shr", None) => IOp::Shr,
+        _ => return Err(None),
+    };
+    if sat && !(matches!(op, IOp::AddSat | IOp::SubSat) && ty == Ty::S32) {
+        return Err(None);
+    }
+    if pred && !matches!(op, IOp::And | IOp::Or | IOp::Xor) {
+        return Err(None);
+    }
+    if matches!(op, IOp::Mul24Lo | IOp::Mul24Hi) && !matches!(ty, Ty::U32 | Ty::S32) {
+        return Err(None);
+    }
+    if op == IOp::MulWide && ty.bits() > 32 {
+        return Err(None);
+    }
+    let bty = if matches!(op, IOp::Shl | IOp::Shr) { Ty::U32 } else { ty };
+    let (a, b) = (p.src(&ops[1], ty, line)?, p.src(&ops[2], bty, line)?);
+    if cc {
+        if !matches!(op, IOp::Add | IOp::Sub) || !matches!(ty.bits(), 32 | 64) {
+            return Err(None);
+        }
+        return done(Op::AddCc { carry_in: false, carry_out: true, ty, sub: op == IOp::Sub, d, a, b });
+    }
+    if op == IOp::Add && ty.bits() == 32 {
+        return done(Op::AddI32 { d, a, b });
+    }
+    if op == IOp::Add && ty.bits() == 64 {
+        return done(Op::AddI64 { d, a, b });
+    }
+    done(Op::IBin { op, ty, d, a, b })
+}
+
+fn unary(p: &mut Parser, base: &str, m: &mut Mods, ops: &[Raw], line: usize) -> R {
+    n_ops(ops, 2)?;
+    let rnd = m.rnd();
+    let ftz = m.has("ftz");
+    let approx = m.has("approx");
+    m.drop_all(&["full"]);
+    let ty = m.ty().ok_or(None)?;
+    let d = p.dst(&ops[0], line)?;
+    if ty.float() {
+        if ty == Ty::F16 {
+            return Err(None);
+        }
+        let op = match base {
+            "abs" => FUn::Abs,
+            "neg" => FUn::Neg,
+            "sqrt" => FUn::Sqrt,
+            "rcp" => FUn::Rcp,
+            "rsqrt" => FUn::Rsqrt,
+            "ex2" => FUn::Ex2,
+            "lg2" => FUn::Lg2,
+            "sin" => FUn::Sin,
+            "cos" => FUn::Cos,
+            "tanh" => FUn::Tanh,
+            _ => return Err(None),
+        };
+        let a = p.src(&ops[1], ty, line)?;
+        return done(Op::FUn { op, ty, rnd, approx, ftz, d, a });
+    }
+    if rnd != Rnd::Default || ftz || approx {
+        return Err(None);
+    }
+    let op = match base {
+        "abs" => IUn::Abs,
+        "neg" => IUn::Neg,
+        "not" => IUn::Not,
+        "cnot" => IUn::Cnot,
+        "popc" => IUn::Popc,
+        "clz" => IUn::Clz,
+        "brev" => IUn::Brev,
+        _ => return Err(None),
+    };
+    if ty == Ty::Pred && op != IUn::Not {
+        return Err(None);
+    }
+    let a = p.src(&ops[1], ty, line)?;
+    done(Op::IUn { op, ty, d, a })
+}
+
+fn mad(p: &mut Parser, base: &str, m: &mut Mods, ops: &[Raw], line: usize) -> R {
+    n_ops(ops, 4)?;
+    let rnd = m.rnd();
+    let ftz = m.has("ftz");
+    let sat = m.has("sat");
+    let lohi = m.any(&["lo", "hi", "wide"]);
+    let ty = m.ty().ok_or(None)?;
+    let d = p.dst(&ops[0], line)?;
+    if ty.float() {
+        if lohi.is_some() || base == "mad24" || ty == Ty::F16 {
+            return Err(None);
+        }
+        let (a, b, c) = (p.src(&ops[1], ty, line)?, p.src(&ops[2], ty, line)?, p.src(&ops[3], ty, line)?);
+        if ty == Ty::F32 && !ftz && !sat && matches!(rnd, Rnd::Rn | Rnd::Default) {
+            return done(Op::FmaF32 { d, a, b, c });
+        }
+        return done(Op::Fma { ty, rnd, ftz, sat, d, a, b, c });
+    }
+    if base == "fma" || rnd != Rnd::Default || ftz || ty == Ty::Pred {
+        return Err(None);
+    }
+    let mul = match (base, lohi) {
+        ("mad", Some("lo")) => IOp::MulLo,
+        ("mad", Some("hi")) => IOp::MulHi,
+        ("mad", Some("wide")) if ty.bits() <= 32 => IOp::MulWide,
+        ("mad24", Some("lo")) => IOp::Mul24Lo,
+        ("mad24", Some("hi")) => IOp::Mul24Hi,
+        _ => return Err(None),
+    };
+    if sat && !(ty == Ty::S32 && matches!(mul, IOp::MulHi | IOp::Mul24Hi)) {
+        return Err(None);
+    }
+    let cty = if mul == IOp::MulWide { wide(ty) } else { ty };
+    let (a, b, c) = (p.src(&ops[1], ty, line)?, p.src(&ops[2], ty, line)?, p.src(&ops[3], cty, line)?);
+    done(Op::Mad { mul, ty, sat, d, a, b, c })
+}
+
+/// The double-width type of `.wide` results.
+pub(crate) fn wide(ty: Ty) -> Ty {
+    match ty {
+        Ty::S16 => Ty::S32,
+        Ty::S32 => Ty::S64,
+        Ty::U16 | Ty::B16 => Ty::U32,
+        _ => Ty::U64,
+    }
+}
+
+fn setp(p: &mut Parser, m: &mut Mods, ops: &[Raw], line: usize) -> R {
+    let c = m.0.first().and_then(|s| cmp(s)).ok_or(None)?;
+    m.0.remove(0);
+    let comb = match m.any(&["and", "or", "xor"]) {
+        Some("and") => Some(BoolOp::And),
+        Some("or") => Some(BoolOp::Or),
+        Some("xor") => Some(BoolOp::Xor),
+        _ => None,
+    };
+    let ftz = m.has("ftz");
+    let ty = m.ty().ok_or(None)?;
+    if ty == Ty::Pred || ty == Ty::F16 {
+        return Err(None);
+    }
+    if !ty.float() && !matches!(c, Cmp::Eq | Cmp::Ne | Cmp::Lt | Cmp::Le | Cmp::Gt | Cmp::Ge | Cmp::Lo | Cmp::Ls | Cmp::Hi | Cmp::Hs) {
+        return Err(None);
+    }
+    if ty.float() && matches!(c, Cmp::Lo | Cmp::Ls | Cmp::Hi | Cmp::Hs) {
+        return Err(None);
+    }
+    let want = if comb.is_some() { 4 } else { 3 };
+    n_ops(ops, want)?;
+    let (d, dn) = match &ops[0] {
+        Raw::Pair(a, b) => (p.dst(&Raw::Name(a.clone()), line)?, p.dst(&Raw::Name(b.clone()), line)?),
+        r => (p.dst(r, line)?, SINK),
+    };
+    let (a, b) = (p.src(&ops[1], ty, line)?, p.src(&ops[2], ty, line)?);
+    let comb = match comb {
+        Some(op) => {
+            let (s, neg) = p.pred_src(&ops[3], line)?;
+            Some((op, s, neg))
+        }
+        None => None,
+    };
+    done(Op::Setp { cmp: c, ty, ftz, d, dn, a, b, comb })
+}
+
+fn mov(p: &mut Parser, m: &mut Mods, ops: &[Raw], line: usize) -> R {
+    n_ops(ops, 2)?;
+    let ty = m.ty().ok_or(None)?;
+    match (&ops[0], &ops[1]) {
+        (Raw::Vec(v), src) => {
+            let n = v.len();
+            if !matches!(n, 2 | 4) || ty.bits() < 16 || ty.float() {
+                return Err(None);
+            }
+            let bits = ty.bits() / n as u32;
+            let mut dsts = [SINK; 4];
+            for (i, name) in v.iter().enumerate() {
+                dsts[i] = p.dst(&Raw::Name(name.clone()), line)?;
+            }
+            let a = p.src(src, ty, line)?;
+            done(Op::Unpack { bits, dsts, n: n as u8, a })
+        }
+        (dst, Raw::Vec(v)) => {
+            let n = v.len();
+            if !matches!(n, 2 | 4) || ty.bits() < 16 || ty.float() {
+                return Err(None);
+            }
+            let bits = ty.bits() / n as u32;
+            let mut srcs = [SINK; 4];
+            for (i, name) in v.iter().enumerate() {
+                srcs[i] = p.name_src(name, line)?;
+            }
+            let d = p.dst(dst, line)?;
+            done(Op::Pack { bits, d, srcs, n: n as u8 })
+        }
+        (dst, src) => {
+            let d = p.dst(dst, line)?;
+            if Parser::clock_name(src) {
+                return done(Op::Clock { d });
+            }
+            let a = p.src(src, ty, line)?;
+            done(Op::Mov { d, a, mask: mask(ty) })
+        }
+    }
+}
+
+fn ld_st(p: &mut Parser, st: bool, m: &mut Mods, ops: &[Raw], line: usize) -> R {
+    n_ops(ops, 2)?;
+    m.drop_all(&[
+        "nc", "volatile", "relaxed", "weak", "ca", "cg", "cs", "lu", "cv", "wb", "wt", "gpu", "sys", "cta",
+        "L1::evict_normal", "L1::evict_last", "L1::no_allocate", "L2::64B", "L2::128B", "L2::256B", "L1::evict_first",
+        "L2::evict_first", "L2::evict_last", "L2::evict_normal",
+    ]);
+    let space = m.space();
+    let n = match m.any(&["v2", "v4"]) {
+        Some("v2") => 2,
+        Some(_) => 4,
+        None => 1,
+    };
+    let ty = m.ty().ok_or(None)?;
+    if ty == Ty::Pred {
+        return Err(None);
+    }
+    let (regs, addr) = if st { (&ops[1], &ops[0]) } else { (&ops[0], &ops[1]) };
+    let addr = p.addr(addr, line)?;
+    let mut slots = [SINK; 4];
+    match (regs, n) {
+        (Raw::Vec(v), n) if v.len() == n && n > 1 => {
+            for (i, name) in v.iter().enumerate() {
+                slots[i] = if st { p.src(&Raw::Name(name.clone()), ty, line)? } else { p.dst(&Raw::Name(name.clone()), line)? };
+            }
+        }
+        (r, 1) => slots[0] = if st { p.src(r, ty, line)? } else { p.dst(r, line)? },
+        _ => return Err(Some(ParseError { line, message: "vector width and operand mismatch".into() })),
+    }
+    if st {
+        done(Op::St { space, ty, n: n as u8, s: slots, addr })
+    } else {
+        done(Op::Ld { space, ty, n: n as u8, d: slots, addr })
+    }
+}
+
+fn atom(p: &mut Parser, red: bool, m: &mut Mods, ops: &[Raw], line: usize) -> R {
+    m.drop_all(&["relaxed", "acquire", "release", "acq_rel", "gpu", "sys", "cta", "noftz"]);
+    let space = m.space();
+    let op = match m.any(&["add", "min", "max", "inc", "dec", "and", "or", "xor", "exch", "cas"]) {
+        Some("add") => AtomOp::Add,
+        Some("min") => AtomOp::Min,
+        Some("max") => AtomOp::Max,
+        Some("inc") => AtomOp::Inc,
+        Some("dec") => AtomOp::Dec,
+        Some("and") => AtomOp::And,
+        Some("or") => AtomOp::Or,
+        Some("xor") => AtomOp::Xor,
+        Some("exch") => AtomOp::Exch,
+        Some(_) => AtomOp::Cas,
+        None => return Err(None),
+    };
+    let ty = m.ty().ok_or(None)?;
+    if !matches!(ty.bits(), 32 | 64) || ty == Ty::Pred {
+        return Err(None);
+    }
+    if ty.float() && !matches!(op, AtomOp::Add | AtomOp::Exch | AtomOp::Min | AtomOp::Max) {
+        return Err(None);
+    }
+    if matches!(space, Space::Param | Space::Local | Space::Const) || (red && op == AtomOp::Cas) {
+        return Err(None);
+    }
+    let cas = op == AtomOp::Cas;
+    let n = if red { 2 } else if cas { 4 } else { 3 };
+    n_ops(ops, n)?;
+    let (d, rest) = if red { (SINK, ops) } else { (p.dst(&ops[0], line)?, &ops[1..]) };
+    let addr = p.addr(&rest[0], line)?;
+    let bty = if matches!(op, AtomOp::Inc | AtomOp::Dec) { Ty::U32 } else { ty };
+    let b = p.src(&rest[1], bty, line)?;
+    let c = if cas { p.src(&rest[2], ty, line)? } else { SINK };
+    done(Op::Atom { space, op, ty, d, addr, b, c })
+}

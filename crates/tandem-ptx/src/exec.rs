@@ -1,0 +1,1304 @@
+//! The interpreter: blocks over host threads, threads of a block run one at a time up to their
+//! next synchronising instruction (`bar.sync`, `shfl.sync`, `vote.sync`), then the scheduler
+//! performs the exchange or release, or reports the deadlock.
+
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use crate::float::*;
+use crate::ir::*;
+use crate::parse::{FPARAM_BASE, SINK};
+use crate::{Dim3, ExecError, GlobalMemory, Kernel, Launch, GENERIC_LOCAL_BASE, GENERIC_SHARED_BASE, WINDOW_SIZE};
+
+/// Why a thread stopped running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Status {
+    Ready,
+    /// At a `bar`/`barrier` (its pc).
+    Bar,
+    /// At a `shfl.sync`/`vote.sync` (its pc).
+    Warp,
+    Exited,
+}
+
+struct Thread {
+    pc: u32,
+    status: Status,
+    /// (return pc, pc of the call instruction).
+    stack: Vec<(u32, u32)>,
+}
+
+/// A memory access failure before it is dressed with the thread's coordinates.
+enum MemErr {
+    Illegal(String),
+    Misaligned(String),
+    Failed(String),
+}
+
+/// A few resolved 4 KiB pages of global memory: (page address, host pointer, writable).
+struct PageCache {
+    entries: [(u64, usize, bool); 4],
+    next: usize,
+}
+
+const PAGE: u64 = 4096;
+
+impl PageCache {
+    fn new() -> PageCache {
+        PageCache { entries: [(u64::MAX, 0, false); 4], next: 0 }
+    }
+    fn resolve(&mut self, mem: &dyn GlobalMemory, addr: u64, len: usize, write: bool) -> Result<*mut u8, MemErr> {
+        let page = addr & !(PAGE - 1);
+        let in_page = addr.wrapping_add(len as u64) <= page.wrapping_add(PAGE) && addr >= page;
+        if in_page {
+            for &(p, ptr, w) in &self.entries {
+                if p == page && (w || !write) {
+                    return Ok((ptr + (addr - page) as usize) as *mut u8);
+                }
+            }
+            if let Ok(ptr) = mem.resolve(page, PAGE as usize, write) {
+                self.entries[self.next] = (page, ptr as usize, write);
+                self.next = (self.next + 1) % self.entries.len();
+                return Ok(ptr.wrapping_add((addr - page) as usize));
+            }
+        }
+        mem.resolve(addr, len, write).map_err(|_| MemErr::Illegal(format!("global address {addr:#x} ({len} bytes)")))
+    }
+}
+
+/// Per-block memory.
+struct BlockMem<'a> {
+    shared: Vec<u8>,
+    /// Every thread's local memory, `local_size` bytes each.
+    local: Vec<u8>,
+    local_size: usize,
+    fparam: Vec<u8>,
+    fparam_size: usize,
+    params: &'a [u8],
+    cache: PageCache,
+    clock: u64,
+}
+
+fn read_le(bytes: &[u8]) -> u64 {
+    let mut v = 0u64;
+    for (i, b) in bytes.iter().enumerate() {
+        v |= (*b as u64) << (8 * i);
+    }
+    v
+}
+
+fn write_le(bytes: &mut [u8], v: u64) {
+    for (i, b) in bytes.iter_mut().enumerate() {
+        *b = (v >> (8 * i)) as u8;
+    }
+}
+
+fn slice_at<'b>(buf: &'b mut [u8], off: u64, len: usize, what: &str) -> Result<&'b mut [u8], MemErr> {
+    let end = off.checked_add(len as u64);
+    match end {
+        Some(e) if e <= buf.len() as u64 => Ok(&mut buf[off as usize..e as usize]),
+        _ => Err(MemErr::Illegal(format!("{what} address {off:#x} ({len} bytes) outside the {} bytes of {what} memory", buf.len()))),
+    }
+}
+
+/// Which memory a generic-or-explicit access hits, with the window-relative address.
+fn classify(space: Space, addr: u64) -> (Space, u64) {
+    match space {
+        Space::Generic => {
+            if addr.wrapping_sub(GENERIC_SHARED_BASE) < WINDOW_SIZE {
+                (Space::Shared, addr - GENERIC_SHARED_BASE)
+            } else if addr.wrapping_sub(GENERIC_LOCAL_BASE) < WINDOW_SIZE {
+                (Space::Local, addr - GENERIC_LOCAL_BASE)
+            } else {
+                (Space::Global, addr)
+            }
+        }
+        s => (s, addr),
+    }
+}
+
+impl BlockMem<'_> {
+    /// The bytes of a non-global access for thread `t`.
+    fn bytes(&mut self, space: Space, addr: u64, len: usize, write: bool, t: usize) -> Result<&mut [u8], MemErr> {
+        match space {
+            Space::Shared => slice_at(&mut self.shared, addr, len, "shared"),
+            Space::Local => {
+                let s = self.local_size;
+                slice_at(&mut self.local[t * s..(t + 1) * s], addr, len, "local")
+            }
+            Space::Param if addr >= FPARAM_BASE => {
+                let s = self.fparam_size;
+                slice_at(&mut self.fparam[t * s..(t + 1) * s], addr - FPARAM_BASE, len, "param")
+            }
+            Space::Param if write => Err(MemErr::Illegal(format!("store to kernel parameter at {addr:#x}"))),
+            _ => Err(MemErr::Illegal(format!("{space:?} address {addr:#x}: no such memory"))),
+        }
+    }
+
+    fn load(&mut self, mem: &dyn GlobalMemory, space: Space, addr: u64, size: usize, t: usize) -> Result<u64, MemErr> {
+        let (space, addr) = classify(space, addr);
+        if addr % size as u64 != 0 {
+            return Err(MemErr::Misaligned(format!("{size}-byte load at {space:?} address {addr:#x}")));
+        }
+        match space {
+            Space::Global => {
+                let p = self.cache.resolve(mem, addr, size, false)?;
+                // SAFETY: `resolve` vouches for `size` bytes at `p` for the launch; other host
+                // threads may access them concurrently, hence atomic accesses when aligned.
+                unsafe { Ok(load_ptr(p, size)) }
+            }
+            Space::Param if addr < FPARAM_BASE => {
+                let end = addr.checked_add(size as u64).filter(|&e| e <= self.params.len() as u64);
+                match end {
+                    Some(e) => Ok(read_le(&self.params[addr as usize..e as usize])),
+                    None => Err(MemErr::Illegal(format!("param address {addr:#x} ({size} bytes) outside the parameters"))),
+                }
+            }
+            _ => Ok(read_le(self.bytes(space, addr, size, false, t)?)),
+        }
+    }
+
+    fn store(&mut self, mem: &dyn GlobalMemory, space: Space, addr: u64, size: usize, v: u64, t: usize) -> Result<(), MemErr> {
+        let (space, addr) = classify(space, addr);
+        if addr % size as u64 != 0 {
+            return Err(MemErr::Misaligned(format!("{size}-byte store at {space:?} address {addr:#x}")));
+        }
+        match space {
+            Space::Global => {
+                let p = self.cache.resolve(mem, addr, size, true)?;
+                // SAFETY: as in `load`.
+                unsafe { store_ptr(p, size, v) };
+                Ok(())
+            }
+            _ => {
+                write_le(self.bytes(space, addr, size, true, t)?, v);
+                Ok(())
+            }
+        }
+    }
+
+    fn atom(
+        &mut self,
+        mem: &dyn GlobalMemory,
+        space: Space,
+        addr: u64,
+        f: &dyn Fn(u64) -> u64,
+        size: usize,
+        t: usize,
+    ) -> Result<u64, MemErr> {
+        let (space, addr) = classify(space, addr);
+        if addr % size as u64 != 0 {
+            return Err(MemErr::Misaligned(format!("{size}-byte atomic at {space:?} address {addr:#x}")));
+        }
+        match space {
+            Space::Global => {
+                let p = self.cache.resolve(mem, addr, size, true)?;
+                if (p as usize) % size != 0 {
+                    return Err(MemErr::Misaligned(format!("atomic at {addr:#x}: host memory misaligned")));
+                }
+                // SAFETY: `p` is valid for `size` bytes (resolve) and aligned (checked).
+                unsafe {
+                    if size == 4 {
+                        let a = AtomicU32::from_ptr(p as *mut u32);
+                        let r = a.fetch_update(Ordering::AcqRel, Ordering::Acquire, |o| Some(f(o as u64) as u32));
+                        Ok(r.unwrap_or_else(|o| o) as u64)
+                    } else {
+                        let a = AtomicU64::from_ptr(p as *mut u64);
+                        let r = a.fetch_update(Ordering::AcqRel, Ordering::Acquire, |o| Some(f(o)));
+                        Ok(r.unwrap_or_else(|o| o))
+                    }
+                }
+            }
+            Space::Shared => {
+                let b = self.bytes(space, addr, size, true, t)?;
+                let old = read_le(b);
+                write_le(b, f(old));
+                Ok(old)
+            }
+            _ => Err(MemErr::Illegal(format!("atomic on {space:?} address {addr:#x}"))),
+        }
+    }
+}
+
+/// # Safety
+/// `p` must be valid for `size` bytes.
+unsafe fn load_ptr(p: *mut u8, size: usize) -> u64 {
+    let aligned = (p as usize) % size == 0;
+    unsafe {
+        match size {
+            1 => AtomicU8::from_ptr(p).load(Ordering::Relaxed) as u64,
+            2 if aligned => AtomicU16::from_ptr(p as *mut u16).load(Ordering::Relaxed) as u64,
+            4 if aligned => AtomicU32::from_ptr(p as *mut u32).load(Ordering::Relaxed) as u64,
+            8 if aligned => AtomicU64::from_ptr(p as *mut u64).load(Ordering::Relaxed),
+            _ => {
+                let mut b = [0u8; 8];
+                std::ptr::copy_nonoverlapping(p, b.as_mut_ptr(), size.min(8));
+                u64::from_le_bytes(b)
+            }
+        }
+    }
+}
+
+/// # Safety
+/// `p` must be valid for `size` bytes.
+unsafe fn store_ptr(p: *mut u8, size: usize, v: u64) {
+    let aligned = (p as usize) % size == 0;
+    unsafe {
+        match size {
+            1 => AtomicU8::from_ptr(p).store(v as u8, Ordering::Relaxed),
+            2 if aligned => AtomicU16::from_ptr(p as *mut u16).store(v as u16, Ordering::Relaxed),
+            4 if aligned => AtomicU32::from_ptr(p as *mut u32).store(v as u32, Ordering::Relaxed),
+            8 if aligned => AtomicU64::from_ptr(p as *mut u64).store(v, Ordering::Relaxed),
+            _ => {
+                let b = v.to_le_bytes();
+                std::ptr::copy_nonoverlapping(b.as_ptr(), p, size.min(8));
+            }
+        }
+    }
+}
+
+#[inline]
+fn mask_of(bits: u32) -> u64 {
+    if bits >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << bits) - 1
+    }
+}
+
+/// Sign-extends the low `bits` of `v`.
+#[inline]
+fn sx(v: u64, bits: u32) -> i64 {
+    let s = 64 - bits;
+    ((v << s) as i64) >> s
+}
+
+/// A register value read as an integer of `ty`, widened exactly.
+#[inline]
+fn int_val(v: u64, ty: Ty) -> i128 {
+    let b = ty.bits();
+    if ty.signed() {
+        sx(v, b) as i128
+    } else {
+        (v & mask_of(b)) as i128
+    }
+}
+
+#[inline]
+fn f32v(v: u64) -> f32 {
+    f32::from_bits(v as u32)
+}
+
+#[inline]
+fn f32b(f: f32) -> u64 {
+    f.to_bits() as u64
+}
+
+fn ibin(op: IOp, ty: Ty, a: u64, b: u64) -> u64 {
+    let bits = ty.bits();
+    let m = mask_of(bits);
+    let (ia, ib) = (int_val(a, ty), int_val(b, ty));
+    match op {
+        IOp::Add => a.wrapping_add(b) & m,
+        IOp::Sub => a.wrapping_sub(b) & m,
+        IOp::AddSat => (sx(a, 32) + sx(b, 32)).clamp(i32::MIN as i64, i32::MAX as i64) as u64 & m,
+        IOp::SubSat => (sx(a, 32) - sx(b, 32)).clamp(i32::MIN as i64, i32::MAX as i64) as u64 & m,
+        IOp::MulLo => a.wrapping_mul(b) & m,
+        IOp::MulHi => ((ia.wrapping_mul(ib) >> bits) as u64) & m,
+        IOp::MulWide => (ia.wrapping_mul(ib) as u64) & mask_of(bits * 2),
+        IOp::Mul24Lo => ((sx24(a, ty) * sx24(b, ty)) as u64) & m,
+        IOp::Mul24Hi => (((sx24(a, ty) * sx24(b, ty)) >> 16) as u64) & m,
+        IOp::Div => {
+            if ib == 0 {
+                m
+            } else {
+                (ia.wrapping_div(ib) as u64) & m
+            }
+        }
+        IOp::Rem => {
+            if ib == 0 {
+                a & m
+            } else {
+                (ia.wrapping_rem(ib) as u64) & m
+            }
+        }
+        IOp::Min => (ia.min(ib) as u64) & m,
+        IOp::Max => (ia.max(ib) as u64) & m,
+        IOp::And => a & b & m,
+        IOp::Or => (a | b) & m,
+        IOp::Xor => (a ^ b) & m,
+        IOp::Shl => {
+            let s = b as u32;
+            if s >= bits {
+                0
+            } else {
+                (a << s) & m
+            }
+        }
+        IOp::Shr => {
+            let s = (b as u32).min(bits);
+            if ty.signed() {
+                ((ia >> s.min(bits - 1)) as u64 & m) | if s >= bits && ia < 0 { m } else { 0 }
+            } else if s >= bits {
+                0
+            } else {
+                ((a & m) >> s) & m
+            }
+        }
+    }
+}
+
+fn sx24(v: u64, ty: Ty) -> i64 {
+    if ty.signed() {
+        sx(v, 24)
+    } else {
+        (v & 0xff_ffff) as i64
+    }
+}
+
+fn iun(op: IUn, ty: Ty, a: u64) -> u64 {
+    let bits = ty.bits();
+    let m = mask_of(bits);
+    match op {
+        IUn::Abs => (int_val(a, ty).unsigned_abs() as u64) & m,
+        IUn::Neg => a.wrapping_neg() & m,
+        IUn::Not if ty == Ty::Pred => (a & 1) ^ 1,
+        IUn::Not => !a & m,
+        IUn::Cnot => ((a & m) == 0) as u64,
+        IUn::Popc => (a & m).count_ones() as u64,
+        IUn::Clz => ((a & m).leading_zeros() - (64 - bits)) as u64,
+        IUn::Brev => (a & m).reverse_bits() >> (64 - bits),
+    }
+}
+
+fn fbin32(op: FOp, rnd: Rnd, approx: bool, a: f32, b: f32) -> f32 {
+    match op {
+        FOp::Add => add32(a, b, rnd),
+        FOp::Sub => add32(a, -b, rnd),
+        FOp::Mul => mul32(a, b, rnd),
+        FOp::Div if approx => ((a as f64) / (b as f64)) as f32,
+        FOp::Div => div32(a, b, rnd),
+        FOp::Min => a.min(b),
+        FOp::Max => a.max(b),
+        FOp::Copysign => b.copysign(a),
+    }
+}
+
+fn fbin64(op: FOp, rnd: Rnd, a: f64, b: f64) -> f64 {
+    match op {
+        FOp::Add => add64(a, b, rnd),
+        FOp::Sub => add64(a, -b, rnd),
+        FOp::Mul => mul64(a, b, rnd),
+        FOp::Div => div64(a, b, rnd),
+        FOp::Min => a.min(b),
+        FOp::Max => a.max(b),
+        FOp::Copysign => b.copysign(a),
+    }
+}
+
+fn fun64(op: FUn, rnd: Rnd, a: f64) -> f64 {
+    match op {
+        FUn::Abs => a.abs(),
+        FUn::Neg => -a,
+        FUn::Sqrt => sqrt64(a, rnd),
+        FUn::Rcp => div64(1.0, a, rnd),
+        FUn::Rsqrt => 1.0 / a.sqrt(),
+        FUn::Ex2 => a.exp2(),
+        FUn::Lg2 => a.log2(),
+        FUn::Sin => a.sin(),
+        FUn::Cos => a.cos(),
+        FUn::Tanh => a.tanh(),
+    }
+}
+
+fn fun32(op: FUn, rnd: Rnd, approx: bool, a: f32) -> f32 {
+    match op {
+        FUn::Abs => a.abs(),
+        FUn::Neg => -a,
+        FUn::Sqrt if approx => a.sqrt(),
+        FUn::Sqrt => sqrt32(a, rnd),
+        FUn::Rcp if approx => 1.0 / a,
+        FUn::Rcp => div32(1.0, a, rnd),
+        // The approximate functions: computed in f64 and rounded once (see the crate docs).
+        _ => fun64(op, Rnd::Rn, a as f64) as f32,
+    }
+}
+
+fn compare_int(c: Cmp, ty: Ty, a: u64, b: u64) -> bool {
+    let (x, y) = (int_val(a, ty), int_val(b, ty));
+    let (ux, uy) = (a & mask_of(ty.bits()), b & mask_of(ty.bits()));
+    match c {
+        Cmp::Eq => x == y,
+        Cmp::Ne => x != y,
+        Cmp::Lt => x < y,
+        Cmp::Le => x <= y,
+        Cmp::Gt => x > y,
+        Cmp::Ge => x >= y,
+        Cmp::Lo => ux < uy,
+        Cmp::Ls => ux <= uy,
+        Cmp::Hi => ux > uy,
+        Cmp::Hs => ux >= uy,
+        _ => false,
+    }
+}
+
+fn compare_f(c: Cmp, x: f64, y: f64) -> bool {
+    let nan = x.is_nan() || y.is_nan();
+    match c {
+        Cmp::Eq => x == y,
+        Cmp::Ne => !nan && x != y,
+        Cmp::Lt => x < y,
+        Cmp::Le => x <= y,
+        Cmp::Gt => x > y,
+        Cmp::Ge => x >= y,
+        Cmp::Equ => nan || x == y,
+        Cmp::Neu => nan || x != y,
+        Cmp::Ltu => nan || x < y,
+        Cmp::Leu => nan || x <= y,
+        Cmp::Gtu => nan || x > y,
+        Cmp::Geu => nan || x >= y,
+        Cmp::Num => !nan,
+        Cmp::Nan => nan,
+        _ => false,
+    }
+}
+
+/// A float register value of `ty` as f64 (with `.ftz` for f32).
+fn fval(v: u64, ty: Ty, ftz: bool) -> f64 {
+    match ty {
+        Ty::F32 if ftz => ftz32(f32v(v)) as f64,
+        Ty::F32 => f32v(v) as f64,
+        Ty::F16 => f16_to_f32(v as u16) as f64,
+        _ => f64::from_bits(v),
+    }
+}
+
+fn cvt(dty: Ty, sty: Ty, rnd: Rnd, sat: bool, ftz: bool, v: u64) -> u64 {
+    let dm = mask_of(dty.bits());
+    match (dty.float(), sty.float()) {
+        (false, false) => {
+            let x = int_val(v, sty);
+            if sat {
+                let (lo, hi) = int_range(dty);
+                (x.clamp(lo, hi) as u64) & dm
+            } else {
+                (x as u64) & dm
+            }
+        }
+        (true, false) => {
+            let x = int_val(v, sty);
+            match dty {
+                Ty::F32 => f32b(sat_if32(int_to_f32(x, rnd), sat)),
+                Ty::F64 => {
+                    let f = int_to_f64(x, rnd);
+                    (if sat { sat64(f) } else { f }).to_bits()
+                }
+                _ => f32_to_f16(sat_if32(int_to_f32(x, rnd), sat)) as u64,
+            }
+        }
+        (false, true) => {
+            let f = round_int(fval(v, sty, ftz), rnd);
+            if f.is_nan() {
+                return 0;
+            }
+            let (lo, hi) = int_range(dty);
+            // Float-to-integer conversions saturate (PTX ISA, cvt).
+            let x = if f <= lo as f64 { lo } else if f >= hi as f64 { hi } else { f as i128 };
+            (x as u64) & dm
+        }
+        (true, true) => {
+            let x = fval(v, sty, ftz);
+            let is_int_rnd = matches!(rnd, Rnd::Rni | Rnd::Rzi | Rnd::Rmi | Rnd::Rpi);
+            match dty {
+                Ty::F64 => {
+                    let f = if is_int_rnd { round_int(x, rnd) } else { x };
+                    (if sat { sat64(f) } else { f }).to_bits()
+                }
+                Ty::F32 => {
+                    let f = if is_int_rnd { round_int(x, rnd) as f32 } else { round32(x, 0.0, rnd) };
+                    let f = if ftz { ftz32(f) } else { f };
+                    f32b(sat_if32(f, sat))
+                }
+                _ => {
+                    let f = if is_int_rnd { round_int(x, rnd) as f32 } else { x as f32 };
+                    f32_to_f16(sat_if32(f, sat)) as u64
+                }
+            }
+        }
+    }
+}
+
+fn sat_if32(f: f32, sat: bool) -> f32 {
+    if sat {
+        sat32(f)
+    } else {
+        f
+    }
+}
+
+fn int_range(ty: Ty) -> (i128, i128) {
+    let b = ty.bits();
+    if ty.signed() {
+        (-(1i128 << (b - 1)), (1i128 << (b - 1)) - 1)
+    } else {
+        (0, (1i128 << b) - 1)
+    }
+}
+
+fn atom_apply(op: AtomOp, ty: Ty, old: u64, b: u64, c: u64) -> u64 {
+    let m = mask_of(ty.bits());
+    match (op, ty) {
+        (AtomOp::Add, Ty::F32) => f32b(f32v(old) + f32v(b)),
+        (AtomOp::Add, Ty::F64) => (f64::from_bits(old) + f64::from_bits(b)).to_bits(),
+        (AtomOp::Min, Ty::F32) => f32b(f32v(old).min(f32v(b))),
+        (AtomOp::Max, Ty::F32) => f32b(f32v(old).max(f32v(b))),
+        (AtomOp::Min, Ty::F64) => f64::from_bits(old).min(f64::from_bits(b)).to_bits(),
+        (AtomOp::Max, Ty::F64) => f64::from_bits(old).max(f64::from_bits(b)).to_bits(),
+        (AtomOp::Add, _) => old.wrapping_add(b) & m,
+        (AtomOp::Min, _) => (int_val(old, ty).min(int_val(b, ty)) as u64) & m,
+        (AtomOp::Max, _) => (int_val(old, ty).max(int_val(b, ty)) as u64) & m,
+        (AtomOp::Inc, _) => {
+            let (o, b) = (old & m, b & m);
+            if o >= b {
+                0
+            } else {
+                o + 1
+            }
+        }
+        (AtomOp::Dec, _) => {
+            let (o, b) = (old & m, b & m);
+            if o == 0 || o > b {
+                b
+            } else {
+                o - 1
+            }
+        }
+        (AtomOp::And, _) => old & b,
+        (AtomOp::Or, _) => old | b,
+        (AtomOp::Xor, _) => old ^ b,
+        (AtomOp::Exch, _) => b,
+        (AtomOp::Cas, _) => {
+            if old & m == b & m {
+                c
+            } else {
+                old
+            }
+        }
+    }
+}
+
+/// What one launch shares across its workers.
+struct Ctx<'a> {
+    k: &'a Kernel,
+    code: &'a [Inst],
+    launch: &'a Launch<'a>,
+    mem: &'a dyn GlobalMemory,
+    nslots: usize,
+    nthreads: usize,
+}
+
+/// Why a thread's run stopped.
+enum Stop {
+    Sync,
+    Exit,
+}
+
+fn dim_of(i: usize, d: Dim3) -> (u32, u32, u32) {
+    let (x, y) = (d.x as usize, d.y as usize);
+    ((i % x) as u32, ((i / x) % y) as u32, (i / (x * y)) as u32)
+}
+
+impl Ctx<'_> {
+    fn where_(&self, block: usize, t: usize, line: u32) -> String {
+        let b = dim_of(block, self.launch.grid);
+        let th = dim_of(t, self.launch.block);
+        format!(
+            "kernel `{}` block ({},{},{}) thread ({},{},{}) line {line}",
+            self.k.name, b.0, b.1, b.2, th.0, th.1, th.2
+        )
+    }
+
+    fn mem_err(&self, e: MemErr, block: usize, t: usize, line: u32) -> ExecError {
+        let w = self.where_(block, t, line);
+        match e {
+            MemErr::Illegal(s) => ExecError::IllegalAddress(format!("{w}: {s}")),
+            MemErr::Misaligned(s) => ExecError::MisalignedAddress(format!("{w}: {s}")),
+            MemErr::Failed(s) => ExecError::LaunchFailed(format!("{w}: {s}")),
+        }
+    }
+
+    /// Runs thread `t` until it syncs or exits.
+    fn run_thread(&self, r: &mut [u64], th: &mut Thread, bm: &mut BlockMem, block: usize, t: usize) -> Result<Stop, ExecError> {
+        let code = self.code;
+        let mut pc = th.pc as usize;
+        macro_rules! fail {
+            ($e:expr) => {{
+                let line = code.get(pc).map_or(0, |i| i.line);
+                th.pc = pc as u32;
+                return Err(self.mem_err($e, block, t, line));
+            }};
+        }
+        loop {
+            let Some(inst) = code.get(pc) else {
+                fail!(MemErr::Failed("ran off the end of the code".into()));
+            };
+            if inst.guard != NO_GUARD && ((r[inst.guard as usize] != 0) == inst.neg) {
+                pc += 1;
+                continue;
+            }
+            match &inst.op {
+                &Op::AddI32 { d, a, b } => r[d as usize] = (r[a as usize].wrapping_add(r[b as usize])) & 0xffff_ffff,
+                &Op::AddI64 { d, a, b } => r[d as usize] = r[a as usize].wrapping_add(r[b as usize]),
+                &Op::AddF32 { d, a, b } => r[d as usize] = f32b(f32v(r[a as usize]) + f32v(r[b as usize])),
+                &Op::MulF32 { d, a, b } => r[d as usize] = f32b(f32v(r[a as usize]) * f32v(r[b as usize])),
+                &Op::FmaF32 { d, a, b, c } => {
+                    r[d as usize] = f32b(f32v(r[a as usize]).mul_add(f32v(r[b as usize]), f32v(r[c as usize])))
+                }
+                &Op::Mov { d, a, mask } => r[d as usize] = r[a as usize] & mask,
+                &Op::BraIf { p, neg, target } => {
+                    if (r[p as usize] != 0) != neg {
+                        pc = target as usize;
+                        continue;
+                    }
+                }
+                &Op::IBin { op, ty, d, a, b } => r[d as usize] = ibin(op, ty, r[a as usize], r[b as usize]),
+                &Op::AddCc { carry_in, carry_out, ty, sub, d, a, b } => {
+                    let bits = ty.bits();
+                    let m = mask_of(bits);
+                    let (x, y) = ((r[a as usize] & m) as u128, (r[b as usize] & m) as u128);
+                    let cin = if carry_in { r[crate::parse::CARRY as usize] as u128 & 1 } else { 0 };
+                    let (v, carry) = if sub {
+                        // Borrow semantics: d = a - b - borrow; the flag holds the borrow.
+                        let v = x.wrapping_sub(y).wrapping_sub(cin);
+                        (v, (x < y + cin) as u64)
+                    } else {
+                        let v = x + y + cin;
+                        (v, (v >> bits) as u64 & 1)
+                    };
+                    r[d as usize] = v as u64 & m;
+                    if carry_out {
+                        r[crate::parse::CARRY as usize] = carry;
+                    }
+                }
+                &Op::IUn { op, ty, d, a } => r[d as usize] = iun(op, ty, r[a as usize]),
+                &Op::Mad { mul, ty, sat, d, a, b, c } => {
+                    let p = ibin(mul, ty, r[a as usize], r[b as usize]);
+                    let rty = if mul == IOp::MulWide { crate::decode::wide(ty) } else { ty };
+                    r[d as usize] = if sat {
+                        (sx(p, 32) + sx(r[c as usize], 32)).clamp(i32::MIN as i64, i32::MAX as i64) as u64 & 0xffff_ffff
+                    } else {
+                        p.wrapping_add(r[c as usize]) & mask_of(rty.bits())
+                    };
+                }
+                &Op::Bfe { ty, d, a, b, c } => {
+                    let bits = ty.bits();
+                    let pos = (r[b as usize] & 0xff) as u32;
+                    let len = (r[c as usize] & 0xff) as u32;
+                    let v = r[a as usize] & mask_of(bits);
+                    let sbit = if ty.signed() {
+                        if len == 0 {
+                            false
+                        } else {
+                            (v >> (pos + len - 1).min(bits - 1)) & 1 == 1
+                        }
+                    } else {
+                        false
+                    };
+                    let mut out = 0u64;
+                    for i in 0..bits {
+                        let bit = if i < len && pos + i < bits { (v >> (pos + i)) & 1 } else { sbit as u64 };
+                        out |= bit << i;
+                    }
+                    r[d as usize] = out;
+                }
+                &Op::Bfi { ty, d, f, a, b, c } => {
+                    let bits = ty.bits();
+                    let pos = (r[b as usize] & 0xff) as u32;
+                    let len = (r[c as usize] & 0xff) as u32;
+                    let (mut out, fv) = (r[a as usize] & mask_of(bits), r[f as usize]);
+                    for i in 0..len {
+                        if pos + i >= bits {
+                            break;
+                        }
+                        out = (out & !(1 << (pos + i))) | (((fv >> i) & 1) << (pos + i));
+                    }
+                    r[d as usize] = out;
+                }
+                &Op::Prmt { d, a, b, c } => {
+                    let bytes = ((r[b as usize] & 0xffff_ffff) << 32) | (r[a as usize] & 0xffff_ffff);
+                    let sel = r[c as usize];
+                    let mut out = 0u64;
+                    for i in 0..4 {
+                        let s = (sel >> (4 * i)) & 0xf;
+                        let mut byte = (bytes >> (8 * (s & 7))) & 0xff;
+                        if s & 8 != 0 {
+                            byte = if byte & 0x80 != 0 { 0xff } else { 0 };
+                        }
+                        out |= byte << (8 * i);
+                    }
+                    r[d as usize] = out;
+                }
+                &Op::Lop3 { d, a, b, c, lut } => {
+                    let (x, y, z) = (r[a as usize] as u32, r[b as usize] as u32, r[c as usize] as u32);
+                    let mut out = 0u32;
+                    for i in 0..8 {
+                        if lut >> i & 1 == 1 {
+                            let ta = if i & 4 != 0 { x } else { !x };
+                            let tb = if i & 2 != 0 { y } else { !y };
+                            let tc = if i & 1 != 0 { z } else { !z };
+                            out |= ta & tb & tc;
+                        }
+                    }
+                    r[d as usize] = out as u64;
+                }
+                &Op::Shf { left, clamp, d, a, b, c } => {
+                    let n = r[c as usize] as u32;
+                    let n = if clamp { n.min(32) } else { n & 31 };
+                    let v = ((r[b as usize] & 0xffff_ffff) << 32) | (r[a as usize] & 0xffff_ffff);
+                    r[d as usize] = if left { (v << n) >> 32 } else { v >> n } & 0xffff_ffff;
+                }
+                &Op::FBin { op, ty, rnd, approx, ftz, sat, d, a, b } => {
+                    r[d as usize] = if ty == Ty::F32 {
+                        let (x, y) = (f32v(r[a as usize]), f32v(r[b as usize]));
+                        let (x, y) = if ftz { (ftz32(x), ftz32(y)) } else { (x, y) };
+                        let mut v = fbin32(op, rnd, approx, x, y);
+                        if ftz {
+                            v = ftz32(v);
+                        }
+                        f32b(sat_if32(v, sat))
+                    } else {
+                        let v = fbin64(op, rnd, f64::from_bits(r[a as usize]), f64::from_bits(r[b as usize]));
+                        (if sat { sat64(v) } else { v }).to_bits()
+                    };
+                }
+                &Op::Fma { ty, rnd, ftz, sat, d, a, b, c } => {
+                    r[d as usize] = if ty == Ty::F32 {
+                        let f = |s: Slot| {
+                            let v = f32v(r[s as usize]);
+                            if ftz {
+                                ftz32(v)
+                            } else {
+                                v
+                            }
+                        };
+                        let mut v = fma32(f(a), f(b), f(c), rnd);
+                        if ftz {
+                            v = ftz32(v);
+                        }
+                        f32b(sat_if32(v, sat))
+                    } else {
+                        let v = fma64(f64::from_bits(r[a as usize]), f64::from_bits(r[b as usize]), f64::from_bits(r[c as usize]), rnd);
+                        (if sat { sat64(v) } else { v }).to_bits()
+                    };
+                }
+                &Op::FUn { op, ty, rnd, approx, ftz, d, a } => {
+                    r[d as usize] = if ty == Ty::F32 {
+                        let x = f32v(r[a as usize]);
+                        let x = if ftz { ftz32(x) } else { x };
+                        let v = fun32(op, rnd, approx, x);
+                        f32b(if ftz { ftz32(v) } else { v })
+                    } else {
+                        fun64(op, rnd, f64::from_bits(r[a as usize])).to_bits()
+                    };
+                }
+                &Op::Testp { op, ty, d, a } => {
+                    let x = fval(r[a as usize], ty, false);
+                    let sub = if ty == Ty::F32 { (x as f32).is_subnormal() } else { x.is_subnormal() };
+                    let norm = if ty == Ty::F32 { (x as f32).is_normal() } else { x.is_normal() };
+                    r[d as usize] = match op {
+                        0 => x.is_finite(),
+                        1 => x.is_infinite(),
+                        2 => !x.is_nan(),
+                        3 => x.is_nan(),
+                        4 => norm,
+                        _ => sub,
+                    } as u64;
+                }
+                Op::Setp { cmp, ty, ftz, d, dn, a, b, comb } => {
+                    let (x, y) = (r[*a as usize], r[*b as usize]);
+                    let mut v = if ty.float() {
+                        compare_f(*cmp, fval(x, *ty, *ftz), fval(y, *ty, *ftz))
+                    } else {
+                        compare_int(*cmp, *ty, x, y)
+                    };
+                    let mut vn = !v;
+                    if let Some((op, p, neg)) = comb {
+                        let q = (r[*p as usize] != 0) != *neg;
+                        let f = |v: bool| match op {
+                            BoolOp::And => v && q,
+                            BoolOp::Or => v || q,
+                            BoolOp::Xor => v ^ q,
+                        };
+                        (v, vn) = (f(v), f(vn));
+                    }
+                    r[*d as usize] = v as u64;
+                    r[*dn as usize] = vn as u64;
+                }
+                &Op::Selp { mask, d, a, b, p } => {
+                    r[d as usize] = if r[p as usize] != 0 { r[a as usize] } else { r[b as usize] } & mask
+                }
+                &Op::Slct { ty, cty, ftz, d, a, b, c } => {
+                    let ge = if cty == Ty::F32 { fval(r[c as usize], Ty::F32, ftz) >= 0.0 } else { sx(r[c as usize], 32) >= 0 };
+                    r[d as usize] = if ge { r[a as usize] } else { r[b as usize] } & mask_of(ty.bits());
+                }
+                &Op::Pack { bits, d, srcs, n } => {
+                    let mut v = 0u64;
+                    for (i, s) in srcs.iter().take(n as usize).enumerate() {
+                        v |= (r[*s as usize] & mask_of(bits)) << (bits as usize * i);
+                    }
+                    r[d as usize] = v;
+                }
+                &Op::Unpack { bits, dsts, n, a } => {
+                    let v = r[a as usize];
+                    for (i, s) in dsts.iter().take(n as usize).enumerate() {
+                        r[*s as usize] = (v >> (bits as usize * i)) & mask_of(bits);
+                    }
+                }
+                &Op::Cvt { dty, sty, rnd, sat, ftz, d, a } => r[d as usize] = cvt(dty, sty, rnd, sat, ftz, r[a as usize]),
+                &Op::Cvta { to, space, bits32, d, a } => {
+                    let v = r[a as usize];
+                    let base = match space {
+                        Space::Shared => GENERIC_SHARED_BASE,
+                        Space::Local => GENERIC_LOCAL_BASE,
+                        _ => 0,
+                    };
+                    let out = if to { v.wrapping_sub(base) } else { v.wrapping_add(base) };
+                    r[d as usize] = if bits32 { out & 0xffff_ffff } else { out };
+                }
+                Op::Ld { space, ty, n, d, addr } => {
+                    let size = ty.bytes();
+                    let base = r[addr.base as usize].wrapping_add(addr.off as u64);
+                    let n = *n as usize;
+                    if n > 1 && base % (size * n) as u64 != 0 && *space != Space::Param {
+                        fail!(MemErr::Misaligned(format!("{}-byte vector load at {base:#x}", size * n)));
+                    }
+                    for (i, dst) in d.iter().take(n).enumerate() {
+                        let v = match bm.load(self.mem, *space, base.wrapping_add((i * size) as u64), size, t) {
+                            Ok(v) => v,
+                            Err(e) => fail!(e),
+                        };
+                        r[*dst as usize] = if ty.signed() { sx(v, ty.bits()) as u64 } else { v };
+                    }
+                }
+                Op::St { space, ty, n, s, addr } => {
+                    let size = ty.bytes();
+                    let base = r[addr.base as usize].wrapping_add(addr.off as u64);
+                    let n = *n as usize;
+                    if n > 1 && base % (size * n) as u64 != 0 && *space != Space::Param {
+                        fail!(MemErr::Misaligned(format!("{}-byte vector store at {base:#x}", size * n)));
+                    }
+                    for (i, src) in s.iter().take(n).enumerate() {
+                        if let Err(e) = bm.store(self.mem, *space, base.wrapping_add((i * size) as u64), size, r[*src as usize], t) {
+                            fail!(e);
+                        }
+                    }
+                }
+                &Op::Atom { space, op, ty, d, addr, b, c } => {
+                    let a = r[addr.base as usize].wrapping_add(addr.off as u64);
+                    let (bv, cv) = (r[b as usize], r[c as usize]);
+                    let f = move |old: u64| atom_apply(op, ty, old, bv, cv);
+                    match bm.atom(self.mem, space, a, &f, ty.bytes(), t) {
+                        Ok(old) => r[d as usize] = old,
+                        Err(e) => fail!(e),
+                    }
+                }
+                &Op::Bra { target } => {
+                    pc = target as usize;
+                    continue;
+                }
+                Op::Call(info) => {
+                    let callee = &self.k.prog.funcs[info.func];
+                    if th.stack.len() >= 64 || th.stack.iter().any(|&(_, c)| matches!(&code[c as usize].op, Op::Call(i) if i.func == info.func)) {
+                        fail!(MemErr::Failed(format!("recursive call of `{}` is not supported", callee.name)));
+                    }
+                    let s = bm.fparam_size;
+                    let fp = &mut bm.fparam[t * s..(t + 1) * s];
+                    for &(from, to, len) in &info.args {
+                        fp.copy_within(from as usize..(from + len) as usize, to as usize);
+                    }
+                    th.stack.push(((pc + 1) as u32, pc as u32));
+                    pc = callee.start as usize;
+                    continue;
+                }
+                Op::Ret => match th.stack.pop() {
+                    Some((ret, call)) => {
+                        if let Op::Call(info) = &code[call as usize].op {
+                            let s = bm.fparam_size;
+                            let fp = &mut bm.fparam[t * s..(t + 1) * s];
+                            for &(from, to, len) in &info.rets {
+                                fp.copy_within(from as usize..(from + len) as usize, to as usize);
+                            }
+                        }
+                        pc = ret as usize;
+                        continue;
+                    }
+                    None => {
+                        th.pc = pc as u32;
+                        return Ok(Stop::Exit);
+                    }
+                },
+                Op::Exit => {
+                    th.pc = pc as u32;
+                    return Ok(Stop::Exit);
+                }
+                Op::Trap => fail!(MemErr::Failed("trap".into())),
+                Op::Bar { .. } => {
+                    th.pc = pc as u32;
+                    th.status = Status::Bar;
+                    return Ok(Stop::Sync);
+                }
+                Op::Shfl { .. } | Op::Vote { .. } => {
+                    th.pc = pc as u32;
+                    th.status = Status::Warp;
+                    return Ok(Stop::Sync);
+                }
+                &Op::Activemask { d } => {
+                    // Without a model of convergence: the lanes of the warp that have not exited.
+                    r[d as usize] = self.active_guess(t);
+                }
+                &Op::Clock { d } => {
+                    bm.clock += 1;
+                    r[d as usize] = bm.clock;
+                }
+                Op::Nop => {}
+            }
+            pc += 1;
+        }
+    }
+
+    fn active_guess(&self, t: usize) -> u64 {
+        let w = t / 32 * 32;
+        let n = (self.nthreads - w).min(32);
+        mask_of(n as u32)
+    }
+}
+
+/// Runs one launch.
+pub(crate) fn run(k: &Kernel, launch: &Launch<'_>, mem: &dyn GlobalMemory) -> Result<(), ExecError> {
+    let (g, b) = (launch.grid, launch.block);
+    if [g.x, g.y, g.z, b.x, b.y, b.z].contains(&0) {
+        return Err(ExecError::InvalidValue(format!("kernel `{}`: a zero grid or block dimension", k.name)));
+    }
+    let nthreads = b.x as usize * b.y as usize * b.z as usize;
+    if nthreads > 1024 {
+        return Err(ExecError::InvalidValue(format!("kernel `{}`: {nthreads} threads per block (at most 1024)", k.name)));
+    }
+    if launch.params.len() != k.param_bytes {
+        return Err(ExecError::InvalidValue(format!(
+            "kernel `{}`: {} bytes of parameters, the kernel takes {}",
+            k.name,
+            launch.params.len(),
+            k.param_bytes
+        )));
+    }
+    let nblocks = g.x as usize * g.y as usize * g.z as usize;
+    let ctx = Ctx { k, code: &k.prog.code, launch, mem, nslots: k.template.len(), nthreads };
+    let next = AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    let first: Mutex<Option<(usize, ExecError)>> = Mutex::new(None);
+    let workers = launch.threads.clamp(1, nblocks);
+    let work = || {
+        let mut bm = BlockMem {
+            shared: vec![0; k.shared_bytes(launch.dynamic_shared)],
+            local: vec![0; k.prog.local_bytes * nthreads],
+            local_size: k.prog.local_bytes,
+            fparam: vec![0; k.prog.fparam_bytes * nthreads],
+            fparam_size: k.prog.fparam_bytes,
+            params: launch.params,
+            cache: PageCache::new(),
+            clock: 0,
+        };
+        let mut regs = vec![0u64; ctx.nslots * nthreads];
+        let mut threads: Vec<Thread> = (0..nthreads).map(|_| Thread { pc: 0, status: Status::Ready, stack: Vec::new() }).collect();
+        while !stop.load(Ordering::Relaxed) {
+            let blk = next.fetch_add(1, Ordering::Relaxed);
+            if blk >= nblocks {
+                break;
+            }
+            if let Err(e) = ctx.run_block(blk, &mut bm, &mut regs, &mut threads) {
+                stop.store(true, Ordering::Relaxed);
+                let mut f = first.lock().unwrap_or_else(|p| p.into_inner());
+                if f.as_ref().is_none_or(|(b, _)| blk < *b) {
+                    *f = Some((blk, e));
+                }
+            }
+        }
+    };
+    if workers == 1 {
+        work();
+    } else {
+        std::thread::scope(|s| {
+            for _ in 0..workers {
+                s.spawn(work);
+            }
+        });
+    }
+    match first.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some((_, e)) => Err(e),
+        None => Ok(()),
+    }
+}
+
+impl Ctx<'_> {
+    fn run_block(&self, blk: usize, bm: &mut BlockMem, regs: &mut [u64], threads: &mut [Thread]) -> Result<(), ExecError> {
+        let (l, k) = (self.launch, self.k);
+        let n = self.nthreads;
+        let ns = self.nslots;
+        bm.shared.fill(0);
+        bm.local.fill(0);
+        bm.fparam.fill(0);
+        let (bx, by, bz) = dim_of(blk, l.grid);
+        let dyn_smem = l.dynamic_shared as u64;
+        let total_smem = bm.shared.len() as u64;
+        for (t, th) in threads.iter_mut().enumerate() {
+            let r = &mut regs[t * ns..(t + 1) * ns];
+            r.copy_from_slice(&k.template);
+            let (tx, ty, tz) = dim_of(t, l.block);
+            let lane = (t % 32) as u64;
+            let specials = [
+                tx as u64,
+                ty as u64,
+                tz as u64,
+                l.block.x as u64,
+                l.block.y as u64,
+                l.block.z as u64,
+                bx as u64,
+                by as u64,
+                bz as u64,
+                l.grid.x as u64,
+                l.grid.y as u64,
+                l.grid.z as u64,
+                lane,
+                (t / 32) as u64,
+                n.div_ceil(32) as u64,
+                0,
+                1,
+                0,
+                1 << lane,
+                (1 << lane) - 1,
+                (2u64 << lane) - 1,
+                !((2u64 << lane) - 1) & 0xffff_ffff,
+                !((1u64 << lane) - 1) & 0xffff_ffff,
+                dyn_smem,
+                total_smem,
+            ];
+            r[..specials.len()].copy_from_slice(&specials);
+            th.pc = k.start;
+            th.status = Status::Ready;
+            th.stack.clear();
+        }
+        loop {
+            for t in 0..n {
+                if threads[t].status != Status::Ready {
+                    continue;
+                }
+                let r = &mut regs[t * ns..(t + 1) * ns];
+                if let Stop::Exit = self.run_thread(r, &mut threads[t], bm, blk, t)? {
+                    threads[t].status = Status::Exited;
+                }
+            }
+            if threads.iter().all(|t| t.status == Status::Exited) {
+                return Ok(());
+            }
+            let mut released = self.warp_syncs(blk, regs, threads)?;
+            if !released {
+                released = self.barriers(blk, regs, threads)?;
+            }
+            if !released {
+                return Err(self.deadlock(blk, regs, threads));
+            }
+        }
+    }
+
+    /// Performs every shuffle/vote whose whole membermask waits at it.
+    fn warp_syncs(&self, blk: usize, regs: &mut [u64], threads: &mut [Thread]) -> Result<bool, ExecError> {
+        let (n, ns) = (self.nthreads, self.nslots);
+        let mut released = false;
+        for w in 0..n.div_ceil(32) {
+            let lanes = w * 32..(w * 32 + 32).min(n);
+            for t in lanes.clone() {
+                if threads[t].status != Status::Warp {
+                    continue;
+                }
+                let pc = threads[t].pc;
+                let inst = &self.code[pc as usize];
+                let mask_slot = match inst.op {
+                    Op::Shfl { mask, .. } | Op::Vote { mask, .. } => mask,
+                    _ => continue,
+                };
+                let mask = regs[t * ns + mask_slot as usize] as u32;
+                let lane = t % 32;
+                if mask >> lane & 1 == 0 {
+                    return Err(ExecError::LaunchFailed(format!(
+                        "{}: lane {lane} executes a warp-synchronous instruction with membermask {mask:#010x}, which excludes it",
+                        self.where_(blk, t, inst.line)
+                    )));
+                }
+                let mut ready = true;
+                for i in 0..32 {
+                    if mask >> i & 1 == 0 {
+                        continue;
+                    }
+                    let u = w * 32 + i;
+                    if u >= n || threads[u].status == Status::Exited {
+                        return Err(ExecError::LaunchFailed(format!(
+                            "{}: lane {i} of membermask {mask:#010x} {} and can never reach this warp-synchronous instruction",
+                            self.where_(blk, t, inst.line),
+                            if u >= n { "does not exist (partial warp)" } else { "has exited" }
+                        )));
+                    }
+                    if threads[u].status != Status::Warp || threads[u].pc != pc {
+                        ready = false;
+                    }
+                }
+                if !ready {
+                    continue;
+                }
+                self.exchange(blk, w, mask, &inst.op, regs, inst.line)?;
+                for i in 0..32 {
+                    if mask >> i & 1 == 1 {
+                        let th = &mut threads[w * 32 + i];
+                        th.pc += 1;
+                        th.status = Status::Ready;
+                    }
+                }
+                released = true;
+            }
+        }
+        Ok(released)
+    }
+
+    fn exchange(&self, blk: usize, w: usize, mask: u32, op: &Op, regs: &mut [u64], line: u32) -> Result<(), ExecError> {
+        let ns = self.nslots;
+        let reg = |regs: &[u64], lane: usize, s: Slot| regs[(w * 32 + lane) * ns + s as usize];
+        match *op {
+            Op::Shfl { mode, d, p, a, b, c, .. } => {
+                let mut vals = [0u64; 32];
+                for (i, v) in vals.iter_mut().enumerate() {
+                    if mask >> i & 1 == 1 {
+                        *v = reg(regs, i, a);
+                    }
+                }
+                for lane in 0..32 {
+                    if mask >> lane & 1 == 0 {
+                        continue;
+                    }
+                    let bval = (reg(regs, lane, b) & 31) as i64;
+                    let cv = reg(regs, lane, c);
+                    let cval = (cv & 31) as i64;
+                    let seg = ((cv >> 8) & 31) as i64;
+                    let l = lane as i64;
+                    let max_lane = (l & seg) | (cval & !seg);
+                    let min_lane = l & seg;
+                    let (j, pval) = match mode {
+                        ShflMode::Up => (l - bval, l - bval >= max_lane),
+                        ShflMode::Down => (l + bval, l + bval <= max_lane),
+                        ShflMode::Bfly => (l ^ bval, (l ^ bval) <= max_lane),
+                        ShflMode::Idx => {
+                            let j = min_lane | (bval & !seg);
+                            (j, j <= max_lane)
+                        }
+                    };
+                    let j = if pval { j } else { l };
+                    if !(0..32).contains(&j) || mask >> j & 1 == 0 {
+                        return Err(ExecError::LaunchFailed(format!(
+                            "{}: shfl.sync reads lane {j}, outside membermask {mask:#010x}",
+                            self.where_(blk, w * 32 + lane, line)
+                        )));
+                    }
+                    let base = (w * 32 + lane) * ns;
+                    regs[base + d as usize] = vals[j as usize] & 0xffff_ffff;
+                    regs[base + p as usize] = pval as u64;
+                }
+            }
+            Op::Vote { mode, d, a, neg, .. } => {
+                let mut ballot = 0u32;
+                for i in 0..32 {
+                    if mask >> i & 1 == 1 && (reg(regs, i, a) != 0) != neg {
+                        ballot |= 1 << i;
+                    }
+                }
+                let v = match mode {
+                    VoteMode::Ballot => ballot as u64,
+                    VoteMode::All => (ballot == mask) as u64,
+                    VoteMode::Any => (ballot != 0) as u64,
+                    VoteMode::Uni => (ballot == mask || ballot == 0) as u64,
+                };
+                for lane in 0..32 {
+                    if mask >> lane & 1 == 1 {
+                        regs[(w * 32 + lane) * ns + d as usize] = v;
+                    }
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Releases a barrier every live thread (or its thread count) has reached.
+    fn barriers(&self, blk: usize, regs: &[u64], threads: &mut [Thread]) -> Result<bool, ExecError> {
+        let ns = self.nslots;
+        let live = threads.iter().filter(|t| t.status != Status::Exited).count();
+        let mut released = false;
+        let waiting: Vec<usize> = (0..threads.len()).filter(|&t| threads[t].status == Status::Bar).collect();
+        let mut ids: Vec<u64> = Vec::new();
+        for &t in &waiting {
+            if let Op::Bar { id, .. } = self.code[threads[t].pc as usize].op {
+                let v = regs[t * ns + id as usize] & 0xffff_ffff;
+                if !ids.contains(&v) {
+                    ids.push(v);
+                }
+            }
+        }
+        for id in ids {
+            let group: Vec<usize> = waiting
+                .iter()
+                .copied()
+                .filter(|&t| matches!(self.code[threads[t].pc as usize].op, Op::Bar { id: s, .. } if regs[t * ns + s as usize] & 0xffff_ffff == id))
+                .collect();
+            let Some(&first) = group.first() else { continue };
+            let Op::Bar { count, aligned, .. } = self.code[threads[first].pc as usize].op else { continue };
+            let need = if count == SINK { live } else { (regs[first * ns + count as usize] & 0xffff_ffff) as usize };
+            if group.len() < need {
+                continue;
+            }
+            if aligned {
+                if let Some(&other) = group.iter().find(|&&t| threads[t].pc != threads[first].pc) {
+                    return Err(ExecError::LaunchFailed(format!(
+                        "{}: divergent bar.sync {id}: another thread waits at line {}",
+                        self.where_(blk, first, self.code[threads[first].pc as usize].line),
+                        self.code[threads[other].pc as usize].line
+                    )));
+                }
+            }
+            for &t in group.iter().take(need.max(1)) {
+                threads[t].pc += 1;
+                threads[t].status = Status::Ready;
+            }
+            released = true;
+        }
+        Ok(released)
+    }
+
+    fn deadlock(&self, blk: usize, regs: &[u64], threads: &[Thread]) -> ExecError {
+        let _ = regs;
+        let waiting: Vec<usize> = (0..threads.len()).filter(|&t| threads[t].status != Status::Exited).collect();
+        let Some(&t) = waiting.first() else {
+            return ExecError::LaunchFailed(format!("kernel `{}`: scheduler found no thread to run", self.k.name));
+        };
+        let line = self.code[threads[t].pc as usize].line;
+        let others: Vec<String> = waiting
+            .iter()
+            .filter(|&&u| threads[u].pc != threads[t].pc)
+            .take(3)
+            .map(|&u| format!("thread {u} waits at line {}", self.code[threads[u].pc as usize].line))
+            .collect();
+        let exited = threads.len() - waiting.len();
+        ExecError::LaunchFailed(format!(
+            "{}: deadlock: the {} instruction here is never reached by the threads it waits for ({}; {exited} exited)",
+            self.where_(blk, t, line),
+            if threads[t].status == Status::Bar { "barrier" } else { "warp-synchronous" },
+            if others.is_empty() { "all waiting threads are here".to_string() } else { others.join(", ") }
+        ))
+    }
+}

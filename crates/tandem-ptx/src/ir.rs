@@ -1,0 +1,307 @@
+//! The pre-decoded instruction set the interpreter executes: every operand is a register slot
+//! (immediates, symbol addresses and special registers live in slots too), labels are
+//! instruction indices, types and modifiers are resolved, so execution does no string work.
+
+/// A register slot index into a thread's register file.
+pub(crate) type Slot = u32;
+
+/// A guard slot meaning "no predicate".
+pub(crate) const NO_GUARD: Slot = u32::MAX;
+
+/// Value types of instructions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ty {
+    B8,
+    B16,
+    B32,
+    B64,
+    U8,
+    U16,
+    U32,
+    U64,
+    S8,
+    S16,
+    S32,
+    S64,
+    F16,
+    F32,
+    F64,
+    Pred,
+}
+
+impl Ty {
+    pub(crate) fn parse(s: &str) -> Option<Ty> {
+        Some(match s {
+            "b8" => Ty::B8,
+            "b16" => Ty::B16,
+            "b32" => Ty::B32,
+            "b64" => Ty::B64,
+            "u8" => Ty::U8,
+            "u16" => Ty::U16,
+            "u32" => Ty::U32,
+            "u64" => Ty::U64,
+            "s8" => Ty::S8,
+            "s16" => Ty::S16,
+            "s32" => Ty::S32,
+            "s64" => Ty::S64,
+            "f16" => Ty::F16,
+            "f32" => Ty::F32,
+            "f64" => Ty::F64,
+            "pred" => Ty::Pred,
+            _ => return None,
+        })
+    }
+    pub(crate) fn bits(self) -> u32 {
+        match self {
+            Ty::B8 | Ty::U8 | Ty::S8 => 8,
+            Ty::B16 | Ty::U16 | Ty::S16 | Ty::F16 => 16,
+            Ty::B32 | Ty::U32 | Ty::S32 | Ty::F32 => 32,
+            Ty::B64 | Ty::U64 | Ty::S64 | Ty::F64 => 64,
+            Ty::Pred => 1,
+        }
+    }
+    pub(crate) fn bytes(self) -> usize {
+        (self.bits() as usize).div_ceil(8)
+    }
+    pub(crate) fn signed(self) -> bool {
+        matches!(self, Ty::S8 | Ty::S16 | Ty::S32 | Ty::S64)
+    }
+    pub(crate) fn float(self) -> bool {
+        matches!(self, Ty::F16 | Ty::F32 | Ty::F64)
+    }
+}
+
+/// Rounding modifiers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Rnd {
+    /// None given: the instruction's default (round to nearest even for float results).
+    Default,
+    Rn,
+    Rz,
+    Rm,
+    Rp,
+    Rni,
+    Rzi,
+    Rmi,
+    Rpi,
+}
+
+/// State spaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Space {
+    Generic,
+    Global,
+    Shared,
+    Local,
+    Param,
+    Const,
+}
+
+/// Integer binary operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum IOp {
+    Add,
+    Sub,
+    AddSat,
+    SubSat,
+    MulLo,
+    MulHi,
+    MulWide,
+    Mul24Lo,
+    Mul24Hi,
+    Div,
+    Rem,
+    Min,
+    Max,
+    And,
+    Or,
+    Xor,
+    Shl,
+    Shr,
+}
+
+/// Integer unary operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum IUn {
+    Abs,
+    Neg,
+    Not,
+    Cnot,
+    Popc,
+    Clz,
+    Brev,
+}
+
+/// Float binary operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Min,
+    Max,
+    Copysign,
+}
+
+/// Float unary operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FUn {
+    Abs,
+    Neg,
+    Sqrt,
+    Rcp,
+    Rsqrt,
+    Ex2,
+    Lg2,
+    Sin,
+    Cos,
+    Tanh,
+}
+
+/// Comparisons of setp/selp-style instructions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cmp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    Lo,
+    Ls,
+    Hi,
+    Hs,
+    Equ,
+    Neu,
+    Ltu,
+    Leu,
+    Gtu,
+    Geu,
+    Num,
+    Nan,
+}
+
+/// Predicate combining operations of setp.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BoolOp {
+    And,
+    Or,
+    Xor,
+}
+
+/// Atomic operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AtomOp {
+    Add,
+    Min,
+    Max,
+    Inc,
+    Dec,
+    And,
+    Or,
+    Xor,
+    Exch,
+    Cas,
+}
+
+/// Shuffle modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ShflMode {
+    Up,
+    Down,
+    Bfly,
+    Idx,
+}
+
+/// Vote modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum VoteMode {
+    All,
+    Any,
+    Uni,
+    Ballot,
+}
+
+/// A memory operand: the address is `regs[base] + off`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Addr {
+    pub base: Slot,
+    pub off: i64,
+}
+
+/// Bytes copied between param areas around a `call`: (from, to, len) in func-param space.
+pub(crate) type ParamCopy = (u32, u32, u32);
+
+/// A decoded `call`.
+#[derive(Debug, Clone)]
+pub(crate) struct CallInfo {
+    /// Function index in the module.
+    pub func: usize,
+    /// Caller argument params copied into the callee's formal params before the call.
+    pub args: Vec<ParamCopy>,
+    /// Callee return params copied into the caller's params after it returns.
+    pub rets: Vec<ParamCopy>,
+}
+
+/// One decoded operation.
+#[derive(Debug, Clone)]
+pub(crate) enum Op {
+    // Hot, specialised forms.
+    AddI32 { d: Slot, a: Slot, b: Slot },
+    AddI64 { d: Slot, a: Slot, b: Slot },
+    AddF32 { d: Slot, a: Slot, b: Slot },
+    MulF32 { d: Slot, a: Slot, b: Slot },
+    FmaF32 { d: Slot, a: Slot, b: Slot, c: Slot },
+    Mov { d: Slot, a: Slot, mask: u64 },
+    /// A conditional branch on a predicate slot (folded guard).
+    BraIf { p: Slot, neg: bool, target: u32 },
+
+    IBin { op: IOp, ty: Ty, d: Slot, a: Slot, b: Slot },
+    AddCc { carry_in: bool, carry_out: bool, ty: Ty, sub: bool, d: Slot, a: Slot, b: Slot },
+    IUn { op: IUn, ty: Ty, d: Slot, a: Slot },
+    /// mad.lo/hi/wide (and mad24): `d = mulop(a, b) + c`, .sat for s32 hi.
+    Mad { mul: IOp, ty: Ty, sat: bool, d: Slot, a: Slot, b: Slot, c: Slot },
+    Bfe { ty: Ty, d: Slot, a: Slot, b: Slot, c: Slot },
+    Bfi { ty: Ty, d: Slot, f: Slot, a: Slot, b: Slot, c: Slot },
+    Prmt { d: Slot, a: Slot, b: Slot, c: Slot },
+    Lop3 { d: Slot, a: Slot, b: Slot, c: Slot, lut: u8 },
+    Shf { left: bool, clamp: bool, d: Slot, a: Slot, b: Slot, c: Slot },
+    FBin { op: FOp, ty: Ty, rnd: Rnd, approx: bool, ftz: bool, sat: bool, d: Slot, a: Slot, b: Slot },
+    Fma { ty: Ty, rnd: Rnd, ftz: bool, sat: bool, d: Slot, a: Slot, b: Slot, c: Slot },
+    FUn { op: FUn, ty: Ty, rnd: Rnd, approx: bool, ftz: bool, d: Slot, a: Slot },
+    Testp { op: u8, ty: Ty, d: Slot, a: Slot },
+    Setp { cmp: Cmp, ty: Ty, ftz: bool, d: Slot, dn: Slot, a: Slot, b: Slot, comb: Option<(BoolOp, Slot, bool)> },
+    Selp { mask: u64, d: Slot, a: Slot, b: Slot, p: Slot },
+    Slct { ty: Ty, cty: Ty, ftz: bool, d: Slot, a: Slot, b: Slot, c: Slot },
+    Pack { bits: u32, d: Slot, srcs: [Slot; 4], n: u8 },
+    Unpack { bits: u32, dsts: [Slot; 4], n: u8, a: Slot },
+    Cvt { dty: Ty, sty: Ty, rnd: Rnd, sat: bool, ftz: bool, d: Slot, a: Slot },
+    Cvta { to: bool, space: Space, bits32: bool, d: Slot, a: Slot },
+    Ld { space: Space, ty: Ty, n: u8, d: [Slot; 4], addr: Addr },
+    St { space: Space, ty: Ty, n: u8, s: [Slot; 4], addr: Addr },
+    Atom { space: Space, op: AtomOp, ty: Ty, d: Slot, addr: Addr, b: Slot, c: Slot },
+    Bra { target: u32 },
+    Call(Box<CallInfo>),
+    Ret,
+    Exit,
+    Trap,
+    Bar { id: Slot, count: Slot, aligned: bool },
+    Shfl { mode: ShflMode, d: Slot, p: Slot, a: Slot, b: Slot, c: Slot, mask: Slot },
+    Vote { mode: VoteMode, d: Slot, a: Slot, neg: bool, mask: Slot },
+    Activemask { d: Slot },
+    Clock { d: Slot },
+    Nop,
+}
+
+/// One instruction: its guard, operation and PTX line.
+#[derive(Debug, Clone)]
+pub(crate) struct Inst {
+    pub op: Op,
+    /// Guard predicate slot, or [`NO_GUARD`].
+    pub guard: Slot,
+    /// Whether the guard is negated (`@!%p`).
+    pub neg: bool,
+    /// 1-based PTX line.
+    pub line: u32,
+}
