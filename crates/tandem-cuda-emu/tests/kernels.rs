@@ -1,0 +1,374 @@
+//! Kernel launches through tandem-ptx's interpreter: the strictness rules, each with a
+//! deliberately broken launch asserting the exact error code. Each test makes its own context,
+//! so that a sticky error stays in it.
+
+mod common;
+
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::ptr::null_mut;
+
+use common::*;
+
+const PTX: &str = include_str!("ptx/small.ptx");
+
+/// Loads `text` into the current context.
+fn load(text: &str) -> Result<Handle, CUresult> {
+    let text = CString::new(text).unwrap();
+    let mut module = null_mut();
+    match unsafe { cuModuleLoadData(&mut module, text.as_ptr() as *const c_void) } {
+        CUDA_SUCCESS => Ok(module),
+        code => Err(code),
+    }
+}
+
+fn function(module: Handle, name: &str) -> Handle {
+    let name = CString::new(name).unwrap();
+    let mut f = null_mut();
+    check!(cuModuleGetFunction(&mut f, module, name.as_ptr()));
+    f
+}
+
+/// Launches `f` on one thread of one block with `params`.
+fn launch1(f: Handle, stream: Handle, params: &mut [*mut c_void]) -> CUresult {
+    let pointer = if params.is_empty() {
+        null_mut()
+    } else {
+        params.as_mut_ptr()
+    };
+    unsafe { cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, pointer, null_mut()) }
+}
+
+/// Launches `store(address, value)`.
+fn store(module: Handle, stream: Handle, mut address: u64, mut value: u32) -> CUresult {
+    let f = function(module, "store");
+    launch1(
+        f,
+        stream,
+        &mut [
+            &mut address as *mut u64 as *mut c_void,
+            &mut value as *mut u32 as *mut c_void,
+        ],
+    )
+}
+
+#[test]
+fn a_kernel_stores_through_packed_parameters() {
+    let ctx = context(0);
+    let module = load(PTX).unwrap();
+    let p = alloc(16);
+    assert_eq!(store(module, null_mut(), p + 4, 42), CUDA_SUCCESS);
+    check!(cuCtxSynchronize());
+    assert_eq!(download(p, 2)[1], 42);
+    // The same through CU_LAUNCH_PARAM_BUFFER_POINTER / SIZE.
+    let mut buffer = [0u8; 12];
+    buffer[..8].copy_from_slice(&p.to_le_bytes());
+    buffer[8..].copy_from_slice(&7u32.to_le_bytes());
+    let f = function(module, "store");
+    let mut size = 12usize;
+    let mut extra = [
+        1 as *mut c_void,
+        buffer.as_mut_ptr() as *mut c_void,
+        2 as *mut c_void,
+        &mut size as *mut usize as *mut c_void,
+        null_mut(),
+    ];
+    check!(cuLaunchKernel(
+        f,
+        1,
+        1,
+        1,
+        1,
+        1,
+        1,
+        0,
+        null_mut(),
+        null_mut(),
+        extra.as_mut_ptr()
+    ));
+    check!(cuCtxSynchronize());
+    assert_eq!(download(p, 1), [7]);
+    size = 16;
+    check!(
+        CUDA_ERROR_INVALID_VALUE,
+        cuLaunchKernel(
+            f,
+            1,
+            1,
+            1,
+            1,
+            1,
+            1,
+            0,
+            null_mut(),
+            null_mut(),
+            extra.as_mut_ptr()
+        )
+    );
+    check!(
+        CUDA_ERROR_INVALID_VALUE,
+        cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, null_mut(), null_mut(), null_mut())
+    );
+    let mut attribute = 0;
+    check!(cuFuncGetAttribute(&mut attribute, 0, f));
+    assert_eq!(attribute, 1024);
+    check!(cuModuleUnload(module));
+    check!(
+        CUDA_ERROR_INVALID_HANDLE,
+        cuLaunchKernel(
+            f,
+            1,
+            1,
+            1,
+            1,
+            1,
+            1,
+            0,
+            null_mut(),
+            null_mut(),
+            extra.as_mut_ptr()
+        )
+    );
+    check!(cuCtxDestroy_v2(ctx));
+}
+
+#[test]
+fn out_of_bounds_is_an_asynchronous_sticky_illegal_address() {
+    let ctx = context(0);
+    let module = load(PTX).unwrap();
+    let s = stream();
+    let p = alloc(16);
+    assert_eq!(
+        store(module, s, p + 16, 1),
+        CUDA_SUCCESS,
+        "reported asynchronously"
+    );
+    check!(CUDA_ERROR_ILLEGAL_ADDRESS, cuStreamSynchronize(s));
+    let mut q = 0;
+    check!(CUDA_ERROR_ILLEGAL_ADDRESS, cuMemAlloc_v2(&mut q, 16));
+    check!(CUDA_ERROR_ILLEGAL_ADDRESS, cuCtxSynchronize());
+    assert_eq!(store(module, s, p, 1), CUDA_ERROR_ILLEGAL_ADDRESS);
+    check!(cuCtxDestroy_v2(ctx));
+}
+
+#[test]
+fn freed_memory_and_host_pointers_are_illegal_addresses() {
+    for case in 0..2 {
+        let ctx = context(0);
+        let module = load(PTX).unwrap();
+        let p = alloc(16);
+        let address = if case == 0 {
+            check!(cuMemFree_v2(p));
+            p
+        } else {
+            let host = Box::new([0u32; 4]);
+            Box::leak(host).as_ptr() as u64
+        };
+        assert_eq!(store(module, null_mut(), address, 1), CUDA_SUCCESS);
+        check!(CUDA_ERROR_ILLEGAL_ADDRESS, cuCtxSynchronize());
+        check!(cuCtxDestroy_v2(ctx));
+    }
+}
+
+#[test]
+fn misaligned_access_and_trap() {
+    let ctx = context(0);
+    let module = load(PTX).unwrap();
+    let p = alloc(16);
+    assert_eq!(store(module, null_mut(), p + 1, 1), CUDA_SUCCESS);
+    check!(CUDA_ERROR_MISALIGNED_ADDRESS, cuCtxSynchronize());
+    check!(cuCtxDestroy_v2(ctx));
+    let ctx = context(0);
+    let module = load(PTX).unwrap();
+    assert_eq!(
+        launch1(function(module, "fail"), null_mut(), &mut []),
+        CUDA_SUCCESS
+    );
+    check!(CUDA_ERROR_LAUNCH_FAILED, cuCtxSynchronize());
+    check!(cuCtxDestroy_v2(ctx));
+}
+
+#[test]
+fn another_devices_memory_needs_peer_access() {
+    let ctx0 = context(0);
+    let on0 = alloc(16);
+    let ctx1 = context(1);
+    let module = load(PTX).unwrap();
+    check!(cuCtxEnablePeerAccess(ctx0, 0));
+    assert_eq!(store(module, null_mut(), on0, 5), CUDA_SUCCESS);
+    check!(cuCtxSynchronize());
+    check!(cuCtxSetCurrent(ctx0));
+    assert_eq!(download(on0, 1), [5]);
+    check!(cuCtxSetCurrent(ctx1));
+    check!(cuCtxDisablePeerAccess(ctx0));
+    assert_eq!(store(module, null_mut(), on0, 6), CUDA_SUCCESS);
+    check!(CUDA_ERROR_ILLEGAL_ADDRESS, cuCtxSynchronize());
+    check!(cuCtxDestroy_v2(ctx1));
+    check!(cuCtxDestroy_v2(ctx0));
+}
+
+#[test]
+fn launch_limits() {
+    let ctx = context(1);
+    let module = load(PTX).unwrap();
+    let f = function(module, "add_one");
+    let p = alloc(4);
+    let mut address = p;
+    let mut params = [&mut address as *mut u64 as *mut c_void];
+    let launch = |g: [u32; 3], b: [u32; 3], shared: u32, params: &mut [*mut c_void]| unsafe {
+        cuLaunchKernel(
+            f,
+            g[0],
+            g[1],
+            g[2],
+            b[0],
+            b[1],
+            b[2],
+            shared,
+            null_mut(),
+            params.as_mut_ptr(),
+            null_mut(),
+        )
+    };
+    assert_eq!(
+        launch([1, 1, 1], [1025, 1, 1], 0, &mut params),
+        CUDA_ERROR_INVALID_VALUE
+    );
+    assert_eq!(
+        launch([1, 1, 1], [32, 32, 2], 0, &mut params),
+        CUDA_ERROR_INVALID_VALUE
+    );
+    assert_eq!(
+        launch([1, 1, 1], [1, 1, 65], 0, &mut params),
+        CUDA_ERROR_INVALID_VALUE
+    );
+    assert_eq!(
+        launch([1, 65536, 1], [1, 1, 1], 0, &mut params),
+        CUDA_ERROR_INVALID_VALUE
+    );
+    assert_eq!(
+        launch([1 << 31, 1, 1], [1, 1, 1], 0, &mut params),
+        CUDA_ERROR_INVALID_VALUE
+    );
+    assert_eq!(
+        launch([0, 1, 1], [1, 1, 1], 0, &mut params),
+        CUDA_ERROR_INVALID_VALUE
+    );
+    assert_eq!(
+        launch([1, 1, 1], [1, 1, 1], 48 * 1024 + 1, &mut params),
+        CUDA_ERROR_INVALID_VALUE
+    );
+    // None of that made the context unusable.
+    upload(p, &[0]);
+    assert_eq!(
+        launch([1, 1, 1], [1, 1, 1], 48 * 1024, &mut params),
+        CUDA_SUCCESS
+    );
+    check!(cuCtxSynchronize());
+    assert_eq!(download(p, 1), [1]);
+    check!(cuCtxDestroy_v2(ctx));
+}
+
+#[test]
+fn module_loading_errors() {
+    let ctx = context(1);
+    let module = load(PTX).unwrap();
+    let name = CString::new("missing").unwrap();
+    let mut f = null_mut();
+    check!(
+        CUDA_ERROR_NOT_FOUND,
+        cuModuleGetFunction(&mut f, module, name.as_ptr())
+    );
+    let newer = PTX.replace(".version 8.0", ".version 9.1");
+    assert_eq!(
+        load(&newer).unwrap_err(),
+        CUDA_ERROR_UNSUPPORTED_PTX_VERSION
+    );
+    let broken = PTX.replace("trap;", "frobnicate.b32 %r1;");
+    assert_eq!(load(&broken).unwrap_err(), CUDA_ERROR_INVALID_PTX);
+    // The error log buffer receives the message.
+    let text = CString::new(broken).unwrap();
+    let mut log = [0 as c_char; 256];
+    let mut options = [5, 6];
+    let mut values = [log.as_mut_ptr() as *mut c_void, 256usize as *mut c_void];
+    let mut m = null_mut();
+    check!(
+        CUDA_ERROR_INVALID_PTX,
+        cuModuleLoadDataEx(
+            &mut m,
+            text.as_ptr() as *const c_void,
+            2,
+            options.as_mut_ptr(),
+            values.as_mut_ptr()
+        )
+    );
+    let message = unsafe { CStr::from_ptr(log.as_ptr()) }
+        .to_string_lossy()
+        .into_owned();
+    assert!(message.contains("line "), "{message}");
+    check!(cuCtxDestroy_v2(ctx));
+}
+
+#[test]
+fn a_captured_kernel_runs_at_each_replay() {
+    let ctx = context(0);
+    let module = load(PTX).unwrap();
+    let f = function(module, "add_one");
+    let s = stream();
+    let p = alloc(4);
+    upload(p, &[0]);
+    let mut address = p;
+    check!(cuStreamBeginCapture_v2(s, 0));
+    assert_eq!(
+        launch1(f, s, &mut [&mut address as *mut u64 as *mut c_void]),
+        CUDA_SUCCESS
+    );
+    // Parameter values are captured at capture time.
+    address = 0;
+    let mut graph = null_mut();
+    check!(cuStreamEndCapture(s, &mut graph));
+    let mut exec = null_mut();
+    check!(cuGraphInstantiate_v2(
+        &mut exec,
+        graph,
+        null_mut(),
+        null_mut(),
+        0
+    ));
+    assert_eq!(download(p, 1), [0]);
+    check!(cuGraphLaunch(exec, s));
+    check!(cuGraphLaunch(exec, s));
+    check!(cuStreamSynchronize(s));
+    assert_eq!(download(p, 1), [2]);
+    let _ = address;
+    check!(cuCtxDestroy_v2(ctx));
+}
+
+#[test]
+fn launches_on_several_threads_at_once() {
+    check!(cuInit(0));
+    let threads: Vec<_> = (0..3)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let ctx = context(t % 2);
+                let module = load(PTX).unwrap();
+                let f = function(module, "add_one");
+                let s = stream();
+                let p = alloc(4);
+                upload(p, &[0]);
+                let mut address = p;
+                for _ in 0..20 {
+                    assert_eq!(
+                        launch1(f, s, &mut [&mut address as *mut u64 as *mut c_void]),
+                        CUDA_SUCCESS
+                    );
+                }
+                check!(cuStreamSynchronize(s));
+                assert_eq!(download(p, 1), [20]);
+                check!(cuCtxDestroy_v2(ctx));
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+}
