@@ -77,6 +77,8 @@ struct BlockMem<'a> {
     params: &'a [u8],
     cache: PageCache,
     clock: u64,
+    /// Instructions executed (guarded-off ones included).
+    executed: u64,
 }
 
 fn read_le(bytes: &[u8]) -> u64 {
@@ -631,10 +633,12 @@ impl Ctx<'_> {
     fn run_thread(&self, r: &mut [u64], th: &mut Thread, bm: &mut BlockMem, block: usize, t: usize) -> Result<Stop, ExecError> {
         let code = self.code;
         let mut pc = th.pc as usize;
+        let mut count = 0u64;
         macro_rules! fail {
             ($e:expr) => {{
                 let line = code.get(pc).map_or(0, |i| i.line);
                 th.pc = pc as u32;
+                bm.executed += count;
                 return Err(self.mem_err($e, block, t, line));
             }};
         }
@@ -642,6 +646,7 @@ impl Ctx<'_> {
             let Some(inst) = code.get(pc) else {
                 fail!(MemErr::Failed("ran off the end of the code".into()));
             };
+            count += 1;
             if inst.guard != NO_GUARD && ((r[inst.guard as usize] != 0) == inst.neg) {
                 pc += 1;
                 continue;
@@ -934,22 +939,26 @@ impl Ctx<'_> {
                     }
                     None => {
                         th.pc = pc as u32;
+                        bm.executed += count;
                         return Ok(Stop::Exit);
                     }
                 },
                 Op::Exit => {
                     th.pc = pc as u32;
+                    bm.executed += count;
                     return Ok(Stop::Exit);
                 }
                 Op::Trap => fail!(MemErr::Failed("trap".into())),
                 Op::Bar { .. } => {
                     th.pc = pc as u32;
                     th.status = Status::Bar;
+                    bm.executed += count;
                     return Ok(Stop::Sync);
                 }
                 Op::Shfl { .. } | Op::Vote { .. } => {
                     th.pc = pc as u32;
                     th.status = Status::Warp;
+                    bm.executed += count;
                     return Ok(Stop::Sync);
                 }
                 &Op::Activemask { d } => {
@@ -974,7 +983,7 @@ impl Ctx<'_> {
 }
 
 /// Runs one launch.
-pub(crate) fn run(k: &Kernel, launch: &Launch<'_>, mem: &dyn GlobalMemory) -> Result<(), ExecError> {
+pub(crate) fn run(k: &Kernel, launch: &Launch<'_>, mem: &dyn GlobalMemory) -> Result<u64, ExecError> {
     let (g, b) = (launch.grid, launch.block);
     if [g.x, g.y, g.z, b.x, b.y, b.z].contains(&0) {
         return Err(ExecError::InvalidValue(format!("kernel `{}`: a zero grid or block dimension", k.name)));
@@ -996,6 +1005,7 @@ pub(crate) fn run(k: &Kernel, launch: &Launch<'_>, mem: &dyn GlobalMemory) -> Re
     let next = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
     let first: Mutex<Option<(usize, ExecError)>> = Mutex::new(None);
+    let total = AtomicU64::new(0);
     let workers = launch.threads.clamp(1, nblocks);
     let work = || {
         let mut bm = BlockMem {
@@ -1007,6 +1017,7 @@ pub(crate) fn run(k: &Kernel, launch: &Launch<'_>, mem: &dyn GlobalMemory) -> Re
             params: launch.params,
             cache: PageCache::new(),
             clock: 0,
+            executed: 0,
         };
         let mut regs = vec![0u64; ctx.nslots * nthreads];
         let mut threads: Vec<Thread> = (0..nthreads).map(|_| Thread { pc: 0, status: Status::Ready, stack: Vec::new() }).collect();
@@ -1023,6 +1034,7 @@ pub(crate) fn run(k: &Kernel, launch: &Launch<'_>, mem: &dyn GlobalMemory) -> Re
                 }
             }
         }
+        total.fetch_add(bm.executed, Ordering::Relaxed);
     };
     if workers == 1 {
         work();
@@ -1035,7 +1047,7 @@ pub(crate) fn run(k: &Kernel, launch: &Launch<'_>, mem: &dyn GlobalMemory) -> Re
     }
     match first.into_inner().unwrap_or_else(|p| p.into_inner()) {
         Some((_, e)) => Err(e),
-        None => Ok(()),
+        None => Ok(total.load(Ordering::Relaxed)),
     }
 }
 

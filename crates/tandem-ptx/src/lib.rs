@@ -261,5 +261,17 @@ pub enum ExecError {
 /// Runs `kernel` once over the whole grid. Each error message names the kernel, the block and
 /// thread, and the PTX line of the faulting instruction.
 pub fn run(kernel: &Kernel, launch: &Launch<'_>, memory: &dyn GlobalMemory) -> Result<(), ExecError> {
-    exec::run(kernel, launch, memory)
+    exec::run(kernel, launch, memory).map(|_| ())
+}
+
+/// What a launch did, from [`run_counted`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stats {
+    /// PTX instructions executed over all threads (including those whose guard was false).
+    pub instructions: u64,
+}
+
+/// [`run`], also counting the instructions executed (for measuring the interpreter).
+pub fn run_counted(kernel: &Kernel, launch: &Launch<'_>, memory: &dyn GlobalMemory) -> Result<Stats, ExecError> {
+    exec::run(kernel, launch, memory).map(|instructions| Stats { instructions })
 }
