@@ -20,7 +20,7 @@ pub fn flush() {
     }
 }
 
-/// Registers [`write_at_exit`] (once, from `cuInit`).
+/// Registers the exit handler that calls [`flush`] (once, from `cuInit`).
 pub fn register() {
     // SAFETY: registering a plain function that never unwinds.
     if unsafe { libc::atexit(write_at_exit) } != 0 {

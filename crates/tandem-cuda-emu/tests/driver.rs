@@ -189,7 +189,7 @@ fn copies_to_pinned_memory_are_deferred_until_synchronised() {
     assert_eq!(after, [1, 2, 3, 4]);
     // From pageable memory the source is snapshot at the call.
     let gate = hold_stream(s).unwrap();
-    let mut pageable = vec![9u32; 4];
+    let mut pageable = [9u32; 4];
     check!(cuMemcpyHtoDAsync_v2(
         p,
         pageable.as_ptr() as *const c_void,

@@ -51,6 +51,33 @@ fn store(module: Handle, stream: Handle, mut address: u64, mut value: u32) -> CU
     )
 }
 
+/// Launches `f` on one thread with its parameters in `buffer`, claiming `size` bytes
+/// (`CU_LAUNCH_PARAM_BUFFER_POINTER` = 1, `CU_LAUNCH_PARAM_BUFFER_SIZE` = 2, `END` = 0).
+fn launch_extra(f: Handle, buffer: &mut [u8], mut size: usize) -> CUresult {
+    let mut extra = [
+        std::ptr::without_provenance_mut(1),
+        buffer.as_mut_ptr() as *mut c_void,
+        std::ptr::without_provenance_mut(2),
+        &mut size as *mut usize as *mut c_void,
+        null_mut(),
+    ];
+    unsafe {
+        cuLaunchKernel(
+            f,
+            1,
+            1,
+            1,
+            1,
+            1,
+            1,
+            0,
+            null_mut(),
+            null_mut(),
+            extra.as_mut_ptr(),
+        )
+    }
+}
+
 #[test]
 fn a_kernel_stores_through_packed_parameters() {
     let ctx = context(0);
@@ -64,46 +91,10 @@ fn a_kernel_stores_through_packed_parameters() {
     buffer[..8].copy_from_slice(&p.to_le_bytes());
     buffer[8..].copy_from_slice(&7u32.to_le_bytes());
     let f = function(module, "store");
-    let mut size = 12usize;
-    let mut extra = [
-        1 as *mut c_void,
-        buffer.as_mut_ptr() as *mut c_void,
-        2 as *mut c_void,
-        &mut size as *mut usize as *mut c_void,
-        null_mut(),
-    ];
-    check!(cuLaunchKernel(
-        f,
-        1,
-        1,
-        1,
-        1,
-        1,
-        1,
-        0,
-        null_mut(),
-        null_mut(),
-        extra.as_mut_ptr()
-    ));
+    assert_eq!(launch_extra(f, &mut buffer, 12), CUDA_SUCCESS);
     check!(cuCtxSynchronize());
     assert_eq!(download(p, 1), [7]);
-    size = 16;
-    check!(
-        CUDA_ERROR_INVALID_VALUE,
-        cuLaunchKernel(
-            f,
-            1,
-            1,
-            1,
-            1,
-            1,
-            1,
-            0,
-            null_mut(),
-            null_mut(),
-            extra.as_mut_ptr()
-        )
-    );
+    assert_eq!(launch_extra(f, &mut buffer, 16), CUDA_ERROR_INVALID_VALUE);
     check!(
         CUDA_ERROR_INVALID_VALUE,
         cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, null_mut(), null_mut(), null_mut())
@@ -112,22 +103,7 @@ fn a_kernel_stores_through_packed_parameters() {
     check!(cuFuncGetAttribute(&mut attribute, 0, f));
     assert_eq!(attribute, 1024);
     check!(cuModuleUnload(module));
-    check!(
-        CUDA_ERROR_INVALID_HANDLE,
-        cuLaunchKernel(
-            f,
-            1,
-            1,
-            1,
-            1,
-            1,
-            1,
-            0,
-            null_mut(),
-            null_mut(),
-            extra.as_mut_ptr()
-        )
-    );
+    assert_eq!(launch_extra(f, &mut buffer, 12), CUDA_ERROR_INVALID_HANDLE);
     check!(cuCtxDestroy_v2(ctx));
 }
 
