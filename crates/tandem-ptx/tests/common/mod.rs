@@ -104,6 +104,16 @@ impl Args {
     pub fn u32(self, v: u32) -> Args {
         self.put(&v.to_le_bytes())
     }
+    /// A by-value array of u64 (a struct of pointers), 8-aligned.
+    pub fn u64s(mut self, v: &[u64]) -> Args {
+        while self.0.len() % 8 != 0 {
+            self.0.push(0);
+        }
+        for x in v {
+            self.0.extend_from_slice(&x.to_le_bytes());
+        }
+        self
+    }
     pub fn f32(self, v: f32) -> Args {
         self.put(&v.to_le_bytes())
     }
