@@ -510,7 +510,7 @@ def f64_math(s, rng, report):
     times the sum of the terms' magnitudes (about 45 ulps of it; a wrong term is off by far
     more).
     """
-    fn = s.function("float_math", "f64_math")
+    fn = s.function("f64_math", "f64_math")
     n = 20_000
     x = np.concatenate([[0.0, 1e-300, 0.5, 1.0, 10.0], rng.uniform(0, 10, n - 5)])
     a, b = 1.25, -0.5
@@ -536,7 +536,7 @@ def ieee_exact(s, rng, report):
     fma and fmaf against the exact rational a*b+c rounded once (Fraction); a/b, sqrt, a*b+c
     with two roundings, and conversions against NumPy, which rounds the same way.
     """
-    fn = s.function("float_math", "ieee_exact")
+    fn = s.function("ieee_exact", "ieee_exact")
     n = 4096
     a, b, c = (_spread(rng, n, -30, 30, np.float64) for _ in range(3))
     af, bf, cf = (_spread(rng, n, -20, 20, np.float32) for _ in range(3))
@@ -574,16 +574,16 @@ def approx_f32(s, rng, report):
     bounds the CUDA C++ Programming Guide documents (Mathematical Functions appendix):
     __fdividef 2 ulp (for 2^-126 <= |y| <= 2^126); __expf 2 + floor(|1.173 x|) ulp; __logf
     absolute 2^-21.41 on [0.5, 2], else 3 ulp; expf 2 ulp; logf 1 ulp; sinf and cosf 2 ulp;
-    __sinf absolute 2^-21.41 on [-pi, pi]; rsqrtf 2 ulp.
+    __sinf absolute 2^-21.41 on [-pi, pi]; rsqrtf 2 ulp. (sinf and cosf: check trig_f32.)
     """
-    fn = s.function("float_math", "approx_f32")
+    fn = s.function("approx_f32", "approx_f32")
     n = 8192
     x = rng.uniform(-3.0, 3.0, n).astype(np.float32)
     y = _spread(rng, n, -10, 10, np.float32)
     y[:256] = rng.uniform(0.5, 2.0, 256).astype(np.float32)  # __logf's absolute-error range
-    dx, dy, dout = s.to_device(x), s.to_device(y), s.zeros(9 * n, np.float32)
+    dx, dy, dout = s.to_device(x), s.to_device(y), s.zeros(7 * n, np.float32)
     s.launch(fn, (16,), (128,), [dx, dy, dout, c_int(n)])
-    got = s.from_device(dout, np.float32).reshape(9, n)
+    got = s.from_device(dout, np.float32).reshape(7, n)
     x64, y64 = x.astype(np.float64), y.astype(np.float64)
     ay = np.abs(y64)
 
@@ -601,11 +601,27 @@ def approx_f32(s, rng, report):
     report(f"__logf(|y|) elsewhere <= 3 ulp (worst {worst:.2f} ulp)", why)
     ulps("expf(x) <= 2 ulp", 3, np.exp(x64), 2)
     ulps("logf(|y|) <= 1 ulp", 4, ref, 1)
-    ulps("sinf(x) <= 2 ulp", 5, np.sin(x64), 2)
     report("__sinf(x) on [-3, 3] |err| <= 2^-21.41",
-           compare_abs(got[6], np.sin(x64), 2.0 ** -21.41))
-    ulps("cosf(x) <= 2 ulp", 7, np.cos(x64), 2)
-    ulps("rsqrtf(|y|) <= 2 ulp", 8, 1.0 / np.sqrt(ay), 2)
+           compare_abs(got[5], np.sin(x64), 2.0 ** -21.41))
+    ulps("rsqrtf(|y|) <= 2 ulp", 6, 1.0 / np.sqrt(ay), 2)
+
+
+@check
+def trig_f32(s, rng, report):
+    """sinf and cosf (libdevice, with its Payne-Hanek tables for large arguments) within the
+    2 ulp the CUDA C++ Programming Guide documents, in ulps of the exact (f64) value; the
+    arguments reach 1e6, past the fast reduction's range."""
+    fn = s.function("f64_math", "trig_f32")
+    n = 4096
+    x = rng.uniform(-3.0, 3.0, n).astype(np.float32)
+    x[n // 2:] = (rng.uniform(-1e6, 1e6, n - n // 2)).astype(np.float32)
+    dx, dout = s.to_device(x), s.zeros(2 * n, np.float32)
+    s.launch(fn, (8,), (128,), [dx, dout, c_int(n)])
+    got = s.from_device(dout, np.float32).reshape(2, n)
+    x64 = x.astype(np.float64)
+    for k, (name, ref) in enumerate((("sinf(x)", np.sin(x64)), ("cosf(x)", np.cos(x64)))):
+        why, worst = compare_ulps(got[k], ref, 2, inputs=x)
+        report(f"{name} <= 2 ulp, |x| up to 1e6 (worst {worst:.2f} ulp)", why)
 
 
 @check
@@ -644,11 +660,8 @@ def _trunc_div(a, b):
     return np.where((a < 0) != (b < 0), -q, q)
 
 
-@check
-def int_ops(s, rng, report):
-    """Integer division, remainders, bit operations, shifts, 64-bit division and integer
-    atomics: exact (Python / NumPy integer arithmetic in 64 bits, truncated to 32)."""
-    fn = s.function("int_ops", "int_ops")
+def _int_inputs(rng):
+    """Signed a, b (b != 0, no INT_MIN / -1) and unsigned ua, ub (ub != 0), as int64."""
     n = 4096
     a = rng.integers(-2**31, 2**31, n, dtype=np.int64)
     a[n // 2:] = rng.integers(-300, 301, n - n // 2)
@@ -664,38 +677,35 @@ def int_ops(s, rng, report):
     a[4], b[4] = 7, -2
     b[b == 0] = 3
     b[(a == -2**31) & (b == -1)] = 5
+    return a, b, ua, ub
+
+
+@check
+def int_ops(s, rng, report):
+    """Integer division, remainders, min/max, shifts, 64-bit division and integer atomics:
+    exact (NumPy integer arithmetic in 64 bits, truncated to 32)."""
+    fn = s.function("int_ops", "int_ops")
+    a, b, ua, ub = _int_inputs(rng)
+    n = a.size
     bufs = [s.to_device(a.astype(np.int32)), s.to_device(b.astype(np.int32)),
             s.to_device(ua.astype(np.uint32)), s.to_device(ub.astype(np.uint32))]
-    dout = s.zeros(16 * n, np.uint32)
+    dout = s.zeros(11 * n, np.uint32)
     accs = [s.to_device(np.array([-2**31], np.int32)), s.to_device(np.array([2**31 - 1], np.int32)),
             s.zeros(1, np.uint32), s.zeros(1, np.uint32)]
     s.launch(fn, (6,), (256,), bufs + [dout, c_int(n)] + accs)
-    got = s.from_device(dout, np.uint32).reshape(16, n)
-
-    bits = [(ua >> k) & 1 for k in range(32)]
-    abits = [((a & 0xFFFFFFFF) >> k) & 1 for k in range(32)]
-    high = np.full(n, -1)
-    low = np.full(n, -1)
-    for k in range(32):
-        high = np.where(bits[k] == 1, k, high)
-    for k in reversed(range(32)):
-        low = np.where(abits[k] == 1, k, low)
+    got = s.from_device(dout, np.uint32).reshape(11, n)
     q = _trunc_div(a, b)
-    wide = a * 1000003
-    uwide = (ua << 20) | ub
     sh = ub & 31
     prod = ua.astype(np.uint64) * ub.astype(np.uint64)  # < 2^64: exact in u64, not in i64
     want = [
-        q, a - q * b, ua // ub, ua % ub,
-        sum(bits), 31 - high, sum(bit << (31 - k) for k, bit in enumerate(bits)), low + 1,
-        prod >> np.uint64(32), np.minimum(a, b), np.maximum(ua, ub), a >> sh,
-        ua >> sh, prod & np.uint64(0xFFFFFFFF), _trunc_div(wide, b), uwide % ub,
+        ("a / b", q), ("a % b", a - q * b), ("ua / ub", ua // ub), ("ua % ub", ua % ub),
+        ("min (signed)", np.minimum(a, b)), ("max (unsigned)", np.maximum(ua, ub)),
+        ("a >> s (arithmetic)", a >> sh), ("ua >> s (logical)", ua >> sh),
+        ("ua * ub (low 32)", prod & np.uint64(0xFFFFFFFF)),
+        ("64-bit signed division", _trunc_div(a * 1000003, b)),
+        ("64-bit unsigned remainder", ((ua << 20) | ub) % ub),
     ]
-    names = ["a / b", "a % b", "ua / ub", "ua % ub", "__popc", "__clz", "__brev", "__ffs",
-             "__umulhi", "min (signed)", "max (unsigned)", "a >> s (arithmetic)",
-             "ua >> s (logical)", "ua * ub (low 32)", "64-bit signed division",
-             "64-bit unsigned remainder"]
-    for k, (name, w) in enumerate(zip(names, want)):
+    for k, (name, w) in enumerate(want):
         report(f"{name} (exact)", compare_exact(got[k], u32(w)))
     acc = [s.from_device(buf, np.uint32)[0] for buf in accs]
     orv = 0
@@ -705,6 +715,35 @@ def int_ops(s, rng, report):
         xorv ^= int(value)
     report("atomicMax / atomicMin / atomicOr / atomicXor (exact)",
            compare_exact(np.array(acc, dtype=np.uint32), u32([a.max(), a.min(), orv, xorv])))
+
+
+@check
+def bit_ops(s, rng, report):
+    """__popc, __clz, __brev, __ffs, __umulhi: exact (bit by bit in NumPy)."""
+    fn = s.function("bit_ops", "bit_ops")
+    a, _, ua, ub = _int_inputs(rng)
+    n = a.size
+    bufs = [s.to_device(a.astype(np.int32)), s.to_device(ua.astype(np.uint32)),
+            s.to_device(ub.astype(np.uint32))]
+    dout = s.zeros(5 * n, np.uint32)
+    s.launch(fn, (6,), (256,), bufs + [dout, c_int(n)])
+    got = s.from_device(dout, np.uint32).reshape(5, n)
+    bits = [(ua >> k) & 1 for k in range(32)]
+    abits = [((a & 0xFFFFFFFF) >> k) & 1 for k in range(32)]
+    high = np.full(n, -1)
+    low = np.full(n, -1)
+    for k in range(32):
+        high = np.where(bits[k] == 1, k, high)
+    for k in reversed(range(32)):
+        low = np.where(abits[k] == 1, k, low)
+    prod = ua.astype(np.uint64) * ub.astype(np.uint64)
+    want = [
+        ("__popc", sum(bits)), ("__clz", 31 - high),
+        ("__brev", sum(bit << (31 - k) for k, bit in enumerate(bits))),
+        ("__ffs", low + 1), ("__umulhi", prod >> np.uint64(32)),
+    ]
+    for k, (name, w) in enumerate(want):
+        report(f"{name} (exact)", compare_exact(got[k], u32(w)))
 
 
 def _saturate(values, lo, hi):

@@ -1,16 +1,5 @@
-// Conformance kernels: f64 library math and the IEEE-exact operations of f32 and f64.
-
-// y[i] = sqrt(x) * exp(x / 10) + log1p(x) + fma(a, x, b) + sin(x) * cos(x), x = x[i] >= 0,
-// all in f64 (libdevice's sqrt/exp/log1p/sin/cos, inlined into the PTX as plain f64
-// arithmetic). Launch: any 1-D grid and block (grid-stride).
-extern "C" __global__ void f64_math(const double* __restrict__ x, double* __restrict__ y, int n,
-                                    double a, double b) {
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
-        const double v = x[i];
-        y[i] = sqrt(v) * exp(v / 10.0) + log1p(v) + fma(a, v, b) + sin(v) * cos(v);
-    }
-}
-
+// Conformance kernel: the IEEE-exact operations of f32 and f64.
+//
 // Operations IEEE 754 rounds exactly (round to nearest even), so any conforming implementation
 // gives the same bits. For i < n, with out64 and out32 laid out as [k * n + i]:
 //   out64[0] = fma(a, b, c)          (one rounding)
@@ -42,27 +31,5 @@ extern "C" __global__ void ieee_exact(const double* __restrict__ a, const double
         out32[3 * n + i] = __fadd_rn(__fmul_rn(af[i], bf[i]), cf[i]);
         out32[4 * n + i] = (float)a[i];
         out32[5 * n + i] = af[i] - bf[i];
-    }
-}
-
-// Approximate single-precision functions, each with an error bound the CUDA C++ Programming
-// Guide documents (see check.py). For i < n, out[k * n + i]:
-//   0: __fdividef(x, y)   1: __expf(x)   2: __logf(|y|)   3: expf(x)   4: logf(|y|)
-//   5: sinf(x)            6: __sinf(x)   7: cosf(x)       8: rsqrtf(|y|)
-// Launch: any 1-D grid and block (grid-stride).
-extern "C" __global__ void approx_f32(const float* __restrict__ x, const float* __restrict__ y,
-                                      float* __restrict__ out, int n) {
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
-        const float xv = x[i];
-        const float yv = y[i];
-        out[0 * n + i] = __fdividef(xv, yv);
-        out[1 * n + i] = __expf(xv);
-        out[2 * n + i] = __logf(fabsf(yv));
-        out[3 * n + i] = expf(xv);
-        out[4 * n + i] = logf(fabsf(yv));
-        out[5 * n + i] = sinf(xv);
-        out[6 * n + i] = __sinf(xv);
-        out[7 * n + i] = cosf(xv);
-        out[8 * n + i] = rsqrtf(fabsf(yv));
     }
 }
