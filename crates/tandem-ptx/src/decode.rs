@@ -290,7 +290,7 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
             }
             let aligned = base == "bar" || m.has("aligned");
             m.drop_all(&["cta"]);
-            if !m.has("sync") && !(base == "bar" && m.0.is_empty() && !ops.is_empty()) {
+            if !(m.has("sync") || base == "bar" && m.0.is_empty() && !ops.is_empty()) {
                 return Err(None);
             }
             if !m.0.is_empty() || ops.is_empty() || ops.len() > 2 {

@@ -139,7 +139,7 @@ impl BlockMem<'_> {
 
     fn load(&mut self, mem: &dyn GlobalMemory, space: Space, addr: u64, size: usize, t: usize) -> Result<u64, MemErr> {
         let (space, addr) = classify(space, addr);
-        if addr % size as u64 != 0 {
+        if !addr.is_multiple_of(size as u64) {
             return Err(MemErr::Misaligned(format!("{size}-byte load at {space:?} address {addr:#x}")));
         }
         match space {
@@ -162,7 +162,7 @@ impl BlockMem<'_> {
 
     fn store(&mut self, mem: &dyn GlobalMemory, space: Space, addr: u64, size: usize, v: u64, t: usize) -> Result<(), MemErr> {
         let (space, addr) = classify(space, addr);
-        if addr % size as u64 != 0 {
+        if !addr.is_multiple_of(size as u64) {
             return Err(MemErr::Misaligned(format!("{size}-byte store at {space:?} address {addr:#x}")));
         }
         match space {
@@ -189,13 +189,13 @@ impl BlockMem<'_> {
         t: usize,
     ) -> Result<u64, MemErr> {
         let (space, addr) = classify(space, addr);
-        if addr % size as u64 != 0 {
+        if !addr.is_multiple_of(size as u64) {
             return Err(MemErr::Misaligned(format!("{size}-byte atomic at {space:?} address {addr:#x}")));
         }
         match space {
             Space::Global => {
                 let p = self.cache.resolve(mem, addr, size, true)?;
-                if (p as usize) % size != 0 {
+                if !(p as usize).is_multiple_of(size) {
                     return Err(MemErr::Misaligned(format!("atomic at {addr:#x}: host memory misaligned")));
                 }
                 // SAFETY: `p` is valid for `size` bytes (resolve) and aligned (checked).
@@ -225,7 +225,7 @@ impl BlockMem<'_> {
 /// # Safety
 /// `p` must be valid for `size` bytes.
 unsafe fn load_ptr(p: *mut u8, size: usize) -> u64 {
-    let aligned = (p as usize) % size == 0;
+    let aligned = (p as usize).is_multiple_of(size);
     unsafe {
         match size {
             1 => AtomicU8::from_ptr(p).load(Ordering::Relaxed) as u64,
@@ -244,7 +244,7 @@ unsafe fn load_ptr(p: *mut u8, size: usize) -> u64 {
 /// # Safety
 /// `p` must be valid for `size` bytes.
 unsafe fn store_ptr(p: *mut u8, size: usize, v: u64) {
-    let aligned = (p as usize) % size == 0;
+    let aligned = (p as usize).is_multiple_of(size);
     unsafe {
         match size {
             1 => AtomicU8::from_ptr(p).store(v as u8, Ordering::Relaxed),
@@ -874,7 +874,7 @@ impl Ctx<'_> {
                     let size = ty.bytes();
                     let base = r[addr.base as usize].wrapping_add(addr.off as u64);
                     let n = *n as usize;
-                    if n > 1 && base % (size * n) as u64 != 0 && *space != Space::Param {
+                    if n > 1 && !base.is_multiple_of((size * n) as u64) && *space != Space::Param {
                         fail!(MemErr::Misaligned(format!("{}-byte vector load at {base:#x}", size * n)));
                     }
                     for (i, dst) in d.iter().take(n).enumerate() {
@@ -889,7 +889,7 @@ impl Ctx<'_> {
                     let size = ty.bytes();
                     let base = r[addr.base as usize].wrapping_add(addr.off as u64);
                     let n = *n as usize;
-                    if n > 1 && base % (size * n) as u64 != 0 && *space != Space::Param {
+                    if n > 1 && !base.is_multiple_of((size * n) as u64) && *space != Space::Param {
                         fail!(MemErr::Misaligned(format!("{}-byte vector store at {base:#x}", size * n)));
                     }
                     for (i, src) in s.iter().take(n).enumerate() {

@@ -88,9 +88,9 @@ fn two_sum(a: f64, b: f64) -> (f64, f64) {
 
 /// The sign of a zero sum under `rnd`: IEEE gives -0 only when rounding down (or both -0).
 fn zero_sum_sign(a: f64, b: f64, rnd: Rnd) -> f64 {
-    if a.is_sign_negative() && b.is_sign_negative() {
-        -0.0
-    } else if a.is_sign_negative() != b.is_sign_negative() && matches!(rnd, Rnd::Rm) {
+    let both_neg = a.is_sign_negative() && b.is_sign_negative();
+    let mixed = a.is_sign_negative() != b.is_sign_negative();
+    if both_neg || (mixed && matches!(rnd, Rnd::Rm)) {
         -0.0
     } else {
         0.0

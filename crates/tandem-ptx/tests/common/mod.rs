@@ -1,36 +1,34 @@
 //! A Vec-backed [`GlobalMemory`] for the tests, at fake device addresses.
 #![allow(dead_code)]
 
-use std::cell::UnsafeCell;
-
 use tandem_ptx::{Dim3, ExecError, Fault, GlobalMemory, Kernel, Launch, Module};
 
 /// Device allocations at 0x2000_0000_0000 + i * 2^32, each backed by its own buffer.
 pub struct Mem {
-    bufs: Vec<UnsafeCell<Vec<u64>>>,
+    bufs: Vec<Box<[u64]>>,
     lens: Vec<usize>,
+    /// Each buffer's address, taken once (the boxes never move their storage).
+    ptrs: Vec<usize>,
 }
-
-// SAFETY: the interpreter accesses the buffers through raw pointers with atomics; the test
-// only reads them back after the launch.
-unsafe impl Sync for Mem {}
 
 pub const BASE: u64 = 0x2000_0000_0000;
 
 impl Mem {
     pub fn new() -> Mem {
-        Mem { bufs: Vec::new(), lens: Vec::new() }
+        Mem { bufs: Vec::new(), lens: Vec::new(), ptrs: Vec::new() }
     }
     /// Allocates `bytes` (zeroed) and returns the device address.
     pub fn alloc(&mut self, bytes: usize) -> u64 {
-        self.bufs.push(UnsafeCell::new(vec![0; bytes.div_ceil(8)]));
+        let mut b = vec![0u64; bytes.div_ceil(8)].into_boxed_slice();
+        self.ptrs.push(b.as_mut_ptr() as usize);
+        self.bufs.push(b);
         self.lens.push(bytes);
         BASE + ((self.bufs.len() as u64 - 1) << 32)
     }
     fn bytes(&mut self, addr: u64) -> &mut [u8] {
         let i = ((addr - BASE) >> 32) as usize;
         let len = self.lens[i];
-        let v = self.bufs[i].get_mut();
+        let v = &mut self.bufs[i];
         // SAFETY: a u64 buffer viewed as bytes.
         unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, len) }
     }
@@ -78,8 +76,7 @@ impl GlobalMemory for Mem {
         if off.checked_add(len).is_none_or(|e| e > n) {
             return Err(Fault::IllegalAddress);
         }
-        // SAFETY: in bounds of the buffer, which lives as long as `self`.
-        Ok(unsafe { (self.bufs[i].get() as *mut Vec<u64>).as_mut().map_or(std::ptr::null_mut(), |v| (v.as_mut_ptr() as *mut u8).add(off)) })
+        Ok((self.ptrs[i] + off) as *mut u8)
     }
 }
 
@@ -92,7 +89,7 @@ impl Args {
     }
     fn put(mut self, b: &[u8]) -> Args {
         let a = b.len();
-        while self.0.len() % a != 0 {
+        while !self.0.len().is_multiple_of(a) {
             self.0.push(0);
         }
         self.0.extend_from_slice(b);
@@ -106,7 +103,7 @@ impl Args {
     }
     /// A by-value array of u64 (a struct of pointers), 8-aligned.
     pub fn u64s(mut self, v: &[u64]) -> Args {
-        while self.0.len() % 8 != 0 {
+        while !self.0.len().is_multiple_of(8) {
             self.0.push(0);
         }
         for x in v {

@@ -1,0 +1,379 @@
+//! Hand-written PTX fixtures: warp shuffles, barriers, atomics, faults, parse errors, rounding.
+mod common;
+
+use common::*;
+use tandem_ptx::{ExecError, Module};
+
+const HEAD: &str = ".version 9.0\n.target sm_75\n.address_size 64\n";
+
+/// A module with one entry `k(.param .u64 out)` and `body`.
+fn kernel_src(regs: &str, body: &str) -> String {
+    format!(
+        "{HEAD}.visible .entry k(\n\t.param .u64 out\n)\n{{\n\t.reg .pred %p<9>;\n\t.reg .b32 %r<40>;\n\t.reg .b64 %rd<20>;\n\t.reg .f32 %f<40>;\n\t.reg .f64 %fd<20>;\n{regs}\n\tld.param.u64 %rd1, [out];\n\tmov.u32 %r1, %tid.x;\n{body}\n\tret;\n}}\n"
+    )
+}
+
+fn run_src(src: &str, grid: u32, block: u32, out_bytes: usize) -> (Result<(), ExecError>, Vec<u32>) {
+    let m = module(src);
+    let k = m.kernel("k").expect("k");
+    let mut mem = Mem::new();
+    let out = mem.alloc(out_bytes);
+    let r = launch(&k, dim(grid, 1, 1), dim(block, 1, 1), &Args::new().u64(out), &mem, 2);
+    (r, mem.u32s(out))
+}
+
+#[test]
+fn shfl_all_modes() {
+    let body = "
+	mul.lo.s32 %r2, %r1, 10;
+	shfl.sync.up.b32 %r3|%p1, %r2, 3, 0, -1;
+	shfl.sync.down.b32 %r4|%p2, %r2, 5, 31, -1;
+	shfl.sync.bfly.b32 %r5, %r2, 6, 31, -1;
+	shfl.sync.idx.b32 %r6, %r2, 7, 31, -1;
+	shfl.sync.idx.b32 %r7, %r2, 2, 0x181f, -1;
+	selp.u32 %r8, 1, 0, %p1;
+	selp.u32 %r9, 1, 0, %p2;
+	mul.wide.u32 %rd2, %r1, 28;
+	add.s64 %rd3, %rd1, %rd2;
+	st.global.u32 [%rd3], %r3;
+	st.global.u32 [%rd3+4], %r4;
+	st.global.u32 [%rd3+8], %r5;
+	st.global.u32 [%rd3+12], %r6;
+	st.global.u32 [%rd3+16], %r7;
+	st.global.v2.u32 [%rd3+20], {%r8, %r9};";
+    let (r, out) = run_src(&kernel_src("", body), 1, 64, 64 * 28);
+    r.expect("launch");
+    for t in 0..64u32 {
+        let l = t % 32;
+        let w = t - l;
+        let v = |lane: u32| (w + lane) * 10;
+        let o = &out[t as usize * 7..t as usize * 7 + 7];
+        let up = if l >= 3 { v(l - 3) } else { v(l) };
+        let down = if l + 5 <= 31 { v(l + 5) } else { v(l) };
+        let seg = v((l & 24) | 2);
+        assert_eq!(o, [up, down, v(l ^ 6), v(7), seg, (l >= 3) as u32, (l + 5 <= 31) as u32], "thread {t}");
+    }
+}
+
+#[test]
+fn vote_ballot_any_all() {
+    let body = "
+	and.b32 %r2, %r1, 1;
+	setp.eq.u32 %p1, %r2, 1;
+	vote.sync.ballot.b32 %r3, %p1, -1;
+	vote.sync.any.pred %p2, %p1, -1;
+	vote.sync.all.pred %p3, %p1, -1;
+	vote.sync.all.pred %p4, !%p3, -1;
+	selp.u32 %r4, 1, 0, %p2;
+	selp.u32 %r5, 1, 0, %p3;
+	selp.u32 %r6, 1, 0, %p4;
+	mul.wide.u32 %rd2, %r1, 16;
+	add.s64 %rd3, %rd1, %rd2;
+	st.global.v4.u32 [%rd3], {%r3, %r4, %r5, %r6};";
+    let (r, out) = run_src(&kernel_src("", body), 1, 32, 32 * 16);
+    r.expect("launch");
+    for t in 0..32 {
+        assert_eq!(&out[t * 4..t * 4 + 4], [0xaaaa_aaaa, 1, 0, 1]);
+    }
+}
+
+#[test]
+fn divergent_barrier_fails_not_hangs() {
+    let body = "
+	setp.lt.u32 %p1, %r1, 16;
+	@%p1 bra $SKIP;
+	bar.sync 0;
+	bra.uni $END;
+$SKIP:
+	bar.sync 0;
+$END:";
+    let (r, _) = run_src(&kernel_src("", body), 1, 64, 4);
+    match r {
+        Err(ExecError::LaunchFailed(m)) => assert!(m.contains("bar.sync") && m.contains("line"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    // A barrier some threads never reach while they wait for a shuffle: a deadlock.
+    let body = "
+	setp.lt.u32 %p1, %r1, 32;
+	@%p1 bra $SKIP;
+	bar.sync 0;
+$SKIP:
+	shfl.sync.idx.b32 %r3, %r1, 0, 31, -1;";
+    let (r, _) = run_src(&kernel_src("", body), 1, 64, 4);
+    assert!(matches!(r, Err(ExecError::LaunchFailed(_))), "{r:?}");
+    // Threads that exit before a barrier no longer count: the rest pass it.
+    let body = "
+	setp.lt.u32 %p1, %r1, 16;
+	@%p1 exit;
+	bar.sync 0;
+	mul.wide.u32 %rd2, %r1, 4;
+	add.s64 %rd3, %rd1, %rd2;
+	st.global.u32 [%rd3], 7;";
+    let (r, out) = run_src(&kernel_src("", body), 1, 64, 64 * 4);
+    r.expect("launch");
+    assert_eq!(out, (0..64).map(|t| if t < 16 { 0 } else { 7 }).collect::<Vec<u32>>());
+}
+
+#[test]
+fn shuffle_with_an_exited_lane_fails() {
+    let body = "
+	setp.eq.u32 %p1, %r1, 5;
+	@%p1 exit;
+	shfl.sync.bfly.b32 %r3, %r1, 1, 31, -1;";
+    let (r, _) = run_src(&kernel_src("", body), 1, 32, 4);
+    match r {
+        Err(ExecError::LaunchFailed(m)) => assert!(m.contains("lane 5"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn global_atomics_under_contention_are_exact() {
+    let body = "
+	atom.global.add.u32 %r2, [%rd1], 1;
+	atom.global.add.f32 %f1, [%rd1+4], 0f3F800000;
+	red.global.add.u64 [%rd1+8], 3;
+	atom.global.max.s32 %r3, [%rd1+16], %r1;
+	atom.global.add.f64 %fd1, [%rd1+24], 0d3FE0000000000000;
+	atom.global.cas.b32 %r4, [%rd1+32], 0, 9;";
+    let (r, out) = run_src(&kernel_src("", body), 64, 128, 40);
+    r.expect("launch");
+    let n = 64 * 128u64;
+    assert_eq!(out[0] as u64, n);
+    assert_eq!(f32::from_bits(out[1]), n as f32);
+    assert_eq!(out[2] as u64 | (out[3] as u64) << 32, 3 * n);
+    assert_eq!(out[4], 127);
+    assert_eq!(f64::from_bits(out[6] as u64 | (out[7] as u64) << 32), n as f64 / 2.0);
+    assert_eq!(out[8], 9);
+}
+
+#[test]
+fn shared_bounds_and_alignment() {
+    let decl = "\t.shared .align 4 .b8 s[16];";
+    let (r, _) = run_src(&kernel_src(decl, "\tmov.u32 %r2, s;\n\tst.shared.u32 [%r2+16], %r1;"), 1, 1, 4);
+    assert!(matches!(&r, Err(ExecError::IllegalAddress(m)) if m.contains("line 15")), "{r:?}");
+    let (r, _) = run_src(&kernel_src(decl, "\tst.shared.u32 [s+2], %r1;"), 1, 1, 4);
+    assert!(matches!(r, Err(ExecError::MisalignedAddress(_))), "{r:?}");
+    let (r, _) = run_src(&kernel_src(decl, "\tst.shared.u32 [s+12], %r1;\n\tld.shared.u32 %r3, [s+12];\n\tst.global.u32 [%rd1], %r3;"), 1, 1, 4);
+    r.expect("in bounds");
+    // Global: one past the allocation, and a generic access through cvta.
+    let (r, _) = run_src(&kernel_src("", "\tst.global.u32 [%rd1+4], %r1;"), 1, 1, 4);
+    assert!(matches!(&r, Err(ExecError::IllegalAddress(m)) if m.contains("0x200000000004")), "{r:?}");
+    let body = "\tmov.u64 %rd2, s;\n\tcvta.shared.u64 %rd3, %rd2;\n\tst.u32 [%rd3+8], 5;\n\tld.shared.u32 %r3, [s+8];\n\tst.global.u32 [%rd1], %r3;";
+    let (r, out) = run_src(&kernel_src(decl, body), 1, 1, 4);
+    r.expect("generic shared");
+    assert_eq!(out, [5]);
+}
+
+#[test]
+fn unknown_instruction_names_it_and_its_line() {
+    let src = format!("{HEAD}.visible .entry k()\n{{\n\t.reg .b32 %r<3>;\n\tfoo.b32 %r1, %r2;\n\tret;\n}}\n");
+    let e = Module::parse(&src).expect_err("must fail");
+    assert_eq!(e.line, 7);
+    assert!(e.message.contains("unknown instruction `foo.b32`"), "{}", e.message);
+    let src = format!("{HEAD}.visible .entry k()\n{{\n\tadd.q32 %r1, %r2, 1;\n}}\n");
+    assert!(Module::parse(&src).is_err());
+    let src = format!("{HEAD}.bogus 3\n");
+    assert!(Module::parse(&src).expect_err("bogus").message.contains("`.bogus`"));
+}
+
+#[test]
+fn garbage_and_truncated_modules_never_panic() {
+    let text = tandem_ptx("softmax_xent");
+    let mut cut = 0;
+    while cut < text.len() {
+        if text.is_char_boundary(cut) {
+            let _ = Module::parse(&text[..cut]);
+        }
+        cut += 37;
+    }
+    let mut s = 12345u64;
+    let alphabet: Vec<char> = "{}()[];:,<>+-|!@=%.$_ abcxyz019\n\"/*".chars().collect();
+    for _ in 0..300 {
+        let n = (s % 200) as usize;
+        let g: String = (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                alphabet[(s >> 33) as usize % alphabet.len()]
+            })
+            .collect();
+        let _ = Module::parse(&g);
+        let _ = Module::parse(&format!("{HEAD}.visible .entry k()\n{{\n{g}\n}}\n"));
+    }
+}
+
+fn f32_results(body: &str, n: usize) -> Vec<u32> {
+    let (r, out) = run_src(&kernel_src("", body), 1, 1, n * 4);
+    r.expect("launch");
+    out
+}
+
+#[test]
+fn rounding_fma_division_and_ftz() {
+    let one_p12 = 1.0f32 + 2f32.powi(-12); // 0f3F800800
+    let body = "
+	mov.f32 %f1, 0f3F800800;
+	fma.rn.f32 %f2, %f1, %f1, 0fBF800000;
+	mul.rn.f32 %f3, %f1, %f1;
+	add.rn.f32 %f4, %f3, 0fBF800000;
+	add.rm.f32 %f5, 0f3F800000, 0f30800000;
+	add.rp.f32 %f6, 0f3F800000, 0f30800000;
+	add.rm.f32 %f7, 0fBF800000, 0fB0800000;
+	add.rz.f32 %f8, 0fBF800000, 0fB0800000;
+	div.rn.f32 %f9, 0f3F800000, 0f40400000;
+	div.rz.f32 %f10, 0f3F800000, 0f40400000;
+	mul.ftz.f32 %f11, 0f80011C19, 0f3F800000;
+	mul.f32 %f12, 0f00011C19, 0f3F800000;
+	add.sat.f32 %f13, 0f3F333333, 0f3F333333;
+	fma.rm.f32 %f14, %f1, %f1, 0fBF800000;
+	sqrt.rp.f32 %f15, 0f40000000;
+	sqrt.rn.f32 %f16, 0f40000000;
+	st.global.v4.f32 [%rd1], {%f2, %f4, %f5, %f6};
+	st.global.v4.f32 [%rd1+16], {%f7, %f8, %f9, %f10};
+	st.global.v4.f32 [%rd1+32], {%f11, %f12, %f13, %f14};
+	st.global.v2.f32 [%rd1+48], {%f15, %f16};";
+    let o: Vec<f32> = f32_results(body, 14).into_iter().map(f32::from_bits).collect();
+    assert_eq!(o[0], one_p12.mul_add(one_p12, -1.0));
+    assert_eq!(o[0], 2f32.powi(-11) + 2f32.powi(-24), "one rounding");
+    assert_eq!(o[1], 2f32.powi(-11), "two roundings");
+    assert_eq!(o[2], 1.0);
+    assert_eq!(o[3], 1.0 + f32::EPSILON);
+    assert_eq!(o[4], -(1.0 + f32::EPSILON));
+    assert_eq!(o[5], -1.0);
+    assert_eq!(o[6], 1.0f32 / 3.0);
+    assert_eq!(o[7].to_bits(), (1.0f32 / 3.0).to_bits() - 1, "1/3 rounds up to nearest");
+    assert_eq!(o[8].to_bits(), 0x8000_0000, "ftz keeps the sign");
+    assert_eq!(o[9].to_bits(), 0x0001_1C19);
+    assert_eq!(o[10], 1.0);
+    assert_eq!(o[11], 2f32.powi(-11) + 2f32.powi(-24));
+    let s2 = 2f32.sqrt();
+    assert_eq!(o[13], s2);
+    // sqrt(2) in f64 lies above or below its f32 rounding; .rp gives the f32 at or above it.
+    let want_rp = if (s2 as f64) >= 2f64.sqrt() { s2 } else { f32::from_bits(s2.to_bits() + 1) };
+    assert_eq!(o[12], want_rp);
+}
+
+#[test]
+fn cvt_modes() {
+    let body = "
+	cvt.rni.s32.f32 %r2, 0f40200000;
+	cvt.rmi.s32.f32 %r3, 0fC0200000;
+	cvt.rpi.s32.f32 %r4, 0f40066666;
+	cvt.rzi.s32.f32 %r5, 0fC02CCCCD;
+	cvt.rzi.s32.f32 %r6, 0f4F32D05E;
+	cvt.rzi.u32.f32 %r7, 0fBF800000;
+	cvt.rzi.s32.f32 %r8, 0f7FC00000;
+	cvt.rn.f32.u32 %f1, 16777217;
+	cvt.rp.f32.u32 %f2, 16777217;
+	cvt.rz.f32.f64 %f3, 0d3FD5555555555555;
+	cvt.rn.f32.f64 %f4, 0d3FD5555555555555;
+	cvt.s8.s32 %r9, 300;
+	cvt.sat.s8.s32 %r10, 300;
+	cvt.u32.s8 %r11, %r9;
+	cvt.s32.s8 %r12, 200;
+	cvt.rni.f32.f32 %f5, 0f40200000;
+	st.global.v4.u32 [%rd1], {%r2, %r3, %r4, %r5};
+	st.global.v4.u32 [%rd1+16], {%r6, %r7, %r8, %r9};
+	st.global.v4.f32 [%rd1+32], {%f1, %f2, %f3, %f4};
+	st.global.v4.u32 [%rd1+48], {%r10, %r11, %r12, %r12};
+	st.global.f32 [%rd1+64], %f5;";
+    let o = f32_results(body, 17);
+    assert_eq!(&o[..4], [2, (-3i32) as u32, 3, (-2i32) as u32]);
+    assert_eq!(o[4], i32::MAX as u32, "saturates");
+    assert_eq!(o[5], 0);
+    assert_eq!(o[6], 0, "NaN converts to 0");
+    assert_eq!(o[7], 300 & 0xff);
+    assert_eq!(f32::from_bits(o[8]), 16777216.0);
+    assert_eq!(f32::from_bits(o[9]), 16777218.0);
+    let third = 1.0f64 / 3.0;
+    assert_eq!(f32::from_bits(o[11]), third as f32);
+    let rz = if (third as f32) as f64 > third { f32::from_bits((third as f32).to_bits() - 1) } else { third as f32 };
+    assert_eq!(f32::from_bits(o[10]), rz);
+    assert_eq!(o[12], 127);
+    assert_eq!(o[13], 44, "300 truncated to s8 is 44, zero-extended back");
+    assert_eq!(o[14], (200u8 as i8) as i32 as u32);
+    assert_eq!(f32::from_bits(o[16]), 2.0);
+}
+
+#[test]
+fn f64_arithmetic_and_directed_rounding() {
+    let body = "
+	div.rn.f64 %fd1, 0d3FF0000000000000, 0d4008000000000000;
+	sqrt.rn.f64 %fd2, 0d4000000000000000;
+	fma.rn.f64 %fd3, %fd1, 0d4008000000000000, 0dBFF0000000000000;
+	add.rm.f64 %fd4, 0d3FF0000000000000, 0d3C90000000000000;
+	add.rp.f64 %fd5, 0d3FF0000000000000, 0d3C90000000000000;
+	mul.rz.f64 %fd6, %fd1, 0d4008000000000000;
+	div.rp.f64 %fd7, 0d3FF0000000000000, 0d4008000000000000;
+	cvt.rn.f64.s32 %fd8, -7;
+	st.global.v2.f64 [%rd1], {%fd1, %fd2};
+	st.global.v2.f64 [%rd1+16], {%fd3, %fd4};
+	st.global.v2.f64 [%rd1+32], {%fd5, %fd6};
+	st.global.v2.f64 [%rd1+48], {%fd7, %fd8};";
+    let o = f32_results(body, 16);
+    let d: Vec<f64> = o.chunks(2).map(|c| f64::from_bits(c[0] as u64 | (c[1] as u64) << 32)).collect();
+    let third = 1.0f64 / 3.0;
+    assert_eq!(d[0], third);
+    assert_eq!(d[1], 2f64.sqrt());
+    assert_eq!(d[2], third.mul_add(3.0, -1.0));
+    assert_ne!(d[2], 0.0, "fma keeps the residual");
+    assert_eq!(d[3], 1.0);
+    assert_eq!(d[4], 1.0 + f64::EPSILON);
+    // third * 3 is exactly 1 - 2^-54: rounds to 1.0 to nearest, toward zero to 1 - 2^-53.
+    assert_eq!(d[5], 1.0 - f64::EPSILON / 2.0);
+    assert_eq!(d[6], third, "1/3 to nearest is already above");
+    assert_eq!(d[7], -7.0);
+}
+
+#[test]
+fn func_calls_pass_params_and_return_values() {
+    let src = format!(
+        "{HEAD}.func (.param .b32 func_retval0) twice(\n\t.param .b32 twice_param_0\n)\n{{\n\t.reg .b32 %r<3>;\n\tld.param.b32 %r1, [twice_param_0];\n\tshl.b32 %r2, %r1, 1;\n\tst.param.b32 [func_retval0], %r2;\n\tret;\n}}\n\
+.visible .entry k(\n\t.param .u64 out\n)\n{{\n\t.reg .b32 %r<5>;\n\t.reg .b64 %rd<4>;\n\tld.param.u64 %rd1, [out];\n\tmov.u32 %r1, %tid.x;\n\t{{\n\t.reg .b32 temp_param_reg;\n\t.param .b32 param0;\n\tst.param.b32 [param0], %r1;\n\t.param .b32 retval0;\n\tcall.uni (retval0),\n\ttwice,\n\t(\n\tparam0\n\t);\n\tld.param.b32 %r2, [retval0];\n\t}}\n\tmul.wide.u32 %rd2, %r1, 4;\n\tadd.s64 %rd3, %rd1, %rd2;\n\tst.global.u32 [%rd3], %r2;\n\tret;\n}}\n"
+    );
+    let (r, out) = run_src(&src, 1, 8, 32);
+    r.expect("launch");
+    assert_eq!(out, (0..8).map(|t| 2 * t).collect::<Vec<u32>>());
+}
+
+#[test]
+fn integer_ops_against_rust() {
+    let body = "
+	mov.u32 %r2, -100;
+	shr.s32 %r3, %r2, 40;
+	shr.u32 %r4, %r2, 40;
+	shl.b32 %r5, %r2, 32;
+	mul.hi.s32 %r6, %r2, 0x7fffffff;
+	div.s32 %r7, %r2, 7;
+	rem.s32 %r8, %r2, 7;
+	popc.b32 %r9, %r2;
+	clz.b32 %r10, 1;
+	brev.b32 %r11, 1;
+	bfe.s32 %r12, 0xf0, 4, 4;
+	bfi.b32 %r13, 5, 0, 8, 4;
+	add.sat.s32 %r14, 0x7fffffff, 1;
+	min.u32 %r15, %r2, 5;
+	min.s32 %r16, %r2, 5;
+	prmt.b32 %r17, 0x33221100, 0x77665544, 0x4321;
+	st.global.v4.u32 [%rd1], {%r3, %r4, %r5, %r6};
+	st.global.v4.u32 [%rd1+16], {%r7, %r8, %r9, %r10};
+	st.global.v4.u32 [%rd1+32], {%r11, %r12, %r13, %r14};
+	st.global.v4.u32 [%rd1+48], {%r15, %r16, %r17, %r17};";
+    let o = f32_results(body, 16);
+    let x = -100i32;
+    assert_eq!(o[0], (-1i32) as u32);
+    assert_eq!(o[1], 0);
+    assert_eq!(o[2], 0);
+    assert_eq!(o[3], ((x as i64 * 0x7fff_ffff) >> 32) as i32 as u32);
+    assert_eq!(o[4], (x / 7) as u32);
+    assert_eq!(o[5], (x % 7) as u32);
+    assert_eq!(o[6], x.count_ones());
+    assert_eq!(o[7], 31);
+    assert_eq!(o[8], 0x8000_0000);
+    assert_eq!(o[9], (-1i32) as u32, "0xf sign-extended from 4 bits");
+    assert_eq!(o[10], 5 << 8);
+    assert_eq!(o[11], i32::MAX as u32);
+    assert_eq!(o[12], 5);
+    assert_eq!(o[13], x as u32);
+    assert_eq!(o[14], 0x4433_2211);
+}
