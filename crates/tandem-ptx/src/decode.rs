@@ -116,10 +116,10 @@ fn mask(ty: Ty) -> u64 {
 pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], line: usize) -> R {
     let mut m = Mods(mods.to_vec());
     match base {
-        "add" | "sub" | "mul" | "div" | "rem" | "min" | "max" | "and" | "or" | "xor" | "shl" | "shr" | "mul24"
-        | "copysign" => binary(p, base, &mut m, ops, line),
-        "abs" | "neg" | "not" | "cnot" | "popc" | "clz" | "brev" | "sqrt" | "rcp" | "rsqrt" | "ex2" | "lg2" | "sin"
-        | "cos" | "tanh" => unary(p, base, &mut m, ops, line),
+        "add" | "sub" | "mul" | "div" | "rem" | "min" | "max" | "and" | "or" | "xor" | "shl"
+        | "shr" | "mul24" | "copysign" => binary(p, base, &mut m, ops, line),
+        "abs" | "neg" | "not" | "cnot" | "popc" | "clz" | "brev" | "sqrt" | "rcp" | "rsqrt"
+        | "ex2" | "lg2" | "sin" | "cos" | "tanh" => unary(p, base, &mut m, ops, line),
         "addc" | "subc" => {
             n_ops(ops, 3)?;
             let cc = m.has("cc");
@@ -127,15 +127,31 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
             if !matches!(ty.bits(), 32 | 64) || ty.float() {
                 return Err(None);
             }
-            let (d, a, b) = (p.dst(&ops[0], line)?, p.src(&ops[1], ty, line)?, p.src(&ops[2], ty, line)?);
-            done(Op::AddCc { carry_in: true, carry_out: cc, ty, sub: base == "subc", d, a, b })
+            let (d, a, b) = (
+                p.dst(&ops[0], line)?,
+                p.src(&ops[1], ty, line)?,
+                p.src(&ops[2], ty, line)?,
+            );
+            done(Op::AddCc {
+                carry_in: true,
+                carry_out: cc,
+                ty,
+                sub: base == "subc",
+                d,
+                a,
+                b,
+            })
         }
         "mad" | "fma" | "mad24" => mad(p, base, &mut m, ops, line),
         "bfe" => {
             n_ops(ops, 4)?;
             let ty = m.ty().ok_or(None)?;
             let d = p.dst(&ops[0], line)?;
-            let (a, b, c) = (p.src(&ops[1], ty, line)?, p.src(&ops[2], Ty::U32, line)?, p.src(&ops[3], Ty::U32, line)?);
+            let (a, b, c) = (
+                p.src(&ops[1], ty, line)?,
+                p.src(&ops[2], Ty::U32, line)?,
+                p.src(&ops[3], Ty::U32, line)?,
+            );
             done(Op::Bfe { ty, d, a, b, c })
         }
         "bfi" => {
@@ -143,7 +159,10 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
             let ty = m.ty().ok_or(None)?;
             let d = p.dst(&ops[0], line)?;
             let (f, a) = (p.src(&ops[1], ty, line)?, p.src(&ops[2], ty, line)?);
-            let (b, c) = (p.src(&ops[3], Ty::U32, line)?, p.src(&ops[4], Ty::U32, line)?);
+            let (b, c) = (
+                p.src(&ops[3], Ty::U32, line)?,
+                p.src(&ops[4], Ty::U32, line)?,
+            );
             done(Op::Bfi { ty, d, f, a, b, c })
         }
         "prmt" => {
@@ -152,7 +171,11 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
                 return Err(None);
             }
             let d = p.dst(&ops[0], line)?;
-            let (a, b, c) = (p.src(&ops[1], Ty::B32, line)?, p.src(&ops[2], Ty::B32, line)?, p.src(&ops[3], Ty::B32, line)?);
+            let (a, b, c) = (
+                p.src(&ops[1], Ty::B32, line)?,
+                p.src(&ops[2], Ty::B32, line)?,
+                p.src(&ops[3], Ty::B32, line)?,
+            );
             done(Op::Prmt { d, a, b, c })
         }
         "lop3" => {
@@ -161,11 +184,24 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
                 return Err(None);
             }
             let Raw::Imm(crate::parse::Imm::Int(lut)) = ops[4] else {
-                return Err(Some(ParseError { line, message: "lop3 needs an immediate table".into() }));
+                return Err(Some(ParseError {
+                    line,
+                    message: "lop3 needs an immediate table".into(),
+                }));
             };
             let d = p.dst(&ops[0], line)?;
-            let (a, b, c) = (p.src(&ops[1], Ty::B32, line)?, p.src(&ops[2], Ty::B32, line)?, p.src(&ops[3], Ty::B32, line)?);
-            done(Op::Lop3 { d, a, b, c, lut: lut as u8 })
+            let (a, b, c) = (
+                p.src(&ops[1], Ty::B32, line)?,
+                p.src(&ops[2], Ty::B32, line)?,
+                p.src(&ops[3], Ty::B32, line)?,
+            );
+            done(Op::Lop3 {
+                d,
+                a,
+                b,
+                c,
+                lut: lut as u8,
+            })
         }
         "shf" => {
             n_ops(ops, 4)?;
@@ -183,12 +219,30 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
                 return Err(None);
             }
             let d = p.dst(&ops[0], line)?;
-            let (a, b, c) = (p.src(&ops[1], Ty::B32, line)?, p.src(&ops[2], Ty::B32, line)?, p.src(&ops[3], Ty::U32, line)?);
-            done(Op::Shf { left, clamp, d, a, b, c })
+            let (a, b, c) = (
+                p.src(&ops[1], Ty::B32, line)?,
+                p.src(&ops[2], Ty::B32, line)?,
+                p.src(&ops[3], Ty::U32, line)?,
+            );
+            done(Op::Shf {
+                left,
+                clamp,
+                d,
+                a,
+                b,
+                c,
+            })
         }
         "testp" => {
             n_ops(ops, 2)?;
-            let op = match m.any(&["finite", "infinite", "number", "notanumber", "normal", "subnormal"]) {
+            let op = match m.any(&[
+                "finite",
+                "infinite",
+                "number",
+                "notanumber",
+                "normal",
+                "subnormal",
+            ]) {
                 Some("finite") => 0,
                 Some("infinite") => 1,
                 Some("number") => 2,
@@ -197,7 +251,10 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
                 Some(_) => 5,
                 None => return Err(None),
             };
-            let ty = m.ty().filter(|t| matches!(t, Ty::F32 | Ty::F64)).ok_or(None)?;
+            let ty = m
+                .ty()
+                .filter(|t| matches!(t, Ty::F32 | Ty::F64))
+                .ok_or(None)?;
             let (d, a) = (p.dst(&ops[0], line)?, p.src(&ops[1], ty, line)?);
             done(Op::Testp { op, ty, d, a })
         }
@@ -211,7 +268,13 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
             if neg {
                 return Err(None);
             }
-            done(Op::Selp { mask: mask(ty), d, a, b, p: c })
+            done(Op::Selp {
+                mask: mask(ty),
+                d,
+                a,
+                b,
+                p: c,
+            })
         }
         "slct" => {
             n_ops(ops, 4)?;
@@ -221,8 +284,20 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
                 return Err(None);
             }
             let d = p.dst(&ops[0], line)?;
-            let (a, b, c) = (p.src(&ops[1], ty, line)?, p.src(&ops[2], ty, line)?, p.src(&ops[3], cty, line)?);
-            done(Op::Slct { ty, cty, ftz, d, a, b, c })
+            let (a, b, c) = (
+                p.src(&ops[1], ty, line)?,
+                p.src(&ops[2], ty, line)?,
+                p.src(&ops[3], cty, line)?,
+            );
+            done(Op::Slct {
+                ty,
+                cty,
+                ftz,
+                d,
+                a,
+                b,
+                c,
+            })
         }
         "mov" => mov(p, &mut m, ops, line),
         "cvt" => {
@@ -235,13 +310,24 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
                 return Err(None);
             }
             let (d, a) = (p.dst(&ops[0], line)?, p.src(&ops[1], sty, line)?);
-            done(Op::Cvt { dty, sty, rnd, sat, ftz, d, a })
+            done(Op::Cvt {
+                dty,
+                sty,
+                rnd,
+                sat,
+                ftz,
+                d,
+                a,
+            })
         }
         "cvta" => {
             n_ops(ops, 2)?;
             let to = m.has("to");
             let space = m.space();
-            if !matches!(space, Space::Global | Space::Shared | Space::Local | Space::Const | Space::Param) {
+            if !matches!(
+                space,
+                Space::Global | Space::Shared | Space::Local | Space::Const | Space::Param
+            ) {
                 return Err(None);
             }
             let ty = m.ty().ok_or(None)?;
@@ -249,7 +335,13 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
                 return Err(None);
             }
             let (d, a) = (p.dst(&ops[0], line)?, p.src(&ops[1], ty, line)?);
-            done(Op::Cvta { to, space, bits32: ty.bits() == 32, d, a })
+            done(Op::Cvta {
+                to,
+                space,
+                bits32: ty.bits() == 32,
+                d,
+                a,
+            })
         }
         "ld" | "ldu" | "st" => ld_st(p, base == "st", &mut m, ops, line),
         "atom" | "red" => atom(p, base == "red", &mut m, ops, line),
@@ -260,7 +352,10 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
             }
             match ops {
                 [Raw::Name(l)] => Ok(Decoded::Branch(l.clone())),
-                _ => Err(Some(ParseError { line, message: "bra needs a label".into() })),
+                _ => Err(Some(ParseError {
+                    line,
+                    message: "bra needs a label".into(),
+                })),
             }
         }
         "call" => {
@@ -304,7 +399,9 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
             done(Op::Bar { id, count, aligned })
         }
         "membar" | "fence" => {
-            m.drop_all(&["cta", "gl", "sys", "gpu", "sc", "acq_rel", "proxy", "alias", "cluster"]);
+            m.drop_all(&[
+                "cta", "gl", "sys", "gpu", "sc", "acq_rel", "proxy", "alias", "cluster",
+            ]);
             if !m.0.is_empty() || !ops.is_empty() {
                 return Err(None);
             }
@@ -313,7 +410,10 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
         "prefetch" | "prefetchu" | "nanosleep" | "pmevent" => done(Op::Nop),
         "shfl" => {
             if !m.has("sync") {
-                return Err(Some(ParseError { line, message: "shfl without .sync is not supported".into() }));
+                return Err(Some(ParseError {
+                    line,
+                    message: "shfl without .sync is not supported".into(),
+                }));
             }
             let mode = match m.any(&["up", "down", "bfly", "idx"]) {
                 Some("up") => ShflMode::Up,
@@ -326,18 +426,32 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
                 return Err(None);
             }
             let (d, pd) = match &ops[0] {
-                Raw::Pair(a, b) => (p.dst(&Raw::Name(a.clone()), line)?, p.dst(&Raw::Name(b.clone()), line)?),
+                Raw::Pair(a, b) => (
+                    p.dst(&Raw::Name(a.clone()), line)?,
+                    p.dst(&Raw::Name(b.clone()), line)?,
+                ),
                 r => (p.dst(r, line)?, SINK),
             };
             let a = p.src(&ops[1], Ty::B32, line)?;
             let b = p.src(&ops[2], Ty::B32, line)?;
             let c = p.src(&ops[3], Ty::B32, line)?;
             let mask = p.src(&ops[4], Ty::B32, line)?;
-            done(Op::Shfl { mode, d, p: pd, a, b, c, mask })
+            done(Op::Shfl {
+                mode,
+                d,
+                p: pd,
+                a,
+                b,
+                c,
+                mask,
+            })
         }
         "vote" => {
             if !m.has("sync") {
-                return Err(Some(ParseError { line, message: "vote without .sync is not supported".into() }));
+                return Err(Some(ParseError {
+                    line,
+                    message: "vote without .sync is not supported".into(),
+                }));
             }
             let mode = match m.any(&["all", "any", "uni", "ballot"]) {
                 Some("all") => VoteMode::All,
@@ -346,7 +460,11 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
                 Some(_) => VoteMode::Ballot,
                 None => return Err(None),
             };
-            let want = if mode == VoteMode::Ballot { Ty::B32 } else { Ty::Pred };
+            let want = if mode == VoteMode::Ballot {
+                Ty::B32
+            } else {
+                Ty::Pred
+            };
             if m.ty() != Some(want) {
                 return Err(None);
             }
@@ -354,14 +472,22 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
             let d = p.dst(&ops[0], line)?;
             let (a, neg) = p.pred_src(&ops[1], line)?;
             let mask = p.src(&ops[2], Ty::B32, line)?;
-            done(Op::Vote { mode, d, a, neg, mask })
+            done(Op::Vote {
+                mode,
+                d,
+                a,
+                neg,
+                mask,
+            })
         }
         "activemask" => {
             n_ops(ops, 1)?;
             if m.ty() != Some(Ty::B32) {
                 return Err(None);
             }
-            done(Op::Activemask { d: p.dst(&ops[0], line)? })
+            done(Op::Activemask {
+                d: p.dst(&ops[0], line)?,
+            })
         }
         _ => Err(None),
     }
@@ -394,13 +520,25 @@ fn binary(p: &mut Parser, base: &str, m: &mut Mods, ops: &[Raw], line: usize) ->
             _ => return Err(None),
         };
         let (a, b) = (p.src(&ops[1], ty, line)?, p.src(&ops[2], ty, line)?);
-        if op == FOp::Add && !ftz && !sat && matches!(rnd, Rnd::Default | Rnd::Rn) && ty == Ty::F32 {
+        if op == FOp::Add && !ftz && !sat && matches!(rnd, Rnd::Default | Rnd::Rn) && ty == Ty::F32
+        {
             return done(Op::AddF32 { d, a, b });
         }
-        if op == FOp::Mul && !ftz && !sat && matches!(rnd, Rnd::Default | Rnd::Rn) && ty == Ty::F32 {
+        if op == FOp::Mul && !ftz && !sat && matches!(rnd, Rnd::Default | Rnd::Rn) && ty == Ty::F32
+        {
             return done(Op::MulF32 { d, a, b });
         }
-        return done(Op::FBin { op, ty, rnd, approx: approx || full, ftz, sat, d, a, b });
+        return done(Op::FBin {
+            op,
+            ty,
+            rnd,
+            approx: approx || full,
+            ftz,
+            sat,
+            d,
+            a,
+            b,
+        });
     }
     if rnd != Rnd::Default || ftz || approx || full {
         return Err(None);
@@ -439,13 +577,25 @@ fn binary(p: &mut Parser, base: &str, m: &mut Mods, ops: &[Raw], line: usize) ->
     if op == IOp::MulWide && ty.bits() > 32 {
         return Err(None);
     }
-    let bty = if matches!(op, IOp::Shl | IOp::Shr) { Ty::U32 } else { ty };
+    let bty = if matches!(op, IOp::Shl | IOp::Shr) {
+        Ty::U32
+    } else {
+        ty
+    };
     let (a, b) = (p.src(&ops[1], ty, line)?, p.src(&ops[2], bty, line)?);
     if cc {
         if !matches!(op, IOp::Add | IOp::Sub) || !matches!(ty.bits(), 32 | 64) {
             return Err(None);
         }
-        return done(Op::AddCc { carry_in: false, carry_out: true, ty, sub: op == IOp::Sub, d, a, b });
+        return done(Op::AddCc {
+            carry_in: false,
+            carry_out: true,
+            ty,
+            sub: op == IOp::Sub,
+            d,
+            a,
+            b,
+        });
     }
     if op == IOp::Add && ty.bits() == 32 {
         return done(Op::AddI32 { d, a, b });
@@ -482,7 +632,15 @@ fn unary(p: &mut Parser, base: &str, m: &mut Mods, ops: &[Raw], line: usize) -> 
             _ => return Err(None),
         };
         let a = p.src(&ops[1], ty, line)?;
-        return done(Op::FUn { op, ty, rnd, approx, ftz, d, a });
+        return done(Op::FUn {
+            op,
+            ty,
+            rnd,
+            approx,
+            ftz,
+            d,
+            a,
+        });
     }
     if rnd != Rnd::Default || ftz || approx {
         return Err(None);
@@ -516,11 +674,24 @@ fn mad(p: &mut Parser, base: &str, m: &mut Mods, ops: &[Raw], line: usize) -> R 
         if lohi.is_some() || base == "mad24" || ty == Ty::F16 {
             return Err(None);
         }
-        let (a, b, c) = (p.src(&ops[1], ty, line)?, p.src(&ops[2], ty, line)?, p.src(&ops[3], ty, line)?);
+        let (a, b, c) = (
+            p.src(&ops[1], ty, line)?,
+            p.src(&ops[2], ty, line)?,
+            p.src(&ops[3], ty, line)?,
+        );
         if ty == Ty::F32 && !ftz && !sat && matches!(rnd, Rnd::Rn | Rnd::Default) {
             return done(Op::FmaF32 { d, a, b, c });
         }
-        return done(Op::Fma { ty, rnd, ftz, sat, d, a, b, c });
+        return done(Op::Fma {
+            ty,
+            rnd,
+            ftz,
+            sat,
+            d,
+            a,
+            b,
+            c,
+        });
     }
     if base == "fma" || rnd != Rnd::Default || ftz || ty == Ty::Pred {
         return Err(None);
@@ -537,8 +708,20 @@ fn mad(p: &mut Parser, base: &str, m: &mut Mods, ops: &[Raw], line: usize) -> R 
         return Err(None);
     }
     let cty = if mul == IOp::MulWide { wide(ty) } else { ty };
-    let (a, b, c) = (p.src(&ops[1], ty, line)?, p.src(&ops[2], ty, line)?, p.src(&ops[3], cty, line)?);
-    done(Op::Mad { mul, ty, sat, d, a, b, c })
+    let (a, b, c) = (
+        p.src(&ops[1], ty, line)?,
+        p.src(&ops[2], ty, line)?,
+        p.src(&ops[3], cty, line)?,
+    );
+    done(Op::Mad {
+        mul,
+        ty,
+        sat,
+        d,
+        a,
+        b,
+        c,
+    })
 }
 
 /// The double-width type of `.wide` results.
@@ -565,7 +748,21 @@ fn setp(p: &mut Parser, m: &mut Mods, ops: &[Raw], line: usize) -> R {
     if ty == Ty::Pred || ty == Ty::F16 {
         return Err(None);
     }
-    if !ty.float() && !matches!(c, Cmp::Eq | Cmp::Ne | Cmp::Lt | Cmp::Le | Cmp::Gt | Cmp::Ge | Cmp::Lo | Cmp::Ls | Cmp::Hi | Cmp::Hs) {
+    if !ty.float()
+        && !matches!(
+            c,
+            Cmp::Eq
+                | Cmp::Ne
+                | Cmp::Lt
+                | Cmp::Le
+                | Cmp::Gt
+                | Cmp::Ge
+                | Cmp::Lo
+                | Cmp::Ls
+                | Cmp::Hi
+                | Cmp::Hs
+        )
+    {
         return Err(None);
     }
     if ty.float() && matches!(c, Cmp::Lo | Cmp::Ls | Cmp::Hi | Cmp::Hs) {
@@ -574,7 +771,10 @@ fn setp(p: &mut Parser, m: &mut Mods, ops: &[Raw], line: usize) -> R {
     let want = if comb.is_some() { 4 } else { 3 };
     n_ops(ops, want)?;
     let (d, dn) = match &ops[0] {
-        Raw::Pair(a, b) => (p.dst(&Raw::Name(a.clone()), line)?, p.dst(&Raw::Name(b.clone()), line)?),
+        Raw::Pair(a, b) => (
+            p.dst(&Raw::Name(a.clone()), line)?,
+            p.dst(&Raw::Name(b.clone()), line)?,
+        ),
         r => (p.dst(r, line)?, SINK),
     };
     let (a, b) = (p.src(&ops[1], ty, line)?, p.src(&ops[2], ty, line)?);
@@ -585,7 +785,16 @@ fn setp(p: &mut Parser, m: &mut Mods, ops: &[Raw], line: usize) -> R {
         }
         None => None,
     };
-    done(Op::Setp { cmp: c, ty, ftz, d, dn, a, b, comb })
+    done(Op::Setp {
+        cmp: c,
+        ty,
+        ftz,
+        d,
+        dn,
+        a,
+        b,
+        comb,
+    })
 }
 
 fn mov(p: &mut Parser, m: &mut Mods, ops: &[Raw], line: usize) -> R {
@@ -603,7 +812,12 @@ fn mov(p: &mut Parser, m: &mut Mods, ops: &[Raw], line: usize) -> R {
                 dsts[i] = p.dst(&Raw::Name(name.clone()), line)?;
             }
             let a = p.src(src, ty, line)?;
-            done(Op::Unpack { bits, dsts, n: n as u8, a })
+            done(Op::Unpack {
+                bits,
+                dsts,
+                n: n as u8,
+                a,
+            })
         }
         (dst, Raw::Vec(v)) => {
             let n = v.len();
@@ -616,7 +830,12 @@ fn mov(p: &mut Parser, m: &mut Mods, ops: &[Raw], line: usize) -> R {
                 srcs[i] = p.name_src(name, line)?;
             }
             let d = p.dst(dst, line)?;
-            done(Op::Pack { bits, d, srcs, n: n as u8 })
+            done(Op::Pack {
+                bits,
+                d,
+                srcs,
+                n: n as u8,
+            })
         }
         (dst, src) => {
             let d = p.dst(dst, line)?;
@@ -624,7 +843,11 @@ fn mov(p: &mut Parser, m: &mut Mods, ops: &[Raw], line: usize) -> R {
                 return done(Op::Clock { d });
             }
             let a = p.src(src, ty, line)?;
-            done(Op::Mov { d, a, mask: mask(ty) })
+            done(Op::Mov {
+                d,
+                a,
+                mask: mask(ty),
+            })
         }
     }
 }
@@ -632,9 +855,30 @@ fn mov(p: &mut Parser, m: &mut Mods, ops: &[Raw], line: usize) -> R {
 fn ld_st(p: &mut Parser, st: bool, m: &mut Mods, ops: &[Raw], line: usize) -> R {
     n_ops(ops, 2)?;
     m.drop_all(&[
-        "nc", "volatile", "relaxed", "weak", "ca", "cg", "cs", "lu", "cv", "wb", "wt", "gpu", "sys", "cta",
-        "L1::evict_normal", "L1::evict_last", "L1::no_allocate", "L2::64B", "L2::128B", "L2::256B", "L1::evict_first",
-        "L2::evict_first", "L2::evict_last", "L2::evict_normal",
+        "nc",
+        "volatile",
+        "relaxed",
+        "weak",
+        "ca",
+        "cg",
+        "cs",
+        "lu",
+        "cv",
+        "wb",
+        "wt",
+        "gpu",
+        "sys",
+        "cta",
+        "L1::evict_normal",
+        "L1::evict_last",
+        "L1::no_allocate",
+        "L2::64B",
+        "L2::128B",
+        "L2::256B",
+        "L1::evict_first",
+        "L2::evict_first",
+        "L2::evict_last",
+        "L2::evict_normal",
     ]);
     let space = m.space();
     let n = match m.any(&["v2", "v4"]) {
@@ -646,29 +890,64 @@ fn ld_st(p: &mut Parser, st: bool, m: &mut Mods, ops: &[Raw], line: usize) -> R 
     if ty == Ty::Pred {
         return Err(None);
     }
-    let (regs, addr) = if st { (&ops[1], &ops[0]) } else { (&ops[0], &ops[1]) };
+    let (regs, addr) = if st {
+        (&ops[1], &ops[0])
+    } else {
+        (&ops[0], &ops[1])
+    };
     let addr = p.addr(addr, line)?;
     let mut slots = [SINK; 4];
     match (regs, n) {
         (Raw::Vec(v), n) if v.len() == n && n > 1 => {
             for (i, name) in v.iter().enumerate() {
-                slots[i] = if st { p.src(&Raw::Name(name.clone()), ty, line)? } else { p.dst(&Raw::Name(name.clone()), line)? };
+                slots[i] = if st {
+                    p.src(&Raw::Name(name.clone()), ty, line)?
+                } else {
+                    p.dst(&Raw::Name(name.clone()), line)?
+                };
             }
         }
-        (r, 1) => slots[0] = if st { p.src(r, ty, line)? } else { p.dst(r, line)? },
-        _ => return Err(Some(ParseError { line, message: "vector width and operand mismatch".into() })),
+        (r, 1) => {
+            slots[0] = if st {
+                p.src(r, ty, line)?
+            } else {
+                p.dst(r, line)?
+            }
+        }
+        _ => {
+            return Err(Some(ParseError {
+                line,
+                message: "vector width and operand mismatch".into(),
+            }))
+        }
     }
     if st {
-        done(Op::St { space, ty, n: n as u8, s: slots, addr })
+        done(Op::St {
+            space,
+            ty,
+            n: n as u8,
+            s: slots,
+            addr,
+        })
     } else {
-        done(Op::Ld { space, ty, n: n as u8, d: slots, addr })
+        done(Op::Ld {
+            space,
+            ty,
+            n: n as u8,
+            d: slots,
+            addr,
+        })
     }
 }
 
 fn atom(p: &mut Parser, red: bool, m: &mut Mods, ops: &[Raw], line: usize) -> R {
-    m.drop_all(&["relaxed", "acquire", "release", "acq_rel", "gpu", "sys", "cta", "noftz"]);
+    m.drop_all(&[
+        "relaxed", "acquire", "release", "acq_rel", "gpu", "sys", "cta", "noftz",
+    ]);
     let space = m.space();
-    let op = match m.any(&["add", "min", "max", "inc", "dec", "and", "or", "xor", "exch", "cas"]) {
+    let op = match m.any(&[
+        "add", "min", "max", "inc", "dec", "and", "or", "xor", "exch", "cas",
+    ]) {
         Some("add") => AtomOp::Add,
         Some("min") => AtomOp::Min,
         Some("max") => AtomOp::Max,
@@ -692,12 +971,38 @@ fn atom(p: &mut Parser, red: bool, m: &mut Mods, ops: &[Raw], line: usize) -> R 
         return Err(None);
     }
     let cas = op == AtomOp::Cas;
-    let n = if red { 2 } else if cas { 4 } else { 3 };
+    let n = if red {
+        2
+    } else if cas {
+        4
+    } else {
+        3
+    };
     n_ops(ops, n)?;
-    let (d, rest) = if red { (SINK, ops) } else { (p.dst(&ops[0], line)?, &ops[1..]) };
+    let (d, rest) = if red {
+        (SINK, ops)
+    } else {
+        (p.dst(&ops[0], line)?, &ops[1..])
+    };
     let addr = p.addr(&rest[0], line)?;
-    let bty = if matches!(op, AtomOp::Inc | AtomOp::Dec) { Ty::U32 } else { ty };
+    let bty = if matches!(op, AtomOp::Inc | AtomOp::Dec) {
+        Ty::U32
+    } else {
+        ty
+    };
     let b = p.src(&rest[1], bty, line)?;
-    let c = if cas { p.src(&rest[2], ty, line)? } else { SINK };
-    done(Op::Atom { space, op, ty, d, addr, b, c })
+    let c = if cas {
+        p.src(&rest[2], ty, line)?
+    } else {
+        SINK
+    };
+    done(Op::Atom {
+        space,
+        op,
+        ty,
+        d,
+        addr,
+        b,
+        c,
+    })
 }

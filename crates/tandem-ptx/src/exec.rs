@@ -2,13 +2,18 @@
 //! next synchronising instruction (`bar.sync`, `shfl.sync`, `vote.sync`), then the scheduler
 //! performs the exchange or release, or reports the deadlock.
 
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{
+    AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+};
 use std::sync::Mutex;
 
 use crate::float::*;
 use crate::ir::*;
 use crate::parse::{FPARAM_BASE, SINK};
-use crate::{Dim3, ExecError, GlobalMemory, Kernel, Launch, GENERIC_LOCAL_BASE, GENERIC_SHARED_BASE, WINDOW_SIZE};
+use crate::{
+    Dim3, ExecError, GlobalMemory, Kernel, Launch, GENERIC_LOCAL_BASE, GENERIC_SHARED_BASE,
+    WINDOW_SIZE,
+};
 
 /// Why a thread stopped running.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,9 +50,18 @@ const PAGE: u64 = 4096;
 
 impl PageCache {
     fn new() -> PageCache {
-        PageCache { entries: [(u64::MAX, 0, false); 4], next: 0 }
+        PageCache {
+            entries: [(u64::MAX, 0, false); 4],
+            next: 0,
+        }
     }
-    fn resolve(&mut self, mem: &dyn GlobalMemory, addr: u64, len: usize, write: bool) -> Result<*mut u8, MemErr> {
+    fn resolve(
+        &mut self,
+        mem: &dyn GlobalMemory,
+        addr: u64,
+        len: usize,
+        write: bool,
+    ) -> Result<*mut u8, MemErr> {
         let page = addr & !(PAGE - 1);
         let in_page = addr.wrapping_add(len as u64) <= page.wrapping_add(PAGE) && addr >= page;
         if in_page {
@@ -62,7 +76,8 @@ impl PageCache {
                 return Ok(ptr.wrapping_add((addr - page) as usize));
             }
         }
-        mem.resolve(addr, len, write).map_err(|_| MemErr::Illegal(format!("global address {addr:#x} ({len} bytes)")))
+        mem.resolve(addr, len, write)
+            .map_err(|_| MemErr::Illegal(format!("global address {addr:#x} ({len} bytes)")))
     }
 }
 
@@ -95,11 +110,19 @@ fn write_le(bytes: &mut [u8], v: u64) {
     }
 }
 
-fn slice_at<'b>(buf: &'b mut [u8], off: u64, len: usize, what: &str) -> Result<&'b mut [u8], MemErr> {
+fn slice_at<'b>(
+    buf: &'b mut [u8],
+    off: u64,
+    len: usize,
+    what: &str,
+) -> Result<&'b mut [u8], MemErr> {
     let end = off.checked_add(len as u64);
     match end {
         Some(e) if e <= buf.len() as u64 => Ok(&mut buf[off as usize..e as usize]),
-        _ => Err(MemErr::Illegal(format!("{what} address {off:#x} ({len} bytes) outside the {} bytes of {what} memory", buf.len()))),
+        _ => Err(MemErr::Illegal(format!(
+            "{what} address {off:#x} ({len} bytes) outside the {} bytes of {what} memory",
+            buf.len()
+        ))),
     }
 }
 
@@ -121,7 +144,14 @@ fn classify(space: Space, addr: u64) -> (Space, u64) {
 
 impl BlockMem<'_> {
     /// The bytes of a non-global access for thread `t`.
-    fn bytes(&mut self, space: Space, addr: u64, len: usize, write: bool, t: usize) -> Result<&mut [u8], MemErr> {
+    fn bytes(
+        &mut self,
+        space: Space,
+        addr: u64,
+        len: usize,
+        write: bool,
+        t: usize,
+    ) -> Result<&mut [u8], MemErr> {
         match space {
             Space::Shared => slice_at(&mut self.shared, addr, len, "shared"),
             Space::Local => {
@@ -130,17 +160,35 @@ impl BlockMem<'_> {
             }
             Space::Param if addr >= FPARAM_BASE => {
                 let s = self.fparam_size;
-                slice_at(&mut self.fparam[t * s..(t + 1) * s], addr - FPARAM_BASE, len, "param")
+                slice_at(
+                    &mut self.fparam[t * s..(t + 1) * s],
+                    addr - FPARAM_BASE,
+                    len,
+                    "param",
+                )
             }
-            Space::Param if write => Err(MemErr::Illegal(format!("store to kernel parameter at {addr:#x}"))),
-            _ => Err(MemErr::Illegal(format!("{space:?} address {addr:#x}: no such memory"))),
+            Space::Param if write => Err(MemErr::Illegal(format!(
+                "store to kernel parameter at {addr:#x}"
+            ))),
+            _ => Err(MemErr::Illegal(format!(
+                "{space:?} address {addr:#x}: no such memory"
+            ))),
         }
     }
 
-    fn load(&mut self, mem: &dyn GlobalMemory, space: Space, addr: u64, size: usize, t: usize) -> Result<u64, MemErr> {
+    fn load(
+        &mut self,
+        mem: &dyn GlobalMemory,
+        space: Space,
+        addr: u64,
+        size: usize,
+        t: usize,
+    ) -> Result<u64, MemErr> {
         let (space, addr) = classify(space, addr);
         if !addr.is_multiple_of(size as u64) {
-            return Err(MemErr::Misaligned(format!("{size}-byte load at {space:?} address {addr:#x}")));
+            return Err(MemErr::Misaligned(format!(
+                "{size}-byte load at {space:?} address {addr:#x}"
+            )));
         }
         match space {
             Space::Global => {
@@ -150,20 +198,34 @@ impl BlockMem<'_> {
                 unsafe { Ok(load_ptr(p, size)) }
             }
             Space::Param if addr < FPARAM_BASE => {
-                let end = addr.checked_add(size as u64).filter(|&e| e <= self.params.len() as u64);
+                let end = addr
+                    .checked_add(size as u64)
+                    .filter(|&e| e <= self.params.len() as u64);
                 match end {
                     Some(e) => Ok(read_le(&self.params[addr as usize..e as usize])),
-                    None => Err(MemErr::Illegal(format!("param address {addr:#x} ({size} bytes) outside the parameters"))),
+                    None => Err(MemErr::Illegal(format!(
+                        "param address {addr:#x} ({size} bytes) outside the parameters"
+                    ))),
                 }
             }
             _ => Ok(read_le(self.bytes(space, addr, size, false, t)?)),
         }
     }
 
-    fn store(&mut self, mem: &dyn GlobalMemory, space: Space, addr: u64, size: usize, v: u64, t: usize) -> Result<(), MemErr> {
+    fn store(
+        &mut self,
+        mem: &dyn GlobalMemory,
+        space: Space,
+        addr: u64,
+        size: usize,
+        v: u64,
+        t: usize,
+    ) -> Result<(), MemErr> {
         let (space, addr) = classify(space, addr);
         if !addr.is_multiple_of(size as u64) {
-            return Err(MemErr::Misaligned(format!("{size}-byte store at {space:?} address {addr:#x}")));
+            return Err(MemErr::Misaligned(format!(
+                "{size}-byte store at {space:?} address {addr:#x}"
+            )));
         }
         match space {
             Space::Global => {
@@ -190,19 +252,25 @@ impl BlockMem<'_> {
     ) -> Result<u64, MemErr> {
         let (space, addr) = classify(space, addr);
         if !addr.is_multiple_of(size as u64) {
-            return Err(MemErr::Misaligned(format!("{size}-byte atomic at {space:?} address {addr:#x}")));
+            return Err(MemErr::Misaligned(format!(
+                "{size}-byte atomic at {space:?} address {addr:#x}"
+            )));
         }
         match space {
             Space::Global => {
                 let p = self.cache.resolve(mem, addr, size, true)?;
                 if !(p as usize).is_multiple_of(size) {
-                    return Err(MemErr::Misaligned(format!("atomic at {addr:#x}: host memory misaligned")));
+                    return Err(MemErr::Misaligned(format!(
+                        "atomic at {addr:#x}: host memory misaligned"
+                    )));
                 }
                 // SAFETY: `p` is valid for `size` bytes (resolve) and aligned (checked).
                 unsafe {
                     if size == 4 {
                         let a = AtomicU32::from_ptr(p as *mut u32);
-                        let r = a.fetch_update(Ordering::AcqRel, Ordering::Acquire, |o| Some(f(o as u64) as u32));
+                        let r = a.fetch_update(Ordering::AcqRel, Ordering::Acquire, |o| {
+                            Some(f(o as u64) as u32)
+                        });
                         Ok(r.unwrap_or_else(|o| o) as u64)
                     } else {
                         let a = AtomicU64::from_ptr(p as *mut u64);
@@ -217,7 +285,9 @@ impl BlockMem<'_> {
                 write_le(b, f(old));
                 Ok(old)
             }
-            _ => Err(MemErr::Illegal(format!("atomic on {space:?} address {addr:#x}"))),
+            _ => Err(MemErr::Illegal(format!(
+                "atomic on {space:?} address {addr:#x}"
+            ))),
         }
     }
 }
@@ -505,7 +575,13 @@ fn cvt(dty: Ty, sty: Ty, rnd: Rnd, sat: bool, ftz: bool, v: u64) -> u64 {
             }
             let (lo, hi) = int_range(dty);
             // Float-to-integer conversions saturate (PTX ISA, cvt).
-            let x = if f <= lo as f64 { lo } else if f >= hi as f64 { hi } else { f as i128 };
+            let x = if f <= lo as f64 {
+                lo
+            } else if f >= hi as f64 {
+                hi
+            } else {
+                f as i128
+            };
             (x as u64) & dm
         }
         (true, true) => {
@@ -517,12 +593,20 @@ fn cvt(dty: Ty, sty: Ty, rnd: Rnd, sat: bool, ftz: bool, v: u64) -> u64 {
                     (if sat { sat64(f) } else { f }).to_bits()
                 }
                 Ty::F32 => {
-                    let f = if is_int_rnd { round_int(x, rnd) as f32 } else { round32(x, 0.0, rnd) };
+                    let f = if is_int_rnd {
+                        round_int(x, rnd) as f32
+                    } else {
+                        round32(x, 0.0, rnd)
+                    };
                     let f = if ftz { ftz32(f) } else { f };
                     f32b(sat_if32(f, sat))
                 }
                 _ => {
-                    let f = if is_int_rnd { round_int(x, rnd) as f32 } else { x as f32 };
+                    let f = if is_int_rnd {
+                        round_int(x, rnd) as f32
+                    } else {
+                        x as f32
+                    };
                     f32_to_f16(sat_if32(f, sat)) as u64
                 }
             }
@@ -630,7 +714,14 @@ impl Ctx<'_> {
     }
 
     /// Runs thread `t` until it syncs or exits.
-    fn run_thread(&self, r: &mut [u64], th: &mut Thread, bm: &mut BlockMem, block: usize, t: usize) -> Result<Stop, ExecError> {
+    fn run_thread(
+        &self,
+        r: &mut [u64],
+        th: &mut Thread,
+        bm: &mut BlockMem,
+        block: usize,
+        t: usize,
+    ) -> Result<Stop, ExecError> {
         let code = self.code;
         let mut pc = th.pc as usize;
         let mut count = 0u64;
@@ -652,12 +743,21 @@ impl Ctx<'_> {
                 continue;
             }
             match &inst.op {
-                &Op::AddI32 { d, a, b } => r[d as usize] = (r[a as usize].wrapping_add(r[b as usize])) & 0xffff_ffff,
-                &Op::AddI64 { d, a, b } => r[d as usize] = r[a as usize].wrapping_add(r[b as usize]),
-                &Op::AddF32 { d, a, b } => r[d as usize] = f32b(f32v(r[a as usize]) + f32v(r[b as usize])),
-                &Op::MulF32 { d, a, b } => r[d as usize] = f32b(f32v(r[a as usize]) * f32v(r[b as usize])),
+                &Op::AddI32 { d, a, b } => {
+                    r[d as usize] = (r[a as usize].wrapping_add(r[b as usize])) & 0xffff_ffff
+                }
+                &Op::AddI64 { d, a, b } => {
+                    r[d as usize] = r[a as usize].wrapping_add(r[b as usize])
+                }
+                &Op::AddF32 { d, a, b } => {
+                    r[d as usize] = f32b(f32v(r[a as usize]) + f32v(r[b as usize]))
+                }
+                &Op::MulF32 { d, a, b } => {
+                    r[d as usize] = f32b(f32v(r[a as usize]) * f32v(r[b as usize]))
+                }
                 &Op::FmaF32 { d, a, b, c } => {
-                    r[d as usize] = f32b(f32v(r[a as usize]).mul_add(f32v(r[b as usize]), f32v(r[c as usize])))
+                    r[d as usize] =
+                        f32b(f32v(r[a as usize]).mul_add(f32v(r[b as usize]), f32v(r[c as usize])))
                 }
                 &Op::Mov { d, a, mask } => r[d as usize] = r[a as usize] & mask,
                 &Op::BraIf { p, neg, target } => {
@@ -666,12 +766,26 @@ impl Ctx<'_> {
                         continue;
                     }
                 }
-                &Op::IBin { op, ty, d, a, b } => r[d as usize] = ibin(op, ty, r[a as usize], r[b as usize]),
-                &Op::AddCc { carry_in, carry_out, ty, sub, d, a, b } => {
+                &Op::IBin { op, ty, d, a, b } => {
+                    r[d as usize] = ibin(op, ty, r[a as usize], r[b as usize])
+                }
+                &Op::AddCc {
+                    carry_in,
+                    carry_out,
+                    ty,
+                    sub,
+                    d,
+                    a,
+                    b,
+                } => {
                     let bits = ty.bits();
                     let m = mask_of(bits);
                     let (x, y) = ((r[a as usize] & m) as u128, (r[b as usize] & m) as u128);
-                    let cin = if carry_in { r[crate::parse::CARRY as usize] as u128 & 1 } else { 0 };
+                    let cin = if carry_in {
+                        r[crate::parse::CARRY as usize] as u128 & 1
+                    } else {
+                        0
+                    };
                     let (v, carry) = if sub {
                         // Borrow semantics: d = a - b - borrow; the flag holds the borrow.
                         let v = x.wrapping_sub(y).wrapping_sub(cin);
@@ -686,11 +800,25 @@ impl Ctx<'_> {
                     }
                 }
                 &Op::IUn { op, ty, d, a } => r[d as usize] = iun(op, ty, r[a as usize]),
-                &Op::Mad { mul, ty, sat, d, a, b, c } => {
+                &Op::Mad {
+                    mul,
+                    ty,
+                    sat,
+                    d,
+                    a,
+                    b,
+                    c,
+                } => {
                     let p = ibin(mul, ty, r[a as usize], r[b as usize]);
-                    let rty = if mul == IOp::MulWide { crate::decode::wide(ty) } else { ty };
+                    let rty = if mul == IOp::MulWide {
+                        crate::decode::wide(ty)
+                    } else {
+                        ty
+                    };
                     r[d as usize] = if sat {
-                        (sx(p, 32) + sx(r[c as usize], 32)).clamp(i32::MIN as i64, i32::MAX as i64) as u64 & 0xffff_ffff
+                        (sx(p, 32) + sx(r[c as usize], 32)).clamp(i32::MIN as i64, i32::MAX as i64)
+                            as u64
+                            & 0xffff_ffff
                     } else {
                         p.wrapping_add(r[c as usize]) & mask_of(rty.bits())
                     };
@@ -711,7 +839,11 @@ impl Ctx<'_> {
                     };
                     let mut out = 0u64;
                     for i in 0..bits {
-                        let bit = if i < len && pos + i < bits { (v >> (pos + i)) & 1 } else { sbit as u64 };
+                        let bit = if i < len && pos + i < bits {
+                            (v >> (pos + i)) & 1
+                        } else {
+                            sbit as u64
+                        };
                         out |= bit << i;
                     }
                     r[d as usize] = out;
@@ -730,7 +862,8 @@ impl Ctx<'_> {
                     r[d as usize] = out;
                 }
                 &Op::Prmt { d, a, b, c } => {
-                    let bytes = ((r[b as usize] & 0xffff_ffff) << 32) | (r[a as usize] & 0xffff_ffff);
+                    let bytes =
+                        ((r[b as usize] & 0xffff_ffff) << 32) | (r[a as usize] & 0xffff_ffff);
                     let sel = r[c as usize];
                     let mut out = 0u64;
                     for i in 0..4 {
@@ -744,7 +877,11 @@ impl Ctx<'_> {
                     r[d as usize] = out;
                 }
                 &Op::Lop3 { d, a, b, c, lut } => {
-                    let (x, y, z) = (r[a as usize] as u32, r[b as usize] as u32, r[c as usize] as u32);
+                    let (x, y, z) = (
+                        r[a as usize] as u32,
+                        r[b as usize] as u32,
+                        r[c as usize] as u32,
+                    );
                     let mut out = 0u32;
                     for i in 0..8 {
                         if lut >> i & 1 == 1 {
@@ -756,13 +893,30 @@ impl Ctx<'_> {
                     }
                     r[d as usize] = out as u64;
                 }
-                &Op::Shf { left, clamp, d, a, b, c } => {
+                &Op::Shf {
+                    left,
+                    clamp,
+                    d,
+                    a,
+                    b,
+                    c,
+                } => {
                     let n = r[c as usize] as u32;
                     let n = if clamp { n.min(32) } else { n & 31 };
                     let v = ((r[b as usize] & 0xffff_ffff) << 32) | (r[a as usize] & 0xffff_ffff);
                     r[d as usize] = if left { (v << n) >> 32 } else { v >> n } & 0xffff_ffff;
                 }
-                &Op::FBin { op, ty, rnd, approx, ftz, sat, d, a, b } => {
+                &Op::FBin {
+                    op,
+                    ty,
+                    rnd,
+                    approx,
+                    ftz,
+                    sat,
+                    d,
+                    a,
+                    b,
+                } => {
                     r[d as usize] = if ty == Ty::F32 {
                         let (x, y) = (f32v(r[a as usize]), f32v(r[b as usize]));
                         let (x, y) = if ftz { (ftz32(x), ftz32(y)) } else { (x, y) };
@@ -772,11 +926,25 @@ impl Ctx<'_> {
                         }
                         f32b(sat_if32(v, sat))
                     } else {
-                        let v = fbin64(op, rnd, f64::from_bits(r[a as usize]), f64::from_bits(r[b as usize]));
+                        let v = fbin64(
+                            op,
+                            rnd,
+                            f64::from_bits(r[a as usize]),
+                            f64::from_bits(r[b as usize]),
+                        );
                         (if sat { sat64(v) } else { v }).to_bits()
                     };
                 }
-                &Op::Fma { ty, rnd, ftz, sat, d, a, b, c } => {
+                &Op::Fma {
+                    ty,
+                    rnd,
+                    ftz,
+                    sat,
+                    d,
+                    a,
+                    b,
+                    c,
+                } => {
                     r[d as usize] = if ty == Ty::F32 {
                         let f = |s: Slot| {
                             let v = f32v(r[s as usize]);
@@ -792,11 +960,24 @@ impl Ctx<'_> {
                         }
                         f32b(sat_if32(v, sat))
                     } else {
-                        let v = fma64(f64::from_bits(r[a as usize]), f64::from_bits(r[b as usize]), f64::from_bits(r[c as usize]), rnd);
+                        let v = fma64(
+                            f64::from_bits(r[a as usize]),
+                            f64::from_bits(r[b as usize]),
+                            f64::from_bits(r[c as usize]),
+                            rnd,
+                        );
                         (if sat { sat64(v) } else { v }).to_bits()
                     };
                 }
-                &Op::FUn { op, ty, rnd, approx, ftz, d, a } => {
+                &Op::FUn {
+                    op,
+                    ty,
+                    rnd,
+                    approx,
+                    ftz,
+                    d,
+                    a,
+                } => {
                     r[d as usize] = if ty == Ty::F32 {
                         let x = f32v(r[a as usize]);
                         let x = if ftz { ftz32(x) } else { x };
@@ -808,8 +989,16 @@ impl Ctx<'_> {
                 }
                 &Op::Testp { op, ty, d, a } => {
                     let x = fval(r[a as usize], ty, false);
-                    let sub = if ty == Ty::F32 { (x as f32).is_subnormal() } else { x.is_subnormal() };
-                    let norm = if ty == Ty::F32 { (x as f32).is_normal() } else { x.is_normal() };
+                    let sub = if ty == Ty::F32 {
+                        (x as f32).is_subnormal()
+                    } else {
+                        x.is_subnormal()
+                    };
+                    let norm = if ty == Ty::F32 {
+                        (x as f32).is_normal()
+                    } else {
+                        x.is_normal()
+                    };
                     r[d as usize] = match op {
                         0 => x.is_finite(),
                         1 => x.is_infinite(),
@@ -819,7 +1008,16 @@ impl Ctx<'_> {
                         _ => sub,
                     } as u64;
                 }
-                Op::Setp { cmp, ty, ftz, d, dn, a, b, comb } => {
+                Op::Setp {
+                    cmp,
+                    ty,
+                    ftz,
+                    d,
+                    dn,
+                    a,
+                    b,
+                    comb,
+                } => {
                     let (x, y) = (r[*a as usize], r[*b as usize]);
                     let mut v = if ty.float() {
                         compare_f(*cmp, fval(x, *ty, *ftz), fval(y, *ty, *ftz))
@@ -840,11 +1038,28 @@ impl Ctx<'_> {
                     r[*dn as usize] = vn as u64;
                 }
                 &Op::Selp { mask, d, a, b, p } => {
-                    r[d as usize] = if r[p as usize] != 0 { r[a as usize] } else { r[b as usize] } & mask
+                    r[d as usize] = if r[p as usize] != 0 {
+                        r[a as usize]
+                    } else {
+                        r[b as usize]
+                    } & mask
                 }
-                &Op::Slct { ty, cty, ftz, d, a, b, c } => {
-                    let ge = if cty == Ty::F32 { fval(r[c as usize], Ty::F32, ftz) >= 0.0 } else { sx(r[c as usize], 32) >= 0 };
-                    r[d as usize] = if ge { r[a as usize] } else { r[b as usize] } & mask_of(ty.bits());
+                &Op::Slct {
+                    ty,
+                    cty,
+                    ftz,
+                    d,
+                    a,
+                    b,
+                    c,
+                } => {
+                    let ge = if cty == Ty::F32 {
+                        fval(r[c as usize], Ty::F32, ftz) >= 0.0
+                    } else {
+                        sx(r[c as usize], 32) >= 0
+                    };
+                    r[d as usize] =
+                        if ge { r[a as usize] } else { r[b as usize] } & mask_of(ty.bits());
                 }
                 &Op::Pack { bits, d, srcs, n } => {
                     let mut v = 0u64;
@@ -859,46 +1074,107 @@ impl Ctx<'_> {
                         r[*s as usize] = (v >> (bits as usize * i)) & mask_of(bits);
                     }
                 }
-                &Op::Cvt { dty, sty, rnd, sat, ftz, d, a } => r[d as usize] = cvt(dty, sty, rnd, sat, ftz, r[a as usize]),
-                &Op::Cvta { to, space, bits32, d, a } => {
+                &Op::Cvt {
+                    dty,
+                    sty,
+                    rnd,
+                    sat,
+                    ftz,
+                    d,
+                    a,
+                } => r[d as usize] = cvt(dty, sty, rnd, sat, ftz, r[a as usize]),
+                &Op::Cvta {
+                    to,
+                    space,
+                    bits32,
+                    d,
+                    a,
+                } => {
                     let v = r[a as usize];
                     let base = match space {
                         Space::Shared => GENERIC_SHARED_BASE,
                         Space::Local => GENERIC_LOCAL_BASE,
                         _ => 0,
                     };
-                    let out = if to { v.wrapping_sub(base) } else { v.wrapping_add(base) };
+                    let out = if to {
+                        v.wrapping_sub(base)
+                    } else {
+                        v.wrapping_add(base)
+                    };
                     r[d as usize] = if bits32 { out & 0xffff_ffff } else { out };
                 }
-                Op::Ld { space, ty, n, d, addr } => {
+                Op::Ld {
+                    space,
+                    ty,
+                    n,
+                    d,
+                    addr,
+                } => {
                     let size = ty.bytes();
                     let base = r[addr.base as usize].wrapping_add(addr.off as u64);
                     let n = *n as usize;
                     if n > 1 && !base.is_multiple_of((size * n) as u64) && *space != Space::Param {
-                        fail!(MemErr::Misaligned(format!("{}-byte vector load at {base:#x}", size * n)));
+                        fail!(MemErr::Misaligned(format!(
+                            "{}-byte vector load at {base:#x}",
+                            size * n
+                        )));
                     }
                     for (i, dst) in d.iter().take(n).enumerate() {
-                        let v = match bm.load(self.mem, *space, base.wrapping_add((i * size) as u64), size, t) {
+                        let v = match bm.load(
+                            self.mem,
+                            *space,
+                            base.wrapping_add((i * size) as u64),
+                            size,
+                            t,
+                        ) {
                             Ok(v) => v,
                             Err(e) => fail!(e),
                         };
-                        r[*dst as usize] = if ty.signed() { sx(v, ty.bits()) as u64 } else { v };
+                        r[*dst as usize] = if ty.signed() {
+                            sx(v, ty.bits()) as u64
+                        } else {
+                            v
+                        };
                     }
                 }
-                Op::St { space, ty, n, s, addr } => {
+                Op::St {
+                    space,
+                    ty,
+                    n,
+                    s,
+                    addr,
+                } => {
                     let size = ty.bytes();
                     let base = r[addr.base as usize].wrapping_add(addr.off as u64);
                     let n = *n as usize;
                     if n > 1 && !base.is_multiple_of((size * n) as u64) && *space != Space::Param {
-                        fail!(MemErr::Misaligned(format!("{}-byte vector store at {base:#x}", size * n)));
+                        fail!(MemErr::Misaligned(format!(
+                            "{}-byte vector store at {base:#x}",
+                            size * n
+                        )));
                     }
                     for (i, src) in s.iter().take(n).enumerate() {
-                        if let Err(e) = bm.store(self.mem, *space, base.wrapping_add((i * size) as u64), size, r[*src as usize], t) {
+                        if let Err(e) = bm.store(
+                            self.mem,
+                            *space,
+                            base.wrapping_add((i * size) as u64),
+                            size,
+                            r[*src as usize],
+                            t,
+                        ) {
                             fail!(e);
                         }
                     }
                 }
-                &Op::Atom { space, op, ty, d, addr, b, c } => {
+                &Op::Atom {
+                    space,
+                    op,
+                    ty,
+                    d,
+                    addr,
+                    b,
+                    c,
+                } => {
                     let a = r[addr.base as usize].wrapping_add(addr.off as u64);
                     let (bv, cv) = (r[b as usize], r[c as usize]);
                     let f = move |old: u64| atom_apply(op, ty, old, bv, cv);
@@ -983,14 +1259,24 @@ impl Ctx<'_> {
 }
 
 /// Runs one launch.
-pub(crate) fn run(k: &Kernel, launch: &Launch<'_>, mem: &dyn GlobalMemory) -> Result<u64, ExecError> {
+pub(crate) fn run(
+    k: &Kernel,
+    launch: &Launch<'_>,
+    mem: &dyn GlobalMemory,
+) -> Result<u64, ExecError> {
     let (g, b) = (launch.grid, launch.block);
     if [g.x, g.y, g.z, b.x, b.y, b.z].contains(&0) {
-        return Err(ExecError::InvalidValue(format!("kernel `{}`: a zero grid or block dimension", k.name)));
+        return Err(ExecError::InvalidValue(format!(
+            "kernel `{}`: a zero grid or block dimension",
+            k.name
+        )));
     }
     let nthreads = b.x as usize * b.y as usize * b.z as usize;
     if nthreads > 1024 {
-        return Err(ExecError::InvalidValue(format!("kernel `{}`: {nthreads} threads per block (at most 1024)", k.name)));
+        return Err(ExecError::InvalidValue(format!(
+            "kernel `{}`: {nthreads} threads per block (at most 1024)",
+            k.name
+        )));
     }
     if launch.params.len() != k.param_bytes {
         return Err(ExecError::InvalidValue(format!(
@@ -1001,7 +1287,14 @@ pub(crate) fn run(k: &Kernel, launch: &Launch<'_>, mem: &dyn GlobalMemory) -> Re
         )));
     }
     let nblocks = g.x as usize * g.y as usize * g.z as usize;
-    let ctx = Ctx { k, code: &k.prog.code, launch, mem, nslots: k.template.len(), nthreads };
+    let ctx = Ctx {
+        k,
+        code: &k.prog.code,
+        launch,
+        mem,
+        nslots: k.template.len(),
+        nthreads,
+    };
     let next = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
     let first: Mutex<Option<(usize, ExecError)>> = Mutex::new(None);
@@ -1020,7 +1313,13 @@ pub(crate) fn run(k: &Kernel, launch: &Launch<'_>, mem: &dyn GlobalMemory) -> Re
             executed: 0,
         };
         let mut regs = vec![0u64; ctx.nslots * nthreads];
-        let mut threads: Vec<Thread> = (0..nthreads).map(|_| Thread { pc: 0, status: Status::Ready, stack: Vec::new() }).collect();
+        let mut threads: Vec<Thread> = (0..nthreads)
+            .map(|_| Thread {
+                pc: 0,
+                status: Status::Ready,
+                stack: Vec::new(),
+            })
+            .collect();
         while !stop.load(Ordering::Relaxed) {
             let blk = next.fetch_add(1, Ordering::Relaxed);
             if blk >= nblocks {
@@ -1052,7 +1351,13 @@ pub(crate) fn run(k: &Kernel, launch: &Launch<'_>, mem: &dyn GlobalMemory) -> Re
 }
 
 impl Ctx<'_> {
-    fn run_block(&self, blk: usize, bm: &mut BlockMem, regs: &mut [u64], threads: &mut [Thread]) -> Result<(), ExecError> {
+    fn run_block(
+        &self,
+        blk: usize,
+        bm: &mut BlockMem,
+        regs: &mut [u64],
+        threads: &mut [Thread],
+    ) -> Result<(), ExecError> {
         let (l, k) = (self.launch, self.k);
         let n = self.nthreads;
         let ns = self.nslots;
@@ -1123,7 +1428,12 @@ impl Ctx<'_> {
     }
 
     /// Performs every shuffle/vote whose whole membermask waits at it.
-    fn warp_syncs(&self, blk: usize, regs: &mut [u64], threads: &mut [Thread]) -> Result<bool, ExecError> {
+    fn warp_syncs(
+        &self,
+        blk: usize,
+        regs: &mut [u64],
+        threads: &mut [Thread],
+    ) -> Result<bool, ExecError> {
         let (n, ns) = (self.nthreads, self.nslots);
         let mut released = false;
         for w in 0..n.div_ceil(32) {
@@ -1180,11 +1490,27 @@ impl Ctx<'_> {
         Ok(released)
     }
 
-    fn exchange(&self, blk: usize, w: usize, mask: u32, op: &Op, regs: &mut [u64], line: u32) -> Result<(), ExecError> {
+    fn exchange(
+        &self,
+        blk: usize,
+        w: usize,
+        mask: u32,
+        op: &Op,
+        regs: &mut [u64],
+        line: u32,
+    ) -> Result<(), ExecError> {
         let ns = self.nslots;
         let reg = |regs: &[u64], lane: usize, s: Slot| regs[(w * 32 + lane) * ns + s as usize];
         match *op {
-            Op::Shfl { mode, d, p, a, b, c, .. } => {
+            Op::Shfl {
+                mode,
+                d,
+                p,
+                a,
+                b,
+                c,
+                ..
+            } => {
                 let mut vals = [0u64; 32];
                 for (i, v) in vals.iter_mut().enumerate() {
                     if mask >> i & 1 == 1 {
@@ -1223,7 +1549,9 @@ impl Ctx<'_> {
                     regs[base + p as usize] = pval as u64;
                 }
             }
-            Op::Vote { mode, d, a, neg, .. } => {
+            Op::Vote {
+                mode, d, a, neg, ..
+            } => {
                 let mut ballot = 0u32;
                 for i in 0..32 {
                     if mask >> i & 1 == 1 && (reg(regs, i, a) != 0) != neg {
@@ -1248,11 +1576,21 @@ impl Ctx<'_> {
     }
 
     /// Releases a barrier every live thread (or its thread count) has reached.
-    fn barriers(&self, blk: usize, regs: &[u64], threads: &mut [Thread]) -> Result<bool, ExecError> {
+    fn barriers(
+        &self,
+        blk: usize,
+        regs: &[u64],
+        threads: &mut [Thread],
+    ) -> Result<bool, ExecError> {
         let ns = self.nslots;
-        let live = threads.iter().filter(|t| t.status != Status::Exited).count();
+        let live = threads
+            .iter()
+            .filter(|t| t.status != Status::Exited)
+            .count();
         let mut released = false;
-        let waiting: Vec<usize> = (0..threads.len()).filter(|&t| threads[t].status == Status::Bar).collect();
+        let waiting: Vec<usize> = (0..threads.len())
+            .filter(|&t| threads[t].status == Status::Bar)
+            .collect();
         let mut ids: Vec<u64> = Vec::new();
         for &t in &waiting {
             if let Op::Bar { id, .. } = self.code[threads[t].pc as usize].op {
@@ -1268,9 +1606,17 @@ impl Ctx<'_> {
                 .copied()
                 .filter(|&t| matches!(self.code[threads[t].pc as usize].op, Op::Bar { id: s, .. } if regs[t * ns + s as usize] & 0xffff_ffff == id))
                 .collect();
-            let Some(&first) = group.first() else { continue };
-            let Op::Bar { count, aligned, .. } = self.code[threads[first].pc as usize].op else { continue };
-            let need = if count == SINK { live } else { (regs[first * ns + count as usize] & 0xffff_ffff) as usize };
+            let Some(&first) = group.first() else {
+                continue;
+            };
+            let Op::Bar { count, aligned, .. } = self.code[threads[first].pc as usize].op else {
+                continue;
+            };
+            let need = if count == SINK {
+                live
+            } else {
+                (regs[first * ns + count as usize] & 0xffff_ffff) as usize
+            };
             if group.len() < need {
                 continue;
             }
@@ -1294,16 +1640,26 @@ impl Ctx<'_> {
 
     fn deadlock(&self, blk: usize, regs: &[u64], threads: &[Thread]) -> ExecError {
         let _ = regs;
-        let waiting: Vec<usize> = (0..threads.len()).filter(|&t| threads[t].status != Status::Exited).collect();
+        let waiting: Vec<usize> = (0..threads.len())
+            .filter(|&t| threads[t].status != Status::Exited)
+            .collect();
         let Some(&t) = waiting.first() else {
-            return ExecError::LaunchFailed(format!("kernel `{}`: scheduler found no thread to run", self.k.name));
+            return ExecError::LaunchFailed(format!(
+                "kernel `{}`: scheduler found no thread to run",
+                self.k.name
+            ));
         };
         let line = self.code[threads[t].pc as usize].line;
         let others: Vec<String> = waiting
             .iter()
             .filter(|&&u| threads[u].pc != threads[t].pc)
             .take(3)
-            .map(|&u| format!("thread {u} waits at line {}", self.code[threads[u].pc as usize].line))
+            .map(|&u| {
+                format!(
+                    "thread {u} waits at line {}",
+                    self.code[threads[u].pc as usize].line
+                )
+            })
             .collect();
         let exited = threads.len() - waiting.len();
         ExecError::LaunchFailed(format!(

@@ -191,7 +191,11 @@ pub(crate) fn mul64(a: f64, b: f64, rnd: Rnd) -> f64 {
         return p;
     }
     if !p.is_finite() {
-        return if a.is_finite() && b.is_finite() { overflow64(p, rnd) } else { p };
+        return if a.is_finite() && b.is_finite() {
+            overflow64(p, rnd)
+        } else {
+            p
+        };
     }
     adjust64(p, a.mul_add(b, -p), rnd)
 }
@@ -201,7 +205,11 @@ pub(crate) fn mul64(a: f64, b: f64, rnd: Rnd) -> f64 {
 pub(crate) fn fma64(a: f64, b: f64, c: f64, rnd: Rnd) -> f64 {
     let r = a.mul_add(b, c);
     if matches!(rnd, Rnd::Rn | Rnd::Default) || !r.is_finite() {
-        return if r.is_finite() || !(a.is_finite() && b.is_finite() && c.is_finite()) { r } else { overflow64(r, rnd) };
+        return if r.is_finite() || !(a.is_finite() && b.is_finite() && c.is_finite()) {
+            r
+        } else {
+            overflow64(r, rnd)
+        };
     }
     let p = a * b;
     let pe = a.mul_add(b, -p);
@@ -222,7 +230,11 @@ pub(crate) fn div64(a: f64, b: f64, rnd: Rnd) -> f64 {
         return q;
     }
     if !q.is_finite() {
-        return if a.is_finite() && b != 0.0 { overflow64(q, rnd) } else { q };
+        return if a.is_finite() && b != 0.0 {
+            overflow64(q, rnd)
+        } else {
+            q
+        };
     }
     let r = (-q).mul_add(b, a);
     adjust64(q, r * b.signum(), rnd)
@@ -328,12 +340,20 @@ pub(crate) fn f32_to_f16(x: f32) -> u16 {
         let half = m >> shift;
         let rem = m & ((1 << shift) - 1);
         let mid = 1 << (shift - 1);
-        let r = if rem > mid || (rem == mid && half & 1 == 1) { half + 1 } else { half };
+        let r = if rem > mid || (rem == mid && half & 1 == 1) {
+            half + 1
+        } else {
+            half
+        };
         return sign | r as u16;
     }
     let half = ((e as u32) << 10) | (man >> 13);
     let rem = man & 0x1fff;
-    let r = if rem > 0x1000 || (rem == 0x1000 && half & 1 == 1) { half + 1 } else { half };
+    let r = if rem > 0x1000 || (rem == 0x1000 && half & 1 == 1) {
+        half + 1
+    } else {
+        half
+    };
     sign | r as u16
 }
 

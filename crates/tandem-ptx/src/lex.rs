@@ -52,7 +52,10 @@ pub(crate) fn lex(text: &str) -> Result<Vec<Token>, ParseError> {
             i += 2;
             loop {
                 if i + 1 >= chars.len() {
-                    return Err(ParseError { line: start, message: "unterminated comment".into() });
+                    return Err(ParseError {
+                        line: start,
+                        message: "unterminated comment".into(),
+                    });
                 }
                 if chars[i] == '*' && chars[i + 1] == '/' {
                     i += 2;
@@ -70,9 +73,15 @@ pub(crate) fn lex(text: &str) -> Result<Vec<Token>, ParseError> {
                 i += 1;
             }
             if i >= chars.len() || chars[i] != '"' {
-                return Err(ParseError { line, message: "unterminated string".into() });
+                return Err(ParseError {
+                    line,
+                    message: "unterminated string".into(),
+                });
             }
-            out.push(Token { tok: Tok::Str(chars[start..i].iter().collect()), line });
+            out.push(Token {
+                tok: Tok::Str(chars[start..i].iter().collect()),
+                line,
+            });
             i += 1;
         } else if ident_start(c) {
             let start = i;
@@ -80,7 +89,10 @@ pub(crate) fn lex(text: &str) -> Result<Vec<Token>, ParseError> {
             while i < chars.len() && ident_char(chars[i]) {
                 i += 1;
             }
-            out.push(Token { tok: Tok::Ident(chars[start..i].iter().collect()), line });
+            out.push(Token {
+                tok: Tok::Ident(chars[start..i].iter().collect()),
+                line,
+            });
         } else if c.is_ascii_digit() {
             let start = i;
             while i < chars.len() && (chars[i].is_ascii_alphanumeric() || chars[i] == '.') {
@@ -89,17 +101,28 @@ pub(crate) fn lex(text: &str) -> Result<Vec<Token>, ParseError> {
                 if i < chars.len()
                     && matches!(chars[i], '+' | '-')
                     && matches!(chars[i - 1], 'e' | 'E')
-                    && !chars[start..i].iter().any(|c| matches!(c, 'x' | 'X' | 'f' | 'd'))
+                    && !chars[start..i]
+                        .iter()
+                        .any(|c| matches!(c, 'x' | 'X' | 'f' | 'd'))
                 {
                     i += 1;
                 }
             }
-            out.push(Token { tok: Tok::Num(chars[start..i].iter().collect()), line });
+            out.push(Token {
+                tok: Tok::Num(chars[start..i].iter().collect()),
+                line,
+            });
         } else if "{}()[];:,<>+-|!@=".contains(c) {
-            out.push(Token { tok: Tok::Punct(c), line });
+            out.push(Token {
+                tok: Tok::Punct(c),
+                line,
+            });
             i += 1;
         } else {
-            return Err(ParseError { line, message: format!("unexpected character `{c}`") });
+            return Err(ParseError {
+                line,
+                message: format!("unexpected character `{c}`"),
+            });
         }
     }
     Ok(out)

@@ -4,7 +4,63 @@
 //! does not know, naming it and its line); [`Kernel`] describes an entry point; [`run`] executes
 //! one launch, every global access checked through [`GlobalMemory`].
 //!
-//! API CONTRACT (shared with tandem-cuda-emu; change only together):
+//! API CONTRACT (shared with tandem-cuda-emu; change only together).
+//!
+//! # What it runs
+//!
+//! - Module text: `.version`, `.target`, `.address_size 64`, `.entry`/`.func` (with return
+//!   params and prototypes), `.param` lists (scalars, `.align N .b8 x[K]`), `.reg` with `%r<N>`
+//!   ranges, `.shared` (static and `extern` dynamic) and `.local` variables, performance
+//!   directives, `.pragma`, `.loc`/`.file`, `{ }` scopes, labels, `@%p`/`@!%p` guards.
+//!   Module-scope `.global`/`.const` variables and initialisers are refused with a
+//!   [`ParseError`].
+//! - Integer: add/sub (.sat, .cc, addc/subc), mul/mad (.lo/.hi/.wide), mul24/mad24, div, rem,
+//!   abs, neg, min, max, and/or/xor/not/cnot, shl/shr (amounts past the width clamp), popc,
+//!   clz, brev, bfe, bfi, prmt (default mode), lop3, shf.
+//! - Float (f32/f64): add/sub/mul/fma/mad/div/min/max/abs/neg/sqrt/rcp/copysign with
+//!   `.rn/.rz/.rm/.rp` (directed rounding exact via error-free transformations), `.ftz` (f32
+//!   subnormal inputs and outputs flushed to signed zero), `.sat`; rsqrt, ex2, lg2, sin, cos,
+//!   tanh; testp; setp (all comparisons, `.and/.or/.xor`, `%p|%q`), selp, slct, cvt (every int
+//!   and float pairing, f16 included, all rounding modes, `.sat`; float-to-int saturates and
+//!   NaN gives 0), cvta, mov (symbol addresses, vector pack/unpack).
+//! - Memory: ld/st/ldu in every state space and generic, `.v2/.v4`, every width, cache and
+//!   ordering qualifiers accepted and ignored; atom/red (add, min, max, inc, dec, and, or,
+//!   xor, exch, cas) on global (real host atomics) and shared memory. Every access is bounds-
+//!   and natural-alignment-checked; generic addresses map `[GENERIC_SHARED_BASE, +WINDOW_SIZE)`
+//!   to shared and `[GENERIC_LOCAL_BASE, +WINDOW_SIZE)` to local memory, anything else goes to
+//!   [`GlobalMemory::resolve`].
+//! - Control: bra, call (direct, non-recursive) with param passing, ret, exit, trap,
+//!   bar.sync/barrier.sync (with thread counts), bar.warp.sync, membar/fence (no-ops),
+//!   shfl.sync (up/down/bfly/idx with clamp and segment mask, predicate output), vote.sync
+//!   (all/any/uni/ballot), activemask, `%clock`/`%clock64` (a per-block counter).
+//!
+//! # Scheduling
+//!
+//! Each thread runs alone until it reaches `bar`, `shfl.sync` or `vote.sync`, or exits; when
+//! no thread can run, the warp exchanges whose whole membermask waits at the same instruction
+//! are performed, then a barrier every live thread (exited threads count as arrived) waits at
+//! is released. Anything else is a deadlock, reported as [`ExecError::LaunchFailed`] naming the
+//! instruction and where the other threads wait; so is a `bar.sync` (aligned) reached at
+//! different instructions, and a shuffle whose membermask names an exited or absent lane.
+//!
+//! # Approximate instructions
+//!
+//! `.approx` (and `.full`) instructions are computed with the correctly rounded (or nearly so)
+//! standard-library function, in f64 for f32 operands, then rounded once; they are therefore
+//! at least as accurate as the bounds the PTX ISA promises, which are (for f32): `ex2.approx`
+//! max relative error 2^-22 (for `.ftz`, |x| within the normal range); `lg2.approx` max
+//! absolute error 2^-22.6 for x in [0.5, 2], relative 2^-22 elsewhere; `sin/cos.approx` max
+//! absolute error 2^-20.9 in [-pi, pi]; `rcp.approx` and `sqrt.approx` max 1 ulp;
+//! `rsqrt.approx` max relative error 2^-22.9; `div.approx` max 2 ulp for |divisor| in
+//! [2^-126, 2^126]; `div.full` max 2 ulp; `tanh.approx` max relative error 2^-10.987.
+//!
+//! # What it cannot know
+//!
+//! Hardware timing (so `%clock` is only a counter and races resolve in this interpreter's
+//! schedule, not the GPU's), the exact bits the hardware's approximate units return (results
+//! of `.approx` instructions may differ from a GPU's in the last bits, within the bounds
+//! above), and the values of undefined behaviour (integer division by zero gives all ones for
+//! `div` and the dividend for `rem`).
 
 use std::sync::Arc;
 
@@ -128,7 +184,10 @@ impl Kernel {
                 parse::ConstSrc::Sym(id) => {
                     let sym = &prog.syms[id];
                     match sym.space {
-                        parse::SymSpace::Shared => shared_off.iter().find(|x| x.0 == id).map_or(0, |x| x.1 as u64),
+                        parse::SymSpace::Shared => shared_off
+                            .iter()
+                            .find(|x| x.0 == id)
+                            .map_or(0, |x| x.1 as u64),
                         parse::SymSpace::DynShared => dyn_offset as u64,
                         parse::SymSpace::Local | parse::SymSpace::KernelParam => sym.offset as u64,
                         parse::SymSpace::FuncParam => parse::FPARAM_BASE + sym.offset as u64,
@@ -141,7 +200,11 @@ impl Kernel {
             .iter()
             .map(|&p| {
                 let s = &prog.syms[p];
-                Param { offset: s.offset, size: s.size, align: s.align }
+                Param {
+                    offset: s.offset,
+                    size: s.size,
+                    align: s.align,
+                }
             })
             .collect();
         let param_bytes = params.last().map_or(0, |p| p.offset + p.size);
@@ -260,7 +323,11 @@ pub enum ExecError {
 
 /// Runs `kernel` once over the whole grid. Each error message names the kernel, the block and
 /// thread, and the PTX line of the faulting instruction.
-pub fn run(kernel: &Kernel, launch: &Launch<'_>, memory: &dyn GlobalMemory) -> Result<(), ExecError> {
+pub fn run(
+    kernel: &Kernel,
+    launch: &Launch<'_>,
+    memory: &dyn GlobalMemory,
+) -> Result<(), ExecError> {
     exec::run(kernel, launch, memory).map(|_| ())
 }
 
@@ -272,6 +339,10 @@ pub struct Stats {
 }
 
 /// [`run`], also counting the instructions executed (for measuring the interpreter).
-pub fn run_counted(kernel: &Kernel, launch: &Launch<'_>, memory: &dyn GlobalMemory) -> Result<Stats, ExecError> {
+pub fn run_counted(
+    kernel: &Kernel,
+    launch: &Launch<'_>,
+    memory: &dyn GlobalMemory,
+) -> Result<Stats, ExecError> {
     exec::run(kernel, launch, memory).map(|instructions| Stats { instructions })
 }

@@ -148,7 +148,10 @@ pub(crate) struct Parser {
 }
 
 fn err<T>(line: usize, message: impl Into<String>) -> Result<T, ParseError> {
-    Err(ParseError { line, message: message.into() })
+    Err(ParseError {
+        line,
+        message: message.into(),
+    })
 }
 
 /// Parses a PTX module.
@@ -188,7 +191,10 @@ fn align_up(x: usize, a: usize) -> usize {
 
 impl Parser {
     fn line(&self) -> usize {
-        self.toks.get(self.pos).or(self.toks.last()).map_or(1, |t| t.line)
+        self.toks
+            .get(self.pos)
+            .or(self.toks.last())
+            .map_or(1, |t| t.line)
     }
     fn peek(&self) -> Option<&Tok> {
         self.toks.get(self.pos).map(|t| &t.tok)
@@ -247,7 +253,9 @@ impl Parser {
             match d.as_str() {
                 ".version" => {
                     let t = self.next()?;
-                    let Tok::Num(v) = t else { return err(line, "bad .version") };
+                    let Tok::Num(v) = t else {
+                        return err(line, "bad .version");
+                    };
                     let mut it = v.split('.');
                     let maj = it.next().and_then(|x| x.parse().ok());
                     let min = it.next().and_then(|x| x.parse().ok());
@@ -287,7 +295,10 @@ impl Parser {
                     self.expect(';')?;
                 }
                 ".global" | ".const" => {
-                    return err(line, format!("module-scope `{d}` variables are not supported"))
+                    return err(
+                        line,
+                        format!("module-scope `{d}` variables are not supported"),
+                    )
                 }
                 _ => return err(line, format!("unknown directive `{d}`")),
             }
@@ -298,7 +309,11 @@ impl Parser {
     }
 
     /// Declares symbols after `.shared`/`.local`/`.param`: `[.align N] [.vN] .type name[[K]] (, name)* ;`
-    fn var_decl(&mut self, space: SymSpace, line: usize) -> Result<Vec<(String, usize)>, ParseError> {
+    fn var_decl(
+        &mut self,
+        space: SymSpace,
+        line: usize,
+    ) -> Result<Vec<(String, usize)>, ParseError> {
         let (align, elem) = self.decl_attrs(line)?;
         let mut out = Vec::new();
         loop {
@@ -375,12 +390,21 @@ impl Parser {
             }
             _ => 0,
         };
-        self.prog.syms.push(Symbol { space, size, align, offset });
+        self.prog.syms.push(Symbol {
+            space,
+            size,
+            align,
+            offset,
+        });
         self.prog.syms.len() - 1
     }
 
     /// `( .param ... , ... )` lists: symbol ids and names.
-    fn param_list(&mut self, space: SymSpace, line: usize) -> Result<Vec<(String, usize)>, ParseError> {
+    fn param_list(
+        &mut self,
+        space: SymSpace,
+        line: usize,
+    ) -> Result<Vec<(String, usize)>, ParseError> {
         self.expect('(')?;
         let mut out = Vec::new();
         let mut kparam_end = 0;
@@ -416,15 +440,27 @@ impl Parser {
 
     fn function(&mut self, entry: bool) -> Result<(), ParseError> {
         let line = self.line();
-        let space = if entry { SymSpace::KernelParam } else { SymSpace::FuncParam };
-        let rets = if !entry && self.is_punct('(') { self.param_list(space, line)? } else { Vec::new() };
+        let space = if entry {
+            SymSpace::KernelParam
+        } else {
+            SymSpace::FuncParam
+        };
+        let rets = if !entry && self.is_punct('(') {
+            self.param_list(space, line)?
+        } else {
+            Vec::new()
+        };
         let name = self.ident()?;
-        let params = if self.is_punct('(') { self.param_list(space, line)? } else { Vec::new() };
+        let params = if self.is_punct('(') {
+            self.param_list(space, line)?
+        } else {
+            Vec::new()
+        };
         // Performance directives and `.noreturn`.
         while let Some(Tok::Ident(d)) = self.peek().cloned() {
             match d.as_str() {
-                ".maxntid" | ".reqntid" | ".minnctapersm" | ".maxnreg" | ".maxnctapersm" | ".reqnctapercluster"
-                | ".maxclusterrank" | ".explicitcluster" | ".noreturn" => {
+                ".maxntid" | ".reqntid" | ".minnctapersm" | ".maxnreg" | ".maxnctapersm"
+                | ".reqnctapercluster" | ".maxclusterrank" | ".explicitcluster" | ".noreturn" => {
                     self.pos += 1;
                     while matches!(self.peek(), Some(Tok::Num(_))) {
                         self.pos += 1;
@@ -445,7 +481,11 @@ impl Parser {
         let idx = match self.func_map.get(&name) {
             Some(&i) => {
                 let f = &self.prog.funcs[i];
-                if f.defined || f.entry != entry || f.params.len() != params.len() || f.rets.len() != rets.len() {
+                if f.defined
+                    || f.entry != entry
+                    || f.params.len() != params.len()
+                    || f.rets.len() != rets.len()
+                {
                     return err(line, format!("`{name}` declared twice"));
                 }
                 i
@@ -458,7 +498,8 @@ impl Parser {
                     rets: rets.iter().map(|p| p.1).collect(),
                     ..Func::default()
                 });
-                self.func_map.insert(name.clone(), self.prog.funcs.len() - 1);
+                self.func_map
+                    .insert(name.clone(), self.prog.funcs.len() - 1);
                 self.prog.funcs.len() - 1
             }
         };
@@ -528,7 +569,9 @@ impl Parser {
                         _ => SymSpace::FuncParam,
                     };
                     for (name, id) in self.var_decl(space, line)? {
-                        if matches!(space, SymSpace::Shared) || self.prog.syms[id].space == SymSpace::DynShared {
+                        if matches!(space, SymSpace::Shared)
+                            || self.prog.syms[id].space == SymSpace::DynShared
+                        {
                             self.prog.funcs[self.cur_func].shared.push(id);
                         }
                         self.declare(name, Named::Sym(id));
@@ -541,11 +584,17 @@ impl Parser {
                 Tok::Ident(d) if d == ".loc" || d == ".file" => self.skip_line(line),
                 Tok::Ident(d) if self.is_punct(':') => {
                     self.pos += 1;
-                    if self.labels.insert(d.clone(), self.prog.code.len() as u32).is_some() {
+                    if self
+                        .labels
+                        .insert(d.clone(), self.prog.code.len() as u32)
+                        .is_some()
+                    {
                         return err(line, format!("label `{d}` defined twice"));
                     }
                 }
-                Tok::Ident(d) if d.starts_with('.') => return err(line, format!("unknown directive `{d}`")),
+                Tok::Ident(d) if d.starts_with('.') => {
+                    return err(line, format!("unknown directive `{d}`"))
+                }
                 Tok::Ident(op) => self.instruction(&op, NO_GUARD, false, line)?,
                 t => return err(line, format!("unexpected {}", show(&t))),
             }
@@ -617,7 +666,12 @@ impl Parser {
     }
 
     fn push(&mut self, op: Op, guard: Slot, neg: bool, line: usize) {
-        self.prog.code.push(Inst { op, guard, neg, line: line as u32 });
+        self.prog.code.push(Inst {
+            op,
+            guard,
+            neg,
+            line: line as u32,
+        });
     }
 
     /// Operands up to `;`.
@@ -706,8 +760,13 @@ impl Parser {
                 } else {
                     false
                 };
-                let Tok::Num(s) = self.next()? else { return err(line, "expected a number") };
-                let imm = parse_imm(&s).ok_or_else(|| ParseError { line, message: format!("bad number `{s}`") })?;
+                let Tok::Num(s) = self.next()? else {
+                    return err(line, "expected a number");
+                };
+                let imm = parse_imm(&s).ok_or_else(|| ParseError {
+                    line,
+                    message: format!("bad number `{s}`"),
+                })?;
                 Ok(Raw::Imm(match (imm, neg) {
                     (Imm::Int(v), true) => Imm::Int(v.wrapping_neg()),
                     (Imm::Float(f), true) => Imm::Float(-f),
@@ -725,7 +784,10 @@ impl Parser {
         } else {
             false
         };
-        let v = self.number().map_err(|_| ParseError { line, message: "bad address offset".into() })? as i64;
+        let v = self.number().map_err(|_| ParseError {
+            line,
+            message: "bad address offset".into(),
+        })? as i64;
         Ok(if neg { v.wrapping_neg() } else { v })
     }
 
@@ -773,15 +835,22 @@ impl Parser {
     }
 
     fn note_sym(&mut self, id: usize) {
-        if self.module_shared.contains(&id) && !self.prog.funcs[self.cur_func].shared.contains(&id) {
+        if self.module_shared.contains(&id) && !self.prog.funcs[self.cur_func].shared.contains(&id)
+        {
             self.prog.funcs[self.cur_func].shared.push(id);
         }
     }
 
     pub(crate) fn addr(&mut self, r: &Raw, line: usize) -> Result<Addr, ParseError> {
         match r {
-            Raw::Addr(Some(n), off) => Ok(Addr { base: self.name_src(n, line)?, off: *off }),
-            Raw::Addr(None, off) => Ok(Addr { base: self.const_slot(ConstSrc::Imm(0)), off: *off }),
+            Raw::Addr(Some(n), off) => Ok(Addr {
+                base: self.name_src(n, line)?,
+                off: *off,
+            }),
+            Raw::Addr(None, off) => Ok(Addr {
+                base: self.const_slot(ConstSrc::Imm(0)),
+                off: *off,
+            }),
             _ => err(line, "expected an address `[...]`"),
         }
     }
@@ -793,22 +862,46 @@ impl Parser {
         }
     }
 
-    fn instruction(&mut self, opcode: &str, guard: Slot, neg: bool, line: usize) -> Result<(), ParseError> {
+    fn instruction(
+        &mut self,
+        opcode: &str,
+        guard: Slot,
+        neg: bool,
+        line: usize,
+    ) -> Result<(), ParseError> {
         let ops = self.operands(line)?;
-        let unknown = || ParseError { line, message: format!("unknown instruction `{opcode}`") };
+        let unknown = || ParseError {
+            line,
+            message: format!("unknown instruction `{opcode}`"),
+        };
         let mut parts = opcode.split('.');
         let base = parts.next().unwrap_or("");
         let mods: Vec<&str> = parts.collect();
-        let op = crate::decode::decode(self, base, &mods, &ops, line).map_err(|e| e.unwrap_or_else(unknown))?;
+        let op = crate::decode::decode(self, base, &mods, &ops, line)
+            .map_err(|e| e.unwrap_or_else(unknown))?;
         match op {
             Decoded::Op(op) => self.push(op, guard, neg, line),
             Decoded::Branch(label) => {
                 self.label_fixups.push((self.prog.code.len(), label, line));
-                let op = if guard == NO_GUARD { Op::Bra { target: 0 } } else { Op::BraIf { p: guard, neg, target: 0 } };
+                let op = if guard == NO_GUARD {
+                    Op::Bra { target: 0 }
+                } else {
+                    Op::BraIf {
+                        p: guard,
+                        neg,
+                        target: 0,
+                    }
+                };
                 self.push(op, NO_GUARD, false, line);
             }
             Decoded::Call { func, args, rets } => {
-                self.calls.push(PendingCall { inst: self.prog.code.len(), func, args, rets, line });
+                self.calls.push(PendingCall {
+                    inst: self.prog.code.len(),
+                    func,
+                    args,
+                    rets,
+                    line,
+                });
                 let cur = self.cur_func;
                 if !self.prog.funcs[cur].calls.contains(&func) {
                     self.prog.funcs[cur].calls.push(func);
@@ -826,20 +919,31 @@ impl Parser {
                 return err(c.line, format!("call of `{}`, which has no body", f.name));
             }
             if f.params.len() != c.args.len() || f.rets.len() != c.rets.len() {
-                return err(c.line, format!("call of `{}` with the wrong number of parameters", f.name));
+                return err(
+                    c.line,
+                    format!("call of `{}` with the wrong number of parameters", f.name),
+                );
             }
             let copies = |from: &[usize], to: &[usize], syms: &[Symbol]| -> Vec<ParamCopy> {
                 from.iter()
                     .zip(to)
                     .map(|(&a, &b)| {
                         let (sa, sb) = (&syms[a], &syms[b]);
-                        (sa.offset as u32, sb.offset as u32, sa.size.min(sb.size) as u32)
+                        (
+                            sa.offset as u32,
+                            sb.offset as u32,
+                            sa.size.min(sb.size) as u32,
+                        )
                     })
                     .collect()
             };
             let args = copies(&c.args, &f.params, &self.prog.syms);
             let rets = copies(&f.rets, &c.rets, &self.prog.syms);
-            let info = CallInfo { func: c.func, args, rets };
+            let info = CallInfo {
+                func: c.func,
+                args,
+                rets,
+            };
             self.prog.code[c.inst].op = Op::Call(Box::new(info));
         }
         if self.prog.fparam_bytes > u32::MAX as usize / 2 || self.prog.local_bytes > 1 << 32 {
@@ -849,7 +953,11 @@ impl Parser {
     }
 
     /// Resolves a `call` operand list's names: (callee index, arg symbols, ret symbols).
-    pub(crate) fn call_operands(&mut self, ops: &[Raw], line: usize) -> Result<Decoded, Option<ParseError>> {
+    pub(crate) fn call_operands(
+        &mut self,
+        ops: &[Raw],
+        line: usize,
+    ) -> Result<Decoded, Option<ParseError>> {
         let (rets, rest) = match ops.first() {
             Some(Raw::List(r)) => (r.clone(), &ops[1..]),
             _ => (Vec::new(), ops),
@@ -857,18 +965,34 @@ impl Parser {
         let (fname, args) = match rest {
             [Raw::Name(f)] => (f.clone(), Vec::new()),
             [Raw::Name(f), Raw::List(a)] => (f.clone(), a.clone()),
-            [Raw::Name(_), ..] => return Err(Some(ParseError { line, message: "indirect calls are not supported".into() })),
-            _ => return Err(Some(ParseError { line, message: "bad call operands".into() })),
+            [Raw::Name(_), ..] => {
+                return Err(Some(ParseError {
+                    line,
+                    message: "indirect calls are not supported".into(),
+                }))
+            }
+            _ => {
+                return Err(Some(ParseError {
+                    line,
+                    message: "bad call operands".into(),
+                }))
+            }
         };
         let Some(&func) = self.func_map.get(&fname) else {
-            return Err(Some(ParseError { line, message: format!("call of unknown function `{fname}`") }));
+            return Err(Some(ParseError {
+                line,
+                message: format!("call of unknown function `{fname}`"),
+            }));
         };
         let syms = |p: &Parser, names: &[String]| -> Result<Vec<usize>, Option<ParseError>> {
             names
                 .iter()
                 .map(|n| match p.lookup(n) {
                     Some(Named::Sym(id)) if p.prog.syms[id].space == SymSpace::FuncParam => Ok(id),
-                    _ => Err(Some(ParseError { line, message: format!("call argument `{n}` is not a .param") })),
+                    _ => Err(Some(ParseError {
+                        line,
+                        message: format!("call argument `{n}` is not a .param"),
+                    })),
                 })
                 .collect()
         };
@@ -882,7 +1006,11 @@ impl Parser {
 pub(crate) enum Decoded {
     Op(Op),
     Branch(String),
-    Call { func: usize, args: Vec<usize>, rets: Vec<usize> },
+    Call {
+        func: usize,
+        args: Vec<usize>,
+        rets: Vec<usize>,
+    },
 }
 
 fn show(t: &Tok) -> String {
@@ -911,13 +1039,17 @@ fn parse_imm(s: &str) -> Option<Imm> {
         if h.len() != 8 {
             return None;
         }
-        return u32::from_str_radix(h, 16).ok().map(|b| Imm::Float(f32::from_bits(b) as f64));
+        return u32::from_str_radix(h, 16)
+            .ok()
+            .map(|b| Imm::Float(f32::from_bits(b) as f64));
     }
     if let Some(h) = s.strip_prefix("0d").or_else(|| s.strip_prefix("0D")) {
         if h.len() != 16 {
             return None;
         }
-        return u64::from_str_radix(h, 16).ok().map(|b| Imm::Float(f64::from_bits(b)));
+        return u64::from_str_radix(h, 16)
+            .ok()
+            .map(|b| Imm::Float(f64::from_bits(b)));
     }
     if let Some(v) = parse_int(s) {
         return Some(Imm::Int(v));

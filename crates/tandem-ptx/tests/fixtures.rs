@@ -13,12 +13,24 @@ fn kernel_src(regs: &str, body: &str) -> String {
     )
 }
 
-fn run_src(src: &str, grid: u32, block: u32, out_bytes: usize) -> (Result<(), ExecError>, Vec<u32>) {
+fn run_src(
+    src: &str,
+    grid: u32,
+    block: u32,
+    out_bytes: usize,
+) -> (Result<(), ExecError>, Vec<u32>) {
     let m = module(src);
     let k = m.kernel("k").expect("k");
     let mut mem = Mem::new();
     let out = mem.alloc(out_bytes);
-    let r = launch(&k, dim(grid, 1, 1), dim(block, 1, 1), &Args::new().u64(out), &mem, 2);
+    let r = launch(
+        &k,
+        dim(grid, 1, 1),
+        dim(block, 1, 1),
+        &Args::new().u64(out),
+        &mem,
+        2,
+    );
     (r, mem.u32s(out))
 }
 
@@ -40,7 +52,8 @@ fn shfl_all_modes() {
 	st.global.u32 [%rd3+8], %r5;
 	st.global.u32 [%rd3+12], %r6;
 	st.global.u32 [%rd3+16], %r7;
-	st.global.v2.u32 [%rd3+20], {%r8, %r9};";
+	st.global.u32 [%rd3+20], %r8;
+	st.global.u32 [%rd3+24], %r9;";
     let (r, out) = run_src(&kernel_src("", body), 1, 64, 64 * 28);
     r.expect("launch");
     for t in 0..64u32 {
@@ -51,7 +64,19 @@ fn shfl_all_modes() {
         let up = if l >= 3 { v(l - 3) } else { v(l) };
         let down = if l + 5 <= 31 { v(l + 5) } else { v(l) };
         let seg = v((l & 24) | 2);
-        assert_eq!(o, [up, down, v(l ^ 6), v(7), seg, (l >= 3) as u32, (l + 5 <= 31) as u32], "thread {t}");
+        assert_eq!(
+            o,
+            [
+                up,
+                down,
+                v(l ^ 6),
+                v(7),
+                seg,
+                (l >= 3) as u32,
+                (l + 5 <= 31) as u32
+            ],
+            "thread {t}"
+        );
     }
 }
 
@@ -89,18 +114,23 @@ $SKIP:
 $END:";
     let (r, _) = run_src(&kernel_src("", body), 1, 64, 4);
     match r {
-        Err(ExecError::LaunchFailed(m)) => assert!(m.contains("bar.sync") && m.contains("line"), "{m}"),
+        Err(ExecError::LaunchFailed(m)) => {
+            assert!(m.contains("bar.sync") && m.contains("line"), "{m}")
+        }
         other => panic!("{other:?}"),
     }
     // A barrier some threads never reach while they wait for a shuffle: a deadlock.
     let body = "
-	setp.lt.u32 %p1, %r1, 32;
-	@%p1 bra $SKIP;
-	bar.sync 0;
-$SKIP:
-	shfl.sync.idx.b32 %r3, %r1, 0, 31, -1;";
-    let (r, _) = run_src(&kernel_src("", body), 1, 64, 4);
-    assert!(matches!(r, Err(ExecError::LaunchFailed(_))), "{r:?}");
+	setp.lt.u32 %p1, %r1, 16;
+	@%p1 bra $BAR;
+	shfl.sync.idx.b32 %r3, %r1, 0, 31, -1;
+$BAR:
+	bar.sync 0;";
+    let (r, _) = run_src(&kernel_src("", body), 1, 32, 4);
+    assert!(
+        matches!(&r, Err(ExecError::LaunchFailed(m)) if m.contains("deadlock")),
+        "{r:?}"
+    );
     // Threads that exit before a barrier no longer count: the rest pass it.
     let body = "
 	setp.lt.u32 %p1, %r1, 16;
@@ -111,7 +141,12 @@ $SKIP:
 	st.global.u32 [%rd3], 7;";
     let (r, out) = run_src(&kernel_src("", body), 1, 64, 64 * 4);
     r.expect("launch");
-    assert_eq!(out, (0..64).map(|t| if t < 16 { 0 } else { 7 }).collect::<Vec<u32>>());
+    assert_eq!(
+        out,
+        (0..64)
+            .map(|t| if t < 16 { 0 } else { 7 })
+            .collect::<Vec<u32>>()
+    );
 }
 
 #[test]
@@ -143,22 +178,36 @@ fn global_atomics_under_contention_are_exact() {
     assert_eq!(f32::from_bits(out[1]), n as f32);
     assert_eq!(out[2] as u64 | (out[3] as u64) << 32, 3 * n);
     assert_eq!(out[4], 127);
-    assert_eq!(f64::from_bits(out[6] as u64 | (out[7] as u64) << 32), n as f64 / 2.0);
+    assert_eq!(
+        f64::from_bits(out[6] as u64 | (out[7] as u64) << 32),
+        n as f64 / 2.0
+    );
     assert_eq!(out[8], 9);
 }
 
 #[test]
 fn shared_bounds_and_alignment() {
     let decl = "\t.shared .align 4 .b8 s[16];";
-    let (r, _) = run_src(&kernel_src(decl, "\tmov.u32 %r2, s;\n\tst.shared.u32 [%r2+16], %r1;"), 1, 1, 4);
-    assert!(matches!(&r, Err(ExecError::IllegalAddress(m)) if m.contains("line 15")), "{r:?}");
+    let (r, _) = run_src(
+        &kernel_src(decl, "\tmov.u32 %r2, s;\n\tst.shared.u32 [%r2+16], %r1;"),
+        1,
+        1,
+        4,
+    );
+    assert!(
+        matches!(&r, Err(ExecError::IllegalAddress(m)) if m.contains("line 17")),
+        "{r:?}"
+    );
     let (r, _) = run_src(&kernel_src(decl, "\tst.shared.u32 [s+2], %r1;"), 1, 1, 4);
     assert!(matches!(r, Err(ExecError::MisalignedAddress(_))), "{r:?}");
     let (r, _) = run_src(&kernel_src(decl, "\tst.shared.u32 [s+12], %r1;\n\tld.shared.u32 %r3, [s+12];\n\tst.global.u32 [%rd1], %r3;"), 1, 1, 4);
     r.expect("in bounds");
     // Global: one past the allocation, and a generic access through cvta.
     let (r, _) = run_src(&kernel_src("", "\tst.global.u32 [%rd1+4], %r1;"), 1, 1, 4);
-    assert!(matches!(&r, Err(ExecError::IllegalAddress(m)) if m.contains("0x200000000004")), "{r:?}");
+    assert!(
+        matches!(&r, Err(ExecError::IllegalAddress(m)) if m.contains("0x200000000004")),
+        "{r:?}"
+    );
     let body = "\tmov.u64 %rd2, s;\n\tcvta.shared.u64 %rd3, %rd2;\n\tst.u32 [%rd3+8], 5;\n\tld.shared.u32 %r3, [s+8];\n\tst.global.u32 [%rd1], %r3;";
     let (r, out) = run_src(&kernel_src(decl, body), 1, 1, 4);
     r.expect("generic shared");
@@ -167,14 +216,23 @@ fn shared_bounds_and_alignment() {
 
 #[test]
 fn unknown_instruction_names_it_and_its_line() {
-    let src = format!("{HEAD}.visible .entry k()\n{{\n\t.reg .b32 %r<3>;\n\tfoo.b32 %r1, %r2;\n\tret;\n}}\n");
+    let src = format!(
+        "{HEAD}.visible .entry k()\n{{\n\t.reg .b32 %r<3>;\n\tfoo.b32 %r1, %r2;\n\tret;\n}}\n"
+    );
     let e = Module::parse(&src).expect_err("must fail");
     assert_eq!(e.line, 7);
-    assert!(e.message.contains("unknown instruction `foo.b32`"), "{}", e.message);
+    assert!(
+        e.message.contains("unknown instruction `foo.b32`"),
+        "{}",
+        e.message
+    );
     let src = format!("{HEAD}.visible .entry k()\n{{\n\tadd.q32 %r1, %r2, 1;\n}}\n");
     assert!(Module::parse(&src).is_err());
     let src = format!("{HEAD}.bogus 3\n");
-    assert!(Module::parse(&src).expect_err("bogus").message.contains("`.bogus`"));
+    assert!(Module::parse(&src)
+        .expect_err("bogus")
+        .message
+        .contains("`.bogus`"));
 }
 
 #[test]
@@ -193,7 +251,9 @@ fn garbage_and_truncated_modules_never_panic() {
         let n = (s % 200) as usize;
         let g: String = (0..n)
             .map(|_| {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 alphabet[(s >> 33) as usize % alphabet.len()]
             })
             .collect();
@@ -232,7 +292,10 @@ fn rounding_fma_division_and_ftz() {
 	st.global.v4.f32 [%rd1+16], {%f7, %f8, %f9, %f10};
 	st.global.v4.f32 [%rd1+32], {%f11, %f12, %f13, %f14};
 	st.global.v2.f32 [%rd1+48], {%f15, %f16};";
-    let o: Vec<f32> = f32_results(body, 14).into_iter().map(f32::from_bits).collect();
+    let o: Vec<f32> = f32_results(body, 14)
+        .into_iter()
+        .map(f32::from_bits)
+        .collect();
     assert_eq!(o[0], one_p12.mul_add(one_p12, -1.0));
     assert_eq!(o[0], 2f32.powi(-11) + 2f32.powi(-24), "one rounding");
     assert_eq!(o[1], 2f32.powi(-11), "two roundings");
@@ -241,7 +304,11 @@ fn rounding_fma_division_and_ftz() {
     assert_eq!(o[4], -(1.0 + f32::EPSILON));
     assert_eq!(o[5], -1.0);
     assert_eq!(o[6], 1.0f32 / 3.0);
-    assert_eq!(o[7].to_bits(), (1.0f32 / 3.0).to_bits() - 1, "1/3 rounds up to nearest");
+    assert_eq!(
+        o[7].to_bits(),
+        (1.0f32 / 3.0).to_bits() - 1,
+        "1/3 rounds up to nearest"
+    );
     assert_eq!(o[8].to_bits(), 0x8000_0000, "ftz keeps the sign");
     assert_eq!(o[9].to_bits(), 0x0001_1C19);
     assert_eq!(o[10], 1.0);
@@ -249,7 +316,11 @@ fn rounding_fma_division_and_ftz() {
     let s2 = 2f32.sqrt();
     assert_eq!(o[13], s2);
     // sqrt(2) in f64 lies above or below its f32 rounding; .rp gives the f32 at or above it.
-    let want_rp = if (s2 as f64) >= 2f64.sqrt() { s2 } else { f32::from_bits(s2.to_bits() + 1) };
+    let want_rp = if (s2 as f64) >= 2f64.sqrt() {
+        s2
+    } else {
+        f32::from_bits(s2.to_bits() + 1)
+    };
     assert_eq!(o[12], want_rp);
 }
 
@@ -287,7 +358,11 @@ fn cvt_modes() {
     assert_eq!(f32::from_bits(o[9]), 16777218.0);
     let third = 1.0f64 / 3.0;
     assert_eq!(f32::from_bits(o[11]), third as f32);
-    let rz = if (third as f32) as f64 > third { f32::from_bits((third as f32).to_bits() - 1) } else { third as f32 };
+    let rz = if (third as f32) as f64 > third {
+        f32::from_bits((third as f32).to_bits() - 1)
+    } else {
+        third as f32
+    };
     assert_eq!(f32::from_bits(o[10]), rz);
     assert_eq!(o[12], 127);
     assert_eq!(o[13], 44, "300 truncated to s8 is 44, zero-extended back");
@@ -311,7 +386,10 @@ fn f64_arithmetic_and_directed_rounding() {
 	st.global.v2.f64 [%rd1+32], {%fd5, %fd6};
 	st.global.v2.f64 [%rd1+48], {%fd7, %fd8};";
     let o = f32_results(body, 16);
-    let d: Vec<f64> = o.chunks(2).map(|c| f64::from_bits(c[0] as u64 | (c[1] as u64) << 32)).collect();
+    let d: Vec<f64> = o
+        .chunks(2)
+        .map(|c| f64::from_bits(c[0] as u64 | (c[1] as u64) << 32))
+        .collect();
     let third = 1.0f64 / 3.0;
     assert_eq!(d[0], third);
     assert_eq!(d[1], 2f64.sqrt());
@@ -321,7 +399,11 @@ fn f64_arithmetic_and_directed_rounding() {
     assert_eq!(d[4], 1.0 + f64::EPSILON);
     // third * 3 is exactly 1 - 2^-54: rounds to 1.0 to nearest, toward zero to 1 - 2^-53.
     assert_eq!(d[5], 1.0 - f64::EPSILON / 2.0);
-    assert_eq!(d[6], third, "1/3 to nearest is already above");
+    assert_eq!(
+        d[6],
+        f64::from_bits(third.to_bits() + 1),
+        "1/3 to nearest lies below it"
+    );
     assert_eq!(d[7], -7.0);
 }
 

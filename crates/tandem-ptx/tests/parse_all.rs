@@ -2,7 +2,14 @@ mod common;
 
 #[test]
 fn tandem_modules_parse() {
-    for name in ["elementwise", "gather", "matmul", "reduce", "softmax_xent", "update"] {
+    for name in [
+        "elementwise",
+        "gather",
+        "matmul",
+        "reduce",
+        "softmax_xent",
+        "update",
+    ] {
         let m = common::module(&common::tandem_ptx(name));
         assert_eq!(m.version(), (9, 0));
         assert_eq!(m.target(), "sm_75");

@@ -4,7 +4,9 @@ mod common;
 use common::*;
 
 fn lcg(seed: &mut u64) -> f32 {
-    *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    *seed = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
 }
 
@@ -16,14 +18,27 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
 /// op(A) (m x k) . op(B) (k x n), accumulated in increasing k with fused multiply-adds as the
 /// kernel does; optional bias + ReLU.
 #[allow(clippy::too_many_arguments)]
-fn matmul_ref(a: &[f32], b: &[f32], bias: Option<&[f32]>, m: usize, n: usize, k: usize, a_t: bool, b_t: bool) -> Vec<f32> {
+fn matmul_ref(
+    a: &[f32],
+    b: &[f32],
+    bias: Option<&[f32]>,
+    m: usize,
+    n: usize,
+    k: usize,
+    a_t: bool,
+    b_t: bool,
+) -> Vec<f32> {
     let mut c = vec![0f32; m * n];
     for r in 0..m {
         for col in 0..n {
             let mut acc = 0f32;
             for kk in 0..k {
                 let av = if a_t { a[kk * m + r] } else { a[r * k + kk] };
-                let bv = if b_t { b[col * k + kk] } else { b[kk * n + col] };
+                let bv = if b_t {
+                    b[col * k + kk]
+                } else {
+                    b[kk * n + col]
+                };
                 acc = av.mul_add(bv, acc);
             }
             c[r * n + col] = match bias {
@@ -36,7 +51,15 @@ fn matmul_ref(a: &[f32], b: &[f32], bias: Option<&[f32]>, m: usize, n: usize, k:
 }
 
 #[allow(clippy::too_many_arguments)]
-fn run_matmul(m: usize, n: usize, k: usize, a_t: bool, b_t: bool, with_bias: bool, threads: usize) -> (Vec<f32>, Vec<f32>, u64, f64) {
+fn run_matmul(
+    m: usize,
+    n: usize,
+    k: usize,
+    a_t: bool,
+    b_t: bool,
+    with_bias: bool,
+    threads: usize,
+) -> (Vec<f32>, Vec<f32>, u64, f64) {
     let module = module(&tandem_ptx("matmul"));
     let kern = module.kernel("matmul").expect("matmul");
     let a = values(m * k, 1);
@@ -57,7 +80,13 @@ fn run_matmul(m: usize, n: usize, k: usize, a_t: bool, b_t: bool, with_bias: boo
         .u32(a_t as u32)
         .u32(b_t as u32);
     let grid = dim(n.div_ceil(32) as u32, m.div_ceil(32) as u32, 1);
-    let l = tandem_ptx::Launch { grid, block: dim(32, 8, 1), dynamic_shared: 0, params: &args.0, threads };
+    let l = tandem_ptx::Launch {
+        grid,
+        block: dim(32, 8, 1),
+        dynamic_shared: 0,
+        params: &args.0,
+        threads,
+    };
     let t0 = std::time::Instant::now();
     let stats = tandem_ptx::run_counted(&kern, &l, &mem).expect("launch");
     let secs = t0.elapsed().as_secs_f64();
@@ -67,7 +96,12 @@ fn run_matmul(m: usize, n: usize, k: usize, a_t: bool, b_t: bool, with_bias: boo
 
 #[test]
 fn matmul_all_transposes_and_bias() {
-    for (a_t, b_t, bias) in [(false, false, false), (true, false, true), (false, true, false), (true, true, true)] {
+    for (a_t, b_t, bias) in [
+        (false, false, false),
+        (true, false, true),
+        (false, true, false),
+        (true, true, true),
+    ] {
         let (got, want, _, _) = run_matmul(37, 45, 70, a_t, b_t, bias, 2);
         assert_eq!(got, want, "a_t {a_t} b_t {b_t} bias {bias}");
     }
@@ -77,7 +111,10 @@ fn matmul_all_transposes_and_bias() {
 fn matmul_speed_100x500x784() {
     let (got, want, n, secs) = run_matmul(100, 500, 784, false, false, false, 1);
     assert_eq!(got, want);
-    println!("matmul 100x500x784: {n} instructions in {secs:.3} s on 1 thread: {:.1} M instructions/s", n as f64 / secs / 1e6);
+    println!(
+        "matmul 100x500x784: {n} instructions in {secs:.3} s on 1 thread: {:.1} M instructions/s",
+        n as f64 / secs / 1e6
+    );
 }
 
 fn kernel(module: &str, name: &str) -> std::sync::Arc<tandem_ptx::Kernel> {
@@ -94,12 +131,31 @@ fn bias_add_and_relu_backward() {
     for relu in [0u32, 1] {
         let mut mem = Mem::new();
         let (dx, db) = (mem.upload_f32(&x), mem.upload_f32(&bias));
-        let args = Args::new().u64(dx).u64(db).u64(len as u64).u32(cols as u32).u32(relu);
-        launch(&kernel("elementwise", "bias_add"), dim(2, 1, 1), dim(64, 1, 1), &args, &mem, 2).expect("bias_add");
-        let want: Vec<f32> = (0..len).map(|i| {
-            let v = x[i] + bias[i % cols];
-            if relu == 1 { v.max(0.0) } else { v }
-        }).collect();
+        let args = Args::new()
+            .u64(dx)
+            .u64(db)
+            .u64(len as u64)
+            .u32(cols as u32)
+            .u32(relu);
+        launch(
+            &kernel("elementwise", "bias_add"),
+            dim(2, 1, 1),
+            dim(64, 1, 1),
+            &args,
+            &mem,
+            2,
+        )
+        .expect("bias_add");
+        let want: Vec<f32> = (0..len)
+            .map(|i| {
+                let v = x[i] + bias[i % cols];
+                if relu == 1 {
+                    v.max(0.0)
+                } else {
+                    v
+                }
+            })
+            .collect();
         assert_eq!(mem.f32s(dx), want);
     }
     let mut act = values(len, 7);
@@ -108,22 +164,52 @@ fn bias_add_and_relu_backward() {
     let mut mem = Mem::new();
     let (dg, da) = (mem.upload_f32(&grad), mem.upload_f32(&act));
     let args = Args::new().u64(dg).u64(da).u64(len as u64);
-    launch(&kernel("elementwise", "relu_backward"), dim(3, 1, 1), dim(32, 1, 1), &args, &mem, 2).expect("relu_backward");
-    let want: Vec<f32> = (0..len).map(|i| if act[i] > 0.0 { grad[i] } else { 0.0 }).collect();
+    launch(
+        &kernel("elementwise", "relu_backward"),
+        dim(3, 1, 1),
+        dim(32, 1, 1),
+        &args,
+        &mem,
+        2,
+    )
+    .expect("relu_backward");
+    let want: Vec<f32> = (0..len)
+        .map(|i| if act[i] > 0.0 { grad[i] } else { 0.0 })
+        .collect();
     assert_eq!(mem.f32s(dg), want);
 }
 
 #[test]
 fn gather_rows() {
     let (examples, features, rows) = (9usize, 300usize, 5usize);
-    let images: Vec<u8> = (0..examples * features).map(|i| (i * 7 % 256) as u8).collect();
+    let images: Vec<u8> = (0..examples * features)
+        .map(|i| (i * 7 % 256) as u8)
+        .collect();
     let ex_labels: Vec<u8> = (0..examples).map(|i| (i % 10) as u8).collect();
     let indices: Vec<u32> = vec![3, 0, 8, 3, 5];
     let mut mem = Mem::new();
-    let (di, dl, dx_idx) = (mem.upload_u8(&images), mem.upload_u8(&ex_labels), mem.upload_u32(&indices));
+    let (di, dl, dx_idx) = (
+        mem.upload_u8(&images),
+        mem.upload_u8(&ex_labels),
+        mem.upload_u32(&indices),
+    );
     let (dx, dlab) = (mem.alloc(rows * features * 4), mem.alloc(rows * 4));
-    let args = Args::new().u64(di).u64(dl).u64(dx_idx).u32(features as u32).u64(dx).u64(dlab);
-    launch(&kernel("gather", "gather"), dim(rows as u32, features.div_ceil(256) as u32, 1), dim(256, 1, 1), &args, &mem, 2).expect("gather");
+    let args = Args::new()
+        .u64(di)
+        .u64(dl)
+        .u64(dx_idx)
+        .u32(features as u32)
+        .u64(dx)
+        .u64(dlab);
+    launch(
+        &kernel("gather", "gather"),
+        dim(rows as u32, features.div_ceil(256) as u32, 1),
+        dim(256, 1, 1),
+        &args,
+        &mem,
+        2,
+    )
+    .expect("gather");
     let mut want = Vec::new();
     for &i in &indices {
         for f in 0..features {
@@ -131,7 +217,13 @@ fn gather_rows() {
         }
     }
     assert_eq!(mem.f32s(dx), want);
-    assert_eq!(mem.u32s(dlab), indices.iter().map(|&i| ex_labels[i as usize] as u32).collect::<Vec<_>>());
+    assert_eq!(
+        mem.u32s(dlab),
+        indices
+            .iter()
+            .map(|&i| ex_labels[i as usize] as u32)
+            .collect::<Vec<_>>()
+    );
 }
 
 #[test]
@@ -141,9 +233,23 @@ fn column_sum_mean_loss_count_correct() {
     let mut mem = Mem::new();
     let dx = mem.upload_f32(&x);
     let dout = mem.alloc(cols * 4);
-    let args = Args::new().u64(dx).u32(rows as u32).u32(cols as u32).u64(dout);
-    launch(&kernel("reduce", "column_sum"), dim(1, 1, 1), dim(256, 1, 1), &args, &mem, 1).expect("column_sum");
-    let want: Vec<f32> = (0..cols).map(|c| (0..rows).fold(0f32, |s, r| s + x[r * cols + c])).collect();
+    let args = Args::new()
+        .u64(dx)
+        .u32(rows as u32)
+        .u32(cols as u32)
+        .u64(dout);
+    launch(
+        &kernel("reduce", "column_sum"),
+        dim(1, 1, 1),
+        dim(256, 1, 1),
+        &args,
+        &mem,
+        1,
+    )
+    .expect("column_sum");
+    let want: Vec<f32> = (0..cols)
+        .map(|c| (0..rows).fold(0f32, |s, r| s + x[r * cols + c]))
+        .collect();
     assert_eq!(mem.f32s(dout), want);
 
     // mean_loss: f64 sum of losses over a 256-thread tree, then the label check.
@@ -154,9 +260,29 @@ fn column_sum_mean_loss_count_correct() {
     let mut mem = Mem::new();
     let (dlosses, dlabels) = (mem.upload_f32(&losses), mem.upload_u32(&labels));
     let (dloss, dstatus) = (mem.alloc(4), mem.alloc(8));
-    let args = Args::new().u64(dlosses).u64(dlabels).u32(rows as u32).u32(10).u64(dloss).u64(dstatus);
-    launch(&kernel("reduce", "mean_loss"), dim(1, 1, 1), dim(256, 1, 1), &args, &mem, 1).expect("mean_loss");
-    let mut part: Vec<f64> = (0..256).map(|t| (t..rows).step_by(256).fold(0.0, |s, i| s + losses[i] as f64)).collect();
+    let args = Args::new()
+        .u64(dlosses)
+        .u64(dlabels)
+        .u32(rows as u32)
+        .u32(10)
+        .u64(dloss)
+        .u64(dstatus);
+    launch(
+        &kernel("reduce", "mean_loss"),
+        dim(1, 1, 1),
+        dim(256, 1, 1),
+        &args,
+        &mem,
+        1,
+    )
+    .expect("mean_loss");
+    let mut part: Vec<f64> = (0..256)
+        .map(|t| {
+            (t..rows)
+                .step_by(256)
+                .fold(0.0, |s, i| s + losses[i] as f64)
+        })
+        .collect();
     let mut s = 128;
     while s > 0 {
         for t in 0..s {
@@ -172,8 +298,21 @@ fn column_sum_mean_loss_count_correct() {
     let mut mem = Mem::new();
     let (dz, dl) = (mem.upload_f32(&logits), mem.upload_u32(&labels));
     let dout = mem.alloc(12);
-    let args = Args::new().u64(dz).u64(dl).u32(rows as u32).u32(10).u64(dout);
-    launch(&kernel("reduce", "count_correct"), dim(1, 1, 1), dim(256, 1, 1), &args, &mem, 1).expect("count_correct");
+    let args = Args::new()
+        .u64(dz)
+        .u64(dl)
+        .u32(rows as u32)
+        .u32(10)
+        .u64(dout);
+    launch(
+        &kernel("reduce", "count_correct"),
+        dim(1, 1, 1),
+        dim(256, 1, 1),
+        &args,
+        &mem,
+        1,
+    )
+    .expect("count_correct");
     let hits = (0..rows)
         .filter(|&r| {
             let z = &logits[r * 10..r * 10 + 10];
@@ -199,24 +338,47 @@ fn softmax_cross_entropy_rows() {
     let mut mem = Mem::new();
     let (dz, dl) = (mem.upload_f32(&z), mem.upload_u32(&labels));
     let (dd, dlosses) = (mem.alloc(rows * classes * 4), mem.alloc(rows * 4));
-    let args = Args::new().u64(dz).u64(dl).u64(dd).u64(dlosses).u32(rows as u32).u32(classes as u32);
-    launch(&kernel("softmax_xent", "softmax_cross_entropy"), dim(rows.div_ceil(4) as u32, 1, 1), dim(128, 1, 1), &args, &mem, 2)
-        .expect("softmax");
+    let args = Args::new()
+        .u64(dz)
+        .u64(dl)
+        .u64(dd)
+        .u64(dlosses)
+        .u32(rows as u32)
+        .u32(classes as u32);
+    launch(
+        &kernel("softmax_xent", "softmax_cross_entropy"),
+        dim(rows.div_ceil(4) as u32, 1, 1),
+        dim(128, 1, 1),
+        &args,
+        &mem,
+        2,
+    )
+    .expect("softmax");
     let d = mem.f32s(dd);
     let losses = mem.f32s(dlosses);
     for r in 0..rows {
-        let row: Vec<f64> = z[r * classes..(r + 1) * classes].iter().map(|&v| v as f64).collect();
+        let row: Vec<f64> = z[r * classes..(r + 1) * classes]
+            .iter()
+            .map(|&v| v as f64)
+            .collect();
         let max = row.iter().cloned().fold(f64::MIN, f64::max);
         let sum: f64 = row.iter().map(|v| (v - max).exp()).sum();
         for c in 0..classes {
             let onehot = if c as u32 == labels[r] { 1.0 } else { 0.0 };
             let want = ((row[c] - max).exp() / sum - onehot) / rows as f64;
             let got = d[r * classes + c] as f64;
-            assert!((got - want).abs() <= 1e-6 * want.abs().max(1e-3), "row {r} class {c}: {got} vs {want}");
+            assert!(
+                (got - want).abs() <= 1e-6 * want.abs().max(1e-3),
+                "row {r} class {c}: {got} vs {want}"
+            );
         }
         if (labels[r] as usize) < classes {
             let want = sum.ln() - (row[labels[r] as usize] - max);
-            assert!((losses[r] as f64 - want).abs() < 1e-5 * want.abs().max(1.0), "loss {r}: {} vs {want}", losses[r]);
+            assert!(
+                (losses[r] as f64 - want).abs() < 1e-5 * want.abs().max(1.0),
+                "loss {r}: {} vs {want}",
+                losses[r]
+            );
         } else {
             assert!(losses[r].is_nan());
         }
@@ -237,8 +399,24 @@ fn sgd_ema_update_and_mean_gradients() {
             ptrs[j] = mem.upload_f32(g);
         }
         let (lr, wd, dd) = (0.05f32, 0.001f32, 0.9f32);
-        let args = Args::new().u64(dp).u64(de).u64s(&ptrs).u32(n as u32).u64(len as u64).f32(lr).f32(wd).f32(dd);
-        launch(&kernel("update", "sgd_ema_update"), dim(2, 1, 1), dim(256, 1, 1), &args, &mem, 2).expect("sgd");
+        let args = Args::new()
+            .u64(dp)
+            .u64(de)
+            .u64s(&ptrs)
+            .u32(n as u32)
+            .u64(len as u64)
+            .f32(lr)
+            .f32(wd)
+            .f32(dd);
+        launch(
+            &kernel("update", "sgd_ema_update"),
+            dim(2, 1, 1),
+            dim(256, 1, 1),
+            &args,
+            &mem,
+            2,
+        )
+        .expect("sgd");
         let mean = |i: usize| {
             if n == 1 {
                 return grads[0][i];
@@ -259,8 +437,24 @@ fn sgd_ema_update_and_mean_gradients() {
         assert_eq!(mem.f32s(de), we, "n {n}");
 
         let out = mem.alloc(len * 4);
-        let args = Args::new().u64(out).u64s(&ptrs).u32(n as u32).u64(len as u64);
-        launch(&kernel("update", "mean_gradients"), dim(3, 1, 1), dim(256, 1, 1), &args, &mem, 2).expect("mean_gradients");
-        assert_eq!(mem.f32s(out), (0..len).map(mean).collect::<Vec<_>>(), "n {n}");
+        let args = Args::new()
+            .u64(out)
+            .u64s(&ptrs)
+            .u32(n as u32)
+            .u64(len as u64);
+        launch(
+            &kernel("update", "mean_gradients"),
+            dim(3, 1, 1),
+            dim(256, 1, 1),
+            &args,
+            &mem,
+            2,
+        )
+        .expect("mean_gradients");
+        assert_eq!(
+            mem.f32s(out),
+            (0..len).map(mean).collect::<Vec<_>>(),
+            "n {n}"
+        );
     }
 }

@@ -15,7 +15,11 @@ pub const BASE: u64 = 0x2000_0000_0000;
 
 impl Mem {
     pub fn new() -> Mem {
-        Mem { bufs: Vec::new(), lens: Vec::new(), ptrs: Vec::new() }
+        Mem {
+            bufs: Vec::new(),
+            lens: Vec::new(),
+            ptrs: Vec::new(),
+        }
     }
     /// Allocates `bytes` (zeroed) and returns the device address.
     pub fn alloc(&mut self, bytes: usize) -> u64 {
@@ -52,16 +56,28 @@ impl Mem {
         a
     }
     pub fn f32s(&mut self, a: u64) -> Vec<f32> {
-        self.bytes(a).chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+        self.bytes(a)
+            .chunks(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
     }
     pub fn u32s(&mut self, a: u64) -> Vec<u32> {
-        self.bytes(a).chunks(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+        self.bytes(a)
+            .chunks(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
     }
     pub fn f64s(&mut self, a: u64) -> Vec<f64> {
-        self.bytes(a).chunks(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes"))).collect()
+        self.bytes(a)
+            .chunks(8)
+            .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect()
     }
     pub fn u64s(&mut self, a: u64) -> Vec<u64> {
-        self.bytes(a).chunks(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect()
+        self.bytes(a)
+            .chunks(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect()
     }
 }
 
@@ -72,7 +88,9 @@ impl GlobalMemory for Mem {
         }
         let i = ((addr - BASE) >> 32) as usize;
         let off = ((addr - BASE) & 0xffff_ffff) as usize;
-        let Some(&n) = self.lens.get(i) else { return Err(Fault::IllegalAddress) };
+        let Some(&n) = self.lens.get(i) else {
+            return Err(Fault::IllegalAddress);
+        };
         if off.checked_add(len).is_none_or(|e| e > n) {
             return Err(Fault::IllegalAddress);
         }
@@ -121,8 +139,21 @@ pub fn dim(x: u32, y: u32, z: u32) -> Dim3 {
 }
 
 /// Runs `k` with `args` on `threads` host threads.
-pub fn launch(k: &Kernel, grid: Dim3, block: Dim3, args: &Args, mem: &Mem, threads: usize) -> Result<(), ExecError> {
-    let l = Launch { grid, block, dynamic_shared: 0, params: &args.0, threads };
+pub fn launch(
+    k: &Kernel,
+    grid: Dim3,
+    block: Dim3,
+    args: &Args,
+    mem: &Mem,
+    threads: usize,
+) -> Result<(), ExecError> {
+    let l = Launch {
+        grid,
+        block,
+        dynamic_shared: 0,
+        params: &args.0,
+        threads,
+    };
     tandem_ptx::run(k, &l, mem)
 }
 
@@ -136,6 +167,9 @@ pub fn module(text: &str) -> Module {
 
 /// A tandem kernel module's text.
 pub fn tandem_ptx(name: &str) -> String {
-    let p = format!("{}/../tandem-kernels/ptx/{name}.ptx", env!("CARGO_MANIFEST_DIR"));
+    let p = format!(
+        "{}/../tandem-kernels/ptx/{name}.ptx",
+        env!("CARGO_MANIFEST_DIR")
+    );
     std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{p}: {e}"))
 }
