@@ -160,20 +160,57 @@ impl fmt::Display for DeviceSpec {
     }
 }
 
+/// `n` CPU workers.
+fn cpus(n: usize) -> Vec<Device> {
+    (0..n).map(|worker| Device::Cpu { worker }).collect()
+}
+
+/// What `auto` resolves to, given what asking the driver for GPUs gave and the number of cores,
+/// and why it fell back to CPU workers when the driver is there but failed.
+fn auto(gpus: Result<usize, DeviceError>, cores: usize) -> (Vec<Device>, Option<String>) {
+    match gpus {
+        Ok(gpus) if gpus > 0 => (
+            (0..gpus).map(|ordinal| Device::Cuda { ordinal }).collect(),
+            None,
+        ),
+        // No GPU, no driver, or a build without CUDA: CPU workers, as expected.
+        Ok(_) | Err(DeviceError::BuiltWithoutCuda { .. }) => (cpus(cores), None),
+        Err(DeviceError::Cuda(why)) => (
+            cpus(cores),
+            Some(format!(
+                "CUDA driver present but unusable ({why}): training on CPU"
+            )),
+        ),
+        Err(other) => (
+            cpus(cores),
+            Some(format!("CUDA devices unusable ({other}): training on CPU")),
+        ),
+    }
+}
+
 impl DeviceSpec {
-    /// The devices this specification names on this machine, one per replica.
+    /// The devices this specification names on this machine, one per replica
+    /// ([`resolve_noting`](Self::resolve_noting) without the note).
     pub fn resolve(&self) -> Result<Vec<Device>, DeviceError> {
-        let cpus = |n: usize| (0..n).map(|worker| Device::Cpu { worker }).collect();
+        self.resolve_noting(|_| {})
+    }
+
+    /// The devices this specification names on this machine, one per replica. When `auto`
+    /// falls back to CPU workers although a CUDA driver is there, because it failed with
+    /// something other than "no device" (a GPU in exclusive-process mode that another process
+    /// holds, a driver older than the kernels, a broken install), `note` is given the line to
+    /// tell the user: `CUDA driver present but unusable (...): training on CPU`.
+    pub fn resolve_noting(&self, note: impl FnOnce(&str)) -> Result<Vec<Device>, DeviceError> {
         match self {
             DeviceSpec::Cpu(n) => Ok(cpus(*n)),
-            DeviceSpec::Auto => match gpu_count() {
-                Ok(gpus) if gpus > 0 => {
-                    Ok((0..gpus).map(|ordinal| Device::Cuda { ordinal }).collect())
+            DeviceSpec::Auto => {
+                let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+                let (devices, why) = auto(gpu_count(), cores);
+                if let Some(why) = why {
+                    note(&why);
                 }
-                _ => Ok(cpus(
-                    std::thread::available_parallelism().map_or(1, |n| n.get()),
-                )),
-            },
+                Ok(devices)
+            }
             DeviceSpec::Cuda(gpus) => {
                 let available = gpu_count().map_err(|e| match e {
                     DeviceError::BuiltWithoutCuda { .. } => DeviceError::BuiltWithoutCuda {
@@ -270,6 +307,66 @@ mod tests {
             assert!(matches!(err, DeviceError::Invalid { .. }), "{bad}: {err}");
             assert!(err.to_string().contains("expected auto"), "{err}");
         }
+    }
+
+    #[test]
+    fn auto_says_why_it_falls_back_to_the_cpu_only_when_the_driver_is_broken() {
+        let cuda = |ordinal| Device::Cuda { ordinal };
+        assert_eq!(auto(Ok(2), 4), (vec![cuda(0), cuda(1)], None));
+        for quiet in [
+            Ok(0),
+            Err(DeviceError::BuiltWithoutCuda {
+                spec: "cuda".into(),
+            }),
+        ] {
+            assert_eq!(auto(quiet, 3), (cpus(3), None));
+        }
+        let why = "initialising the CUDA driver: CUDA error 46";
+        let (devices, note) = auto(Err(DeviceError::Cuda(why.into())), 2);
+        assert_eq!(devices, cpus(2));
+        assert_eq!(
+            note.as_deref(),
+            Some(
+                "CUDA driver present but unusable (initialising the CUDA driver: CUDA error \
+                 46): training on CPU"
+            )
+        );
+        // Nothing to say for specs other than auto.
+        let mut told = 0;
+        DeviceSpec::Cpu(2).resolve_noting(|_| told += 1).unwrap();
+        assert_eq!(told, 0);
+    }
+
+    /// Where there are GPUs, `auto` and `cuda` resolve to them, without a note. Without one the
+    /// test says `SKIPPED`, or fails where a device is required (`TANDEM_REQUIRE_GPU=1`: CI
+    /// against the driver stand-in, a GPU machine).
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn auto_finds_the_gpus_where_there_are_some() {
+        match tandem_kernels::device_count() {
+            Ok(count) if count > 0 => {}
+            outcome => {
+                assert!(
+                    std::env::var_os("TANDEM_REQUIRE_GPU").is_none_or(|v| v != "1"),
+                    "TANDEM_REQUIRE_GPU=1 but no CUDA device: {outcome:?}"
+                );
+                use std::io::Write;
+                let line = format!(
+                    "SKIPPED: auto_finds_the_gpus_where_there_are_some: no CUDA device \
+                     ({outcome:?})\n"
+                );
+                let _ = std::io::stderr().write_all(line.as_bytes());
+                return;
+            }
+        }
+        let mut note = None;
+        let auto = DeviceSpec::Auto
+            .resolve_noting(|n| note = Some(n.to_owned()))
+            .unwrap();
+        assert_eq!(note, None);
+        assert!(!auto.is_empty());
+        assert!(auto.iter().all(|d| matches!(d, Device::Cuda { .. })));
+        assert_eq!(DeviceSpec::Cuda(vec![]).resolve().unwrap(), auto);
     }
 
     #[test]
