@@ -3,19 +3,53 @@
 
 #define REDUCE_THREADS 256
 
-// The sum over the block of one value per thread, by a fixed tree in shared memory; every
-// thread gets the total. blockDim.x must be REDUCE_THREADS.
-template <typename T> __device__ T block_sum(T v) {
+// The reduction over the block of one value per thread by `op`, by a fixed tree in shared
+// memory; every thread gets the result. blockDim.x must be REDUCE_THREADS. Ends with a barrier
+// after reading the result, so that a block may reduce again right away.
+template <typename T, typename Op> __device__ T block_reduce(T v, Op op) {
     __shared__ T part[REDUCE_THREADS];
     part[threadIdx.x] = v;
     __syncthreads();
     for (unsigned s = REDUCE_THREADS / 2; s > 0; s /= 2) {
         if (threadIdx.x < s) {
-            part[threadIdx.x] += part[threadIdx.x + s];
+            part[threadIdx.x] = op(part[threadIdx.x], part[threadIdx.x + s]);
         }
         __syncthreads();
     }
-    return part[0];
+    const T total = part[0];
+    __syncthreads();
+    return total;
+}
+
+struct Add {
+    template <typename T> __device__ T operator()(T a, T b) const { return a + b; }
+};
+
+struct Min {
+    template <typename T> __device__ T operator()(T a, T b) const { return b < a ? b : a; }
+};
+
+template <typename T> __device__ T block_sum(T v) { return block_reduce(v, Add()); }
+
+// The label check of check::labels, by one block of REDUCE_THREADS threads:
+//   status[0] = how many of labels[0..rows] are >= classes
+//   status[1] = the first of them (lowest row), 0 when there is none
+// so that the host reports the first bad label as the CPU does.
+__device__ void check_labels(const unsigned *__restrict__ labels, unsigned rows,
+                             unsigned classes, unsigned *__restrict__ status) {
+    unsigned bad = 0, first = 0xffffffffu; // the first bad row this thread saw
+    for (unsigned r = threadIdx.x; r < rows; r += REDUCE_THREADS) {
+        if (labels[r] >= classes) {
+            bad += 1;
+            first = first < r ? first : r;
+        }
+    }
+    bad = block_sum(bad);
+    first = block_reduce(first, Min());
+    if (threadIdx.x == 0) {
+        status[0] = bad;
+        status[1] = bad ? labels[first] : 0;
+    }
 }
 
 // out[c] = sum over r of x[r][c] for a row-major rows x cols matrix (cpu::column_sum: bias
@@ -34,21 +68,28 @@ extern "C" __global__ void column_sum(const float *__restrict__ x, unsigned rows
     out[c] = s;
 }
 
-// out[0] = (sum of x[0..len]) / len, accumulated in double like the CPU's mean loss.
+// The end of softmax_cross_entropy (cpu::softmax_cross_entropy's mean and its label check):
+//   loss[0]   = (sum of losses[0..rows]) / rows, accumulated in double like the CPU's mean
+//   status[0..2] = check_labels of labels[0..rows] (a bad label's loss is NaN, and so the mean)
 // Launch: grid 1, block REDUCE_THREADS.
-extern "C" __global__ void mean(const float *__restrict__ x, size_t len, float *__restrict__ out) {
+extern "C" __global__ void mean_loss(const float *__restrict__ losses,
+                                     const unsigned *__restrict__ labels, unsigned rows,
+                                     unsigned classes, float *__restrict__ loss,
+                                     unsigned *__restrict__ status) {
     double s = 0.0;
-    for (size_t i = threadIdx.x; i < len; i += REDUCE_THREADS) {
-        s += x[i];
+    for (unsigned i = threadIdx.x; i < rows; i += REDUCE_THREADS) {
+        s += losses[i];
     }
     s = block_sum(s);
     if (threadIdx.x == 0) {
-        out[0] = (float)(s / (double)len);
+        loss[0] = (float)(s / (double)rows);
     }
+    check_labels(labels, rows, classes, status);
 }
 
 // out[0] = how many of the rows of logits (rows x classes) have their argmax (the first one on
-// ties, as cpu::argmax) at their label (cpu::count_correct).
+// ties, as cpu::argmax) at their label (cpu::count_correct), and out[1..3] = check_labels of
+// the labels (check::labels): a bad label never counts as a hit, and the host reports it.
 // Launch: grid 1, block REDUCE_THREADS.
 extern "C" __global__ void count_correct(const float *__restrict__ logits,
                                          const unsigned *__restrict__ labels, unsigned rows,
@@ -68,4 +109,5 @@ extern "C" __global__ void count_correct(const float *__restrict__ logits,
     if (threadIdx.x == 0) {
         out[0] = hits;
     }
+    check_labels(labels, rows, classes, out + 1);
 }

@@ -1,9 +1,11 @@
 // Fused, numerically stable softmax + cross-entropy over rows x classes logits, one warp per
-// row (cpu::softmax_cross_entropy, less the final mean, which reduce.cu's `mean` takes):
+// row (cpu::softmax_cross_entropy, less the final mean and the label check, which reduce.cu's
+// `mean_loss` does):
 //
 //   max        = max over c of z[c]
 //   sum        = sum over c of exp(z[c] - max)
-//   losses[r]  = log(sum) - (z[label] - max)            (NaN when label >= classes)
+//   losses[r]  = log(sum) - (z[label] - max)            (NaN when label >= classes, which
+//                                                         mean_loss reports as an error)
 //   dlogits[r] = (exp(z - max) / sum - onehot(label)) / rows
 //
 // Subtracting the row's maximum keeps exp from overflowing on large logits. Every value of

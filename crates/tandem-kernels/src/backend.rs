@@ -2,18 +2,16 @@
 
 use std::cell::RefCell;
 use std::ffi::c_void;
+use std::sync::Arc;
 
-use cust::context::{Context, CurrentContext};
-use cust::device::Device;
-use cust::error::CudaError;
-use cust::function::{BlockSize, GridSize};
-use cust::memory::{AsyncCopyDestination, DeviceBuffer, DeviceCopy, DevicePointer, LockedBuffer};
-use cust::module::Module;
-use cust::stream::{Stream, StreamFlags};
-use cust::{CudaApiVersion, CudaFlags};
+use tandem_tensor::check::{self, Operand};
 use tandem_tensor::cpu::UpdateStep;
 use tandem_tensor::{Activation, Backend, ExampleSet, Gemm, ShapeError};
 
+use crate::driver::{
+    self, Code, Context, DeviceBuffer, DeviceCopy, DevicePointer, Dim3, Function, Module,
+    PinnedBuffer, Stream, NO_DEVICE, UNSUPPORTED_PTX_VERSION,
+};
 use crate::error::{cuda, KernelError};
 use crate::ptx::{Kernel, MAX_GRADIENT_BUFFERS, MODULES};
 
@@ -28,6 +26,9 @@ const TILE: usize = 32;
 const MATMUL_ROWS: u32 = 8;
 /// Rows of logits per block of `softmax_cross_entropy`: one warp each.
 const SOFTMAX_ROWS: u32 = 4;
+/// What the scalar results are set to before the kernels that write them run: every byte
+/// 0xFF, a NaN loss and counts of `u32::MAX`, so that a result left unwritten shows.
+const POISON: u8 = 0xFF;
 /// The largest grid y dimension CUDA allows.
 const MAX_GRID_Y: usize = 65_535;
 
@@ -41,12 +42,11 @@ macro_rules! args {
 /// How many CUDA devices this machine has: 0 where the driver reports none (including the stub
 /// libcuda of `cargo xtask cuda-stub`).
 pub fn device_count() -> Result<usize, KernelError> {
-    match cust::init(CudaFlags::empty()) {
-        Err(CudaError::NoDevice) => Ok(0),
+    match driver::init() {
+        Err(NO_DEVICE) => Ok(0),
         other => {
             other.map_err(cuda("initialising the CUDA driver"))?;
-            let count = Device::num_devices().map_err(cuda("counting CUDA devices"))?;
-            Ok(count as usize)
+            driver::device_count().map_err(cuda("counting CUDA devices"))
         }
     }
 }
@@ -84,36 +84,74 @@ struct Scratch {
     indices: DeviceBuffer<u32>,
     /// `softmax_cross_entropy`'s per-row losses.
     losses: DeviceBuffer<f32>,
-    /// The mean loss.
+    /// The mean loss (`mean_loss`).
     loss: DeviceBuffer<f32>,
-    /// `count_correct`'s result.
-    count: DeviceBuffer<u32>,
+    /// `count_correct`'s hits and label check, `[hits, bad labels, first bad label]`;
+    /// `mean_loss`'s label check in the last two.
+    counts: DeviceBuffer<u32>,
     /// Page-locked host memory that `write_with` and `read_with` stage through (parameters in,
     /// gradients out, every step): the driver copies it at full bus speed, without bouncing
     /// through a pinned buffer of its own.
-    staging: Option<LockedBuffer<f32>>,
+    staging: Option<PinnedBuffer<f32>>,
 }
 
 impl Scratch {
     /// The first `len` values of the staging buffer, grown when it is shorter.
-    fn staging(&mut self, len: usize) -> Result<&mut [f32], KernelError> {
+    fn staging(&mut self, context: &Arc<Context>, len: usize) -> Result<&mut [f32], KernelError> {
         if len == 0 {
             return Ok(&mut []);
         }
         let buffer = match self.staging.take() {
             Some(buffer) if buffer.len() >= len => self.staging.insert(buffer),
             _ => self.staging.insert(
-                LockedBuffer::new(&0.0, len).map_err(cuda("allocating pinned host memory"))?,
+                PinnedBuffer::zeroed(context, len)
+                    .map_err(cuda("allocating pinned host memory"))?,
             ),
         };
         Ok(&mut buffer[..len])
     }
 }
 
+/// The kernels' handles, looked up once when their modules are loaded, indexed by
+/// [`Kernel::index`].
+struct Kernels {
+    functions: [Function; Kernel::ALL.len()],
+    // After the handles, which are valid only while their modules are loaded.
+    _modules: Vec<Module>,
+}
+
+impl Kernels {
+    /// Loads every module in `context` and looks up every kernel.
+    fn load(context: &Arc<Context>) -> Result<Kernels, KernelError> {
+        let modules = MODULES
+            .iter()
+            .map(|module| Module::load(context, module.ptx).map_err(load_error))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut functions = Vec::with_capacity(Kernel::ALL.len());
+        for kernel in Kernel::ALL {
+            let function = modules[kernel.module_index()]
+                .function(kernel.entry())
+                .map_err(cuda(kernel.entry()))?;
+            functions.push(function);
+        }
+        let functions = functions
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("one handle per kernel"));
+        Ok(Kernels {
+            functions,
+            _modules: modules,
+        })
+    }
+
+    fn get(&self, kernel: Kernel) -> Function {
+        self.functions[kernel.index()]
+    }
+}
+
 /// tandem's [`Backend`] on one CUDA device.
 ///
 /// Every operation is issued on the backend's own stream, in call order; the calls that return
-/// host values (`download`, the loss, `count_correct`) wait for it. Buffers are plain
+/// host values (`download`, the loss, `count_correct`) wait for it. Buffers are
 /// [`DeviceBuffer`]s in the device's primary context, which every backend on that device shares,
 /// so several replicas on one GPU can read each other's buffers (see
 /// [`sgd_ema_update`](Self::sgd_ema_update)).
@@ -121,8 +159,9 @@ impl Scratch {
 /// Threads: the CUDA driver tracks a *current context* per thread. [`CudaBackend::new`] makes
 /// the device's context current on the thread that calls it; any other thread (a worker the
 /// backend moved to) must call [`make_current`](Self::make_current) (or
-/// [`Backend::bind_thread`], which does the same) before anything else, including dropping
-/// buffers. A buffer written on one backend's stream and read on another's
+/// [`Backend::bind_thread`], which does the same) before anything else. Dropping needs
+/// nothing: buffers, and the backend itself, are freed in their own context on any thread,
+/// whatever is current there. A buffer written on one backend's stream and read on another's
 /// needs [`synchronize`](Self::synchronize) on the writer first.
 ///
 /// ```no_run
@@ -147,10 +186,10 @@ impl Scratch {
 pub struct CudaBackend {
     ordinal: usize,
     scratch: RefCell<Scratch>,
-    modules: Vec<Module>,
+    kernels: Kernels,
     stream: Stream,
-    // Last, so that it is released after everything allocated or loaded in it.
-    context: Context,
+    // Everything above holds the context too: it is released after the last of them.
+    context: Arc<Context>,
 }
 
 impl CudaBackend {
@@ -160,32 +199,28 @@ impl CudaBackend {
     /// Fails with [`KernelError::DriverTooOld`] when the driver predates the committed PTX, and
     /// with an error for which [`KernelError::is_no_device`] holds where there is no device.
     pub fn new(ordinal: usize) -> Result<CudaBackend, KernelError> {
-        cust::init(CudaFlags::empty()).map_err(cuda("initialising the CUDA driver"))?;
-        let count = Device::num_devices().map_err(cuda("counting CUDA devices"))? as usize;
+        driver::init().map_err(cuda("initialising the CUDA driver"))?;
+        let count = driver::device_count().map_err(cuda("counting CUDA devices"))?;
         if ordinal >= count {
             return Err(KernelError::NoSuchDevice { ordinal, count });
         }
-        let device = Device::get_device(ordinal as u32).map_err(cuda("opening the device"))?;
-        let context = Context::new(device).map_err(cuda("retaining the primary context"))?;
+        let context =
+            Context::retain_primary(ordinal).map_err(cuda("retaining the primary context"))?;
         // Non-blocking: the legacy default stream, which other replicas' libraries may use,
         // never serialises with this one. Nothing here uses the default stream.
-        let stream =
-            Stream::new(StreamFlags::NON_BLOCKING, None).map_err(cuda("creating a stream"))?;
-        let modules = MODULES
-            .iter()
-            .map(|module| Module::from_ptx(module.ptx, &[]).map_err(load_error))
-            .collect::<Result<Vec<_>, _>>()?;
+        let stream = Stream::new(&context).map_err(cuda("creating a stream"))?;
+        let kernels = Kernels::load(&context)?;
         let scratch = Scratch {
-            indices: allocate(0)?, // grown on first use
-            losses: allocate(0)?,
-            loss: allocate(1)?,
-            count: allocate(1)?,
+            indices: allocate(&context, 0)?, // grown on first use
+            losses: allocate(&context, 0)?,
+            loss: allocate(&context, 1)?,
+            counts: allocate(&context, 3)?,
             staging: None, // allocated on first use, at the size the model needs
         };
         Ok(CudaBackend {
             ordinal,
             scratch: RefCell::new(scratch),
-            modules,
+            kernels,
             stream,
             context,
         })
@@ -200,7 +235,9 @@ impl CudaBackend {
     /// backend, or drops buffers it made, must call this first (the thread that called
     /// [`new`](Self::new) already has it).
     pub fn make_current(&self) -> Result<(), KernelError> {
-        CurrentContext::set_current(&self.context).map_err(cuda("making the context current"))
+        self.context
+            .set_current()
+            .map_err(cuda("making the context current"))
     }
 
     /// Waits until everything issued on this backend's stream has finished: needed before
@@ -232,8 +269,8 @@ impl CudaBackend {
         self.copy_out("download_labels", src, offset, dst)
     }
 
-    /// `C = max(0, op(A) . op(B) + bias)`: [`Backend::matmul`] and [`Backend::bias_relu`] in
-    /// one kernel (the bias is added in the matrix product's epilogue).
+    /// `C = max(0, op(A) . op(B) + bias)`: [`Backend::matmul`] and [`Backend::bias_add`] with
+    /// [`Activation::Relu`] in one kernel (the bias is added in the matrix product's epilogue).
     pub fn matmul_bias_relu(
         &self,
         spec: Gemm,
@@ -242,7 +279,7 @@ impl CudaBackend {
         bias: (&DeviceBuffer<f32>, usize),
         c: (&mut DeviceBuffer<f32>, usize),
     ) -> Result<(), KernelError> {
-        self.gemm("matmul_bias_relu", spec, a, b, Some(bias), c)
+        self.gemm(spec, a, b, Some(bias), c)
     }
 
     /// The fused optimiser step over `len` parameters, bit for bit
@@ -264,8 +301,9 @@ impl CudaBackend {
         step: UpdateStep,
     ) -> Result<(), KernelError> {
         let op = "sgd_ema_update";
-        let p = span_mut(op, "params", params, len)?;
-        let e = span_mut(op, "ema", ema, len)?;
+        check_span(op, "params", &params, len)?;
+        check_span(op, "ema", &ema, len)?;
+        let (p, e) = (span_mut(params), span_mut(ema));
         let (table, n) = gradient_table(op, grads, len)?;
         let UpdateStep {
             learning_rate,
@@ -295,7 +333,8 @@ impl CudaBackend {
         len: usize,
     ) -> Result<(), KernelError> {
         let op = "mean_gradients";
-        let out = span_mut(op, "out", out, len)?;
+        check_span(op, "out", &out, len)?;
+        let out = span_mut(out);
         let (table, n) = gradient_table(op, grads, len)?;
         // SAFETY: the arguments follow `mean_gradients`'s parameters; out and the first n table
         // entries cover len values each.
@@ -318,22 +357,22 @@ impl CudaBackend {
     unsafe fn launch(
         &self,
         kernel: Kernel,
-        grid: impl Into<GridSize>,
-        block: impl Into<BlockSize>,
+        grid: impl Into<Dim3>,
+        block: impl Into<Dim3>,
         args: &[*mut c_void],
     ) -> Result<(), KernelError> {
-        let function = self.modules[kernel.module_index()]
-            .get_function(kernel.entry())
-            .map_err(cuda(kernel.entry()))?;
-        self.stream
-            .launch(&function, grid, block, 0, args)
-            .map_err(cuda(kernel.entry()))
+        // SAFETY: the caller's promises; the handle is one of this backend's loaded modules',
+        // in its context, which the thread has current (`make_current`).
+        unsafe {
+            self.stream
+                .launch(self.kernels.get(kernel), grid.into(), block.into(), args)
+        }
+        .map_err(cuda(kernel.entry()))
     }
 
     /// A shared `matmul` launch, with the bias + ReLU epilogue when `bias` is given.
     fn gemm(
         &self,
-        op: &'static str,
         spec: Gemm,
         a: (&DeviceBuffer<f32>, usize),
         b: (&DeviceBuffer<f32>, usize),
@@ -347,11 +386,14 @@ impl CudaBackend {
             a_transposed,
             b_transposed,
         } = spec;
-        let a = span(op, "a", a, m.saturating_mul(k))?;
-        let b = span(op, "b", b, k.saturating_mul(n))?;
-        let c = span_mut(op, "c", c, m.saturating_mul(n))?;
+        let (ga, gb, gc) = (operand(&a), operand(&b), operand(&c));
+        match bias {
+            Some(bias) => check::matmul_bias_relu(spec, ga, gb, operand(&bias), gc)?,
+            None => check::matmul(spec, ga, gb, gc)?,
+        }
+        let (a, b, c) = (span(a), span(b), span_mut(c));
         let bias = match bias {
-            Some(bias) => span(op, "bias", bias, n)?,
+            Some(bias) => span(bias),
             None => DevicePointer::null(),
         };
         if m == 0 || n == 0 {
@@ -387,16 +429,16 @@ impl CudaBackend {
     /// `bias_add`, with the ReLU or without.
     fn bias(
         &self,
-        op: &'static str,
         x: &mut DeviceBuffer<f32>,
         bias: (&DeviceBuffer<f32>, usize),
         rows: usize,
         cols: usize,
         relu: bool,
     ) -> Result<(), KernelError> {
-        let len = rows.saturating_mul(cols);
-        let bias = span(op, "bias", bias, cols)?;
-        let x = span_mut(op, "x", (x, 0), len)?;
+        check::bias_add(x.len(), operand(&bias), rows, cols)?;
+        let len = rows.saturating_mul(cols); // no saturation: checked against x.len()
+        let bias = span(bias);
+        let x = span_mut((x, 0));
         let cols = dim("bias: cols", cols)?;
         let relu = i32::from(relu);
         // SAFETY: the arguments follow `bias_add`'s parameters; x covers len = rows*cols values
@@ -423,12 +465,11 @@ impl CudaBackend {
         if src.is_empty() {
             return Ok(());
         }
-        let mut span = dst.index(offset..offset + src.len());
-        // SAFETY: `span` and `src` have the same length; `src` stays borrowed until the
-        // synchronize below has seen the copy through, even where it is pinned memory that the
-        // driver would read later.
-        unsafe { span.async_copy_from(src, &self.stream) }
-            .map_err(cuda("copying to the device"))?;
+        let span = span_mut((dst, offset));
+        // SAFETY: `dst` holds `src.len()` values from `offset` on (checked above); `src` stays
+        // borrowed until the synchronize below has seen the copy through, even where it is
+        // pinned memory that the driver would read later.
+        unsafe { self.stream.copy_in(span, src) }.map_err(cuda("copying to the device"))?;
         self.synchronize()
     }
 
@@ -444,30 +485,40 @@ impl CudaBackend {
         if dst.is_empty() {
             return Ok(());
         }
-        let span = src.index(offset..offset + dst.len());
-        // SAFETY: same lengths; the synchronize below keeps `dst` borrowed until the copy has
-        // landed (the driver may return early when `dst` is pinned).
-        unsafe { span.async_copy_to(dst, &self.stream) }.map_err(cuda("copying to the host"))?;
+        let span = span((src, offset));
+        // SAFETY: `src` holds `dst.len()` values from `offset` on (checked above); the
+        // synchronize below keeps `dst` borrowed until the copy has landed (the driver may
+        // return early when `dst` is pinned).
+        unsafe { self.stream.copy_out(dst, span) }.map_err(cuda("copying to the host"))?;
         self.synchronize()
     }
 
     /// A new device buffer holding `values`.
     fn upload_new<T: DeviceCopy>(&self, values: &[T]) -> Result<DeviceBuffer<T>, KernelError> {
-        let mut buf = allocate(values.len())?;
+        let mut buf = allocate(&self.context, values.len())?;
         self.copy_in("upload_examples", values, &mut buf, 0)?;
         Ok(buf)
     }
 
     /// A new buffer of `len` zeros.
-    fn zeroed<T: DeviceCopy + cust::memory::bytemuck::Zeroable>(
-        &self,
-        len: usize,
-    ) -> Result<DeviceBuffer<T>, KernelError> {
-        let mut buf = allocate(len)?;
-        // SAFETY: the memset runs on the stream before anything issued after it, so nothing
-        // reads the memory uninitialised.
-        unsafe { buf.set_zero_async(&self.stream) }.map_err(cuda("zeroing device memory"))?;
+    fn zeroed<T: DeviceCopy>(&self, len: usize) -> Result<DeviceBuffer<T>, KernelError> {
+        let buf = allocate(&self.context, len)?;
+        self.fill(&buf, 0, "zeroing device memory")?;
         Ok(buf)
+    }
+
+    /// Queues setting every byte of `buf` to `byte` on the stream.
+    fn fill<T: DeviceCopy>(
+        &self,
+        buf: &DeviceBuffer<T>,
+        byte: u8,
+        during: &'static str,
+    ) -> Result<(), KernelError> {
+        // SAFETY: the memset covers exactly `buf`, and runs on the stream before anything
+        // issued after it, so nothing reads the memory before it is set. `buf` outlives it:
+        // its owner synchronises the stream before freeing it (see `reserve` and `Drop`).
+        unsafe { self.stream.fill_bytes(buf.as_device_ptr(), buf.len(), byte) }
+            .map_err(cuda(during))
     }
 
     /// Grows a scratch buffer to at least `len` values (its contents are not kept).
@@ -479,45 +530,80 @@ impl CudaBackend {
         if buf.len() < len {
             // Kernels already issued may still use the old buffer: let them finish first.
             self.synchronize()?;
-            *buf = allocate(len)?;
+            *buf = allocate(&self.context, len)?;
         }
         Ok(())
     }
 
-    /// Reads back the scalar a reduction kernel left in `buf[0]`.
-    fn read_scalar<T: DeviceCopy + Default>(
+    /// Copies the first `N` values of `first` and the first `M` of `second` (when given) to the
+    /// host: the scalars that the reduction kernels left, read with one wait for both.
+    fn read_results<const N: usize, const M: usize>(
         &self,
-        buf: &DeviceBuffer<T>,
-    ) -> Result<T, KernelError> {
-        let mut value = [T::default()];
-        self.copy_out("read_scalar", buf, 0, &mut value)?;
-        let [value] = value;
-        Ok(value)
+        first: &DeviceBuffer<u32>,
+        second: Option<&DeviceBuffer<f32>>,
+    ) -> Result<([u32; N], [f32; M]), KernelError> {
+        ShapeError::check("read_results", "counts", N, first.len())?;
+        let (mut counts, mut values) = ([0u32; N], [0f32; M]);
+        // SAFETY: `first` holds N values (checked above) and `second`, when given, M (checked
+        // below); the synchronize keeps the arrays borrowed until the copies have landed.
+        unsafe {
+            self.stream
+                .copy_out(&mut counts, first.as_device_ptr())
+                .map_err(cuda("copying to the host"))?;
+            if let Some(second) = second {
+                ShapeError::check("read_results", "values", M, second.len())?;
+                self.stream
+                    .copy_out(&mut values, second.as_device_ptr())
+                    .map_err(cuda("copying to the host"))?;
+            }
+        }
+        self.synchronize()?;
+        Ok((counts, values))
+    }
+
+    /// The result of a label check that `kernel` left in `status` (`[bad, first bad]`, see
+    /// `check_labels` in `kernels/reduce.cu`): the CPU's error for the first bad label, if any.
+    fn label_check(
+        kernel: Kernel,
+        op: &'static str,
+        [bad, first]: [u32; 2],
+        rows: usize,
+        classes: usize,
+    ) -> Result<(), KernelError> {
+        if bad as usize > rows {
+            return Err(KernelError::NotWritten {
+                kernel: kernel.entry(),
+            });
+        }
+        match bad {
+            0 => Ok(()),
+            _ => Err(check::bad_label(op, first, classes).into()),
+        }
     }
 }
 
 impl Drop for CudaBackend {
     fn drop(&mut self) {
-        // The fields unload modules and free memory in the *current* context: make it this
-        // backend's, whichever thread drops it. Nothing can be done about a failure here; the
-        // fields' own drops then fail the same way, quietly.
-        let _ = CurrentContext::set_current(&self.context);
         // Kernels issued last (a step whose result was never read back) may still be running
-        // and using the scratch memory and the modules' code that the fields free and unload.
+        // and using the scratch memory and the modules' code that the fields free and unload
+        // (each in the backend's context, whatever thread this is). Nothing can be done about
+        // a failure here.
+        let _ = self.make_current();
         let _ = self.stream.synchronize();
     }
 }
 
 /// Turns a failure to load a PTX module into an error that names its likely cause.
-fn load_error(code: CudaError) -> KernelError {
-    // cust 0.3 knows CUDA 11.4's error codes and reports CUDA_ERROR_UNSUPPORTED_PTX_VERSION
-    // (what an older driver says about PTX ISA 9.0) as an unknown error; the driver's version
-    // tells that case apart.
-    match CudaApiVersion::get() {
-        Ok(version) if version.major() < 13 => KernelError::DriverTooOld {
-            major: version.major(),
-            minor: version.minor(),
-        },
+fn load_error(code: Code) -> KernelError {
+    // An older driver says CUDA_ERROR_UNSUPPORTED_PTX_VERSION about PTX ISA 9.0 (or, before
+    // it had that code, something else): the driver's version tells that case apart.
+    match driver::driver_version() {
+        Ok(version) if version < 13_000 || code == UNSUPPORTED_PTX_VERSION => {
+            KernelError::DriverTooOld {
+                major: version / 1000,
+                minor: version % 1000 / 10,
+            }
+        }
         _ => KernelError::Cuda {
             during: "loading the kernels' PTX",
             code,
@@ -525,31 +611,57 @@ fn load_error(code: CudaError) -> KernelError {
     }
 }
 
-/// `len` uninitialised values in the current context.
-fn allocate<T: DeviceCopy>(len: usize) -> Result<DeviceBuffer<T>, KernelError> {
-    // SAFETY: every caller writes the memory (copy, memset or kernel) before reading it.
-    unsafe { DeviceBuffer::uninitialized(len) }.map_err(cuda("allocating device memory"))
+/// `len` uninitialised values in `context`: every caller writes the memory (copy, memset or
+/// kernel) before reading it.
+fn allocate<T: DeviceCopy>(
+    context: &Arc<Context>,
+    len: usize,
+) -> Result<DeviceBuffer<T>, KernelError> {
+    DeviceBuffer::uninitialized(context, len).map_err(cuda("allocating device memory"))
 }
 
-/// Checks that `len` values from `offset` on fit in `buf` and returns a pointer to the first.
-fn span<T: DeviceCopy>(
+/// An operand as [`check`] sees it.
+fn operand<B: HasLen>((buf, offset): &(B, usize)) -> Operand {
+    Operand::at(buf.len_of(), *offset)
+}
+
+/// The length of a buffer behind a reference, shared or not.
+trait HasLen {
+    fn len_of(&self) -> usize;
+}
+
+impl<T> HasLen for &DeviceBuffer<T> {
+    fn len_of(&self) -> usize {
+        self.len()
+    }
+}
+
+impl<T> HasLen for &mut DeviceBuffer<T> {
+    fn len_of(&self) -> usize {
+        self.len()
+    }
+}
+
+/// `ShapeError::check` of an operand that a GPU-only operation (no `check` function) reads.
+fn check_span<B: HasLen>(
     op: &'static str,
-    operand: &'static str,
-    (buf, offset): (&DeviceBuffer<T>, usize),
+    name: &'static str,
+    at: &(B, usize),
     len: usize,
-) -> Result<DevicePointer<T>, ShapeError> {
-    ShapeError::check(op, operand, offset.saturating_add(len), buf.len())?;
-    Ok(buf.as_device_ptr().wrapping_add(offset))
+) -> Result<(), ShapeError> {
+    let at = operand(at);
+    ShapeError::check(op, name, at.offset.saturating_add(len), at.len)
+}
+
+/// A pointer to the value at `offset` in `buf`, for an operand already checked.
+fn span<T>((buf, offset): (&DeviceBuffer<T>, usize)) -> DevicePointer<T> {
+    debug_assert!(offset <= buf.len());
+    buf.as_device_ptr().wrapping_add(offset)
 }
 
 /// [`span`] of a buffer the kernel writes.
-fn span_mut<T: DeviceCopy>(
-    op: &'static str,
-    operand: &'static str,
-    (buf, offset): (&mut DeviceBuffer<T>, usize),
-    len: usize,
-) -> Result<DevicePointer<T>, ShapeError> {
-    span(op, operand, (buf, offset), len)
+fn span_mut<T>((buf, offset): (&mut DeviceBuffer<T>, usize)) -> DevicePointer<T> {
+    span((buf, offset))
 }
 
 /// A size as the kernels' 32-bit `unsigned`.
@@ -580,8 +692,9 @@ fn gradient_table(
         });
     }
     let mut table = [0u64; MAX_GRADIENT_BUFFERS];
-    for (slot, &grad) in table.iter_mut().zip(grads) {
-        *slot = span(op, "grads", grad, len)?.as_raw();
+    for (slot, grad) in table.iter_mut().zip(grads) {
+        check_span(op, "grads", grad, len)?;
+        *slot = span(*grad).as_raw();
     }
     Ok((table, grads.len() as u32))
 }
@@ -610,6 +723,7 @@ impl Backend for CudaBackend {
         dst: &mut DeviceBuffer<f32>,
         offset: usize,
     ) -> Result<(), KernelError> {
+        check::upload(src.len(), Operand::at(dst.len(), offset))?;
         self.copy_in("upload", src, dst, offset)
     }
 
@@ -619,6 +733,7 @@ impl Backend for CudaBackend {
         offset: usize,
         dst: &mut [f32],
     ) -> Result<(), KernelError> {
+        check::download(Operand::at(src.len(), offset), dst.len())?;
         self.copy_out("download", src, offset, dst)
     }
 
@@ -630,7 +745,7 @@ impl Backend for CudaBackend {
         fill: &mut dyn FnMut(&mut [f32]),
     ) -> Result<(), KernelError> {
         let mut scratch = self.scratch.borrow_mut();
-        let host = scratch.staging(dst.len())?;
+        let host = scratch.staging(&self.context, dst.len())?;
         fill(host);
         self.copy_in("write_with", host, dst, 0)
     }
@@ -642,7 +757,7 @@ impl Backend for CudaBackend {
         read: &mut dyn FnMut(&[f32]),
     ) -> Result<(), KernelError> {
         let mut scratch = self.scratch.borrow_mut();
-        let host = scratch.staging(src.len())?;
+        let host = scratch.staging(&self.context, src.len())?;
         self.copy_out("read_with", src, 0, host)?;
         read(host);
         Ok(())
@@ -667,17 +782,9 @@ impl Backend for CudaBackend {
         let op = "gather";
         let rows = indices.len();
         let features = examples.features;
-        let x = span_mut(op, "x", (x, 0), rows.saturating_mul(features))?;
-        let labels = span_mut(op, "labels", (labels, 0), rows)?;
-        if let Some(&bad) = indices.iter().find(|&&i| i as usize >= examples.len) {
-            return Err(ShapeError {
-                op,
-                operand: "examples",
-                needed: bad as usize + 1,
-                available: examples.len,
-            }
-            .into());
-        }
+        check::gather(examples.len, features, indices, x.len(), labels.len())?;
+        let x = span_mut((x, 0));
+        let labels = span_mut((labels, 0));
         if rows == 0 {
             return Ok(());
         }
@@ -717,7 +824,7 @@ impl Backend for CudaBackend {
         b: (&DeviceBuffer<f32>, usize),
         c: (&mut DeviceBuffer<f32>, usize),
     ) -> Result<(), KernelError> {
-        self.gemm("matmul", spec, a, b, None, c)
+        self.gemm(spec, a, b, None, c)
     }
 
     fn bias_add(
@@ -728,14 +835,7 @@ impl Backend for CudaBackend {
         cols: usize,
         activation: Activation,
     ) -> Result<(), KernelError> {
-        self.bias(
-            "bias_add",
-            x,
-            bias,
-            rows,
-            cols,
-            activation == Activation::Relu,
-        )
+        self.bias(x, bias, rows, cols, activation == Activation::Relu)
     }
 
     fn relu_backward(
@@ -744,9 +844,9 @@ impl Backend for CudaBackend {
         activation: &DeviceBuffer<f32>,
         len: usize,
     ) -> Result<(), KernelError> {
-        let op = "relu_backward";
-        let activation = span(op, "activation", (activation, 0), len)?;
-        let grad = span_mut(op, "grad", (grad, 0), len)?;
+        check::relu_backward(grad.len(), activation.len(), len)?;
+        let activation = span((activation, 0));
+        let grad = span_mut((grad, 0));
         // SAFETY: the arguments follow `relu_backward`'s parameters; both cover len values.
         unsafe {
             self.launch(
@@ -758,8 +858,9 @@ impl Backend for CudaBackend {
         }
     }
 
-    /// As on the CPU, except that a label outside `0..classes` makes the loss NaN rather than an
-    /// error: the labels are on the device, where checking them first would cost a round trip.
+    /// As on the CPU, with one difference: a label outside `0..classes` is found on the device,
+    /// after the kernels ran, so the error comes with `dlogits` written (bad rows as if their
+    /// label matched no class).
     fn softmax_cross_entropy(
         &self,
         logits: &DeviceBuffer<f32>,
@@ -769,32 +870,43 @@ impl Backend for CudaBackend {
         dlogits: &mut DeviceBuffer<f32>,
     ) -> Result<f32, KernelError> {
         let op = "softmax_cross_entropy";
-        ShapeError::check(op, "classes", 1, classes)?;
-        let len = rows.saturating_mul(classes);
-        let logits = span(op, "logits", (logits, 0), len)?;
-        let labels = span(op, "labels", (labels, 0), rows)?;
-        let dlogits = span_mut(op, "dlogits", (dlogits, 0), len)?;
+        check::softmax_cross_entropy(logits.len(), labels.len(), rows, classes, dlogits.len())?;
+        let logits = span((logits, 0));
+        let labels = span((labels, 0));
+        let dlogits = span_mut((dlogits, 0));
         if rows == 0 {
             return Ok(f32::NAN); // the mean of no losses, as on the CPU
         }
         let rows_u32 = dim("softmax_cross_entropy: rows", rows)?;
-        let classes = dim("softmax_cross_entropy: classes", classes)?;
+        let classes_u32 = dim("softmax_cross_entropy: classes", classes)?;
         let mut scratch = self.scratch.borrow_mut();
         self.reserve(&mut scratch.losses, rows)?;
+        self.fill(&scratch.loss, POISON, "poisoning the loss")?;
+        self.fill(&scratch.counts, POISON, "poisoning the label check")?;
         let losses = scratch.losses.as_device_ptr();
         let loss = scratch.loss.as_device_ptr();
-        // SAFETY: the arguments follow `softmax_cross_entropy`'s and then `mean`'s parameters;
-        // logits and dlogits cover rows*classes values, labels and losses rows, loss one.
+        // mean_loss's label check goes to counts[1..3], where count_correct leaves its own.
+        let status = span((&scratch.counts, 1));
+        // SAFETY: the arguments follow `softmax_cross_entropy`'s and then `mean_loss`'s
+        // parameters; logits and dlogits cover rows*classes values, labels and losses rows,
+        // loss one and status two (of the three counts).
         unsafe {
             self.launch(
                 Kernel::SoftmaxCrossEntropy,
                 rows_u32.div_ceil(SOFTMAX_ROWS),
                 32 * SOFTMAX_ROWS,
-                args![logits, labels, dlogits, losses, rows_u32, classes],
+                args![logits, labels, dlogits, losses, rows_u32, classes_u32],
             )?;
-            self.launch(Kernel::Mean, 1u32, BLOCK, args![losses, rows, loss])?;
+            self.launch(
+                Kernel::MeanLoss,
+                1u32,
+                BLOCK,
+                args![losses, labels, rows_u32, classes_u32, loss, status],
+            )?;
         }
-        self.read_scalar(&scratch.loss)
+        let ([_, bad, first], [loss]) = self.read_results(&scratch.counts, Some(&scratch.loss))?;
+        Self::label_check(Kernel::MeanLoss, op, [bad, first], rows, classes)?;
+        Ok(loss)
     }
 
     fn column_sum(
@@ -804,12 +916,9 @@ impl Backend for CudaBackend {
         cols: usize,
         out: (&mut DeviceBuffer<f32>, usize),
     ) -> Result<(), KernelError> {
-        let op = "column_sum";
-        let x = span(op, "x", (x, 0), rows.saturating_mul(cols))?;
-        let out = span_mut(op, "out", out, cols)?;
-        if cols == 0 {
-            return Ok(());
-        }
+        check::column_sum(x.len(), rows, cols, operand(&out))?;
+        let x = span((x, 0));
+        let out = span_mut(out);
         let rows = dim("column_sum: rows", rows)?;
         let cols = dim("column_sum: cols", cols)?;
         // SAFETY: the arguments follow `column_sum`'s parameters; x covers rows*cols values
@@ -832,30 +941,74 @@ impl Backend for CudaBackend {
         classes: usize,
     ) -> Result<usize, KernelError> {
         let op = "count_correct";
-        ShapeError::check(op, "classes", 1, classes)?;
-        let logits = span(op, "logits", (logits, 0), rows.saturating_mul(classes))?;
-        let labels = span(op, "labels", (labels, 0), rows)?;
-        let rows = dim("count_correct: rows", rows)?;
-        let classes = dim("count_correct: classes", classes)?;
+        check::count_correct(logits.len(), labels.len(), rows, classes)?;
+        let logits = span((logits, 0));
+        let labels = span((labels, 0));
+        let rows_u32 = dim("count_correct: rows", rows)?;
+        let classes_u32 = dim("count_correct: classes", classes)?;
         let scratch = self.scratch.borrow();
-        let count = scratch.count.as_device_ptr();
+        self.fill(&scratch.counts, POISON, "poisoning the count")?;
+        let counts = scratch.counts.as_device_ptr();
         // SAFETY: the arguments follow `count_correct`'s parameters; logits covers
-        // rows*classes values, labels rows, count one.
+        // rows*classes values, labels rows, counts three.
         unsafe {
             self.launch(
                 Kernel::CountCorrect,
                 1u32,
                 BLOCK,
-                args![logits, labels, rows, classes, count],
+                args![logits, labels, rows_u32, classes_u32, counts],
             )?;
         }
-        Ok(self.read_scalar(&scratch.count)? as usize)
+        let ([hits, bad, first], []) = self.read_results::<3, 0>(&scratch.counts, None)?;
+        Self::label_check(Kernel::CountCorrect, op, [bad, first], rows, classes)?;
+        if hits as usize > rows {
+            return Err(KernelError::NotWritten {
+                kernel: Kernel::CountCorrect.entry(),
+            });
+        }
+        Ok(hits as usize)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{BLOCK, MATMUL_ROWS, TILE};
+    use super::{CudaBackend, Kernel, KernelError, BLOCK, MATMUL_ROWS, POISON, TILE};
+    use tandem_tensor::check;
+
+    /// What the host makes of the label check a kernel left: nothing bad, the CPU's error for
+    /// the first bad label, or the poison still there (the kernel never wrote it).
+    #[test]
+    fn label_checks_read_back_as_the_cpus_errors() {
+        let read = |status, rows| {
+            CudaBackend::label_check(Kernel::MeanLoss, "softmax_cross_entropy", status, rows, 10)
+        };
+        assert!(read([0, 0], 4).is_ok());
+        match read([2, 12], 4) {
+            Err(KernelError::Shape(e)) => {
+                assert_eq!(e, check::bad_label("softmax_cross_entropy", 12, 10));
+                assert_eq!(
+                    check::labels("softmax_cross_entropy", &[1, 12, 10, 3], 10),
+                    Err(e)
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let poison = u32::from_ne_bytes([POISON; 4]);
+        assert_eq!(poison, u32::MAX);
+        assert!(f32::from_ne_bytes([POISON; 4]).is_nan());
+        assert!(matches!(
+            read([poison, poison], 4),
+            Err(KernelError::NotWritten {
+                kernel: "mean_loss"
+            })
+        ));
+        // As many bad labels as rows is possible; more is not.
+        assert!(matches!(read([4, 11], 4), Err(KernelError::Shape(_))));
+        assert!(matches!(
+            read([5, 11], 4),
+            Err(KernelError::NotWritten { .. })
+        ));
+    }
 
     /// The launch shapes above are the ones the kernels are written for (`block_sum` needs
     /// exactly REDUCE_THREADS threads, `matmul` a TILE x ROWS block).

@@ -1,25 +1,25 @@
 //! The CUDA backend's error type.
 
-use cust::error::CudaError;
 use tandem_tensor::ShapeError;
 
+use crate::driver::{self, Code, NO_DEVICE};
 use crate::ptx::{MAX_GRADIENT_BUFFERS, MIN_DRIVER, PTX_ISA_VERSION};
 
 /// What can go wrong in [`CudaBackend`](crate::CudaBackend).
 //
-// CUDA errors are shown with `Debug` (`NoDevice`) and their number, never with cust's
-// `Display`: that asks the driver for the error's text and fails the whole formatting when the
-// driver cannot answer (the stub libcuda of CI, a broken install).
+// CUDA errors are shown by tandem's own table of names and their number, never by asking the
+// driver (`cuGetErrorName`), which cannot answer where the driver is broken or a stub.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum KernelError {
     /// A CUDA driver call failed.
-    #[error("{during}: CUDA error {code:?} ({})", code_number(.code))]
+    #[error("{during}: {}", describe(*.code))]
     Cuda {
         /// What was being done: an operation, or the kernel being launched.
         during: &'static str,
-        /// The driver's error.
-        code: CudaError,
+        /// The driver's result code (`CUresult`), whatever its value: `100` is
+        /// `CUDA_ERROR_NO_DEVICE`.
+        code: u32,
     },
     /// The driver is too old for the committed PTX (it fails to load with
     /// `CUDA_ERROR_UNSUPPORTED_PTX_VERSION`).
@@ -54,6 +54,14 @@ pub enum KernelError {
         /// The largest supported.
         max: usize,
     },
+    /// A kernel left a result it always writes unwritten: the poison put there before the launch
+    /// is still there. A driver that reports a launch as done when it did not run it, or a
+    /// kernel that returned early.
+    #[error("{kernel} did not write its result")]
+    NotWritten {
+        /// The kernel's entry point.
+        kernel: &'static str,
+    },
     /// An update or reduction was given no gradient buffer, or more than one launch averages.
     #[error("{op}: {given} gradient buffers given, 1 to {MAX_GRADIENT_BUFFERS} supported")]
     GradientCount {
@@ -71,18 +79,58 @@ impl KernelError {
         matches!(
             self,
             KernelError::Cuda {
-                code: CudaError::NoDevice,
+                code: NO_DEVICE,
                 ..
             } | KernelError::NoSuchDevice { count: 0, .. }
         )
     }
 }
 
-fn code_number(code: &CudaError) -> u32 {
-    *code as u32
+/// `CUDA_ERROR_NO_DEVICE (CUDA error 100)`, or `CUDA error 46` for a code tandem has no name
+/// for.
+fn describe(code: Code) -> String {
+    match driver::name(code) {
+        Some(name) => format!("{name} (CUDA error {code})"),
+        None => format!("CUDA error {code}"),
+    }
 }
 
 /// Wraps a driver error with what was being done, for `map_err`.
-pub(crate) fn cuda(during: &'static str) -> impl FnOnce(CudaError) -> KernelError {
+pub(crate) fn cuda(during: &'static str) -> impl FnOnce(Code) -> KernelError {
     move |code| KernelError::Cuda { during, code }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuda_errors_show_their_name_and_number() {
+        let error = cuda("allocating device memory")(2);
+        assert_eq!(
+            error.to_string(),
+            "allocating device memory: CUDA_ERROR_OUT_OF_MEMORY (CUDA error 2)"
+        );
+        assert!(!error.is_no_device());
+        let unknown = cuda("opening the device")(12_345);
+        assert_eq!(unknown.to_string(), "opening the device: CUDA error 12345");
+        assert!(!unknown.is_no_device());
+    }
+
+    #[test]
+    fn only_no_device_and_an_empty_machine_are_no_device() {
+        assert!(cuda("initialising")(100).is_no_device());
+        assert!(KernelError::NoSuchDevice {
+            ordinal: 0,
+            count: 0
+        }
+        .is_no_device());
+        assert!(!KernelError::NoSuchDevice {
+            ordinal: 2,
+            count: 1
+        }
+        .is_no_device());
+        // An exclusive-process GPU that another process holds is present but unusable.
+        assert!(!cuda("retaining the primary context")(46).is_no_device());
+    }
 }

@@ -4,7 +4,9 @@
 //! * [`ptx`]: the PTX of every `kernels/*.cu` file, committed and embedded as constants (always
 //!   available), and [`ptx::Kernel`], the entry points the launch code uses.
 //! * With the `cuda` feature: `CudaBackend`, which runs every [`Backend`](tandem_tensor::Backend)
-//!   operation on one GPU through the CUDA driver (via `cust`), plus the fused optimiser step
+//!   operation on one GPU through the CUDA driver API (its own declarations of the ~20 calls
+//!   it makes, each result an integer: see the private `driver` module), its buffers
+//!   (`DeviceBuffer`), plus the fused optimiser step
 //!   (`CudaBackend::sgd_ema_update`) and the gradient reduction
 //!   (`CudaBackend::mean_gradients`) of data-parallel training, and `device_count`.
 //!
@@ -32,9 +34,13 @@ pub mod ptx;
 #[cfg(feature = "cuda")]
 mod backend;
 #[cfg(feature = "cuda")]
+mod driver;
+#[cfg(feature = "cuda")]
 mod error;
 
 #[cfg(feature = "cuda")]
 pub use backend::{device_count, CudaBackend, DeviceExamples};
+#[cfg(feature = "cuda")]
+pub use driver::{release_failures, DeviceBuffer};
 #[cfg(feature = "cuda")]
 pub use error::KernelError;

@@ -10,7 +10,8 @@ pub const ELEMENTWISE: &str = include_str!("../ptx/elementwise.ptx");
 pub const GATHER: &str = include_str!("../ptx/gather.ptx");
 /// `kernels/matmul.cu`: the tiled `matmul`, either operand transposed, optional bias + ReLU.
 pub const MATMUL: &str = include_str!("../ptx/matmul.ptx");
-/// `kernels/reduce.cu`: `column_sum`, `mean` and `count_correct`, deterministic.
+/// `kernels/reduce.cu`: `column_sum`, `mean_loss` and `count_correct`, deterministic; the last two
+/// also check the labels.
 pub const REDUCE: &str = include_str!("../ptx/reduce.ptx");
 /// `kernels/softmax_xent.cu`: the fused `softmax_cross_entropy`.
 pub const SOFTMAX_XENT: &str = include_str!("../ptx/softmax_xent.ptx");
@@ -83,8 +84,9 @@ pub enum Kernel {
     Matmul,
     /// `column_sum` in [`REDUCE`].
     ColumnSum,
-    /// `mean` in [`REDUCE`].
-    Mean,
+    /// `mean_loss` in [`REDUCE`]: the mean of `softmax_cross_entropy`'s per-row losses, and the
+    /// label check.
+    MeanLoss,
     /// `count_correct` in [`REDUCE`].
     CountCorrect,
     /// `softmax_cross_entropy` in [`SOFTMAX_XENT`].
@@ -103,12 +105,17 @@ impl Kernel {
         Kernel::Gather,
         Kernel::Matmul,
         Kernel::ColumnSum,
-        Kernel::Mean,
+        Kernel::MeanLoss,
         Kernel::CountCorrect,
         Kernel::SoftmaxCrossEntropy,
         Kernel::SgdEmaUpdate,
         Kernel::MeanGradients,
     ];
+
+    /// Its position in [`ALL`](Self::ALL), for tables indexed by kernel.
+    pub const fn index(self) -> usize {
+        self as usize
+    }
 
     /// The entry point's name in the PTX (`extern "C"`, so unmangled).
     pub const fn entry(self) -> &'static str {
@@ -118,7 +125,7 @@ impl Kernel {
             Kernel::Gather => "gather",
             Kernel::Matmul => "matmul",
             Kernel::ColumnSum => "column_sum",
-            Kernel::Mean => "mean",
+            Kernel::MeanLoss => "mean_loss",
             Kernel::CountCorrect => "count_correct",
             Kernel::SoftmaxCrossEntropy => "softmax_cross_entropy",
             Kernel::SgdEmaUpdate => "sgd_ema_update",
@@ -132,7 +139,7 @@ impl Kernel {
             Kernel::BiasAdd | Kernel::ReluBackward => 0,
             Kernel::Gather => 1,
             Kernel::Matmul => 2,
-            Kernel::ColumnSum | Kernel::Mean | Kernel::CountCorrect => 3,
+            Kernel::ColumnSum | Kernel::MeanLoss | Kernel::CountCorrect => 3,
             Kernel::SoftmaxCrossEntropy => 4,
             Kernel::SgdEmaUpdate | Kernel::MeanGradients => 5,
         }

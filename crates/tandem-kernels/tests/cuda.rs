@@ -1,39 +1,28 @@
 //! Every kernel against its CPU twin in `tandem_tensor::cpu`, on a GPU.
 //!
-//! Where there is no CUDA device (no GPU, or the stub libcuda of CI) each test says
-//! `SKIPPED: no CUDA device (...)` on stderr and returns; any other failure to open the device
-//! fails the test. Outputs are filled with NaN before a kernel writes them, so an element a
-//! kernel forgets shows up as NaN.
+//! Where there is no CUDA device (no GPU, or the stub libcuda) each test says
+//! `SKIPPED: <test>: no CUDA device (...)` on stderr and returns, or fails under
+//! `TANDEM_REQUIRE_GPU=1` (see `common`); any other failure to open the device fails the test.
+//! Outputs are filled with NaN before a kernel writes them, so an element a kernel forgets
+//! shows up as NaN.
 #![cfg(feature = "cuda")]
 
-use std::io::Write;
+mod common;
 
-use cust::memory::DeviceBuffer;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use tandem_kernels::{CudaBackend, KernelError};
+use tandem_kernels::{CudaBackend, DeviceBuffer, KernelError};
 use tandem_tensor::cpu::{self, UpdateStep};
-use tandem_tensor::{Activation, Backend, ExampleSet, Gemm};
+use tandem_tensor::{Activation, Backend, CpuBackend, ExampleSet, Gemm};
 
 /// The largest relative error allowed against the CPU twin, in the infinity norm:
 /// `max |gpu - cpu| / max |cpu|`. (Element by element would hold a sum that cancels to nearly
 /// zero to a precision that neither side's summation order has.)
 const TOLERANCE: f32 = 1e-5;
 
-/// Device 0, or `None` after saying on stderr that the test is skipped.
+/// Device 0, or `None` after saying on stderr that the test is skipped (see `common`).
 fn gpu() -> Option<CudaBackend> {
-    match CudaBackend::new(0) {
-        Ok(gpu) => Some(gpu),
-        Err(e) if e.is_no_device() => {
-            // Straight to the process's stderr, in one write: the test harness captures
-            // `eprintln!` of passing tests, and a skip must never pass silently.
-            let test = std::thread::current().name().unwrap_or("?").to_string();
-            let line = format!("SKIPPED: {test}: no CUDA device ({e})\n");
-            let _ = std::io::stderr().write_all(line.as_bytes());
-            None
-        }
-        Err(e) => panic!("opening CUDA device 0: {e}"),
-    }
+    common::or_skip(CudaBackend::new(0))
 }
 
 fn rng(seed: u64) -> ChaCha8Rng {
@@ -521,4 +510,229 @@ fn staging_and_shape_errors() {
         gpu.relu_backward(&mut grad, &buf, 6),
         Err(KernelError::Shape(_))
     ));
+}
+
+#[test]
+fn a_missing_device_skips_or_fails_as_required() {
+    let reason = KernelError::NoSuchDevice {
+        ordinal: 0,
+        count: 0,
+    };
+    let skipped = common::verdict("t", &reason, false).expect("skipped when not required");
+    assert!(
+        skipped.starts_with("SKIPPED: t: no CUDA device"),
+        "{skipped}"
+    );
+    let failure = common::verdict("t", &reason, true).expect_err("fails when required");
+    assert!(failure.contains("TANDEM_REQUIRE_GPU=1"), "{failure}");
+    // Any other error opening the device fails whether or not one is required.
+    let broken = std::panic::catch_unwind(|| {
+        common::or_skip::<()>(Err(KernelError::NoSuchDevice {
+            ordinal: 3,
+            count: 1,
+        }))
+    });
+    assert!(broken.is_err());
+}
+
+/// Operand lengths and offsets for [`bad_inputs`]: a batch of 2 rows of 3 classes.
+const ROWS: usize = 2;
+const CLASSES: usize = 3;
+
+/// Runs every operation of `Backend` on inputs that are wrong in one way each, and returns what
+/// each one said, by case. `shape` turns the backend's error into the shape error it carries.
+fn bad_inputs<B: Backend>(
+    backend: &B,
+    shape: impl Fn(B::Error) -> tandem_tensor::ShapeError,
+) -> Vec<(&'static str, Result<(), tandem_tensor::ShapeError>)> {
+    let zeros = |len| backend.zeros(len).expect("allocating");
+    // Labels: 1, 3, 5 from a data set whose examples are labelled so; 3 and 5 are out of range
+    // for 3 classes, and 3 is the first.
+    let set = ExampleSet::new(1, vec![0; 3], vec![1, 3, 5]).expect("a data set");
+    let examples = backend.upload_examples(&set).expect("upload_examples");
+    let gathered = |indices: &[u32]| {
+        let mut x = zeros(indices.len());
+        let mut labels = backend.zero_labels(indices.len()).expect("labels");
+        backend
+            .gather(&examples, indices, &mut x, &mut labels)
+            .expect("gather");
+        labels
+    };
+    let good = gathered(&[0, 0]);
+    let bad = gathered(&[0, 1]);
+    let worse = gathered(&[2, 1]); // the first bad one is 5
+    let short_labels = backend.zero_labels(ROWS - 1).expect("labels");
+    let logits = zeros(ROWS * CLASSES);
+    let spec = Gemm {
+        m: 2,
+        n: 3,
+        k: 4,
+        a_transposed: false,
+        b_transposed: true,
+    };
+    macro_rules! unit {
+        ($result:expr) => {
+            $result.map(|_| ()).map_err(&shape)
+        };
+    }
+    let mut cases = Vec::new();
+    let mut case = |name, result| cases.push((name, result));
+    case(
+        "upload past the end",
+        unit!(backend.upload(&[1.0; 3], &mut zeros(4), 2)),
+    );
+    case(
+        "download past the end",
+        unit!(backend.download(&zeros(4), 2, &mut [0.0; 3])),
+    );
+    case(
+        "gather: an index past the data set",
+        unit!(backend.gather(
+            &examples,
+            &[0, 3],
+            &mut zeros(2),
+            &mut backend.zero_labels(2).unwrap(),
+        )),
+    );
+    case(
+        "gather: x too short",
+        unit!(backend.gather(
+            &examples,
+            &[0, 1],
+            &mut zeros(1),
+            &mut backend.zero_labels(2).unwrap(),
+        )),
+    );
+    case(
+        "matmul: a too short",
+        unit!(backend.matmul(spec, (&zeros(8), 1), (&zeros(12), 0), (&mut zeros(6), 0))),
+    );
+    case(
+        "matmul: c too short at its offset",
+        unit!(backend.matmul(spec, (&zeros(8), 0), (&zeros(12), 0), (&mut zeros(6), 1))),
+    );
+    case(
+        "bias_add: no columns",
+        unit!(backend.bias_add(&mut zeros(4), (&zeros(4), 0), 2, 0, Activation::Relu)),
+    );
+    case(
+        "bias_add: bias too short",
+        unit!(backend.bias_add(&mut zeros(6), (&zeros(3), 1), 2, 3, Activation::Identity)),
+    );
+    case(
+        "relu_backward: grad too short",
+        unit!(backend.relu_backward(&mut zeros(3), &zeros(4), 4)),
+    );
+    case(
+        "softmax_cross_entropy: no classes",
+        unit!(backend.softmax_cross_entropy(&logits, &good, ROWS, 0, &mut zeros(6))),
+    );
+    case(
+        "softmax_cross_entropy: labels too short",
+        unit!(backend.softmax_cross_entropy(&logits, &short_labels, ROWS, CLASSES, &mut zeros(6))),
+    );
+    case(
+        "softmax_cross_entropy: dlogits too short",
+        unit!(backend.softmax_cross_entropy(&logits, &good, ROWS, CLASSES, &mut zeros(5))),
+    );
+    case(
+        "softmax_cross_entropy: a label out of range",
+        unit!(backend.softmax_cross_entropy(&logits, &bad, ROWS, CLASSES, &mut zeros(6))),
+    );
+    case(
+        "softmax_cross_entropy: two labels out of range",
+        unit!(backend.softmax_cross_entropy(&logits, &worse, ROWS, CLASSES, &mut zeros(6))),
+    );
+    case(
+        "column_sum: no columns",
+        unit!(backend.column_sum(&zeros(4), 4, 0, (&mut zeros(1), 0))),
+    );
+    case(
+        "column_sum: out too short at its offset",
+        unit!(backend.column_sum(&zeros(6), 2, 3, (&mut zeros(3), 1))),
+    );
+    case(
+        "count_correct: no classes",
+        unit!(backend.count_correct(&logits, &good, ROWS, 0)),
+    );
+    case(
+        "count_correct: logits too short",
+        unit!(backend.count_correct(&zeros(5), &good, ROWS, CLASSES)),
+    );
+    case(
+        "count_correct: a label out of range",
+        unit!(backend.count_correct(&logits, &bad, ROWS, CLASSES)),
+    );
+    case(
+        "count_correct: two labels out of range",
+        unit!(backend.count_correct(&logits, &worse, ROWS, CLASSES)),
+    );
+    cases
+}
+
+/// The CPU and the GPU refuse the same inputs with the same error: the shared checks of
+/// `tandem_tensor::check`, and the labels' range, checked on the device.
+#[test]
+fn bad_inputs_fail_alike_on_the_cpu_and_the_gpu() {
+    let cpu = bad_inputs(&CpuBackend, |e| e);
+    for (case, result) in &cpu {
+        assert!(result.is_err(), "CPU accepted {case}");
+    }
+    // The label cases name the first bad label.
+    let named = |case: &str| cpu.iter().find(|(c, _)| *c == case).unwrap().1.clone();
+    let first = named("softmax_cross_entropy: two labels out of range").unwrap_err();
+    assert_eq!(
+        (first.operand, first.needed, first.available),
+        ("labels", 6, CLASSES)
+    );
+    let Some(gpu) = gpu() else { return };
+    let on_gpu = bad_inputs(&gpu, |e| match e {
+        KernelError::Shape(shape) => shape,
+        other => panic!("not a shape error: {other}"),
+    });
+    for ((case, want), (_, got)) in cpu.iter().zip(&on_gpu) {
+        assert_eq!(got, want, "{case}");
+    }
+    // And the GPU still works after refusing (no poisoned state left behind).
+    let logits = upload(&gpu, &[0.0, 1.0, 0.0, 2.0, 0.0, 0.0], 0);
+    let good = labels(&gpu, &[1, 0]);
+    assert_eq!(gpu.count_correct(&logits, &good, ROWS, CLASSES).unwrap(), 2);
+    let mut d = poisoned(&gpu, ROWS * CLASSES);
+    let loss = gpu
+        .softmax_cross_entropy(&logits, &good, ROWS, CLASSES, &mut d)
+        .unwrap();
+    assert!(loss.is_finite(), "{loss}");
+}
+
+/// Buffers are freed in their own context whatever the dropping thread has current, and doing
+/// so leaves that thread's own context current: replicas on `cuda:0,1` are torn down this way.
+#[test]
+fn buffers_are_freed_in_their_own_context_on_any_thread() {
+    let Some(first) = gpu() else { return };
+    let failures = tandem_kernels::release_failures();
+    let mut held = Vec::new();
+    for len in [1, 1000, 100_000] {
+        held.push(upload(&first, &vec![1.0; len], 0));
+    }
+    // Another thread, with no context current: every release must still succeed.
+    let spare = upload(&first, &[2.0; 10], 0);
+    std::thread::spawn(move || drop(spare)).join().unwrap();
+    // A second backend (the second GPU where there is one, else another on the first) made
+    // current last: dropping the first's buffers must not change what is current.
+    let second = CudaBackend::new(tandem_kernels::device_count().unwrap().min(2) - 1)
+        .expect("a second backend");
+    second.make_current().unwrap();
+    drop(held);
+    let after = upload(&second, &[3.0, 4.0], 0);
+    let mut sums = poisoned(&second, 1);
+    second
+        .column_sum(&after, 2, 1, (&mut sums, 0))
+        .expect("the second backend's context is still current");
+    assert_eq!(download(&second, &sums, 0, 1), [7.0]);
+    // Whole backends too, dropped on a thread with nothing current.
+    std::thread::spawn(move || drop(first)).join().unwrap();
+    drop(after);
+    drop(sums);
+    drop(second);
+    assert_eq!(tandem_kernels::release_failures(), failures);
 }

@@ -1,8 +1,10 @@
 //! The whole model and the sync strategy on the GPU against the CPU (needs `--features cuda`
-//! and a GPU; without one every test prints `SKIPPED: ...` on stderr and returns).
+//! and a GPU or the driver stand-in; without one every test prints `SKIPPED: ...` on stderr and
+//! returns, or fails under `TANDEM_REQUIRE_GPU=1`: see `common`).
 #![cfg(feature = "cuda")]
 
-use std::io::Write;
+mod common;
+
 use std::path::Path;
 
 use rand::SeedableRng;
@@ -21,18 +23,8 @@ fn gpu_replicas(
 ) -> Option<Vec<MlpReplica<CudaBackend>>> {
     let mut replicas = Vec::new();
     for _ in 0..count {
-        match CudaBackend::new(0) {
-            Ok(gpu) => {
-                replicas.push(MlpReplica::new(Mlp::MNIST, gpu, train, batch).expect("GPU replica"))
-            }
-            Err(e) if e.is_no_device() => {
-                let test = std::thread::current().name().unwrap_or("?").to_string();
-                let _ = std::io::stderr()
-                    .write_all(format!("SKIPPED: {test}: no CUDA device ({e})\n").as_bytes());
-                return None;
-            }
-            Err(e) => panic!("opening CUDA device 0: {e}"),
-        }
+        let gpu = common::or_skip(CudaBackend::new(0))?;
+        replicas.push(MlpReplica::new(Mlp::MNIST, gpu, train, batch).expect("GPU replica"));
     }
     Some(replicas)
 }

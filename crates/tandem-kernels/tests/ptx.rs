@@ -855,3 +855,11 @@ fn the_launch_reader_sees_the_update_launch() {
         ]
     );
 }
+
+/// The launch code keeps one function handle per kernel in a table indexed by `Kernel::index`.
+#[test]
+fn kernel_indices_are_positions_in_all() {
+    for (i, kernel) in Kernel::ALL.into_iter().enumerate() {
+        assert_eq!(kernel.index(), i, "{kernel:?}");
+    }
+}
