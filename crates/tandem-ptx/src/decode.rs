@@ -142,7 +142,7 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
                 b,
             })
         }
-        "mad" | "fma" | "mad24" => mad(p, base, &mut m, ops, line),
+        "mad" | "fma" | "mad24" | "madc" => mad(p, base, &mut m, ops, line),
         "bfe" => {
             n_ops(ops, 4)?;
             let ty = m.ty().ok_or(None)?;
@@ -667,9 +667,37 @@ fn mad(p: &mut Parser, base: &str, m: &mut Mods, ops: &[Raw], line: usize) -> R 
     let rnd = m.rnd();
     let ftz = m.has("ftz");
     let sat = m.has("sat");
+    let cc = m.has("cc");
     let lohi = m.any(&["lo", "hi", "wide"]);
     let ty = m.ty().ok_or(None)?;
     let d = p.dst(&ops[0], line)?;
+    if cc || base == "madc" {
+        // Extended-precision multiply-add: mad{c}.{lo,hi}{.cc}.{u32,s32,u64,s64}.
+        let hi = match lohi {
+            Some("lo") => false,
+            Some("hi") => true,
+            _ => return Err(None),
+        };
+        if sat || ftz || rnd != Rnd::Default || !matches!(ty, Ty::U32 | Ty::S32 | Ty::U64 | Ty::S64)
+        {
+            return Err(None);
+        }
+        let (a, b, c) = (
+            p.src(&ops[1], ty, line)?,
+            p.src(&ops[2], ty, line)?,
+            p.src(&ops[3], ty, line)?,
+        );
+        return done(Op::MadCc {
+            hi,
+            carry_in: base == "madc",
+            carry_out: cc,
+            ty,
+            d,
+            a,
+            b,
+            c,
+        });
+    }
     if ty.float() {
         if lohi.is_some() || base == "mad24" || ty == Ty::F16 {
             return Err(None);
@@ -887,7 +915,7 @@ fn ld_st(p: &mut Parser, st: bool, m: &mut Mods, ops: &[Raw], line: usize) -> R 
         None => 1,
     };
     let ty = m.ty().ok_or(None)?;
-    if ty == Ty::Pred {
+    if ty == Ty::Pred || (st && space == Space::Const) {
         return Err(None);
     }
     let (regs, addr) = if st {

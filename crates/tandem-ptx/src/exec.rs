@@ -138,6 +138,8 @@ fn classify(space: Space, addr: u64) -> (Space, u64) {
                 (Space::Global, addr)
             }
         }
+        // Module `.const` variables are device memory the driver allocated.
+        Space::Const => (Space::Global, addr),
         s => (s, addr),
     }
 }
@@ -676,6 +678,8 @@ fn atom_apply(op: AtomOp, ty: Ty, old: u64, b: u64, c: u64) -> u64 {
 /// What one launch shares across its workers.
 struct Ctx<'a> {
     k: &'a Kernel,
+    /// The kernel's register template with module variable addresses filled in.
+    template: &'a [u64],
     code: &'a [Inst],
     launch: &'a Launch<'a>,
     mem: &'a dyn GlobalMemory,
@@ -822,6 +826,31 @@ impl Ctx<'_> {
                     } else {
                         p.wrapping_add(r[c as usize]) & mask_of(rty.bits())
                     };
+                }
+                &Op::MadCc {
+                    hi,
+                    carry_in,
+                    carry_out,
+                    ty,
+                    d,
+                    a,
+                    b,
+                    c,
+                } => {
+                    let bits = ty.bits();
+                    let m = mask_of(bits);
+                    let op = if hi { IOp::MulHi } else { IOp::MulLo };
+                    let p = ibin(op, ty, r[a as usize], r[b as usize]) as u128;
+                    let cin = if carry_in {
+                        r[crate::parse::CARRY as usize] as u128 & 1
+                    } else {
+                        0
+                    };
+                    let v = p + (r[c as usize] & m) as u128 + cin;
+                    r[d as usize] = v as u64 & m;
+                    if carry_out {
+                        r[crate::parse::CARRY as usize] = (v >> bits) as u64 & 1;
+                    }
                 }
                 &Op::Bfe { ty, d, a, b, c } => {
                     let bits = ty.bits();
@@ -1263,6 +1292,7 @@ pub(crate) fn run(
     k: &Kernel,
     launch: &Launch<'_>,
     mem: &dyn GlobalMemory,
+    globals: &[u64],
 ) -> Result<u64, ExecError> {
     let (g, b) = (launch.grid, launch.block);
     if [g.x, g.y, g.z, b.x, b.y, b.z].contains(&0) {
@@ -1287,8 +1317,23 @@ pub(crate) fn run(
         )));
     }
     let nblocks = g.x as usize * g.y as usize * g.z as usize;
+    let mut template = std::borrow::Cow::Borrowed(&k.template[..]);
+    for &(slot, gi) in &k.global_slots {
+        match globals.get(gi) {
+            Some(&a) => template.to_mut()[slot as usize] = a,
+            None => {
+                return Err(ExecError::InvalidValue(format!(
+                    "kernel `{}` uses module variable `{}` (index {gi}), but no device address was given for it ({} given)",
+                    k.name,
+                    k.prog.globals[gi].name,
+                    globals.len()
+                )))
+            }
+        }
+    }
     let ctx = Ctx {
         k,
+        template: &template,
         code: &k.prog.code,
         launch,
         mem,
@@ -1369,7 +1414,7 @@ impl Ctx<'_> {
         let total_smem = bm.shared.len() as u64;
         for (t, th) in threads.iter_mut().enumerate() {
             let r = &mut regs[t * ns..(t + 1) * ns];
-            r.copy_from_slice(&k.template);
+            r.copy_from_slice(self.template);
             let (tx, ty, tz) = dim_of(t, l.block);
             let lane = (t % 32) as u64;
             let specials = [

@@ -318,6 +318,17 @@ pub(crate) enum Op {
         b: Slot,
         c: Slot,
     },
+    /// mad{c}.{lo,hi}{.cc}: `d = (a * b).{lo,hi} + c (+ carry)`, optionally setting the carry.
+    MadCc {
+        hi: bool,
+        carry_in: bool,
+        carry_out: bool,
+        ty: Ty,
+        d: Slot,
+        a: Slot,
+        b: Slot,
+        c: Slot,
+    },
     Bfe {
         ty: Ty,
         d: Slot,

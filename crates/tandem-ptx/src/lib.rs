@@ -12,8 +12,9 @@
 //!   params and prototypes), `.param` lists (scalars, `.align N .b8 x[K]`), `.reg` with `%r<N>`
 //!   ranges, `.shared` (static and `extern` dynamic) and `.local` variables, performance
 //!   directives, `.pragma`, `.loc`/`.file`, `{ }` scopes, labels, `@%p`/`@!%p` guards.
-//!   Module-scope `.global`/`.const` variables and initialisers are refused with a
-//!   [`ParseError`].
+//!   Module-scope `.global`/`.const` variables with or without initialisers (see "Module
+//!   variables" below); an initialiser holding another variable's address, and `.extern`
+//!   variables, are refused with a [`ParseError`].
 //! - Integer: add/sub (.sat, .cc, addc/subc), mul/mad (.lo/.hi/.wide), mul24/mad24, div, rem,
 //!   abs, neg, min, max, and/or/xor/not/cnot, shl/shr (amounts past the width clamp), popc,
 //!   clz, brev, bfe, bfi, prmt (default mode), lop3, shf.
@@ -33,6 +34,22 @@
 //!   bar.sync/barrier.sync (with thread counts), bar.warp.sync, membar/fence (no-ops),
 //!   shfl.sync (up/down/bfly/idx with clamp and segment mask, predicate output), vote.sync
 //!   (all/any/uni/ballot), activemask, `%clock`/`%clock64` (a per-block counter).
+//!
+//! # Module variables (driver side)
+//!
+//! A module's `.global` and `.const` variables live in device memory that the DRIVER owns:
+//!
+//! 1. when loading the module, allocate each of [`Module::globals`] (`size` bytes, aligned to
+//!    `align`) as an ordinary device allocation that [`GlobalMemory::resolve`] accepts, and
+//!    copy its `initial` bytes in (uninitialised variables are zeros there);
+//! 2. keep the addresses in the same order (`addrs[i]` for `globals()[i]`), answer
+//!    `cuModuleGetGlobal(name)` with them, and free them when the module is unloaded;
+//! 3. launch with [`run_with_globals`]`(kernel, launch, memory, &addrs)`.
+//!
+//! The kernel then sees each variable at its address: `mov.u64 %rd, name`, `cvta.global`,
+//! `ld.global [name+8]`, `ld.const [name]` (constant space is addressed like global memory)
+//! all go through [`GlobalMemory::resolve`]. [`Kernel::globals_used`] says which variables a
+//! kernel references.
 //!
 //! # Scheduling
 //!
@@ -115,6 +132,11 @@ pub struct Kernel {
     template: Vec<u64>,
     /// First instruction.
     start: u32,
+    /// Module variables (indices in [`Module::globals`]) the entry and its callees reference.
+    globals: Vec<usize>,
+    /// Template slots holding a module variable's address: (slot, variable index), filled per
+    /// launch from the addresses [`run_with_globals`] is given.
+    global_slots: Vec<(u32, usize)>,
 }
 
 impl Kernel {
@@ -134,6 +156,12 @@ impl Kernel {
     /// that it references).
     pub fn static_shared_bytes(&self) -> usize {
         self.static_shared
+    }
+
+    /// The module variables this entry (or a function it calls) references, as indices into
+    /// [`Module::globals`], ascending. [`run_with_globals`] needs an address for each of them.
+    pub fn globals_used(&self) -> &[usize] {
+        &self.globals
     }
 
     /// Bytes of shared memory a block holds with `dynamic` dynamic bytes.
@@ -177,6 +205,13 @@ impl Kernel {
             }
         }
         let dyn_offset = end.div_ceil(dyn_align) * dyn_align;
+        let mut globals: Vec<usize> = reach
+            .iter()
+            .flat_map(|&r| prog.funcs[r].globals.iter().copied())
+            .collect();
+        globals.sort_unstable();
+        globals.dedup();
+        let mut global_slots = Vec::new();
         let mut template = vec![0u64; prog.nslots as usize];
         for &(slot, src) in &prog.consts {
             template[slot as usize] = match src {
@@ -191,6 +226,12 @@ impl Kernel {
                         parse::SymSpace::DynShared => dyn_offset as u64,
                         parse::SymSpace::Local | parse::SymSpace::KernelParam => sym.offset as u64,
                         parse::SymSpace::FuncParam => parse::FPARAM_BASE + sym.offset as u64,
+                        parse::SymSpace::Module => {
+                            if globals.binary_search(&sym.offset).is_ok() {
+                                global_slots.push((slot, sym.offset));
+                            }
+                            0
+                        }
                     }
                 }
             };
@@ -207,6 +248,7 @@ impl Kernel {
                 }
             })
             .collect();
+        global_slots.sort_unstable_by_key(|&(_, g)| g);
         let param_bytes = params.last().map_or(0, |p| p.offset + p.size);
         Kernel {
             prog: Arc::clone(prog),
@@ -217,6 +259,8 @@ impl Kernel {
             dyn_offset,
             template,
             start: f.start,
+            globals,
+            global_slots,
         }
     }
 }
@@ -251,10 +295,42 @@ impl Module {
     pub fn kernel(&self, name: &str) -> Option<Arc<Kernel>> {
         self.kernels.iter().find(|k| k.name == name).cloned()
     }
+    /// The module-scope `.global` and `.const` variables, in declaration order. The driver
+    /// allocates each when it loads the module and passes the addresses to
+    /// [`run_with_globals`] (see the crate docs, "Module variables").
+    pub fn globals(&self) -> &[GlobalVariable] {
+        &self.prog.globals
+    }
     /// Names of every `.entry`, in file order.
     pub fn kernel_names(&self) -> Vec<String> {
         self.kernels.iter().map(|k| k.name.clone()).collect()
     }
+}
+
+/// The state space of a module variable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VarSpace {
+    /// `.global`: device memory kernels may read and write.
+    Global,
+    /// `.const`: constant memory (kernels only read it; the host writes it with
+    /// `cuMemcpyHtoD` after `cuModuleGetGlobal`).
+    Const,
+}
+
+/// A module-scope `.global` or `.const` variable (e.g. libdevice's `__cudart_i2opi_d` table).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GlobalVariable {
+    /// The PTX name (what `cuModuleGetGlobal` looks up).
+    pub name: String,
+    /// `.global` or `.const`.
+    pub space: VarSpace,
+    /// Size in bytes (element size times every array dimension).
+    pub size: usize,
+    /// Alignment in bytes (`.align N`, else the element size).
+    pub align: usize,
+    /// The initial contents, exactly `size` bytes: the initialiser's values little-endian,
+    /// zeros where there is no initialiser (or past its end), as CUDA does.
+    pub initial: Vec<u8>,
 }
 
 /// Grid or block dimensions.
@@ -322,13 +398,29 @@ pub enum ExecError {
 }
 
 /// Runs `kernel` once over the whole grid. Each error message names the kernel, the block and
-/// thread, and the PTX line of the faulting instruction.
+/// thread, and the PTX line of the faulting instruction. The same as [`run_with_globals`] with
+/// no module variable addresses (so a kernel that uses module variables fails with
+/// [`ExecError::InvalidValue`]).
 pub fn run(
     kernel: &Kernel,
     launch: &Launch<'_>,
     memory: &dyn GlobalMemory,
 ) -> Result<(), ExecError> {
-    exec::run(kernel, launch, memory).map(|_| ())
+    exec::run(kernel, launch, memory, &[]).map(|_| ())
+}
+
+/// [`run`] for a kernel whose module has `.global`/`.const` variables: `globals[i]` is the
+/// device address the driver allocated for `module.globals()[i]` (every access to it then goes
+/// through [`GlobalMemory::resolve`], so that allocation must be one `memory` resolves).
+/// A kernel referencing a variable with no address here (`globals` too short) fails with
+/// [`ExecError::InvalidValue`] naming it.
+pub fn run_with_globals(
+    kernel: &Kernel,
+    launch: &Launch<'_>,
+    memory: &dyn GlobalMemory,
+    globals: &[u64],
+) -> Result<(), ExecError> {
+    exec::run(kernel, launch, memory, globals).map(|_| ())
 }
 
 /// What a launch did, from [`run_counted`].
@@ -344,5 +436,15 @@ pub fn run_counted(
     launch: &Launch<'_>,
     memory: &dyn GlobalMemory,
 ) -> Result<Stats, ExecError> {
-    exec::run(kernel, launch, memory).map(|instructions| Stats { instructions })
+    exec::run(kernel, launch, memory, &[]).map(|instructions| Stats { instructions })
+}
+
+/// [`run_with_globals`], also counting the instructions executed.
+pub fn run_counted_with_globals(
+    kernel: &Kernel,
+    launch: &Launch<'_>,
+    memory: &dyn GlobalMemory,
+    globals: &[u64],
+) -> Result<Stats, ExecError> {
+    exec::run(kernel, launch, memory, globals).map(|instructions| Stats { instructions })
 }

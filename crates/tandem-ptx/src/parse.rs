@@ -49,6 +49,9 @@ pub(crate) enum SymSpace {
     Local,
     KernelParam,
     FuncParam,
+    /// A module-scope `.global` or `.const` variable; its `offset` is its index in
+    /// [`Program::globals`], its address is given at launch.
+    Module,
 }
 
 /// A variable or parameter.
@@ -81,6 +84,8 @@ pub(crate) struct Func {
     pub shared: Vec<usize>,
     /// Functions it calls.
     pub calls: Vec<usize>,
+    /// Module variables (indices in [`Program::globals`]) it references.
+    pub globals: Vec<usize>,
 }
 
 /// A parsed module.
@@ -95,6 +100,8 @@ pub(crate) struct Program {
     pub nslots: u32,
     pub local_bytes: usize,
     pub fparam_bytes: usize,
+    /// Module-scope `.global`/`.const` variables, in declaration order.
+    pub globals: Vec<crate::GlobalVariable>,
 }
 
 /// Base address of func-param space (kernel params occupy [0, param_bytes)).
@@ -170,6 +177,7 @@ pub(crate) fn parse(text: &str) -> Result<Program, ParseError> {
             nslots: FIRST_FREE,
             local_bytes: 0,
             fparam_bytes: 0,
+            globals: Vec::new(),
         },
         const_map: HashMap::new(),
         func_map: HashMap::new(),
@@ -243,7 +251,7 @@ impl Parser {
     }
 
     fn module(&mut self) -> Result<(), ParseError> {
-        let mut linkage = false;
+        let mut external = false;
         while let Some(tok) = self.peek().cloned() {
             let line = self.line();
             let Tok::Ident(d) = tok else {
@@ -277,8 +285,9 @@ impl Parser {
                         return err(line, format!(".address_size {n} is not supported"));
                     }
                 }
-                ".visible" | ".extern" | ".weak" | ".common" => {
-                    linkage = true;
+                ".visible" | ".weak" | ".common" => continue,
+                ".extern" => {
+                    external = true;
                     continue;
                 }
                 ".entry" | ".func" => self.function(d == ".entry")?,
@@ -294,16 +303,10 @@ impl Parser {
                     self.next()?;
                     self.expect(';')?;
                 }
-                ".global" | ".const" => {
-                    return err(
-                        line,
-                        format!("module-scope `{d}` variables are not supported"),
-                    )
-                }
+                ".global" | ".const" => self.global_decl(d == ".const", external, line)?,
                 _ => return err(line, format!("unknown directive `{d}`")),
             }
-            let _ = linkage;
-            linkage = false;
+            external = false;
         }
         Ok(())
     }
@@ -350,6 +353,12 @@ impl Parser {
 
     /// `.align N`, `.vN`, `.ptr`, state-space qualifiers and the type: (align, element size).
     fn decl_attrs(&mut self, line: usize) -> Result<(Option<usize>, usize), ParseError> {
+        let (align, ty, vec) = self.decl_type(line)?;
+        Ok((align, ty.bytes() * vec))
+    }
+
+    /// As [`Parser::decl_attrs`]: (align, type, vector length).
+    fn decl_type(&mut self, line: usize) -> Result<(Option<usize>, Ty, usize), ParseError> {
         let mut align = None;
         let mut vec = 1;
         loop {
@@ -369,10 +378,145 @@ impl Parser {
                 ".v4" => vec = 4,
                 ".ptr" | ".global" | ".shared" | ".local" | ".const" => {}
                 t => match t.strip_prefix('.').and_then(Ty::parse) {
-                    Some(ty) => return Ok((align, ty.bytes() * vec)),
+                    Some(ty) => return Ok((align, ty, vec)),
                     None => return err(line, format!("unknown type `{t}`")),
                 },
             }
+        }
+    }
+
+    /// A module-scope `.global`/`.const` declaration (after the state space):
+    /// `[.align N] [.vN] .type name[[K]]... [= initialiser] (, ...)* ;`.
+    fn global_decl(&mut self, konst: bool, external: bool, line: usize) -> Result<(), ParseError> {
+        let (align, ty, vec) = self.decl_type(line)?;
+        let elem = ty.bytes() * vec;
+        loop {
+            let name = self.ident()?;
+            if external {
+                return err(
+                    line,
+                    format!("`.extern` module variable `{name}` (defined in another module) is not supported"),
+                );
+            }
+            let mut count = 1usize;
+            while self.is_punct('[') {
+                self.pos += 1;
+                if self.is_punct(']') {
+                    return err(line, format!("unsized module variable `{name}[]`"));
+                }
+                let n = self.number()?;
+                count = usize::try_from(n)
+                    .ok()
+                    .and_then(|n| count.checked_mul(n))
+                    .filter(|&c| c.saturating_mul(elem) <= 1 << 32)
+                    .ok_or_else(|| ParseError {
+                        line,
+                        message: format!("module variable `{name}` is too large"),
+                    })?;
+                self.expect(']')?;
+            }
+            let size = count * elem;
+            let mut initial = vec![0u8; size];
+            if self.is_punct('=') {
+                self.pos += 1;
+                let mut vals = Vec::new();
+                self.initialiser(&name, line, &mut vals)?;
+                let w = ty.bytes();
+                if vals.len() * w > size {
+                    return err(
+                        line,
+                        format!(
+                            "initialiser of `{name}` has {} elements, more than its {}",
+                            vals.len(),
+                            size / w.max(1)
+                        ),
+                    );
+                }
+                for (i, v) in vals.iter().enumerate() {
+                    let bits = imm_bits(v, ty).to_le_bytes();
+                    initial[i * w..(i + 1) * w].copy_from_slice(&bits[..w]);
+                }
+            }
+            let align = align.unwrap_or(elem.max(1));
+            let index = self.prog.globals.len();
+            self.prog.globals.push(crate::GlobalVariable {
+                name: name.clone(),
+                space: if konst {
+                    crate::VarSpace::Const
+                } else {
+                    crate::VarSpace::Global
+                },
+                size,
+                align,
+                initial,
+            });
+            let id = self.add_sym(SymSpace::Module, size, align);
+            self.prog.syms[id].offset = index;
+            self.module_scope.insert(name, Named::Sym(id));
+            if self.is_punct(',') {
+                self.pos += 1;
+                continue;
+            }
+            return self.expect(';');
+        }
+    }
+
+    /// An initialiser: a scalar or a `{ }` list (nested lists flattened), appended to `out`.
+    fn initialiser(
+        &mut self,
+        var: &str,
+        line: usize,
+        out: &mut Vec<Imm>,
+    ) -> Result<(), ParseError> {
+        if self.is_punct('{') {
+            self.pos += 1;
+            if self.is_punct('}') {
+                self.pos += 1;
+                return Ok(());
+            }
+            loop {
+                self.initialiser(var, line, out)?;
+                match self.next()? {
+                    Tok::Punct(',') => {}
+                    Tok::Punct('}') => return Ok(()),
+                    t => {
+                        return err(
+                            line,
+                            format!("unexpected {} in the initialiser of `{var}`", show(&t)),
+                        )
+                    }
+                }
+            }
+        }
+        let neg = if self.is_punct('-') {
+            self.pos += 1;
+            true
+        } else {
+            false
+        };
+        match self.next()? {
+            Tok::Num(s) => {
+                let imm = parse_imm(&s).ok_or_else(|| ParseError {
+                    line,
+                    message: format!("bad number `{s}` in the initialiser of `{var}`"),
+                })?;
+                out.push(match (imm, neg) {
+                    (Imm::Int(v), true) => Imm::Int(v.wrapping_neg()),
+                    (Imm::Float(f), true) => Imm::Float(-f),
+                    (i, false) => i,
+                });
+                Ok(())
+            }
+            Tok::Ident(n) => err(
+                line,
+                format!(
+                    "the initialiser of `{var}` takes the address of `{n}`: addresses in initialisers are not supported"
+                ),
+            ),
+            t => err(
+                line,
+                format!("unexpected {} in the initialiser of `{var}`", show(&t)),
+            ),
         }
     }
 
@@ -835,6 +979,15 @@ impl Parser {
     }
 
     fn note_sym(&mut self, id: usize) {
+        let sym = &self.prog.syms[id];
+        if sym.space == SymSpace::Module {
+            let g = sym.offset;
+            let f = &mut self.prog.funcs[self.cur_func];
+            if !f.globals.contains(&g) {
+                f.globals.push(g);
+            }
+            return;
+        }
         if self.module_shared.contains(&id) && !self.prog.funcs[self.cur_func].shared.contains(&id)
         {
             self.prog.funcs[self.cur_func].shared.push(id);
