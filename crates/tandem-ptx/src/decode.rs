@@ -118,8 +118,8 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
     match base {
         "add" | "sub" | "mul" | "div" | "rem" | "min" | "max" | "and" | "or" | "xor" | "shl"
         | "shr" | "mul24" | "copysign" => binary(p, base, &mut m, ops, line),
-        "abs" | "neg" | "not" | "cnot" | "popc" | "clz" | "brev" | "sqrt" | "rcp" | "rsqrt"
-        | "ex2" | "lg2" | "sin" | "cos" | "tanh" => unary(p, base, &mut m, ops, line),
+        "abs" | "neg" | "not" | "cnot" | "popc" | "clz" | "brev" | "bfind" | "sqrt" | "rcp"
+        | "rsqrt" | "ex2" | "lg2" | "sin" | "cos" | "tanh" => unary(p, base, &mut m, ops, line),
         "addc" | "subc" => {
             n_ops(ops, 3)?;
             let cc = m.has("cc");
@@ -167,6 +167,15 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
         }
         "prmt" => {
             n_ops(ops, 4)?;
+            let mode = match m.any(&["f4e", "b4e", "rc8", "ecl", "ecr", "rc16"]) {
+                None => 0,
+                Some("f4e") => 1,
+                Some("b4e") => 2,
+                Some("rc8") => 3,
+                Some("ecl") => 4,
+                Some("ecr") => 5,
+                Some(_) => 6,
+            };
             if m.ty() != Some(Ty::B32) {
                 return Err(None);
             }
@@ -176,7 +185,97 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
                 p.src(&ops[2], Ty::B32, line)?,
                 p.src(&ops[3], Ty::B32, line)?,
             );
-            done(Op::Prmt { d, a, b, c })
+            done(Op::Prmt { mode, d, a, b, c })
+        }
+        "sad" => {
+            n_ops(ops, 4)?;
+            let ty = m
+                .ty()
+                .filter(|t| !t.float() && *t != Ty::Pred)
+                .ok_or(None)?;
+            if ty.bits() < 16 {
+                return Err(None);
+            }
+            let d = p.dst(&ops[0], line)?;
+            let (a, b) = (p.src(&ops[1], ty, line)?, p.src(&ops[2], ty, line)?);
+            let uty = if ty.signed() {
+                crate::decode::unsigned(ty)
+            } else {
+                ty
+            };
+            let c = p.src(&ops[3], uty, line)?;
+            done(Op::Sad { ty, d, a, b, c })
+        }
+        "szext" | "bmsk" => {
+            n_ops(ops, 3)?;
+            let clamp = match m.any(&["wrap", "clamp"]) {
+                Some("clamp") => true,
+                Some(_) => false,
+                None => return Err(None),
+            };
+            let ty = m.ty().ok_or(None)?;
+            let d = p.dst(&ops[0], line)?;
+            let (a, b) = (p.src(&ops[1], ty, line)?, p.src(&ops[2], Ty::U32, line)?);
+            match (base, ty) {
+                ("szext", Ty::U32 | Ty::S32) => done(Op::Szext {
+                    signed: ty == Ty::S32,
+                    clamp,
+                    d,
+                    a,
+                    b,
+                }),
+                ("bmsk", Ty::B32) => done(Op::Bmsk { clamp, d, a, b }),
+                _ => Err(None),
+            }
+        }
+        "fns" => {
+            n_ops(ops, 4)?;
+            if m.ty() != Some(Ty::B32) {
+                return Err(None);
+            }
+            let d = p.dst(&ops[0], line)?;
+            let (mask, base, off) = (
+                p.src(&ops[1], Ty::B32, line)?,
+                p.src(&ops[2], Ty::U32, line)?,
+                p.src(&ops[3], Ty::S32, line)?,
+            );
+            done(Op::Fns { d, mask, base, off })
+        }
+        "dp4a" | "dp2a" => {
+            n_ops(ops, 4)?;
+            let half = if base == "dp2a" {
+                match m.any(&["lo", "hi"]) {
+                    Some("lo") => Some(false),
+                    Some(_) => Some(true),
+                    None => return Err(None),
+                }
+            } else {
+                None
+            };
+            let (ta, tb) = m.ty2().ok_or(None)?;
+            if !matches!(ta, Ty::U32 | Ty::S32) || !matches!(tb, Ty::U32 | Ty::S32) {
+                return Err(None);
+            }
+            let cty = if ta == Ty::S32 || tb == Ty::S32 {
+                Ty::S32
+            } else {
+                Ty::U32
+            };
+            let d = p.dst(&ops[0], line)?;
+            let (a, b, c) = (
+                p.src(&ops[1], ta, line)?,
+                p.src(&ops[2], tb, line)?,
+                p.src(&ops[3], cty, line)?,
+            );
+            done(Op::Dp {
+                half,
+                a_signed: ta == Ty::S32,
+                b_signed: tb == Ty::S32,
+                d,
+                a,
+                b,
+                c,
+            })
         }
         "lop3" => {
             n_ops(ops, 5)?;
@@ -501,7 +600,8 @@ fn binary(p: &mut Parser, base: &str, m: &mut Mods, ops: &[Raw], line: usize) ->
     let approx = m.has("approx");
     let full = m.has("full");
     let cc = m.has("cc");
-    m.drop_all(&["NaN", "xorsign", "abs"]);
+    let nan = m.has("NaN");
+    let relu = m.has("relu");
     let lohi = m.any(&["lo", "hi", "wide"]);
     let ty = m.ty().ok_or(None)?;
     let d = p.dst(&ops[0], line)?;
@@ -514,11 +614,16 @@ fn binary(p: &mut Parser, base: &str, m: &mut Mods, ops: &[Raw], line: usize) ->
             "sub" => FOp::Sub,
             "mul" => FOp::Mul,
             "div" => FOp::Div,
+            "min" if nan => FOp::MinNan,
+            "max" if nan => FOp::MaxNan,
             "min" => FOp::Min,
             "max" => FOp::Max,
             "copysign" => FOp::Copysign,
             _ => return Err(None),
         };
+        if relu || (nan && !matches!(op, FOp::MinNan | FOp::MaxNan)) {
+            return Err(None);
+        }
         let (a, b) = (p.src(&ops[1], ty, line)?, p.src(&ops[2], ty, line)?);
         if op == FOp::Add && !ftz && !sat && matches!(rnd, Rnd::Default | Rnd::Rn) && ty == Ty::F32
         {
@@ -540,7 +645,7 @@ fn binary(p: &mut Parser, base: &str, m: &mut Mods, ops: &[Raw], line: usize) ->
             b,
         });
     }
-    if rnd != Rnd::Default || ftz || approx || full {
+    if rnd != Rnd::Default || ftz || approx || full || nan {
         return Err(None);
     }
     let pred = ty == Ty::Pred;
@@ -556,6 +661,9 @@ fn binary(p: &mut Parser, base: &str, m: &mut Mods, ops: &[Raw], line: usize) ->
         ("mul24", Some("hi")) => IOp::Mul24Hi,
         ("div", None) => IOp::Div,
         ("rem", None) => IOp::Rem,
+        ("min", None) if relu && ty == Ty::S32 => IOp::MinRelu,
+        ("max", None) if relu && ty == Ty::S32 => IOp::MaxRelu,
+        _ if relu => return Err(None),
         ("min", None) => IOp::Min,
         ("max", None) => IOp::Max,
         ("and", None) => IOp::And,
@@ -611,6 +719,7 @@ fn unary(p: &mut Parser, base: &str, m: &mut Mods, ops: &[Raw], line: usize) -> 
     let rnd = m.rnd();
     let ftz = m.has("ftz");
     let approx = m.has("approx");
+    let shiftamt = base == "bfind" && m.has("shiftamt");
     m.drop_all(&["full"]);
     let ty = m.ty().ok_or(None)?;
     let d = p.dst(&ops[0], line)?;
@@ -653,8 +762,15 @@ fn unary(p: &mut Parser, base: &str, m: &mut Mods, ops: &[Raw], line: usize) -> 
         "popc" => IUn::Popc,
         "clz" => IUn::Clz,
         "brev" => IUn::Brev,
+        "bfind" if shiftamt => IUn::BfindShift,
+        "bfind" => IUn::Bfind,
         _ => return Err(None),
     };
+    if matches!(op, IUn::Bfind | IUn::BfindShift)
+        && !matches!(ty, Ty::U32 | Ty::U64 | Ty::S32 | Ty::S64)
+    {
+        return Err(None);
+    }
     if ty == Ty::Pred && op != IUn::Not {
         return Err(None);
     }
@@ -750,6 +866,16 @@ fn mad(p: &mut Parser, base: &str, m: &mut Mods, ops: &[Raw], line: usize) -> R 
         b,
         c,
     })
+}
+
+/// The unsigned type of the same width.
+pub(crate) fn unsigned(ty: Ty) -> Ty {
+    match ty.bits() {
+        8 => Ty::U8,
+        16 => Ty::U16,
+        32 => Ty::U32,
+        _ => Ty::U64,
+    }
 }
 
 /// The double-width type of `.wide` results.

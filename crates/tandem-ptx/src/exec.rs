@@ -398,6 +398,8 @@ fn ibin(op: IOp, ty: Ty, a: u64, b: u64) -> u64 {
         }
         IOp::Min => (ia.min(ib) as u64) & m,
         IOp::Max => (ia.max(ib) as u64) & m,
+        IOp::MinRelu => (ia.min(ib).max(0) as u64) & m,
+        IOp::MaxRelu => (ia.max(ib).max(0) as u64) & m,
         IOp::And => a & b & m,
         IOp::Or => (a | b) & m,
         IOp::Xor => (a ^ b) & m,
@@ -442,6 +444,25 @@ fn iun(op: IUn, ty: Ty, a: u64) -> u64 {
         IUn::Popc => (a & m).count_ones() as u64,
         IUn::Clz => ((a & m).leading_zeros() - (64 - bits)) as u64,
         IUn::Brev => (a & m).reverse_bits() >> (64 - bits),
+        IUn::Bfind | IUn::BfindShift => {
+            let v = a & m;
+            // For negative signed values the most significant non-sign bit is a 0 bit.
+            let x = if ty.signed() && v >> (bits - 1) & 1 == 1 {
+                !v & m
+            } else {
+                v
+            };
+            if x == 0 {
+                0xffff_ffff
+            } else {
+                let idx = 63 - x.leading_zeros();
+                if op == IUn::BfindShift {
+                    (bits - 1 - idx) as u64
+                } else {
+                    idx as u64
+                }
+            }
+        }
     }
 }
 
@@ -454,6 +475,10 @@ fn fbin32(op: FOp, rnd: Rnd, approx: bool, a: f32, b: f32) -> f32 {
         FOp::Div => div32(a, b, rnd),
         FOp::Min => a.min(b),
         FOp::Max => a.max(b),
+        FOp::MinNan if a.is_nan() || b.is_nan() => f32::NAN,
+        FOp::MaxNan if a.is_nan() || b.is_nan() => f32::NAN,
+        FOp::MinNan => a.min(b),
+        FOp::MaxNan => a.max(b),
         FOp::Copysign => b.copysign(a),
     }
 }
@@ -466,6 +491,10 @@ fn fbin64(op: FOp, rnd: Rnd, a: f64, b: f64) -> f64 {
         FOp::Div => div64(a, b, rnd),
         FOp::Min => a.min(b),
         FOp::Max => a.max(b),
+        FOp::MinNan if a.is_nan() || b.is_nan() => f64::NAN,
+        FOp::MaxNan if a.is_nan() || b.is_nan() => f64::NAN,
+        FOp::MinNan => a.min(b),
+        FOp::MaxNan => a.max(b),
         FOp::Copysign => b.copysign(a),
     }
 }
@@ -890,11 +919,29 @@ impl Ctx<'_> {
                     }
                     r[d as usize] = out;
                 }
-                &Op::Prmt { d, a, b, c } => {
+                &Op::Prmt { mode, d, a, b, c } => {
                     let bytes =
                         ((r[b as usize] & 0xffff_ffff) << 32) | (r[a as usize] & 0xffff_ffff);
                     let sel = r[c as usize];
                     let mut out = 0u64;
+                    if mode != 0 {
+                        // Source byte of d.b0..d.b3 for each mode and selector c[1:0] (PTX ISA).
+                        const T: [[[u8; 4]; 4]; 6] = [
+                            [[0, 1, 2, 3], [1, 2, 3, 4], [2, 3, 4, 5], [3, 4, 5, 6]],
+                            [[0, 7, 6, 5], [1, 0, 7, 6], [2, 1, 0, 7], [3, 2, 1, 0]],
+                            [[0, 0, 0, 0], [1, 1, 1, 1], [2, 2, 2, 2], [3, 3, 3, 3]],
+                            [[0, 1, 2, 3], [1, 1, 2, 3], [2, 2, 2, 3], [3, 3, 3, 3]],
+                            [[0, 0, 0, 0], [0, 1, 1, 1], [0, 1, 2, 2], [0, 1, 2, 3]],
+                            [[0, 1, 0, 1], [2, 3, 2, 3], [0, 1, 0, 1], [2, 3, 2, 3]],
+                        ];
+                        let row = T[mode as usize - 1][(sel & 3) as usize];
+                        for (i, &s) in row.iter().enumerate() {
+                            out |= ((bytes >> (8 * s)) & 0xff) << (8 * i);
+                        }
+                        r[d as usize] = out;
+                        pc += 1;
+                        continue;
+                    }
                     for i in 0..4 {
                         let s = (sel >> (4 * i)) & 0xf;
                         let mut byte = (bytes >> (8 * (s & 7))) & 0xff;
@@ -904,6 +951,103 @@ impl Ctx<'_> {
                         out |= byte << (8 * i);
                     }
                     r[d as usize] = out;
+                }
+                &Op::Sad { ty, d, a, b, c } => {
+                    let m = mask_of(ty.bits());
+                    let (x, y) = (int_val(r[a as usize], ty), int_val(r[b as usize], ty));
+                    r[d as usize] = ((x - y).unsigned_abs() as u64).wrapping_add(r[c as usize]) & m;
+                }
+                &Op::Szext {
+                    signed,
+                    clamp,
+                    d,
+                    a,
+                    b,
+                } => {
+                    let n = r[b as usize] as u32;
+                    let n = if clamp { n.min(32) } else { n & 31 };
+                    let v = r[a as usize] & 0xffff_ffff;
+                    r[d as usize] = match n {
+                        0 => 0,
+                        32.. => v,
+                        n if signed => sx(v, n) as u64 & 0xffff_ffff,
+                        n => v & mask_of(n),
+                    };
+                }
+                &Op::Bmsk { clamp, d, a, b } => {
+                    let (pos, len) = (r[a as usize] as u32, r[b as usize] as u32);
+                    let (pos, len) = if clamp {
+                        (pos.min(32), len.min(32))
+                    } else {
+                        (pos & 31, len & 31)
+                    };
+                    r[d as usize] = if pos >= 32 {
+                        0
+                    } else {
+                        (mask_of(len) << pos) & 0xffff_ffff
+                    };
+                }
+                &Op::Fns { d, mask, base, off } => {
+                    let m = r[mask as usize] as u32;
+                    let base = (r[base as usize] as u32).min(32) as i64;
+                    let off = r[off as usize] as u32 as i32;
+                    let mut out = 0xffff_ffffu64;
+                    if off == 0 {
+                        if base < 32 && m >> base & 1 == 1 {
+                            out = base as u64;
+                        }
+                    } else {
+                        let step = if off > 0 { 1 } else { -1 };
+                        let mut left = off.unsigned_abs() - 1;
+                        let mut pos = base;
+                        while (0..32).contains(&pos) {
+                            if m >> pos & 1 == 1 {
+                                if left == 0 {
+                                    out = pos as u64;
+                                    break;
+                                }
+                                left -= 1;
+                            }
+                            pos += step;
+                        }
+                    }
+                    r[d as usize] = out;
+                }
+                &Op::Dp {
+                    half,
+                    a_signed,
+                    b_signed,
+                    d,
+                    a,
+                    b,
+                    c,
+                } => {
+                    let (x, y) = (r[a as usize], r[b as usize]);
+                    let byte = |v: u64, i: u32, s: bool| {
+                        let v = (v >> (8 * i)) & 0xff;
+                        if s {
+                            sx(v, 8)
+                        } else {
+                            v as i64
+                        }
+                    };
+                    let mut acc = r[c as usize] as i64;
+                    match half {
+                        None => {
+                            for i in 0..4 {
+                                acc = acc.wrapping_add(byte(x, i, a_signed) * byte(y, i, b_signed));
+                            }
+                        }
+                        Some(hi) => {
+                            let first = if hi { 2 } else { 0 };
+                            for i in 0..2 {
+                                let h = (x >> (16 * i)) & 0xffff;
+                                let h = if a_signed { sx(h, 16) } else { h as i64 };
+                                acc = acc.wrapping_add(h * byte(y, first + i, b_signed));
+                            }
+                        }
+                    }
+                    r[d as usize] = acc as u64 & 0xffff_ffff;
                 }
                 &Op::Lop3 { d, a, b, c, lut } => {
                     let (x, y, z) = (

@@ -113,6 +113,9 @@ pub(crate) enum IOp {
     Rem,
     Min,
     Max,
+    /// `min.relu`/`max.relu` (s32): the result clamped below at 0.
+    MinRelu,
+    MaxRelu,
     And,
     Or,
     Xor,
@@ -130,6 +133,10 @@ pub(crate) enum IUn {
     Popc,
     Clz,
     Brev,
+    /// Index of the most significant non-sign bit (0xffffffff when none).
+    Bfind,
+    /// `bfind.shiftamt`: the left shift that makes that bit the most significant.
+    BfindShift,
 }
 
 /// Float binary operations.
@@ -141,6 +148,9 @@ pub(crate) enum FOp {
     Div,
     Min,
     Max,
+    /// `min.NaN`/`max.NaN`: NaN when either input is NaN.
+    MinNan,
+    MaxNan,
     Copysign,
 }
 
@@ -345,6 +355,48 @@ pub(crate) enum Op {
         c: Slot,
     },
     Prmt {
+        /// 0: the default (selector) mode; 1..=6: f4e, b4e, rc8, ecl, ecr, rc16.
+        mode: u8,
+        d: Slot,
+        a: Slot,
+        b: Slot,
+        c: Slot,
+    },
+    /// `sad`: `d = c + |a - b|`.
+    Sad {
+        ty: Ty,
+        d: Slot,
+        a: Slot,
+        b: Slot,
+        c: Slot,
+    },
+    /// `szext.{wrap,clamp}.{u32,s32}`: sign/zero-extend the low `b` bits of `a`.
+    Szext {
+        signed: bool,
+        clamp: bool,
+        d: Slot,
+        a: Slot,
+        b: Slot,
+    },
+    /// `bmsk.{wrap,clamp}.b32`: `b` one bits starting at bit `a`.
+    Bmsk {
+        clamp: bool,
+        d: Slot,
+        a: Slot,
+        b: Slot,
+    },
+    /// `fns.b32 d, mask, base, offset`: the `offset`-th set bit of `mask` from `base`.
+    Fns {
+        d: Slot,
+        mask: Slot,
+        base: Slot,
+        off: Slot,
+    },
+    /// `dp4a` (`half` None) and `dp2a.lo/.hi` (`half` Some(hi)): integer dot products.
+    Dp {
+        half: Option<bool>,
+        a_signed: bool,
+        b_signed: bool,
         d: Slot,
         a: Slot,
         b: Slot,

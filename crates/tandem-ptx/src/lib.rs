@@ -15,10 +15,11 @@
 //!   Module-scope `.global`/`.const` variables with or without initialisers (see "Module
 //!   variables" below); an initialiser holding another variable's address, and `.extern`
 //!   variables, are refused with a [`ParseError`].
-//! - Integer: add/sub (.sat, .cc, addc/subc), mul/mad (.lo/.hi/.wide), mul24/mad24, div, rem,
-//!   abs, neg, min, max, and/or/xor/not/cnot, shl/shr (amounts past the width clamp), popc,
-//!   clz, brev, bfe, bfi, prmt (default mode), lop3, shf.
-//! - Float (f32/f64): add/sub/mul/fma/mad/div/min/max/abs/neg/sqrt/rcp/copysign with
+//! - Integer: add/sub (.sat, .cc, addc/subc), mul/mad (.lo/.hi/.wide, 64-bit .hi),
+//!   mad.cc/madc, mul24/mad24, div, rem, sad, abs, neg, min/max (and `.relu`),
+//!   and/or/xor/not/cnot, shl/shr (amounts past the width clamp), popc, clz, brev, bfind
+//!   (`.shiftamt`), fns, szext, bmsk, bfe, bfi, prmt (every mode), lop3, shf, dp4a, dp2a.
+//! - Float (f32/f64): add/sub/mul/fma/mad/div/min/max (and `.NaN`)/abs/neg/sqrt/rcp/copysign with
 //!   `.rn/.rz/.rm/.rp` (directed rounding exact via error-free transformations), `.ftz` (f32
 //!   subnormal inputs and outputs flushed to signed zero), `.sat`; rsqrt, ex2, lg2, sin, cos,
 //!   tanh; testp; setp (all comparisons, `.and/.or/.xor`, `%p|%q`), selp, slct, cvt (every int

@@ -20,3 +20,20 @@ fn tandem_modules_parse() {
         }
     }
 }
+
+#[test]
+fn conformance_modules_parse() {
+    let dir = format!("{}/../../kernels/conformance", env!("CARGO_MANIFEST_DIR"));
+    let mut n = 0;
+    for e in std::fs::read_dir(&dir).expect("kernels/conformance") {
+        let p = e.expect("entry").path();
+        if p.extension().is_some_and(|x| x == "ptx") {
+            let text = std::fs::read_to_string(&p).expect("read");
+            if let Err(e) = tandem_ptx::Module::parse(&text) {
+                panic!("{}: {e}", p.display());
+            }
+            n += 1;
+        }
+    }
+    assert!(n > 0);
+}

@@ -1,0 +1,481 @@
+//! Integer and bit instructions: bfind, fns, szext, bmsk, dp4a/dp2a, prmt modes, sad,
+//! min/max.relu, mul.hi.u64/s64, mad.cc/madc chains, min/max.NaN; each against a Rust
+//! reference over edge-case inputs.
+mod common;
+
+use common::*;
+
+const HEAD: &str = ".version 9.0\n.target sm_80\n.address_size 64\n";
+
+/// Runs `body` on one thread per input pair: `%rd10, %rd11` hold the pair (u64), `%r10, %r11`
+/// their low halves; the body leaves results in `%rd20` (u64), stored at out[i].
+fn run_pairs(body: &str, inputs: &[(u64, u64)]) -> Vec<u64> {
+    let src = format!(
+        "{HEAD}.visible .entry k(.param .u64 inp, .param .u64 out)
+{{
+	.reg .pred %p<4>;
+	.reg .b32 %r<40>;
+	.reg .b64 %rd<40>;
+	.reg .f32 %f<8>;
+	ld.param.u64 %rd1, [inp];
+	ld.param.u64 %rd2, [out];
+	mov.u32 %r1, %tid.x;
+	mul.wide.u32 %rd3, %r1, 16;
+	add.s64 %rd4, %rd1, %rd3;
+	ld.global.u64 %rd10, [%rd4];
+	ld.global.u64 %rd11, [%rd4+8];
+	cvt.u32.u64 %r10, %rd10;
+	cvt.u32.u64 %r11, %rd11;
+	mov.u64 %rd20, 0;
+{body}
+	mul.wide.u32 %rd5, %r1, 8;
+	add.s64 %rd6, %rd2, %rd5;
+	st.global.u64 [%rd6], %rd20;
+	ret;
+}}
+"
+    );
+    let m = module(&src);
+    let k = m.kernel("k").unwrap();
+    let mut mem = Mem::new();
+    let words: Vec<u32> = inputs
+        .iter()
+        .flat_map(|&(a, b)| [a as u32, (a >> 32) as u32, b as u32, (b >> 32) as u32])
+        .collect();
+    let inp = mem.upload_u32(&words);
+    let out = mem.alloc(inputs.len() * 8);
+    launch(
+        &k,
+        dim(1, 1, 1),
+        dim(inputs.len() as u32, 1, 1),
+        &Args::new().u64(inp).u64(out),
+        &mem,
+        1,
+    )
+    .expect("launch");
+    mem.u64s(out)
+}
+
+const EDGE32: &[u32] = &[
+    0,
+    1,
+    2,
+    3,
+    0x10,
+    0x7fff_ffff,
+    0x8000_0000,
+    0xffff_ffff,
+    0xffff_fffe,
+    0x1234_5678,
+    0x8765_4321,
+    0x0001_0000,
+    0xc000_0000,
+    0x4000_0001,
+];
+
+fn pairs32() -> Vec<(u64, u64)> {
+    let mut v = Vec::new();
+    for (i, &a) in EDGE32.iter().enumerate() {
+        v.push((a as u64, EDGE32[(i * 5 + 3) % EDGE32.len()] as u64));
+    }
+    v
+}
+
+fn bfind_ref(v: i128, bits: u32, shift: bool) -> u32 {
+    // The highest bit that differs from the sign (signed) or is set (unsigned).
+    let x = if v < 0 { !v } else { v };
+    for i in (0..bits).rev() {
+        if x >> i & 1 == 1 {
+            return if shift { bits - 1 - i } else { i };
+        }
+    }
+    u32::MAX
+}
+
+#[test]
+fn bfind_all_types() {
+    let inputs: Vec<(u64, u64)> = EDGE32
+        .iter()
+        .map(|&a| (a as u64, 0))
+        .chain(
+            [
+                0u64,
+                1,
+                u64::MAX,
+                1 << 63,
+                (1 << 63) - 1,
+                0xffff_ffff_0000_0000,
+                0x0000_0001_0000_0000,
+                0xfff0_0000_0000_0000,
+            ]
+            .map(|a| (a, 0)),
+        )
+        .collect();
+    let body = "
+	bfind.u32 %r20, %r10;
+	bfind.shiftamt.u32 %r21, %r10;
+	bfind.s32 %r22, %r10;
+	bfind.shiftamt.s32 %r23, %r10;
+	bfind.u64 %r24, %rd10;
+	bfind.shiftamt.u64 %r25, %rd10;
+	bfind.s64 %r26, %rd10;
+	bfind.shiftamt.s64 %r27, %rd10;
+	// out = u32 results packed 4 bits... no: each in its own byte, 0xff for none.
+	prmt.b32 %r30, %r20, %r21, 0x0040;
+	prmt.b32 %r31, %r22, %r23, 0x0040;
+	prmt.b32 %r32, %r24, %r25, 0x0040;
+	prmt.b32 %r33, %r26, %r27, 0x0040;
+	prmt.b32 %r34, %r30, %r31, 0x5410;
+	prmt.b32 %r35, %r32, %r33, 0x5410;
+	mov.b64 %rd20, {%r34, %r35};";
+    let out = run_pairs(body, &inputs);
+    for (&(a, _), &o) in inputs.iter().zip(&out) {
+        let b = |x: u32| (x & 0xff) as u64;
+        let want = [
+            bfind_ref(a as u32 as i128, 32, false),
+            bfind_ref(a as u32 as i128, 32, true),
+            bfind_ref(a as u32 as i32 as i128, 32, false),
+            bfind_ref(a as u32 as i32 as i128, 32, true),
+            bfind_ref(a as i128, 64, false),
+            bfind_ref(a as i128, 64, true),
+            bfind_ref(a as i64 as i128, 64, false),
+            bfind_ref(a as i64 as i128, 64, true),
+        ]
+        .iter()
+        .enumerate()
+        .fold(0u64, |acc, (i, &x)| acc | b(x) << (8 * i));
+        assert_eq!(o, want, "input {a:#x}");
+    }
+    // Spot values: the most significant set bit, none for 0 (and for -1 when signed).
+    assert_eq!(bfind_ref(0, 32, false), u32::MAX);
+    assert_eq!(bfind_ref(-1, 32, false), u32::MAX);
+    assert_eq!(bfind_ref(0x10, 32, false), 4);
+    assert_eq!(bfind_ref(0x10, 32, true), 27);
+    assert_eq!(bfind_ref(-17, 32, false), 4);
+}
+
+#[test]
+fn bfind_full_results() {
+    // The none value is the full 0xffffffff, not a byte of it.
+    let body = "
+	bfind.u32 %r20, %r10;
+	bfind.shiftamt.s64 %r21, %rd10;
+	mov.b64 %rd20, {%r20, %r21};";
+    let out = run_pairs(body, &[(0, 0), (u64::MAX, 0), (0x8000_0000, 0), (1, 0)]);
+    assert_eq!(
+        out,
+        [
+            u64::MAX,
+            31 | (u32::MAX as u64) << 32,
+            31 | 32 << 32,
+            63 << 32
+        ]
+    );
+}
+
+/// The ffs sequence nvcc emits for `__ffs(x)`: brev, bfind.shiftamt, add 1 (0 for x = 0).
+#[test]
+fn ffs_sequence() {
+    let inputs: Vec<(u64, u64)> = EDGE32.iter().map(|&a| (a as u64, 0)).collect();
+    let body = "
+	brev.b32 %r20, %r10;
+	bfind.shiftamt.u32 %r21, %r20;
+	add.s32 %r22, %r21, 1;
+	cvt.u64.u32 %rd20, %r22;";
+    let out = run_pairs(body, &inputs);
+    for (&(a, _), &o) in inputs.iter().zip(&out) {
+        let a = a as u32;
+        let want = if a == 0 { 0 } else { a.trailing_zeros() + 1 };
+        assert_eq!(o, want as u64, "ffs({a:#x})");
+    }
+}
+
+fn fns_ref(mask: u32, base: u32, off: i32) -> u32 {
+    if off == 0 {
+        return if mask >> base & 1 == 1 {
+            base
+        } else {
+            u32::MAX
+        };
+    }
+    let mut n = 0;
+    if off > 0 {
+        for p in base..32 {
+            if mask >> p & 1 == 1 {
+                n += 1;
+                if n == off {
+                    return p;
+                }
+            }
+        }
+    } else {
+        for p in (0..=base).rev() {
+            if mask >> p & 1 == 1 {
+                n += 1;
+                if n == -off {
+                    return p;
+                }
+            }
+        }
+    }
+    u32::MAX
+}
+
+#[test]
+fn fns_szext_bmsk() {
+    let mut inputs = pairs32();
+    inputs.extend([(0xf0f0, 33), (0xffff_ffff, 31), (0x8000_0001, 32), (5, 0)]);
+    let body = "
+	and.b32 %r12, %r11, 31;
+	fns.b32 %r20, %r10, %r12, 2;
+	fns.b32 %r21, %r10, %r12, -1;
+	fns.b32 %r22, %r10, %r12, 0;
+	fns.b32 %r23, %r10, 0, 3;
+	szext.wrap.s32 %r24, %r10, %r11;
+	szext.clamp.u32 %r25, %r10, %r11;
+	bmsk.wrap.b32 %r26, %r11, %r10;
+	bmsk.clamp.b32 %r27, %r11, %r10;
+	szext.clamp.s32 %r28, %r10, 8;
+	xor.b32 %r29, %r20, %r21;
+	xor.b32 %r29, %r29, %r22;
+	xor.b32 %r29, %r29, %r23;
+	xor.b32 %r30, %r24, %r25;
+	mov.b64 %rd21, {%r29, %r30};
+	xor.b32 %r31, %r26, %r27;
+	xor.b32 %r31, %r31, %r28;
+	cvt.u64.u32 %rd22, %r31;
+	shl.b64 %rd22, %rd22, 7;
+	xor.b64 %rd20, %rd21, %rd22;";
+    let out = run_pairs(body, &inputs);
+    let szext = |v: u32, n: u32, clamp: bool, signed: bool| -> u32 {
+        let n = if clamp { n.min(32) } else { n % 32 };
+        match n {
+            0 => 0,
+            32 => v,
+            n if signed => ((v << (32 - n)) as i32 >> (32 - n)) as u32,
+            n => v & ((1 << n) - 1),
+        }
+    };
+    let bmsk = |a: u32, b: u32, clamp: bool| -> u32 {
+        let (a, b) = if clamp {
+            (a.min(32), b.min(32))
+        } else {
+            (a % 32, b % 32)
+        };
+        if a >= 32 {
+            return 0;
+        }
+        let m = if b >= 32 { u32::MAX } else { (1u32 << b) - 1 };
+        m.checked_shl(a).unwrap_or(0)
+    };
+    for (&(a, b), &o) in inputs.iter().zip(&out) {
+        let (a, b) = (a as u32, b as u32);
+        let base = b & 31;
+        let x = fns_ref(a, base, 2) ^ fns_ref(a, base, -1) ^ fns_ref(a, base, 0) ^ fns_ref(a, 0, 3);
+        let y = szext(a, b, false, true) ^ szext(a, b, true, false);
+        let z = bmsk(b, a, false) ^ bmsk(b, a, true) ^ szext(a, 8, true, true);
+        let want = (x as u64 | (y as u64) << 32) ^ ((z as u64) << 7);
+        assert_eq!(o, want, "a {a:#x} b {b:#x}");
+    }
+    // Spot values.
+    assert_eq!(fns_ref(0b1011_0000, 0, 2), 5);
+    assert_eq!(fns_ref(0b1011_0000, 6, -2), 4);
+    assert_eq!(szext(0x80, 8, true, true), 0xffff_ff80);
+    assert_eq!(bmsk(4, 3, true), 0x70);
+}
+
+#[test]
+fn dp4a_dp2a_sad_relu_prmt_modes() {
+    let inputs = pairs32();
+    let body = "
+	dp4a.u32.u32 %r20, %r10, %r11, 7;
+	dp4a.s32.s32 %r21, %r10, %r11, -7;
+	dp4a.s32.u32 %r22, %r10, %r11, %r10;
+	dp2a.lo.u32.s32 %r23, %r10, %r11, 0;
+	dp2a.hi.s32.u32 %r24, %r10, %r11, 1;
+	sad.u32 %r25, %r10, %r11, 3;
+	sad.s32 %r26, %r10, %r11, 3;
+	max.relu.s32 %r27, %r10, %r11;
+	min.relu.s32 %r28, %r10, %r11;
+	prmt.b32.f4e %r29, %r10, %r11, %r11;
+	prmt.b32.b4e %r30, %r10, %r11, %r11;
+	prmt.b32.rc8 %r31, %r10, %r11, %r11;
+	prmt.b32.ecl %r32, %r10, %r11, %r11;
+	prmt.b32.ecr %r33, %r10, %r11, %r11;
+	prmt.b32.rc16 %r34, %r10, %r11, %r11;
+	mov.b64 %rd21, {%r20, %r21};
+	mov.b64 %rd22, {%r22, %r23};
+	mov.b64 %rd23, {%r24, %r25};
+	mov.b64 %rd24, {%r26, %r27};
+	mov.b64 %rd25, {%r28, %r29};
+	mov.b64 %rd26, {%r30, %r31};
+	mov.b64 %rd27, {%r32, %r33};
+	cvt.u64.u32 %rd28, %r34;
+	// Mix with distinct rotations so no result can cancel another.
+	shf.l.wrap.b32 %r35, %r34, %r34, 0;
+	xor.b64 %rd20, %rd21, 0;
+	mul.lo.u64 %rd20, %rd20, 3;
+	xor.b64 %rd20, %rd20, %rd22;
+	mul.lo.u64 %rd20, %rd20, 3;
+	xor.b64 %rd20, %rd20, %rd23;
+	mul.lo.u64 %rd20, %rd20, 3;
+	xor.b64 %rd20, %rd20, %rd24;
+	mul.lo.u64 %rd20, %rd20, 3;
+	xor.b64 %rd20, %rd20, %rd25;
+	mul.lo.u64 %rd20, %rd20, 3;
+	xor.b64 %rd20, %rd20, %rd26;
+	mul.lo.u64 %rd20, %rd20, 3;
+	xor.b64 %rd20, %rd20, %rd27;
+	mul.lo.u64 %rd20, %rd20, 3;
+	xor.b64 %rd20, %rd20, %rd28;";
+    let out = run_pairs(body, &inputs);
+    let bytes = |v: u32| v.to_le_bytes();
+    let dp4 = |a: u32, b: u32, sa: bool, sb: bool, c: u32| {
+        let (x, y) = (bytes(a), bytes(b));
+        (0..4).fold(c, |acc, i| {
+            let p = if sa { x[i] as i8 as i32 } else { x[i] as i32 };
+            let q = if sb { y[i] as i8 as i32 } else { y[i] as i32 };
+            acc.wrapping_add(p.wrapping_mul(q) as u32)
+        })
+    };
+    let dp2 = |a: u32, b: u32, sa: bool, sb: bool, hi: bool, c: u32| {
+        let y = bytes(b);
+        (0..2).fold(c, |acc, i| {
+            let h = (a >> (16 * i)) as u16;
+            let p = if sa { h as i16 as i32 } else { h as i32 };
+            let yb = y[i + if hi { 2 } else { 0 }];
+            let q = if sb { yb as i8 as i32 } else { yb as i32 };
+            acc.wrapping_add(p.wrapping_mul(q) as u32)
+        })
+    };
+    let prmt = |a: u32, b: u32, order: [usize; 4]| {
+        let x = [bytes(a), bytes(b)].concat();
+        u32::from_le_bytes(order.map(|i| x[i]))
+    };
+    for (&(a, b), &o) in inputs.iter().zip(&out) {
+        let (a, b) = (a as u32, b as u32);
+        let s = (b & 3) as usize;
+        let f4e = [s, s + 1, s + 2, s + 3];
+        let b4e = [s, (s + 7) % 8, (s + 6) % 8, (s + 5) % 8];
+        let rc8 = [s; 4];
+        let ecl = [s, s.max(1), s.max(2), 3];
+        let ecr = [0, s.min(1), s.min(2), s];
+        let h = 2 * (s & 1);
+        let rc16 = [h, h + 1, h, h + 1];
+        let (ia, ib) = (a as i32, b as i32);
+        let r = [
+            dp4(a, b, false, false, 7),
+            dp4(a, b, true, true, -7i32 as u32),
+            dp4(a, b, true, false, a),
+            dp2(a, b, false, true, false, 0),
+            dp2(a, b, true, false, true, 1),
+            a.abs_diff(b).wrapping_add(3),
+            ia.abs_diff(ib).wrapping_add(3),
+            ia.max(ib).max(0) as u32,
+            ia.min(ib).max(0) as u32,
+            prmt(a, b, f4e),
+            prmt(a, b, b4e),
+            prmt(a, b, rc8),
+            prmt(a, b, ecl),
+            prmt(a, b, ecr),
+            prmt(a, b, rc16),
+        ];
+        let w = |i: usize, j: usize| r[i] as u64 | (r[j] as u64) << 32;
+        let mut want = w(0, 1);
+        for x in [
+            w(2, 3),
+            w(4, 5),
+            w(6, 7),
+            w(8, 9),
+            w(10, 11),
+            w(12, 13),
+            r[14] as u64,
+        ] {
+            want = want.wrapping_mul(3) ^ x;
+        }
+        assert_eq!(o, want, "a {a:#x} b {b:#x}: {r:x?}");
+    }
+}
+
+#[test]
+fn wide_multiply_hi_and_carry_chains() {
+    let vals = [
+        0u64,
+        1,
+        u64::MAX,
+        1 << 63,
+        0x1234_5678_9abc_def0,
+        0xfedc_ba98_7654_3210,
+        (1 << 32) + 7,
+    ];
+    let mut inputs = Vec::new();
+    for &a in &vals {
+        for &b in &vals {
+            inputs.push((a, b));
+        }
+    }
+    // hi(a*b) unsigned and signed, and the 128-bit a*b + (b:a) via mad.lo.cc/madc.hi: the high
+    // half of that sum, xored with the others.
+    let body = "
+	mul.hi.u64 %rd21, %rd10, %rd11;
+	mul.hi.s64 %rd22, %rd10, %rd11;
+	mad.lo.cc.u64 %rd23, %rd10, %rd11, %rd10;
+	madc.hi.u64 %rd24, %rd10, %rd11, %rd11;
+	mad.lo.cc.u32 %r20, %r10, %r11, %r11;
+	madc.hi.cc.u32 %r21, %r10, %r11, %r10;
+	addc.u32 %r22, 0, 0;
+	mov.b64 %rd25, {%r20, %r21};
+	cvt.u64.u32 %rd26, %r22;
+	xor.b64 %rd20, %rd21, %rd23;
+	mul.lo.u64 %rd20, %rd20, 5;
+	xor.b64 %rd20, %rd20, %rd22;
+	mul.lo.u64 %rd20, %rd20, 5;
+	xor.b64 %rd20, %rd20, %rd24;
+	mul.lo.u64 %rd20, %rd20, 5;
+	xor.b64 %rd20, %rd20, %rd25;
+	mul.lo.u64 %rd20, %rd20, 5;
+	xor.b64 %rd20, %rd20, %rd26;";
+    let out = run_pairs(body, &inputs);
+    for (&(a, b), &o) in inputs.iter().zip(&out) {
+        let hu = ((a as u128 * b as u128) >> 64) as u64;
+        let hs = ((a as i64 as i128 * b as i64 as i128) >> 64) as u64;
+        let full = (a as u128 * b as u128).wrapping_add(((b as u128) << 64) | a as u128);
+        let (lo, hi) = (full as u64, (full >> 64) as u64);
+        let (a32, b32) = (a as u32 as u64, b as u32 as u64);
+        let p = a32 * b32;
+        // The u32 chain: r20 = lo32(p) + b (carry), r21 = hi32(p) + a + carry (carry out), r22 = carry.
+        let r20 = (p & 0xffff_ffff) + b32;
+        let r21 = (p >> 32) + a32 + (r20 >> 32);
+        let v25 = (r20 & 0xffff_ffff) | (r21 & 0xffff_ffff) << 32;
+        let v26 = r21 >> 32;
+        let mut want = hu ^ lo;
+        for x in [hs, hi, v25, v26] {
+            want = want.wrapping_mul(5) ^ x;
+        }
+        assert_eq!(o, want, "a {a:#x} b {b:#x}");
+    }
+}
+
+#[test]
+fn min_max_nan() {
+    let nan = f32::NAN.to_bits() as u64;
+    let one = 1f32.to_bits() as u64;
+    let body = "
+	mov.b32 %f1, %r10;
+	mov.b32 %f2, %r11;
+	max.NaN.f32 %f3, %f1, %f2;
+	min.f32 %f4, %f1, %f2;
+	mov.b32 %r20, %f3;
+	mov.b32 %r21, %f4;
+	mov.b64 %rd20, {%r20, %r21};";
+    let out = run_pairs(body, &[(nan, one), (one, 2f32.to_bits() as u64)]);
+    assert!(f32::from_bits(out[0] as u32).is_nan());
+    assert_eq!(f32::from_bits((out[0] >> 32) as u32), 1.0);
+    assert_eq!(f32::from_bits(out[1] as u32), 2.0);
+    assert_eq!(f32::from_bits((out[1] >> 32) as u32), 1.0);
+    // xorsign.abs is refused rather than computed wrongly.
+    let src = format!(
+        "{HEAD}.visible .entry k()\n{{\n\t.reg .f32 %f<4>;\n\tmin.xorsign.abs.f32 %f1, %f2, %f3;\n\tret;\n}}\n"
+    );
+    assert!(tandem_ptx::Module::parse(&src).is_err());
+}
