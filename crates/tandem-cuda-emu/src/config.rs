@@ -15,7 +15,8 @@ pub struct Config {
     pub memory: u64,
     /// `TANDEM_EMU_THREADS`: host threads per kernel launch (default: available parallelism).
     pub threads: usize,
-    /// `TANDEM_EMU_STATS`: where to write the statistics JSON at process exit, if anywhere.
+    /// `TANDEM_EMU_STATS`: where to write the statistics JSON at process exit, if anywhere
+    /// (`%p` in it: the process id).
     pub stats: Option<String>,
 }
 

@@ -130,9 +130,11 @@ pub fn to_json(devices: usize, driver_version: u32) -> String {
     })
 }
 
-/// Writes [`to_json`] to `path`, reporting a failure on stderr (nothing else can be done at
-/// process exit).
+/// Writes [`to_json`] to `path` (`%p` in it replaced by the process id, so that several
+/// processes, e.g. one per test binary, each keep their own file), reporting a failure on
+/// stderr (nothing else can be done at process exit).
 pub fn write(path: &str, devices: usize, driver_version: u32) {
+    let path = path.replace("%p", &std::process::id().to_string());
     if let Err(err) = std::fs::write(path, to_json(devices, driver_version)) {
         eprintln!("tandem-cuda-emu: writing TANDEM_EMU_STATS file {path}: {err}");
     }

@@ -403,3 +403,17 @@ fn statistics_are_json() {
     assert_eq!(mine["stream_synchronizations"], 1);
     check!(cuCtxDestroy_v2(ctx));
 }
+
+#[test]
+fn the_statistics_file_names_its_process() {
+    check!(cuInit(0));
+    let dir = std::env::temp_dir().join(format!("tandem-emu-stats-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pattern = dir.join("stats-%p.json");
+    tandem_cuda_emu::stats::write(pattern.to_str().unwrap(), 2, 13000);
+    let written = dir.join(format!("stats-{}.json", std::process::id()));
+    let text = std::fs::read_to_string(&written).unwrap();
+    let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(value["devices"], 2);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
