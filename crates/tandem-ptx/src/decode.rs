@@ -1075,6 +1075,14 @@ fn ld_st(p: &mut Parser, st: bool, m: &mut Mods, ops: &[Raw], line: usize) -> R 
             }))
         }
     }
+    if space == Space::Shared && n == 1 {
+        if st && ty.bits() == 32 && !ty.float() || st && ty == Ty::F32 {
+            return done(Op::StShared32 { s: slots[0], addr });
+        }
+        if !st && matches!(ty, Ty::U32 | Ty::B32 | Ty::F32) {
+            return done(Op::LdShared32 { d: slots[0], addr });
+        }
+    }
     if st {
         done(Op::St {
             space,

@@ -793,6 +793,43 @@ impl Ctx<'_> {
                         f32b(f32v(r[a as usize]).mul_add(f32v(r[b as usize]), f32v(r[c as usize])))
                 }
                 &Op::Mov { d, a, mask } => r[d as usize] = r[a as usize] & mask,
+                &Op::LdShared32 { d, addr } => {
+                    let a = r[addr.base as usize].wrapping_add(addr.off as u64);
+                    let fast = if a & 3 == 0 {
+                        bm.shared
+                            .get(a as usize..)
+                            .and_then(|s| s.first_chunk::<4>())
+                    } else {
+                        None
+                    };
+                    r[d as usize] = match fast {
+                        Some(b) => u32::from_le_bytes(*b) as u64,
+                        // Out of bounds or misaligned: the general path reports it.
+                        None => match bm.load(self.mem, Space::Shared, a, 4, t) {
+                            Ok(v) => v,
+                            Err(e) => fail!(e),
+                        },
+                    };
+                }
+                &Op::StShared32 { s, addr } => {
+                    let a = r[addr.base as usize].wrapping_add(addr.off as u64);
+                    let v = r[s as usize];
+                    let fast = if a & 3 == 0 {
+                        bm.shared
+                            .get_mut(a as usize..)
+                            .and_then(|s| s.first_chunk_mut::<4>())
+                    } else {
+                        None
+                    };
+                    match fast {
+                        Some(b) => *b = (v as u32).to_le_bytes(),
+                        None => {
+                            if let Err(e) = bm.store(self.mem, Space::Shared, a, 4, v, t) {
+                                fail!(e);
+                            }
+                        }
+                    }
+                }
                 &Op::BraIf { p, neg, target } => {
                     if (r[p as usize] != 0) != neg {
                         pc = target as usize;

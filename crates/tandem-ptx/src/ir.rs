@@ -289,6 +289,16 @@ pub(crate) enum Op {
         a: Slot,
         mask: u64,
     },
+    /// `ld.shared.{u32,b32,f32}` (not vector): the hot load of tiled kernels.
+    LdShared32 {
+        d: Slot,
+        addr: Addr,
+    },
+    /// `st.shared.{u32,s32,b32,f32}` (not vector).
+    StShared32 {
+        s: Slot,
+        addr: Addr,
+    },
     /// A conditional branch on a predicate slot (folded guard).
     BraIf {
         p: Slot,
