@@ -135,7 +135,7 @@ pub fn to_json(devices: usize, driver_version: u32) -> String {
 /// stderr (nothing else can be done at process exit).
 pub fn write(path: &str, devices: usize, driver_version: u32) {
     let path = path.replace("%p", &std::process::id().to_string());
-    if let Err(err) = std::fs::write(path, to_json(devices, driver_version)) {
+    if let Err(err) = std::fs::write(&path, to_json(devices, driver_version)) {
         eprintln!("tandem-cuda-emu: writing TANDEM_EMU_STATS file {path}: {err}");
     }
 }
