@@ -371,35 +371,37 @@ fn f32b(f: f32) -> u64 {
 fn ibin(op: IOp, ty: Ty, a: u64, b: u64) -> u64 {
     let bits = ty.bits();
     let m = mask_of(bits);
-    let (ia, ib) = (int_val(a, ty), int_val(b, ty));
+    // Widened operands, computed only by the operations that need them.
+    let ia = || int_val(a, ty);
+    let ib = || int_val(b, ty);
     match op {
         IOp::Add => a.wrapping_add(b) & m,
         IOp::Sub => a.wrapping_sub(b) & m,
         IOp::AddSat => (sx(a, 32) + sx(b, 32)).clamp(i32::MIN as i64, i32::MAX as i64) as u64 & m,
         IOp::SubSat => (sx(a, 32) - sx(b, 32)).clamp(i32::MIN as i64, i32::MAX as i64) as u64 & m,
         IOp::MulLo => a.wrapping_mul(b) & m,
-        IOp::MulHi => ((ia.wrapping_mul(ib) >> bits) as u64) & m,
-        IOp::MulWide => (ia.wrapping_mul(ib) as u64) & mask_of(bits * 2),
+        IOp::MulHi => ((ia().wrapping_mul(ib()) >> bits) as u64) & m,
+        IOp::MulWide => (ia().wrapping_mul(ib()) as u64) & mask_of(bits * 2),
         IOp::Mul24Lo => ((sx24(a, ty) * sx24(b, ty)) as u64) & m,
         IOp::Mul24Hi => (((sx24(a, ty) * sx24(b, ty)) >> 16) as u64) & m,
         IOp::Div => {
-            if ib == 0 {
+            if ib() == 0 {
                 m
             } else {
-                (ia.wrapping_div(ib) as u64) & m
+                (ia().wrapping_div(ib()) as u64) & m
             }
         }
         IOp::Rem => {
-            if ib == 0 {
+            if ib() == 0 {
                 a & m
             } else {
-                (ia.wrapping_rem(ib) as u64) & m
+                (ia().wrapping_rem(ib()) as u64) & m
             }
         }
-        IOp::Min => (ia.min(ib) as u64) & m,
-        IOp::Max => (ia.max(ib) as u64) & m,
-        IOp::MinRelu => (ia.min(ib).max(0) as u64) & m,
-        IOp::MaxRelu => (ia.max(ib).max(0) as u64) & m,
+        IOp::Min => (ia().min(ib()) as u64) & m,
+        IOp::Max => (ia().max(ib()) as u64) & m,
+        IOp::MinRelu => (ia().min(ib()).max(0) as u64) & m,
+        IOp::MaxRelu => (ia().max(ib()).max(0) as u64) & m,
         IOp::And => a & b & m,
         IOp::Or => (a | b) & m,
         IOp::Xor => (a ^ b) & m,
@@ -414,7 +416,7 @@ fn ibin(op: IOp, ty: Ty, a: u64, b: u64) -> u64 {
         IOp::Shr => {
             let s = (b as u32).min(bits);
             if ty.signed() {
-                ((ia >> s.min(bits - 1)) as u64 & m) | if s >= bits && ia < 0 { m } else { 0 }
+                ((ia() >> s.min(bits - 1)) as u64 & m) | if s >= bits && ia() < 0 { m } else { 0 }
             } else if s >= bits {
                 0
             } else {
