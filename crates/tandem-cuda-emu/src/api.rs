@@ -363,6 +363,24 @@ unsafe fn load_module(
             return Err(CUDA_ERROR_NO_BINARY_FOR_GPU);
         }
     }
+    // Module variables live in device memory of the loading context, initialised as the PTX
+    // says, like any allocation (so every access to them is checked).
+    let mut globals = Vec::with_capacity(module.globals().len());
+    for variable in module.globals() {
+        let size = variable.size.max(1) as u64;
+        let base = match driver.memory.allocate(ctx.device, ctx.id, size) {
+            Ok(base) => base,
+            Err(code) => {
+                free_all(driver, &globals);
+                return Err(code);
+            }
+        };
+        globals.push(base);
+        if let Some(allocation) = driver.memory.find(base, size) {
+            let bytes = &variable.initial[..variable.size.min(variable.initial.len())];
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), allocation.host(base), bytes.len());
+        }
+    }
     let id = driver.id();
     driver.tables().modules.insert(
         id,
@@ -370,9 +388,18 @@ unsafe fn load_module(
             ctx: ctx.id,
             module: Arc::new(module),
             functions: Default::default(),
+            globals: Arc::new(globals),
         },
     );
     Ok(id)
+}
+
+/// Frees the allocations of a module's variables.
+fn free_all(driver: &Driver, globals: &[u64]) {
+    for &base in globals {
+        // Allocated by the module load and known to nobody else: freeing cannot fail.
+        let _ = driver.memory.free(base);
+    }
 }
 
 /// Packs a launch's parameters as `kernel` lays them out.
@@ -985,8 +1012,40 @@ api! {
     fn cuModuleUnload(module: Handle) {
         let driver = driver()?;
         let mut tables = driver.tables();
-        tables.modules.remove(&key(module)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let entry = tables.modules.remove(&key(module)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         tables.functions.retain(|_, f| f.module != key(module));
+        drop(tables);
+        // Kernels still queued may read the module's variables.
+        for stream in driver.streams_of(entry.ctx) {
+            stream.drain();
+        }
+        free_all(driver, &entry.globals);
+        Ok(())
+    }
+
+    /// The address and size of the module's `.global`/`.const` variable `name`
+    /// (`CUDA_ERROR_NOT_FOUND` if none); either output may be null.
+    fn cuModuleGetGlobal_v2(pointer: *mut CUdeviceptr, bytes: *mut usize, module: Handle, name: *const c_char) {
+        let driver = driver()?;
+        driver.current()?;
+        if name.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let name = CStr::from_ptr(name).to_str().map_err(|_| CUDA_ERROR_NOT_FOUND)?;
+        let tables = driver.tables();
+        let entry = tables.modules.get(&key(module)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let index = entry
+            .module
+            .globals()
+            .iter()
+            .position(|v| v.name == name)
+            .ok_or(CUDA_ERROR_NOT_FOUND)?;
+        if !pointer.is_null() {
+            put(pointer, entry.globals[index])?;
+        }
+        if !bytes.is_null() {
+            put(bytes, entry.module.globals()[index].size)?;
+        }
         Ok(())
     }
 
@@ -1005,7 +1064,13 @@ api! {
         let kernel = entry.module.kernel(name).ok_or(CUDA_ERROR_NOT_FOUND)?;
         let id = driver.id();
         entry.functions.insert(name.to_string(), id);
-        let f = state::FunctionEntry { ctx: entry.ctx, module: key(module), kernel, version: entry.module.version() };
+        let f = state::FunctionEntry {
+            ctx: entry.ctx,
+            module: key(module),
+            kernel,
+            version: entry.module.version(),
+            globals: entry.globals.clone(),
+        };
         tables.functions.insert(id, f);
         put(function, handle(id))
     }
@@ -1041,13 +1106,13 @@ api! {
         let driver = driver()?;
         let (ctx, _) = driver.current()?;
         let stream = driver.stream(key(stream))?;
-        let kernel = {
+        let (kernel, globals) = {
             let tables = driver.tables();
             let f = tables.functions.get(&key(function)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
             if f.ctx != ctx.id {
                 return Err(CUDA_ERROR_INVALID_CONTEXT);
             }
-            f.kernel.clone()
+            (f.kernel.clone(), f.globals.clone())
         };
         if stream.ctx.id != ctx.id {
             return Err(CUDA_ERROR_INVALID_HANDLE);
@@ -1058,7 +1123,7 @@ api! {
         check_launch(grid, block, kernel.static_shared_bytes().saturating_add(shared))?;
         let params = pack_params(&kernel, params, extra)?;
         count(&stream, |c| c.kernel_launches += 1);
-        stream.enqueue(Work::Launch { kernel, grid, block, shared, params: Arc::new(params) });
+        stream.enqueue(Work::Launch { kernel, grid, block, shared, params: Arc::new(params), globals });
         Ok(())
     }
 

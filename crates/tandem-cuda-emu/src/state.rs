@@ -36,6 +36,9 @@ pub struct ModuleEntry {
     /// Function handles already handed out, by name (cust asks for the function at every
     /// launch: one handle per name keeps the table small).
     pub functions: HashMap<String, u64>,
+    /// The device address of each of the module's `.global`/`.const` variables, in
+    /// `module.globals()` order (allocated and initialised at load, freed at unload).
+    pub globals: Arc<Vec<u64>>,
 }
 
 /// A function handle.
@@ -49,6 +52,8 @@ pub struct FunctionEntry {
     pub kernel: Arc<Kernel>,
     /// The module's PTX ISA version.
     pub version: (u32, u32),
+    /// The addresses of its module's variables (see [`ModuleEntry::globals`]).
+    pub globals: Arc<Vec<u64>>,
 }
 
 /// A graph or an executable graph: the captured items.

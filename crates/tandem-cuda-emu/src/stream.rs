@@ -76,6 +76,8 @@ pub enum Work {
         shared: usize,
         /// The packed parameter buffer.
         params: Arc<Vec<u8>>,
+        /// The addresses of the kernel's module variables.
+        globals: Arc<Vec<u64>>,
     },
     /// Host to device.
     HtoD {
@@ -398,6 +400,7 @@ impl Stream {
                 block,
                 shared,
                 params,
+                globals,
             } => {
                 let peers = self
                     .ctx
@@ -416,7 +419,7 @@ impl Stream {
                     params,
                     threads: runner.threads,
                 };
-                if let Err(err) = tandem_ptx::run(kernel, &launch, &memory) {
+                if let Err(err) = tandem_ptx::run_with_globals(kernel, &launch, &memory, globals) {
                     let code = match err {
                         ExecError::IllegalAddress(_) => CUDA_ERROR_ILLEGAL_ADDRESS,
                         ExecError::MisalignedAddress(_) => CUDA_ERROR_MISALIGNED_ADDRESS,

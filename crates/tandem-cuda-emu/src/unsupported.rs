@@ -218,7 +218,6 @@ unsupported! {
     cuMipmappedArrayDestroy
     cuMipmappedArrayGetLevel
     cuMipmappedArrayGetSparseProperties
-    cuModuleGetGlobal_v2
     cuModuleGetSurfRef
     cuModuleGetTexRef
     cuModuleLoad

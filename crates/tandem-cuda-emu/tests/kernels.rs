@@ -348,3 +348,73 @@ fn launches_on_several_threads_at_once() {
         thread.join().unwrap();
     }
 }
+
+/// A module-scope variable with an initialiser, read by a kernel that bumps it.
+const COUNTER_PTX: &str = "
+.version 8.0
+.target sm_75
+.address_size 64
+.global .align 4 .u32 counter[2] = {40, 7};
+
+.visible .entry bump(.param .u64 bump_param_0)
+{
+	.reg .b32 	%r<3>;
+	.reg .b64 	%rd<4>;
+	ld.param.u64 	%rd1, [bump_param_0];
+	cvta.to.global.u64 	%rd2, %rd1;
+	mov.u64 	%rd3, counter;
+	ld.global.u32 	%r1, [%rd3];
+	add.s32 	%r2, %r1, 2;
+	st.global.u32 	[%rd3], %r2;
+	st.global.u32 	[%rd2], %r2;
+	ret;
+}
+";
+
+#[test]
+fn module_variables_are_initialised_device_memory_of_the_module() {
+    let ctx = context(0);
+    let module = load(COUNTER_PTX).unwrap();
+    let (mut address, mut size) = (0u64, 0usize);
+    let name = CString::new("counter").unwrap();
+    check!(cuModuleGetGlobal_v2(
+        &mut address,
+        &mut size,
+        module,
+        name.as_ptr()
+    ));
+    assert_eq!(size, 8);
+    assert_eq!(download(address, 2), [40, 7]);
+    let out = alloc(4);
+    let f = function(module, "bump");
+    for expected in [42, 44] {
+        let mut p = out;
+        assert_eq!(
+            launch1(f, null_mut(), &mut [&mut p as *mut u64 as *mut c_void]),
+            CUDA_SUCCESS
+        );
+        check!(cuCtxSynchronize());
+        assert_eq!(download(out, 1), [expected]);
+    }
+    assert_eq!(download(address, 2), [44, 7]);
+    let missing = CString::new("nothing").unwrap();
+    check!(
+        CUDA_ERROR_NOT_FOUND,
+        cuModuleGetGlobal_v2(&mut address, &mut size, module, missing.as_ptr())
+    );
+    // Each load has its own copy.
+    let again = load(COUNTER_PTX).unwrap();
+    let mut other = 0u64;
+    check!(cuModuleGetGlobal_v2(
+        &mut other,
+        null_mut(),
+        again,
+        name.as_ptr()
+    ));
+    assert_ne!(other, address);
+    assert_eq!(download(other, 2), [40, 7]);
+    check!(cuModuleUnload(module));
+    // Unloading frees the module's variables.
+    check!(CUDA_ERROR_INVALID_VALUE, cuMemFree_v2(address));
+    check!(cuCtxDestroy_v2(ctx));
+}
