@@ -215,6 +215,37 @@ fn shared_bounds_and_alignment() {
 }
 
 #[test]
+fn local_bounds_and_alignment() {
+    let decl = "\t.local .align 8 .b8 frame[16];";
+    // Each thread's frame is its own: thread 1's store does not show in thread 0's.
+    let body = "\tst.local.u32 [frame+12], %r1;\n\tld.local.u32 %r3, [frame+12];\n\tmul.wide.u32 %rd2, %r1, 4;\n\tadd.s64 %rd3, %rd1, %rd2;\n\tst.global.u32 [%rd3], %r3;";
+    let (r, out) = run_src(&kernel_src(decl, body), 1, 2, 8);
+    r.expect("in bounds");
+    assert_eq!(out, [0, 1]);
+    let (r, _) = run_src(
+        &kernel_src(decl, "\tst.local.u32 [frame+16], %r1;"),
+        1,
+        1,
+        4,
+    );
+    assert!(
+        matches!(&r, Err(ExecError::IllegalAddress(m)) if m.contains("line 16")),
+        "{r:?}"
+    );
+    let (r, _) = run_src(
+        &kernel_src(decl, "\tld.local.u64 %rd2, [frame+4];"),
+        1,
+        1,
+        4,
+    );
+    assert!(matches!(r, Err(ExecError::MisalignedAddress(_))), "{r:?}");
+    // Through a generic address (cvta.local), past the end.
+    let body = "\tmov.u64 %rd2, frame;\n\tcvta.local.u64 %rd3, %rd2;\n\tld.u32 %r3, [%rd3+20];";
+    let (r, _) = run_src(&kernel_src(decl, body), 1, 1, 4);
+    assert!(matches!(r, Err(ExecError::IllegalAddress(_))), "{r:?}");
+}
+
+#[test]
 fn unknown_instruction_names_it_and_its_line() {
     let src = format!(
         "{HEAD}.visible .entry k()\n{{\n\t.reg .b32 %r<3>;\n\tfoo.b32 %r1, %r2;\n\tret;\n}}\n"
