@@ -458,3 +458,110 @@ fn sgd_ema_update_and_mean_gradients() {
         );
     }
 }
+
+/// Runs a launch on one host thread, printing interpreted instructions per second.
+fn timed(
+    what: &str,
+    k: &tandem_ptx::Kernel,
+    grid: tandem_ptx::Dim3,
+    block: tandem_ptx::Dim3,
+    args: &Args,
+    mem: &Mem,
+) {
+    let l = tandem_ptx::Launch {
+        grid,
+        block,
+        dynamic_shared: 0,
+        params: &args.0,
+        threads: 1,
+    };
+    let t0 = std::time::Instant::now();
+    let stats = tandem_ptx::run_counted(k, &l, mem).expect(what);
+    let secs = t0.elapsed().as_secs_f64();
+    let n = stats.instructions;
+    println!(
+        "{what}: {n} instructions in {secs:.3} s on 1 thread: {:.1} M instructions/s",
+        n as f64 / secs / 1e6
+    );
+}
+
+#[test]
+fn sgd_ema_update_speed_400k() {
+    let (len, n) = (400_000usize, 2usize);
+    let p = values(len, 20);
+    let e = values(len, 21);
+    let mut mem = Mem::new();
+    let (dp, de) = (mem.upload_f32(&p), mem.upload_f32(&e));
+    let mut ptrs = [0u64; 16];
+    for (j, ptr) in ptrs.iter_mut().enumerate().take(n) {
+        *ptr = mem.upload_f32(&values(len, 30 + j as u64));
+    }
+    let args = Args::new()
+        .u64(dp)
+        .u64(de)
+        .u64s(&ptrs)
+        .u32(n as u32)
+        .u64(len as u64)
+        .f32(0.05)
+        .f32(0.001)
+        .f32(0.9);
+    let grid = dim(len.div_ceil(256).min(4096) as u32, 1, 1);
+    timed(
+        "sgd_ema_update 400k",
+        &kernel("update", "sgd_ema_update"),
+        grid,
+        dim(256, 1, 1),
+        &args,
+        &mem,
+    );
+    let (lr, wd, dd) = (0.05f32, 0.001f32, 0.9f32);
+    let g0 = values(len, 30);
+    let g1 = values(len, 31);
+    let (got_p, got_e) = (mem.f32s(dp), mem.f32s(de));
+    for i in (0..len).step_by(997) {
+        let g = (g0[i] + g1[i]) * (1.0 / n as f32);
+        let wp = p[i] - lr * (g + wd * p[i]);
+        assert_eq!(got_p[i], wp, "p[{i}]");
+        assert_eq!(got_e[i], dd * e[i] + (1.0 - dd) * wp, "e[{i}]");
+    }
+}
+
+#[test]
+fn softmax_cross_entropy_speed_20000x10() {
+    let (rows, classes) = (20_000usize, 10usize);
+    let z: Vec<f32> = values(rows * classes, 12).iter().map(|v| v * 5.0).collect();
+    let labels: Vec<u32> = (0..rows as u32).map(|r| r % 10).collect();
+    let mut mem = Mem::new();
+    let (dz, dl) = (mem.upload_f32(&z), mem.upload_u32(&labels));
+    let (dd, dlosses) = (mem.alloc(rows * classes * 4), mem.alloc(rows * 4));
+    let args = Args::new()
+        .u64(dz)
+        .u64(dl)
+        .u64(dd)
+        .u64(dlosses)
+        .u32(rows as u32)
+        .u32(classes as u32);
+    timed(
+        "softmax_cross_entropy 20000x10",
+        &kernel("softmax_xent", "softmax_cross_entropy"),
+        dim(rows.div_ceil(4) as u32, 1, 1),
+        dim(128, 1, 1),
+        &args,
+        &mem,
+    );
+    let losses = mem.f32s(dlosses);
+    for r in (0..rows).step_by(331) {
+        let row: Vec<f64> = z[r * classes..(r + 1) * classes]
+            .iter()
+            .map(|&v| v as f64)
+            .collect();
+        let max = row.iter().cloned().fold(f64::MIN, f64::max);
+        let sum: f64 = row.iter().map(|v| (v - max).exp()).sum();
+        let want = sum.ln() - (row[labels[r] as usize] - max);
+        assert!(
+            (losses[r] as f64 - want).abs() < 1e-5 * want.abs().max(1.0),
+            "loss {r}: {} vs {want}",
+            losses[r]
+        );
+    }
+}
