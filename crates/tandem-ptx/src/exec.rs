@@ -716,6 +716,8 @@ struct Ctx<'a> {
     mem: &'a dyn GlobalMemory,
     nslots: usize,
     nthreads: usize,
+    /// Whether the host CPU has fused multiply-add instructions.
+    fma: bool,
 }
 
 /// Why a thread's run stopped.
@@ -748,8 +750,43 @@ impl Ctx<'_> {
         }
     }
 
-    /// Runs thread `t` until it syncs or exits.
+    /// Runs thread `t` until it syncs or exits: the loop compiled with the host's FMA unit
+    /// when it has one (so that `fma.rn.f32` is one instruction, not a call into libm's
+    /// software-dispatched `fmaf`), else the portable one. Both compute the same, correctly
+    /// rounded results.
     fn run_thread(
+        &self,
+        r: &mut [u64],
+        th: &mut Thread,
+        bm: &mut BlockMem,
+        block: usize,
+        t: usize,
+    ) -> Result<Stop, ExecError> {
+        #[cfg(target_arch = "x86_64")]
+        if self.fma {
+            // SAFETY: `self.fma` is set only when the CPU reports the FMA extension.
+            return unsafe { self.run_thread_fma(r, th, bm, block, t) };
+        }
+        self.run_thread_body(r, th, bm, block, t)
+    }
+
+    /// # Safety
+    /// The CPU must support FMA (`is_x86_feature_detected!("fma")`).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "fma")]
+    unsafe fn run_thread_fma(
+        &self,
+        r: &mut [u64],
+        th: &mut Thread,
+        bm: &mut BlockMem,
+        block: usize,
+        t: usize,
+    ) -> Result<Stop, ExecError> {
+        self.run_thread_body(r, th, bm, block, t)
+    }
+
+    #[inline(always)]
+    fn run_thread_body(
         &self,
         r: &mut [u64],
         th: &mut Thread,
@@ -1470,6 +1507,17 @@ impl Ctx<'_> {
     }
 }
 
+fn has_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// Runs one launch.
 pub(crate) fn run(
     k: &Kernel,
@@ -1522,6 +1570,7 @@ pub(crate) fn run(
         mem,
         nslots: k.template.len(),
         nthreads,
+        fma: has_fma(),
     };
     let next = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
