@@ -294,6 +294,17 @@ impl BlockMem<'_> {
     }
 }
 
+/// The aligned, in-bounds 32-bit shared load at `a`, or None (the general path then reports
+/// the fault).
+#[inline(always)]
+fn shared32(shared: &[u8], a: u64) -> Option<u32> {
+    if a & 3 != 0 {
+        return None;
+    }
+    let s = shared.get(usize::try_from(a).ok()?..)?;
+    s.first_chunk::<4>().map(|b| u32::from_le_bytes(*b))
+}
+
 /// # Safety
 /// `p` must be valid for `size` bytes.
 unsafe fn load_ptr(p: *mut u8, size: usize) -> u64 {
@@ -849,6 +860,31 @@ impl Ctx<'_> {
                             Err(e) => fail!(e),
                         },
                     };
+                }
+                &Op::LdSharedFma {
+                    d,
+                    base,
+                    off,
+                    fd,
+                    fa,
+                    fb,
+                    fc,
+                } => {
+                    let a = r[base as usize].wrapping_add(off as i64 as u64);
+                    r[d as usize] = match shared32(&bm.shared, a) {
+                        Some(v) => v as u64,
+                        None => match bm.load(self.mem, Space::Shared, a, 4, t) {
+                            Ok(v) => v,
+                            Err(e) => fail!(e),
+                        },
+                    };
+                    r[fd as usize] = f32b(
+                        f32v(r[fa as usize]).mul_add(f32v(r[fb as usize]), f32v(r[fc as usize])),
+                    );
+                    // The fma's own instruction is skipped, but counted.
+                    count += 1;
+                    pc += 2;
+                    continue;
                 }
                 &Op::StShared32 { s, addr } => {
                     let a = r[addr.base as usize].wrapping_add(addr.off as u64);

@@ -299,6 +299,19 @@ pub(crate) enum Op {
         s: Slot,
         addr: Addr,
     },
+    /// An unguarded [`Op::LdShared32`] (`d`, `[base+off]`) and the unguarded [`Op::FmaF32`]
+    /// (`fd = fa * fb + fc`) right after it, executed as one: the hot pair of tiled matrix
+    /// products. Built over the load's instruction; the fma keeps its own, which branches to it
+    /// and the instruction count still see.
+    LdSharedFma {
+        d: Slot,
+        base: Slot,
+        off: i32,
+        fd: Slot,
+        fa: Slot,
+        fb: Slot,
+        fc: Slot,
+    },
     /// A conditional branch on a predicate slot (folded guard).
     BraIf {
         p: Slot,
@@ -587,4 +600,29 @@ pub(crate) struct Inst {
     pub neg: bool,
     /// 1-based PTX line.
     pub line: u32,
+}
+
+/// Fuses hot instruction pairs into super-instructions (see [`Op::LdSharedFma`]). Every
+/// instruction stays where it was, so branch targets and error lines are unchanged.
+pub(crate) fn fuse(code: &mut [Inst]) {
+    for i in 0..code.len().saturating_sub(1) {
+        if code[i].guard != NO_GUARD || code[i + 1].guard != NO_GUARD {
+            continue;
+        }
+        if let (&Op::LdShared32 { d, addr }, &Op::FmaF32 { d: fd, a, b, c }) =
+            (&code[i].op, &code[i + 1].op)
+        {
+            if let Ok(off) = i32::try_from(addr.off) {
+                code[i].op = Op::LdSharedFma {
+                    d,
+                    base: addr.base,
+                    off,
+                    fd,
+                    fa: a,
+                    fb: b,
+                    fc: c,
+                };
+            }
+        }
+    }
 }

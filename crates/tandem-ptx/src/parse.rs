@@ -1102,6 +1102,7 @@ impl Parser {
         if self.prog.fparam_bytes > u32::MAX as usize / 2 || self.prog.local_bytes > 1 << 32 {
             return err(1, "local or parameter space too large");
         }
+        crate::ir::fuse(&mut self.prog.code);
         Ok(self.prog)
     }
 
