@@ -39,6 +39,14 @@ fn train_set() -> ExampleSet {
     ExampleSet::new(PIXELS, mnist.train.images, mnist.train.labels).expect("consistent split")
 }
 
+// Shapes are small (batches of 12 to 40, a few steps), non-multiples of the kernels' 32-wide
+// tiles: CI runs these on the driver stand-in, which interprets every kernel on the CPU.
+
+/// Examples per replica in the two-replica runs; the single replica gets twice as many.
+const HALF_BATCH: usize = 12;
+/// Steps of the sync runs.
+const STEPS: u64 = 6;
+
 fn initial() -> TrainState {
     TrainState::new(Mlp::MNIST.init(0.1, &mut rand_chacha::ChaCha8Rng::seed_from_u64(4)))
 }
@@ -70,13 +78,13 @@ fn sync_run(replicas: Vec<MlpReplica<CudaBackend>>, batch: usize, steps: u64) ->
 #[test]
 fn whole_model_gradients_on_the_gpu_match_the_cpu() {
     let train = train_set();
-    let Some(mut gpu) = gpu_replicas(1, &train, 100) else {
+    let Some(mut gpu) = gpu_replicas(1, &train, 40) else {
         return;
     };
     let mut gpu = gpu.remove(0);
-    let mut cpu = MlpReplica::new(Mlp::MNIST, CpuBackend, &train, 100).unwrap();
+    let mut cpu = MlpReplica::new(Mlp::MNIST, CpuBackend, &train, 40).unwrap();
     let params = initial().params;
-    let batch: Vec<u32> = (0..100).map(|i| i * 37 % 55_000).collect();
+    let batch: Vec<u32> = (0..40).map(|i| i * 37 % 55_000).collect();
     let mut grads = Vec::new();
     let mut losses = Vec::new();
     for replica in [&mut gpu as &mut dyn Replica, &mut cpu] {
@@ -101,13 +109,16 @@ fn whole_model_gradients_on_the_gpu_match_the_cpu() {
 #[test]
 fn sync_with_two_replicas_on_one_gpu_equals_one_replica_with_twice_the_batch() {
     let train = train_set();
-    let Some(pair) = gpu_replicas(2, &train, 50) else {
+    let Some(pair) = gpu_replicas(2, &train, HALF_BATCH) else {
         return;
     };
-    let Some(single) = gpu_replicas(1, &train, 100) else {
+    let Some(single) = gpu_replicas(1, &train, 2 * HALF_BATCH) else {
         return;
     };
-    let (a, b) = (sync_run(pair, 50, 20), sync_run(single, 100, 20));
+    let (a, b) = (
+        sync_run(pair, HALF_BATCH, STEPS),
+        sync_run(single, 2 * HALF_BATCH, STEPS),
+    );
     assert!(
         max_relative_difference(&b.params, &initial().params) > 1e-3,
         "training did not move"
@@ -122,13 +133,16 @@ fn sync_with_two_replicas_on_one_gpu_equals_one_replica_with_twice_the_batch() {
 #[test]
 fn repeated_sync_runs_on_the_gpu_are_bitwise_identical() {
     let train = train_set();
-    let Some(first) = gpu_replicas(2, &train, 100) else {
+    let Some(first) = gpu_replicas(2, &train, HALF_BATCH) else {
         return;
     };
-    let Some(second) = gpu_replicas(2, &train, 100) else {
+    let Some(second) = gpu_replicas(2, &train, HALF_BATCH) else {
         return;
     };
-    let (a, b) = (sync_run(first, 100, 30), sync_run(second, 100, 30));
+    let (a, b) = (
+        sync_run(first, HALF_BATCH, STEPS),
+        sync_run(second, HALF_BATCH, STEPS),
+    );
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(&a.params), bits(&b.params));
     assert_eq!(bits(&a.ema), bits(&b.ema));
