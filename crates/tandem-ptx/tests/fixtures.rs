@@ -490,3 +490,41 @@ fn integer_ops_against_rust() {
     assert_eq!(o[13], x as u32);
     assert_eq!(o[14], 0x4433_2211);
 }
+
+#[test]
+fn fused_shared_load_and_fma() {
+    let decl = "\t.shared .align 4 .b8 s[16];";
+    // ld.shared.f32 then fma.rn.f32 (run as one super-instruction), and a branch into the fma.
+    let body = "\tmov.f32 %f1, 0f40000000;\n\tst.shared.f32 [s+8], %f1;\n\tmov.f32 %f2, 0f3F800000;\n\tld.shared.f32 %f3, [s+8];\n\tfma.rn.f32 %f2, %f3, %f3, %f2;\n\tsetp.lt.f32 %p1, %f2, 0f41000000;\n\t@%p1 bra L1;\n\tbra L2;\nL1:\n\tld.shared.f32 %f3, [s+8];\nL3:\n\tfma.rn.f32 %f2, %f3, %f3, %f2;\n\tsetp.lt.f32 %p2, %f2, 0f41400000;\n\t@%p2 bra L3;\nL2:\n\tst.global.f32 [%rd1], %f2;";
+    let (r, out) = run_src(&kernel_src(decl, body), 1, 1, 4);
+    r.expect("fused pair");
+    // 1 + 4 = 5, then + 4 = 9 (the pair), then + 4 = 13 (the fma alone, via L3).
+    assert_eq!(f32::from_bits(out[0]), 13.0);
+    // Out of bounds and misaligned loads of a pair fail naming the load's line (16).
+    let (r, _) = run_src(
+        &kernel_src(
+            decl,
+            "\tld.shared.f32 %f3, [s+16];\n\tfma.rn.f32 %f2, %f3, %f3, %f2;",
+        ),
+        1,
+        1,
+        4,
+    );
+    assert!(
+        matches!(&r, Err(ExecError::IllegalAddress(m)) if m.contains("line 16")),
+        "{r:?}"
+    );
+    let (r, _) = run_src(
+        &kernel_src(
+            decl,
+            "\tld.shared.f32 %f3, [s+2];\n\tfma.rn.f32 %f2, %f3, %f3, %f2;",
+        ),
+        1,
+        1,
+        4,
+    );
+    assert!(
+        matches!(&r, Err(ExecError::MisalignedAddress(m)) if m.contains("line 16")),
+        "{r:?}"
+    );
+}
