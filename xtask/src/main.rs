@@ -15,7 +15,6 @@ mod bundle;
 mod emu;
 mod kernels;
 mod mutants;
-mod stub;
 mod toolchain;
 
 use std::path::{Path, PathBuf};
@@ -46,9 +45,6 @@ enum Task {
     /// target/cuda-emu/lib64/libcuda.so.1: `--features cuda` binaries then link and run their
     /// kernels without a GPU (see README, "Testing the CUDA backend without a GPU").
     CudaEmu,
-    /// Build a stub libcuda.so (every driver function returns CUDA_ERROR_NO_DEVICE) into
-    /// target/cuda-stub/lib64, so that `--features cuda` links and runs without a driver.
-    CudaStub,
     /// Build release binaries and the CUDA test executables into gpu-bundle/ with a run.sh.
     GpuBundle,
     /// Train sync and async at 1 and 2 CPU workers (release build), alternating the runs, and
@@ -77,7 +73,6 @@ fn main() -> Result<()> {
     match Cli::parse().command {
         Task::BuildKernels { check, pinned } => kernels::build(&root, check, pinned),
         Task::CudaEmu => emu::build(&root).map(|_| ()),
-        Task::CudaStub => stub::build(&root).map(|_| ()),
         Task::GpuBundle => bundle::build(&root),
         Task::BenchTrain { rounds, epochs } => bench::train(&root, rounds, epochs),
         Task::Mutants { args } => mutants::run_mutants(&root, &args),

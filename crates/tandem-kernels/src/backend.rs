@@ -39,8 +39,7 @@ macro_rules! args {
     };
 }
 
-/// How many CUDA devices this machine has: 0 where the driver reports none (including the stub
-/// libcuda of `cargo xtask cuda-stub`).
+/// How many CUDA devices this machine has: 0 where the driver reports none.
 pub fn device_count() -> Result<usize, KernelError> {
     match driver::init() {
         Err(NO_DEVICE) => Ok(0),

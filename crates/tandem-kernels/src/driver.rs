@@ -10,8 +10,8 @@
 //! `u32` ([`Code`]) and every value is defined; [`name`] names the ones tandem cares about.
 //!
 //! **What.** 22 driver functions, with the exact (versioned) symbols cust uses, so that any
-//! libcuda that serves cust serves tandem (NVIDIA's driver, `cargo xtask cuda-stub`'s stub,
-//! tandem's CPU stand-in): `cuInit`, `cuDriverGetVersion`, `cuDeviceGetCount`, `cuDeviceGet`,
+//! libcuda that serves cust serves tandem (NVIDIA's driver or tandem's CPU stand-in,
+//! `cargo xtask cuda-emu`): `cuInit`, `cuDriverGetVersion`, `cuDeviceGetCount`, `cuDeviceGet`,
 //! `cuDevicePrimaryCtxRetain`, `cuDevicePrimaryCtxRelease_v2`, `cuCtxGetCurrent`,
 //! `cuCtxSetCurrent`, `cuStreamCreate`, `cuStreamSynchronize`, `cuStreamDestroy_v2`,
 //! `cuModuleLoadData`, `cuModuleGetFunction`, `cuModuleUnload`, `cuLaunchKernel`,
@@ -42,7 +42,7 @@ const SUCCESS: Code = 0;
 const INVALID_VALUE: Code = 1;
 /// `CUDA_ERROR_OUT_OF_MEMORY`.
 const OUT_OF_MEMORY: Code = 2;
-/// `CUDA_ERROR_NO_DEVICE`: no GPU, or no driver behind a stub libcuda.
+/// `CUDA_ERROR_NO_DEVICE`: no GPU (or the stand-in configured with `TANDEM_EMU_DEVICES=0`).
 pub(crate) const NO_DEVICE: Code = 100;
 /// `CUDA_ERROR_UNSUPPORTED_PTX_VERSION`: a driver older than the PTX.
 pub(crate) const UNSUPPORTED_PTX_VERSION: Code = 222;

@@ -8,7 +8,7 @@ use crate::ptx::{MAX_GRADIENT_BUFFERS, MIN_DRIVER, PTX_ISA_VERSION};
 /// What can go wrong in [`CudaBackend`](crate::CudaBackend).
 //
 // CUDA errors are shown by tandem's own table of names and their number, never by asking the
-// driver (`cuGetErrorName`), which cannot answer where the driver is broken or a stub.
+// driver (`cuGetErrorName`), which cannot answer where the driver is broken.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum KernelError {
@@ -73,8 +73,9 @@ pub enum KernelError {
 }
 
 impl KernelError {
-    /// Whether this says that the machine has no usable CUDA device (no GPU, no driver behind
-    /// the stub libcuda): the case where GPU tests skip rather than fail.
+    /// Whether this says that the machine has no CUDA device (`CUDA_ERROR_NO_DEVICE`, or an
+    /// ordinal past a count of 0): the case where GPU tests skip rather than fail (unless
+    /// `TANDEM_REQUIRE_GPU=1`).
     pub fn is_no_device(&self) -> bool {
         matches!(
             self,

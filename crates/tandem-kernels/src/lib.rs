@@ -11,8 +11,8 @@
 //!   (`CudaBackend::mean_gradients`) of data-parallel training, and `device_count`.
 //!
 //! The feature is off by default so that the workspace builds where no CUDA is installed. With
-//! it, linking needs a `libcuda`: the driver's, or on a machine without one the stub that
-//! `cargo xtask cuda-stub` builds (set `CUDA_LIBRARY_PATH` to `target/cuda-stub`).
+//! it, linking needs a `libcuda`: the driver's, or on a machine without a GPU tandem's CPU
+//! stand-in that `cargo xtask cuda-emu` builds (set `CUDA_LIBRARY_PATH` to `target/cuda-emu`).
 //!
 //! The committed PTX targets `compute_75` with PTX ISA 9.0 (nvcc 13.0): it loads on Turing and
 //! newer GPUs with a driver of the 580 branch or newer.

@@ -1,6 +1,6 @@
 //! What the GPU test files share: opening a CUDA device, or skipping where there is none.
 //!
-//! Without a device (no GPU, or the stub libcuda of `cargo xtask cuda-stub`) a test says
+//! Without a device (no GPU, or the stand-in with `TANDEM_EMU_DEVICES=0`) a test says
 //! `SKIPPED: <test>: no CUDA device (...)` on stderr and returns; with
 //! `TANDEM_REQUIRE_GPU=1` (CI, against the driver stand-in; the GPU bundle) it fails instead,
 //! so that a run meant to exercise the GPU code cannot pass without doing so. Any other failure
