@@ -1,7 +1,7 @@
 //! Every kernel against its CPU twin in `tandem_tensor::cpu`, on a GPU.
 //!
-//! Where there is no CUDA device (no GPU, or the stand-in with `TANDEM_EMU_DEVICES=0`) each test says
-//! `SKIPPED: <test>: no CUDA device (...)` on stderr and returns, or fails under
+//! Where there is no CUDA device (no GPU, or the stand-in with `TANDEM_EMU_DEVICES=0`) each
+//! test says `SKIPPED: <test>: no CUDA device (...)` on stderr and returns, or fails under
 //! `TANDEM_REQUIRE_GPU=1` (see `common`); any other failure to open the device fails the test.
 //! Outputs are filled with NaN before a kernel writes them, so an element a kernel forgets
 //! shows up as NaN.
