@@ -25,11 +25,7 @@ fn a_driver_older_than_the_ptx_is_reported_as_too_old() {
                 "{message}"
             );
         }
-        Err(other) if other.is_no_device() && !common::gpu_required() => {
-            let _ = std::io::stderr().write_all(
-                format!("SKIPPED: driver_too_old: no CUDA device ({other})\n").as_bytes(),
-            );
-        }
+        Err(other) if other.is_no_device() => common::no_device(&other, common::gpu_required()),
         Err(other) => panic!("expected DriverTooOld, got {other}"),
         // Under TANDEM_REQUIRE_GPU (CI, on the stand-in) this must not happen.
         Ok(_) if !common::gpu_required() => {

@@ -6,6 +6,8 @@
 //! so that a run meant to exercise the GPU code cannot pass without doing so. Any other failure
 //! to open the device fails the test.
 
+#![allow(dead_code)] // each test binary uses its own part of this module
+
 use std::fmt::Display;
 use std::io::Write;
 
