@@ -14,11 +14,13 @@ use anyhow::{Context, Result};
 /// Builds the stand-in (release: it interprets every kernel) and returns `target/cuda-emu`,
 /// the folder to name in `CUDA_LIBRARY_PATH`; the library itself is in its `lib64/`.
 pub fn build(root: &Path) -> Result<PathBuf> {
-    crate::run(
-        Command::new(env!("CARGO"))
-            .current_dir(root)
-            .args(["build", "--release", "--quiet", "-p", "tandem-cuda-emu"]),
-    )?;
+    crate::run(Command::new(env!("CARGO")).current_dir(root).args([
+        "build",
+        "--release",
+        "--quiet",
+        "-p",
+        "tandem-cuda-emu",
+    ]))?;
     let built = target_dir(root).join("release/libtandem_cuda_emu.so");
     let emu = root.join("target").join("cuda-emu");
     let lib64 = emu.join("lib64");
@@ -44,6 +46,12 @@ pub fn build(root: &Path) -> Result<PathBuf> {
 fn target_dir(root: &Path) -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
-        .map(|dir| if dir.is_absolute() { dir } else { root.join(dir) })
+        .map(|dir| {
+            if dir.is_absolute() {
+                dir
+            } else {
+                root.join(dir)
+            }
+        })
         .unwrap_or_else(|| root.join("target"))
 }
