@@ -233,7 +233,8 @@ impl Session {
         train: &ExampleSet,
         state: TrainState,
     ) -> Result<Self> {
-        let devices = spec.resolve_noting(|note| crate::output::warn(format!("warning: {note}")))?;
+        let devices =
+            spec.resolve_noting(|note| crate::output::warn(format!("warning: {note}")))?;
         config.workers = devices.len();
         let names = devices.iter().map(Device::to_string).collect();
         let batch = config.hyper.batch_size;
