@@ -18,6 +18,9 @@ pub struct Config {
     /// `TANDEM_EMU_STATS`: where to write the statistics JSON at process exit, if anywhere
     /// (`%p` in it: the process id).
     pub stats: Option<String>,
+    /// `TANDEM_EMU_RACECHECK`: `1` checks every launch's shared memory for data races (a race
+    /// fails the launch with `CUDA_ERROR_LAUNCH_FAILED`); `0` or unset: off.
+    pub race_check: bool,
 }
 
 impl Config {
@@ -35,12 +38,23 @@ impl Config {
         let memory = number(&lookup, "TANDEM_EMU_MEMORY", 16 << 30, 1, 1 << 40)?;
         let threads = number(&lookup, "TANDEM_EMU_THREADS", parallelism as u64, 1, 1024)?;
         let stats = lookup("TANDEM_EMU_STATS").filter(|path| !path.is_empty());
+        let race_check = match lookup("TANDEM_EMU_RACECHECK").as_deref().map(str::trim) {
+            None | Some("0") => false,
+            Some("1") => true,
+            Some(text) => {
+                eprintln!(
+                    "tandem-cuda-emu: TANDEM_EMU_RACECHECK={text:?} is invalid: expected 0 or 1"
+                );
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+        };
         Ok(Config {
             devices: devices as usize,
             driver_version: driver_version as u32,
             memory,
             threads: threads as usize,
             stats,
+            race_check,
         })
     }
 }
@@ -82,5 +96,14 @@ mod tests {
         assert_eq!(bad, Err(CUDA_ERROR_INVALID_VALUE));
         let zero = Config::from_lookup(|name| (name == "TANDEM_EMU_DEVICES").then(|| "0".into()));
         assert_eq!(zero.unwrap().devices, 0);
+        assert!(!config.race_check);
+        let on = |v: &str| {
+            let v = v.to_string();
+            Config::from_lookup(move |name| (name == "TANDEM_EMU_RACECHECK").then(|| v.clone()))
+        };
+        assert!(on("1").unwrap().race_check);
+        assert!(!on("0").unwrap().race_check);
+        assert_eq!(on("yes"), Err(CUDA_ERROR_INVALID_VALUE));
+        assert_eq!(on("2"), Err(CUDA_ERROR_INVALID_VALUE));
     }
 }

@@ -175,6 +175,7 @@ impl Driver {
     pub fn runner(&self) -> Runner {
         Runner {
             threads: self.config.threads,
+            race_check: self.config.race_check,
             memory: self.memory.clone(),
         }
     }

@@ -258,6 +258,8 @@ struct Queue {
 pub struct Runner {
     /// Host threads per launch.
     pub threads: usize,
+    /// Whether launches check shared memory for races (`TANDEM_EMU_RACECHECK`).
+    pub race_check: bool,
     /// The device memory.
     pub memory: Arc<crate::memory::Memory>,
 }
@@ -418,6 +420,7 @@ impl Stream {
                     dynamic_shared: *shared,
                     params,
                     threads: runner.threads,
+                    race_check: runner.race_check,
                 };
                 if let Err(err) = tandem_ptx::run_with_globals(kernel, &launch, &memory, globals) {
                     let code = match err {

@@ -480,7 +480,8 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
                 if !m.has("sync") || !m.0.is_empty() || ops.len() != 1 {
                     return Err(None);
                 }
-                return done(Op::Nop);
+                let mask = p.src(&ops[0], Ty::U32, line)?;
+                return done(Op::WarpSync { mask });
             }
             let aligned = base == "bar" || m.has("aligned");
             m.drop_all(&["cta"]);

@@ -1,6 +1,6 @@
 //! The interpreter: blocks over host threads, threads of a block run one at a time up to their
-//! next synchronising instruction (`bar.sync`, `shfl.sync`, `vote.sync`), then the scheduler
-//! performs the exchange or release, or reports the deadlock.
+//! next synchronising instruction (`bar.sync`, `shfl.sync`, `vote.sync`, `bar.warp.sync`), then
+//! the scheduler performs the exchange or release, or reports the deadlock.
 
 use std::sync::atomic::{
     AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
@@ -10,6 +10,7 @@ use std::sync::Mutex;
 use crate::float::*;
 use crate::ir::*;
 use crate::parse::{FPARAM_BASE, SINK};
+use crate::race::{Kind, RaceState};
 use crate::{
     Dim3, ExecError, GlobalMemory, Kernel, Launch, GENERIC_LOCAL_BASE, GENERIC_SHARED_BASE,
     WINDOW_SIZE,
@@ -94,6 +95,8 @@ struct BlockMem<'a> {
     clock: u64,
     /// Instructions executed (guarded-off ones included).
     executed: u64,
+    /// The shared-memory race check's state, when [`Launch::race_check`] asks for it.
+    race: Option<Box<RaceState>>,
 }
 
 fn read_le(bytes: &[u8]) -> u64 {
@@ -210,7 +213,21 @@ impl BlockMem<'_> {
                     ))),
                 }
             }
-            _ => Ok(read_le(self.bytes(space, addr, size, false, t)?)),
+            _ => {
+                if space == Space::Shared {
+                    self.race_access(t, addr, size, Kind::Load)?;
+                }
+                Ok(read_le(self.bytes(space, addr, size, false, t)?))
+            }
+        }
+    }
+
+    /// Records a shared access for the race check, if it is on.
+    #[inline]
+    fn race_access(&mut self, t: usize, addr: u64, size: usize, kind: Kind) -> Result<(), MemErr> {
+        match self.race.as_deref_mut() {
+            Some(rs) => rs.access(t, addr, size, kind).map_err(MemErr::Failed),
+            None => Ok(()),
         }
     }
 
@@ -237,6 +254,9 @@ impl BlockMem<'_> {
                 Ok(())
             }
             _ => {
+                if space == Space::Shared {
+                    self.race_access(t, addr, size, Kind::Store)?;
+                }
                 write_le(self.bytes(space, addr, size, true, t)?, v);
                 Ok(())
             }
@@ -282,6 +302,7 @@ impl BlockMem<'_> {
                 }
             }
             Space::Shared => {
+                self.race_access(t, addr, size, Kind::Atomic)?;
                 let b = self.bytes(space, addr, size, true, t)?;
                 let old = read_le(b);
                 write_le(b, f(old));
@@ -773,12 +794,29 @@ impl Ctx<'_> {
         block: usize,
         t: usize,
     ) -> Result<Stop, ExecError> {
+        if bm.race.is_some() {
+            return self.run_thread_checked(r, th, bm, block, t);
+        }
         #[cfg(target_arch = "x86_64")]
         if self.fma {
             // SAFETY: `self.fma` is set only when the CPU reports the FMA extension.
             return unsafe { self.run_thread_fma(r, th, bm, block, t) };
         }
-        self.run_thread_body(r, th, bm, block, t)
+        self.run_thread_body::<false>(r, th, bm, block, t)
+    }
+
+    /// The loop with the race check's recording, kept out of line so that the unchecked loop
+    /// is compiled as before.
+    #[inline(never)]
+    fn run_thread_checked(
+        &self,
+        r: &mut [u64],
+        th: &mut Thread,
+        bm: &mut BlockMem,
+        block: usize,
+        t: usize,
+    ) -> Result<Stop, ExecError> {
+        self.run_thread_body::<true>(r, th, bm, block, t)
     }
 
     /// # Safety
@@ -793,11 +831,13 @@ impl Ctx<'_> {
         block: usize,
         t: usize,
     ) -> Result<Stop, ExecError> {
-        self.run_thread_body(r, th, bm, block, t)
+        self.run_thread_body::<false>(r, th, bm, block, t)
     }
 
+    /// The interpreter loop; with `RC` (the race check on, `bm.race` set) every shared access
+    /// takes the general, recorded path.
     #[inline(always)]
-    fn run_thread_body(
+    fn run_thread_body<const RC: bool>(
         &self,
         r: &mut [u64],
         th: &mut Thread,
@@ -821,6 +861,11 @@ impl Ctx<'_> {
                 fail!(MemErr::Failed("ran off the end of the code".into()));
             };
             count += 1;
+            if RC {
+                if let Some(rs) = bm.race.as_deref_mut() {
+                    rs.line = inst.line;
+                }
+            }
             if inst.guard != NO_GUARD && ((r[inst.guard as usize] != 0) == inst.neg) {
                 pc += 1;
                 continue;
@@ -845,7 +890,7 @@ impl Ctx<'_> {
                 &Op::Mov { d, a, mask } => r[d as usize] = r[a as usize] & mask,
                 &Op::LdShared32 { d, addr } => {
                     let a = r[addr.base as usize].wrapping_add(addr.off as u64);
-                    let fast = if a & 3 == 0 {
+                    let fast = if !RC && a & 3 == 0 {
                         bm.shared
                             .get(a as usize..)
                             .and_then(|s| s.first_chunk::<4>())
@@ -871,7 +916,8 @@ impl Ctx<'_> {
                     fc,
                 } => {
                     let a = r[base as usize].wrapping_add(off as i64 as u64);
-                    r[d as usize] = match shared32(&bm.shared, a) {
+                    let fast = if RC { None } else { shared32(&bm.shared, a) };
+                    r[d as usize] = match fast {
                         Some(v) => v as u64,
                         None => match bm.load(self.mem, Space::Shared, a, 4, t) {
                             Ok(v) => v,
@@ -889,7 +935,7 @@ impl Ctx<'_> {
                 &Op::StShared32 { s, addr } => {
                     let a = r[addr.base as usize].wrapping_add(addr.off as u64);
                     let v = r[s as usize];
-                    let fast = if a & 3 == 0 {
+                    let fast = if !RC && a & 3 == 0 {
                         bm.shared
                             .get_mut(a as usize..)
                             .and_then(|s| s.first_chunk_mut::<4>())
@@ -1516,7 +1562,7 @@ impl Ctx<'_> {
                     bm.executed += count;
                     return Ok(Stop::Sync);
                 }
-                Op::Shfl { .. } | Op::Vote { .. } => {
+                Op::Shfl { .. } | Op::Vote { .. } | Op::WarpSync { .. } => {
                     th.pc = pc as u32;
                     th.status = Status::Warp;
                     bm.executed += count;
@@ -1624,6 +1670,13 @@ pub(crate) fn run(
             cache: PageCache::new(),
             clock: 0,
             executed: 0,
+            race: launch.race_check.then(|| {
+                Box::new(RaceState::new(
+                    k.shared_bytes(launch.dynamic_shared),
+                    nthreads,
+                    launch.block,
+                ))
+            }),
         };
         let mut regs = vec![0u64; ctx.nslots * nthreads];
         let mut threads: Vec<Thread> = (0..nthreads)
@@ -1675,6 +1728,9 @@ impl Ctx<'_> {
         let n = self.nthreads;
         let ns = self.nslots;
         bm.shared.fill(0);
+        if let Some(rs) = bm.race.as_deref_mut() {
+            rs.start_block();
+        }
         bm.local.fill(0);
         bm.fparam.fill(0);
         let (bx, by, bz) = dim_of(blk, l.grid);
@@ -1730,9 +1786,9 @@ impl Ctx<'_> {
             if threads.iter().all(|t| t.status == Status::Exited) {
                 return Ok(());
             }
-            let mut released = self.warp_syncs(blk, regs, threads)?;
+            let mut released = self.warp_syncs(blk, regs, threads, bm.race.as_deref_mut())?;
             if !released {
-                released = self.barriers(blk, regs, threads)?;
+                released = self.barriers(blk, regs, threads, bm.race.as_deref_mut())?;
             }
             if !released {
                 return Err(self.deadlock(blk, regs, threads));
@@ -1746,6 +1802,7 @@ impl Ctx<'_> {
         blk: usize,
         regs: &mut [u64],
         threads: &mut [Thread],
+        mut race: Option<&mut RaceState>,
     ) -> Result<bool, ExecError> {
         let (n, ns) = (self.nthreads, self.nslots);
         let mut released = false;
@@ -1759,6 +1816,13 @@ impl Ctx<'_> {
                 let inst = &self.code[pc as usize];
                 let mask_slot = match inst.op {
                     Op::Shfl { mask, .. } | Op::Vote { mask, .. } => mask,
+                    Op::WarpSync { mask } => {
+                        let mask = regs[t * ns + mask as usize] as u32;
+                        if self.warp_barrier(blk, w, t, mask, threads, race.as_deref_mut())? {
+                            released = true;
+                        }
+                        continue;
+                    }
                     _ => continue,
                 };
                 let mask = regs[t * ns + mask_slot as usize] as u32;
@@ -1790,6 +1854,13 @@ impl Ctx<'_> {
                     continue;
                 }
                 self.exchange(blk, w, mask, &inst.op, regs, inst.line)?;
+                if let Some(rs) = race.as_deref_mut() {
+                    let lanes: Vec<usize> = (0..32)
+                        .filter(|i| mask >> i & 1 == 1)
+                        .map(|i| w * 32 + i)
+                        .collect();
+                    rs.warp_sync(&lanes);
+                }
                 for i in 0..32 {
                     if mask >> i & 1 == 1 {
                         let th = &mut threads[w * 32 + i];
@@ -1801,6 +1872,46 @@ impl Ctx<'_> {
             }
         }
         Ok(released)
+    }
+
+    /// Releases the `bar.warp.sync` lane `t` (of warp `w`) waits at with `mask` once every
+    /// live lane of the mask waits at one (exited and absent lanes count as arrived).
+    fn warp_barrier(
+        &self,
+        blk: usize,
+        w: usize,
+        t: usize,
+        mask: u32,
+        threads: &mut [Thread],
+        race: Option<&mut RaceState>,
+    ) -> Result<bool, ExecError> {
+        let lane = t % 32;
+        if mask >> lane & 1 == 0 {
+            return Err(ExecError::LaunchFailed(format!(
+                "{}: lane {lane} executes bar.warp.sync with membermask {mask:#010x}, which excludes it",
+                self.where_(blk, t, self.code[threads[t].pc as usize].line)
+            )));
+        }
+        let lanes: Vec<usize> = (0..32)
+            .filter(|i| mask >> i & 1 == 1)
+            .map(|i| w * 32 + i)
+            .filter(|&u| u < self.nthreads && threads[u].status != Status::Exited)
+            .collect();
+        let all_there = lanes.iter().all(|&u| {
+            threads[u].status == Status::Warp
+                && matches!(self.code[threads[u].pc as usize].op, Op::WarpSync { .. })
+        });
+        if !all_there {
+            return Ok(false);
+        }
+        if let Some(rs) = race {
+            rs.warp_sync(&lanes);
+        }
+        for &u in &lanes {
+            threads[u].pc += 1;
+            threads[u].status = Status::Ready;
+        }
+        Ok(true)
     }
 
     fn exchange(
@@ -1894,6 +2005,7 @@ impl Ctx<'_> {
         blk: usize,
         regs: &[u64],
         threads: &mut [Thread],
+        mut race: Option<&mut RaceState>,
     ) -> Result<bool, ExecError> {
         let ns = self.nslots;
         let live = threads
@@ -1945,6 +2057,12 @@ impl Ctx<'_> {
             for &t in group.iter().take(need.max(1)) {
                 threads[t].pc += 1;
                 threads[t].status = Status::Ready;
+            }
+            if need >= live {
+                // The whole block: every earlier shared access is ordered before every later one.
+                if let Some(rs) = race.as_deref_mut() {
+                    rs.barrier();
+                }
             }
             released = true;
         }

@@ -581,6 +581,11 @@ pub(crate) enum Op {
         neg: bool,
         mask: Slot,
     },
+    /// `bar.warp.sync mask`: the lanes of `mask` wait for each other (exited or absent lanes
+    /// count as arrived).
+    WarpSync {
+        mask: Slot,
+    },
     Activemask {
         d: Slot,
     },

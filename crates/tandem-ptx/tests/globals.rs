@@ -29,6 +29,7 @@ fn launch_g(
         dynamic_shared: 0,
         params: &args.0,
         threads: 2,
+        race_check: false,
     };
     tandem_ptx::run_with_globals(k, &l, mem, globals)
 }

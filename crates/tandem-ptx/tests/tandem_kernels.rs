@@ -59,6 +59,7 @@ fn run_matmul(
     b_t: bool,
     with_bias: bool,
     threads: usize,
+    race_check: bool,
 ) -> (Vec<f32>, Vec<f32>, u64, f64) {
     let module = module(&tandem_ptx("matmul"));
     let kern = module.kernel("matmul").expect("matmul");
@@ -86,6 +87,7 @@ fn run_matmul(
         dynamic_shared: 0,
         params: &args.0,
         threads,
+        race_check,
     };
     let t0 = std::time::Instant::now();
     let stats = tandem_ptx::run_counted(&kern, &l, &mem).expect("launch");
@@ -102,17 +104,33 @@ fn matmul_all_transposes_and_bias() {
         (false, true, false),
         (true, true, true),
     ] {
-        let (got, want, _, _) = run_matmul(37, 45, 70, a_t, b_t, bias, 2);
+        let (got, want, _, _) = run_matmul(37, 45, 70, a_t, b_t, bias, 2, false);
         assert_eq!(got, want, "a_t {a_t} b_t {b_t} bias {bias}");
     }
 }
 
 #[test]
 fn matmul_speed_100x500x784() {
-    let (got, want, n, secs) = run_matmul(100, 500, 784, false, false, false, 1);
+    let (got, want, n, secs) = run_matmul(100, 500, 784, false, false, false, 1, false);
     assert_eq!(got, want);
     println!(
         "matmul 100x500x784: {n} instructions in {secs:.3} s on 1 thread: {:.1} M instructions/s",
+        n as f64 / secs / 1e6
+    );
+}
+
+/// The same launch under the shared-memory race check: tandem's matmul is race-free (every
+/// transpose), and what the check costs.
+#[test]
+fn matmul_race_checked() {
+    for (a_t, b_t) in [(false, false), (true, true)] {
+        let (got, want, _, _) = run_matmul(37, 45, 70, a_t, b_t, true, 2, true);
+        assert_eq!(got, want);
+    }
+    let (got, want, n, secs) = run_matmul(100, 500, 784, false, false, false, 1, true);
+    assert_eq!(got, want);
+    println!(
+        "matmul 100x500x784 race-checked: {n} instructions in {secs:.3} s on 1 thread: {:.1} M instructions/s",
         n as f64 / secs / 1e6
     );
 }
@@ -474,6 +492,7 @@ fn timed(
         dynamic_shared: 0,
         params: &args.0,
         threads: 1,
+        race_check: false,
     };
     let t0 = std::time::Instant::now();
     let stats = tandem_ptx::run_counted(k, &l, mem).expect(what);

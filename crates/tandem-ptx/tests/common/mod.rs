@@ -147,12 +147,26 @@ pub fn launch(
     mem: &Mem,
     threads: usize,
 ) -> Result<(), ExecError> {
+    launch_checked(k, grid, block, args, mem, threads, false)
+}
+
+/// [`launch`], with the shared-memory race check on or off.
+pub fn launch_checked(
+    k: &Kernel,
+    grid: Dim3,
+    block: Dim3,
+    args: &Args,
+    mem: &Mem,
+    threads: usize,
+    race_check: bool,
+) -> Result<(), ExecError> {
     let l = Launch {
         grid,
         block,
         dynamic_shared: 0,
         params: &args.0,
         threads,
+        race_check,
     };
     tandem_ptx::run(k, &l, mem)
 }
