@@ -8,7 +8,8 @@
 #     interpreter); TANDEM_REQUIRE_GPU=1 turns any skip into a failure;
 #  3. mnist-train built with `cuda` says "no device" cleanly where the driver has none;
 #  4. ordinary CUDA kernels not written for tandem give NumPy's results through the stand-in,
-#     and its strictness answers as the real driver's do (kernels/conformance/check.py);
+#     and its strictness answers as the real driver's do (kernels/conformance/check.py); no
+#     kernel races on shared memory (TANDEM_EMU_RACECHECK=1);
 #  5. no test binary records the stand-in's folder (RPATH/RUNPATH): on a GPU machine the real
 #     driver must load.
 set -euo pipefail
@@ -50,6 +51,12 @@ if ! PYTHONPATH="$python" python3 -c 'import numpy' 2>/dev/null; then
 fi
 PYTHONPATH="$python" python3 kernels/conformance/check.py
 PYTHONPATH="$python" python3 kernels/conformance/check.py --strict
+
+# tandem's kernels and the conformance kernels under the stand-in's shared-memory race check
+# (a race fails the launch with CUDA_ERROR_LAUNCH_FAILED).
+TANDEM_EMU_RACECHECK=1 cargo test -q -p tandem-kernels --features cuda --test cuda --test model_gpu
+TANDEM_EMU_RACECHECK=1 PYTHONPATH="$python" python3 kernels/conformance/check.py >/dev/null
+echo "cuda.sh: no shared-memory race in tandem's or the conformance kernels"
 
 binaries=$(cargo test -p tandem-kernels --features cuda --no-run --message-format=json 2>/dev/null |
     grep -o '"executable":"[^"]*"' | cut -d'"' -f4)
