@@ -15,6 +15,14 @@ LIMIT=${LIMIT:-30}
 # The least test accuracy (averaged parameters) a training run must reach.
 MIN_ACCURACY=${MIN_ACCURACY:-0.975}
 export TANDEM_MNIST_DIR=$PWD/data/mnist
+# The conformance checker and the PyTorch anchor need NumPy. A GPU machine without it (and
+# without a package index) can be given wheels in wheels/ (`pip download numpy
+# --only-binary=:all: --python-version 3.X -d wheels`); they are installed into python/.
+if ! python3 -c 'import numpy' 2>/dev/null && compgen -G 'wheels/numpy-*.whl' >/dev/null; then
+    python3 -m pip install --quiet --no-index --find-links wheels --target python numpy ||
+        echo "FAILED: installing NumPy from wheels/"
+    export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
+fi
 mkdir -p logs
 failed=0
 rows=()
