@@ -77,6 +77,31 @@ fn n_ops(ops: &[Raw], n: usize) -> Result<(), Option<ParseError>> {
     }
 }
 
+/// The sources `ops[1..=N]` (after the destination) as the types `tys`, in order.
+fn srcs<const N: usize>(
+    p: &mut Parser,
+    ops: &[Raw],
+    tys: [Ty; N],
+    line: usize,
+) -> Result<[Slot; N], ParseError> {
+    let mut out = [SINK; N];
+    for (i, ty) in tys.into_iter().enumerate() {
+        out[i] = p.src(&ops[i + 1], ty, line)?;
+    }
+    Ok(out)
+}
+
+/// `op` is supported only in its `.sync` form.
+fn need_sync(m: &mut Mods, op: &str, line: usize) -> Result<(), Option<ParseError>> {
+    if m.has("sync") {
+        return Ok(());
+    }
+    Err(Some(ParseError {
+        line,
+        message: format!("{op} without .sync is not supported"),
+    }))
+}
+
 fn done(op: Op) -> R {
     Ok(Decoded::Op(op))
 }
@@ -127,11 +152,8 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
             if !matches!(ty.bits(), 32 | 64) || ty.float() {
                 return Err(None);
             }
-            let (d, a, b) = (
-                p.dst(&ops[0], line)?,
-                p.src(&ops[1], ty, line)?,
-                p.src(&ops[2], ty, line)?,
-            );
+            let d = p.dst(&ops[0], line)?;
+            let [a, b] = srcs(p, ops, [ty, ty], line)?;
             done(Op::AddCc {
                 carry_in: true,
                 carry_out: cc,
@@ -147,22 +169,14 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
             n_ops(ops, 4)?;
             let ty = m.ty().ok_or(None)?;
             let d = p.dst(&ops[0], line)?;
-            let (a, b, c) = (
-                p.src(&ops[1], ty, line)?,
-                p.src(&ops[2], Ty::U32, line)?,
-                p.src(&ops[3], Ty::U32, line)?,
-            );
+            let [a, b, c] = srcs(p, ops, [ty, Ty::U32, Ty::U32], line)?;
             done(Op::Bfe { ty, d, a, b, c })
         }
         "bfi" => {
             n_ops(ops, 5)?;
             let ty = m.ty().ok_or(None)?;
             let d = p.dst(&ops[0], line)?;
-            let (f, a) = (p.src(&ops[1], ty, line)?, p.src(&ops[2], ty, line)?);
-            let (b, c) = (
-                p.src(&ops[3], Ty::U32, line)?,
-                p.src(&ops[4], Ty::U32, line)?,
-            );
+            let [f, a, b, c] = srcs(p, ops, [ty, ty, Ty::U32, Ty::U32], line)?;
             done(Op::Bfi { ty, d, f, a, b, c })
         }
         "prmt" => {
@@ -180,11 +194,7 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
                 return Err(None);
             }
             let d = p.dst(&ops[0], line)?;
-            let (a, b, c) = (
-                p.src(&ops[1], Ty::B32, line)?,
-                p.src(&ops[2], Ty::B32, line)?,
-                p.src(&ops[3], Ty::B32, line)?,
-            );
+            let [a, b, c] = srcs(p, ops, [Ty::B32; 3], line)?;
             done(Op::Prmt { mode, d, a, b, c })
         }
         "sad" => {
@@ -197,7 +207,7 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
                 return Err(None);
             }
             let d = p.dst(&ops[0], line)?;
-            let (a, b) = (p.src(&ops[1], ty, line)?, p.src(&ops[2], ty, line)?);
+            let [a, b] = srcs(p, ops, [ty, ty], line)?;
             let uty = if ty.signed() {
                 crate::decode::unsigned(ty)
             } else {
@@ -215,7 +225,7 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
             };
             let ty = m.ty().ok_or(None)?;
             let d = p.dst(&ops[0], line)?;
-            let (a, b) = (p.src(&ops[1], ty, line)?, p.src(&ops[2], Ty::U32, line)?);
+            let [a, b] = srcs(p, ops, [ty, Ty::U32], line)?;
             match (base, ty) {
                 ("szext", Ty::U32 | Ty::S32) => done(Op::Szext {
                     signed: ty == Ty::S32,
@@ -234,11 +244,7 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
                 return Err(None);
             }
             let d = p.dst(&ops[0], line)?;
-            let (mask, base, off) = (
-                p.src(&ops[1], Ty::B32, line)?,
-                p.src(&ops[2], Ty::U32, line)?,
-                p.src(&ops[3], Ty::S32, line)?,
-            );
+            let [mask, base, off] = srcs(p, ops, [Ty::B32, Ty::U32, Ty::S32], line)?;
             done(Op::Fns { d, mask, base, off })
         }
         "dp4a" | "dp2a" => {
@@ -262,11 +268,7 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
                 Ty::U32
             };
             let d = p.dst(&ops[0], line)?;
-            let (a, b, c) = (
-                p.src(&ops[1], ta, line)?,
-                p.src(&ops[2], tb, line)?,
-                p.src(&ops[3], cty, line)?,
-            );
+            let [a, b, c] = srcs(p, ops, [ta, tb, cty], line)?;
             done(Op::Dp {
                 half,
                 a_signed: ta == Ty::S32,
@@ -289,11 +291,7 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
                 }));
             };
             let d = p.dst(&ops[0], line)?;
-            let (a, b, c) = (
-                p.src(&ops[1], Ty::B32, line)?,
-                p.src(&ops[2], Ty::B32, line)?,
-                p.src(&ops[3], Ty::B32, line)?,
-            );
+            let [a, b, c] = srcs(p, ops, [Ty::B32; 3], line)?;
             done(Op::Lop3 {
                 d,
                 a,
@@ -318,11 +316,7 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
                 return Err(None);
             }
             let d = p.dst(&ops[0], line)?;
-            let (a, b, c) = (
-                p.src(&ops[1], Ty::B32, line)?,
-                p.src(&ops[2], Ty::B32, line)?,
-                p.src(&ops[3], Ty::U32, line)?,
-            );
+            let [a, b, c] = srcs(p, ops, [Ty::B32, Ty::B32, Ty::U32], line)?;
             done(Op::Shf {
                 left,
                 clamp,
@@ -362,7 +356,7 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
             n_ops(ops, 4)?;
             let ty = m.ty().ok_or(None)?;
             let d = p.dst(&ops[0], line)?;
-            let (a, b) = (p.src(&ops[1], ty, line)?, p.src(&ops[2], ty, line)?);
+            let [a, b] = srcs(p, ops, [ty, ty], line)?;
             let (c, neg) = p.pred_src(&ops[3], line)?;
             if neg {
                 return Err(None);
@@ -383,11 +377,7 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
                 return Err(None);
             }
             let d = p.dst(&ops[0], line)?;
-            let (a, b, c) = (
-                p.src(&ops[1], ty, line)?,
-                p.src(&ops[2], ty, line)?,
-                p.src(&ops[3], cty, line)?,
-            );
+            let [a, b, c] = srcs(p, ops, [ty, ty, cty], line)?;
             done(Op::Slct {
                 ty,
                 cty,
@@ -509,12 +499,7 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
         }
         "prefetch" | "prefetchu" | "nanosleep" | "pmevent" => done(Op::Nop),
         "shfl" => {
-            if !m.has("sync") {
-                return Err(Some(ParseError {
-                    line,
-                    message: "shfl without .sync is not supported".into(),
-                }));
-            }
+            need_sync(&mut m, "shfl", line)?;
             let mode = match m.any(&["up", "down", "bfly", "idx"]) {
                 Some("up") => ShflMode::Up,
                 Some("down") => ShflMode::Down,
@@ -532,10 +517,7 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
                 ),
                 r => (p.dst(r, line)?, SINK),
             };
-            let a = p.src(&ops[1], Ty::B32, line)?;
-            let b = p.src(&ops[2], Ty::B32, line)?;
-            let c = p.src(&ops[3], Ty::B32, line)?;
-            let mask = p.src(&ops[4], Ty::B32, line)?;
+            let [a, b, c, mask] = srcs(p, ops, [Ty::B32; 4], line)?;
             done(Op::Shfl {
                 mode,
                 d,
@@ -547,12 +529,7 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
             })
         }
         "vote" => {
-            if !m.has("sync") {
-                return Err(Some(ParseError {
-                    line,
-                    message: "vote without .sync is not supported".into(),
-                }));
-            }
+            need_sync(&mut m, "vote", line)?;
             let mode = match m.any(&["all", "any", "uni", "ballot"]) {
                 Some("all") => VoteMode::All,
                 Some("any") => VoteMode::Any,
@@ -625,7 +602,7 @@ fn binary(p: &mut Parser, base: &str, m: &mut Mods, ops: &[Raw], line: usize) ->
         if relu || (nan && !matches!(op, FOp::MinNan | FOp::MaxNan)) {
             return Err(None);
         }
-        let (a, b) = (p.src(&ops[1], ty, line)?, p.src(&ops[2], ty, line)?);
+        let [a, b] = srcs(p, ops, [ty, ty], line)?;
         if op == FOp::Add && !ftz && !sat && matches!(rnd, Rnd::Default | Rnd::Rn) && ty == Ty::F32
         {
             return done(Op::AddF32 { d, a, b });
@@ -691,7 +668,7 @@ fn binary(p: &mut Parser, base: &str, m: &mut Mods, ops: &[Raw], line: usize) ->
     } else {
         ty
     };
-    let (a, b) = (p.src(&ops[1], ty, line)?, p.src(&ops[2], bty, line)?);
+    let [a, b] = srcs(p, ops, [ty, bty], line)?;
     if cc {
         if !matches!(op, IOp::Add | IOp::Sub) || !matches!(ty.bits(), 32 | 64) {
             return Err(None);
@@ -799,11 +776,7 @@ fn mad(p: &mut Parser, base: &str, m: &mut Mods, ops: &[Raw], line: usize) -> R 
         {
             return Err(None);
         }
-        let (a, b, c) = (
-            p.src(&ops[1], ty, line)?,
-            p.src(&ops[2], ty, line)?,
-            p.src(&ops[3], ty, line)?,
-        );
+        let [a, b, c] = srcs(p, ops, [ty; 3], line)?;
         return done(Op::MadCc {
             hi,
             carry_in: base == "madc",
@@ -819,11 +792,7 @@ fn mad(p: &mut Parser, base: &str, m: &mut Mods, ops: &[Raw], line: usize) -> R 
         if lohi.is_some() || base == "mad24" || ty == Ty::F16 {
             return Err(None);
         }
-        let (a, b, c) = (
-            p.src(&ops[1], ty, line)?,
-            p.src(&ops[2], ty, line)?,
-            p.src(&ops[3], ty, line)?,
-        );
+        let [a, b, c] = srcs(p, ops, [ty; 3], line)?;
         if ty == Ty::F32 && !ftz && !sat && matches!(rnd, Rnd::Rn | Rnd::Default) {
             return done(Op::FmaF32 { d, a, b, c });
         }
@@ -853,11 +822,7 @@ fn mad(p: &mut Parser, base: &str, m: &mut Mods, ops: &[Raw], line: usize) -> R 
         return Err(None);
     }
     let cty = if mul == IOp::MulWide { wide(ty) } else { ty };
-    let (a, b, c) = (
-        p.src(&ops[1], ty, line)?,
-        p.src(&ops[2], ty, line)?,
-        p.src(&ops[3], cty, line)?,
-    );
+    let [a, b, c] = srcs(p, ops, [ty, ty, cty], line)?;
     done(Op::Mad {
         mul,
         ty,
@@ -932,7 +897,7 @@ fn setp(p: &mut Parser, m: &mut Mods, ops: &[Raw], line: usize) -> R {
         ),
         r => (p.dst(r, line)?, SINK),
     };
-    let (a, b) = (p.src(&ops[1], ty, line)?, p.src(&ops[2], ty, line)?);
+    let [a, b] = srcs(p, ops, [ty, ty], line)?;
     let comb = match comb {
         Some(op) => {
             let (s, neg) = p.pred_src(&ops[3], line)?;
@@ -952,45 +917,37 @@ fn setp(p: &mut Parser, m: &mut Mods, ops: &[Raw], line: usize) -> R {
     })
 }
 
+/// The `{a, b}` or `{a, b, c, d}` parts of a `mov` packing or unpacking a `ty` register: bits
+/// a part, the parts' slots (by `slot`, in order) and how many.
+fn mov_parts(
+    v: &[String],
+    ty: Ty,
+    mut slot: impl FnMut(&String) -> Result<Slot, ParseError>,
+) -> Result<(u32, [Slot; 4], u8), Option<ParseError>> {
+    let n = v.len();
+    if !matches!(n, 2 | 4) || ty.bits() < 16 || ty.float() {
+        return Err(None);
+    }
+    let mut slots = [SINK; 4];
+    for (i, name) in v.iter().enumerate() {
+        slots[i] = slot(name)?;
+    }
+    Ok((ty.bits() / n as u32, slots, n as u8))
+}
+
 fn mov(p: &mut Parser, m: &mut Mods, ops: &[Raw], line: usize) -> R {
     n_ops(ops, 2)?;
     let ty = m.ty().ok_or(None)?;
     match (&ops[0], &ops[1]) {
         (Raw::Vec(v), src) => {
-            let n = v.len();
-            if !matches!(n, 2 | 4) || ty.bits() < 16 || ty.float() {
-                return Err(None);
-            }
-            let bits = ty.bits() / n as u32;
-            let mut dsts = [SINK; 4];
-            for (i, name) in v.iter().enumerate() {
-                dsts[i] = p.dst(&Raw::Name(name.clone()), line)?;
-            }
+            let (bits, dsts, n) = mov_parts(v, ty, |name| p.dst(&Raw::Name(name.clone()), line))?;
             let a = p.src(src, ty, line)?;
-            done(Op::Unpack {
-                bits,
-                dsts,
-                n: n as u8,
-                a,
-            })
+            done(Op::Unpack { bits, dsts, n, a })
         }
         (dst, Raw::Vec(v)) => {
-            let n = v.len();
-            if !matches!(n, 2 | 4) || ty.bits() < 16 || ty.float() {
-                return Err(None);
-            }
-            let bits = ty.bits() / n as u32;
-            let mut srcs = [SINK; 4];
-            for (i, name) in v.iter().enumerate() {
-                srcs[i] = p.name_src(name, line)?;
-            }
+            let (bits, srcs, n) = mov_parts(v, ty, |name| p.name_src(name, line))?;
             let d = p.dst(dst, line)?;
-            done(Op::Pack {
-                bits,
-                d,
-                srcs,
-                n: n as u8,
-            })
+            done(Op::Pack { bits, d, srcs, n })
         }
         (dst, src) => {
             let d = p.dst(dst, line)?;

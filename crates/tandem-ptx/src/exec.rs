@@ -130,6 +130,23 @@ fn slice_at<'b>(
 }
 
 /// Which memory a generic-or-explicit access hits, with the window-relative address.
+/// [`classify`]d, and `size`-aligned, or an error naming the `what` access.
+#[inline]
+fn classify_aligned(
+    space: Space,
+    addr: u64,
+    size: usize,
+    what: &str,
+) -> Result<(Space, u64), MemErr> {
+    let (space, addr) = classify(space, addr);
+    if !addr.is_multiple_of(size as u64) {
+        return Err(MemErr::Misaligned(format!(
+            "{size}-byte {what} at {space:?} address {addr:#x}"
+        )));
+    }
+    Ok((space, addr))
+}
+
 fn classify(space: Space, addr: u64) -> (Space, u64) {
     match space {
         Space::Generic => {
@@ -148,6 +165,20 @@ fn classify(space: Space, addr: u64) -> (Space, u64) {
 }
 
 impl BlockMem<'_> {
+    /// Thread `t`'s function parameter space.
+    fn fparams(&mut self, t: usize) -> &mut [u8] {
+        let s = self.fparam_size;
+        &mut self.fparam[t * s..(t + 1) * s]
+    }
+
+    /// Copies thread `t`'s function parameters `(from, to, len)` for a call or return.
+    fn copy_fparams(&mut self, t: usize, copies: &[ParamCopy]) {
+        let fp = self.fparams(t);
+        for &(from, to, len) in copies {
+            fp.copy_within(from as usize..(from + len) as usize, to as usize);
+        }
+    }
+
     /// The bytes of a non-global access for thread `t`.
     fn bytes(
         &mut self,
@@ -164,13 +195,7 @@ impl BlockMem<'_> {
                 slice_at(&mut self.local[t * s..(t + 1) * s], addr, len, "local")
             }
             Space::Param if addr >= FPARAM_BASE => {
-                let s = self.fparam_size;
-                slice_at(
-                    &mut self.fparam[t * s..(t + 1) * s],
-                    addr - FPARAM_BASE,
-                    len,
-                    "param",
-                )
+                slice_at(self.fparams(t), addr - FPARAM_BASE, len, "param")
             }
             Space::Param if write => Err(MemErr::Illegal(format!(
                 "store to kernel parameter at {addr:#x}"
@@ -189,12 +214,7 @@ impl BlockMem<'_> {
         size: usize,
         t: usize,
     ) -> Result<u64, MemErr> {
-        let (space, addr) = classify(space, addr);
-        if !addr.is_multiple_of(size as u64) {
-            return Err(MemErr::Misaligned(format!(
-                "{size}-byte load at {space:?} address {addr:#x}"
-            )));
-        }
+        let (space, addr) = classify_aligned(space, addr, size, "load")?;
         match space {
             Space::Global => {
                 let p = self.cache.resolve(mem, addr, size, false)?;
@@ -240,12 +260,7 @@ impl BlockMem<'_> {
         v: u64,
         t: usize,
     ) -> Result<(), MemErr> {
-        let (space, addr) = classify(space, addr);
-        if !addr.is_multiple_of(size as u64) {
-            return Err(MemErr::Misaligned(format!(
-                "{size}-byte store at {space:?} address {addr:#x}"
-            )));
-        }
+        let (space, addr) = classify_aligned(space, addr, size, "store")?;
         match space {
             Space::Global => {
                 let p = self.cache.resolve(mem, addr, size, true)?;
@@ -272,12 +287,7 @@ impl BlockMem<'_> {
         size: usize,
         t: usize,
     ) -> Result<u64, MemErr> {
-        let (space, addr) = classify(space, addr);
-        if !addr.is_multiple_of(size as u64) {
-            return Err(MemErr::Misaligned(format!(
-                "{size}-byte atomic at {space:?} address {addr:#x}"
-            )));
-        }
+        let (space, addr) = classify_aligned(space, addr, size, "atomic")?;
         match space {
             Space::Global => {
                 let p = self.cache.resolve(mem, addr, size, true)?;
@@ -312,6 +322,50 @@ impl BlockMem<'_> {
                 "atomic on {space:?} address {addr:#x}"
             ))),
         }
+    }
+}
+
+/// The element addresses of an `n`-element vector `what` (load or store) of `size`-byte
+/// elements at `addr`, which must be aligned to the whole vector outside the parameter space.
+#[inline(always)]
+fn vector_addrs(
+    r: &[u64],
+    addr: &Addr,
+    space: Space,
+    size: usize,
+    n: u8,
+    what: &str,
+) -> Result<impl Iterator<Item = u64>, MemErr> {
+    let (base, n) = (
+        r[addr.base as usize].wrapping_add(addr.off as u64),
+        n as usize,
+    );
+    if n > 1 && !base.is_multiple_of((size * n) as u64) && space != Space::Param {
+        return Err(MemErr::Misaligned(format!(
+            "{}-byte vector {what} at {base:#x}",
+            size * n
+        )));
+    }
+    Ok((0..n).map(move |i| base.wrapping_add((i * size) as u64)))
+}
+
+/// A shift amount or bit position: clamped to 32, or taken mod 32.
+#[inline]
+fn clamp_or_wrap(n: u32, clamp: bool) -> u32 {
+    if clamp {
+        n.min(32)
+    } else {
+        n & 31
+    }
+}
+
+/// The carry flag's bit, when the instruction reads it.
+#[inline]
+fn carry_in_bit(r: &[u64], on: bool) -> u128 {
+    if on {
+        r[crate::parse::CARRY as usize] as u128 & 1
+    } else {
+        0
     }
 }
 
@@ -856,6 +910,15 @@ impl Ctx<'_> {
                 return Err(self.mem_err($e, block, t, line));
             }};
         }
+        // `?` for the interpreter: a memory error stops the thread through `fail!`.
+        macro_rules! or_fail {
+            ($r:expr) => {
+                match $r {
+                    Ok(v) => v,
+                    Err(e) => fail!(e),
+                }
+            };
+        }
         loop {
             let Some(inst) = code.get(pc) else {
                 fail!(MemErr::Failed("ran off the end of the code".into()));
@@ -890,20 +953,11 @@ impl Ctx<'_> {
                 &Op::Mov { d, a, mask } => r[d as usize] = r[a as usize] & mask,
                 &Op::LdShared32 { d, addr } => {
                     let a = r[addr.base as usize].wrapping_add(addr.off as u64);
-                    let fast = if !RC && a & 3 == 0 {
-                        bm.shared
-                            .get(a as usize..)
-                            .and_then(|s| s.first_chunk::<4>())
-                    } else {
-                        None
-                    };
+                    let fast = if RC { None } else { shared32(&bm.shared, a) };
                     r[d as usize] = match fast {
-                        Some(b) => u32::from_le_bytes(*b) as u64,
+                        Some(v) => v as u64,
                         // Out of bounds or misaligned: the general path reports it.
-                        None => match bm.load(self.mem, Space::Shared, a, 4, t) {
-                            Ok(v) => v,
-                            Err(e) => fail!(e),
-                        },
+                        None => or_fail!(bm.load(self.mem, Space::Shared, a, 4, t)),
                     };
                 }
                 &Op::LdSharedFma {
@@ -919,10 +973,8 @@ impl Ctx<'_> {
                     let fast = if RC { None } else { shared32(&bm.shared, a) };
                     r[d as usize] = match fast {
                         Some(v) => v as u64,
-                        None => match bm.load(self.mem, Space::Shared, a, 4, t) {
-                            Ok(v) => v,
-                            Err(e) => fail!(e),
-                        },
+                        // Out of bounds or misaligned: the general path reports it.
+                        None => or_fail!(bm.load(self.mem, Space::Shared, a, 4, t)),
                     };
                     r[fd as usize] = f32b(
                         f32v(r[fa as usize]).mul_add(f32v(r[fb as usize]), f32v(r[fc as usize])),
@@ -945,9 +997,7 @@ impl Ctx<'_> {
                     match fast {
                         Some(b) => *b = (v as u32).to_le_bytes(),
                         None => {
-                            if let Err(e) = bm.store(self.mem, Space::Shared, a, 4, v, t) {
-                                fail!(e);
-                            }
+                            or_fail!(bm.store(self.mem, Space::Shared, a, 4, v, t));
                         }
                     }
                 }
@@ -972,11 +1022,7 @@ impl Ctx<'_> {
                     let bits = ty.bits();
                     let m = mask_of(bits);
                     let (x, y) = ((r[a as usize] & m) as u128, (r[b as usize] & m) as u128);
-                    let cin = if carry_in {
-                        r[crate::parse::CARRY as usize] as u128 & 1
-                    } else {
-                        0
-                    };
+                    let cin = carry_in_bit(r, carry_in);
                     let (v, carry) = if sub {
                         // Borrow semantics: d = a - b - borrow; the flag holds the borrow.
                         let v = x.wrapping_sub(y).wrapping_sub(cin);
@@ -1028,11 +1074,7 @@ impl Ctx<'_> {
                     let m = mask_of(bits);
                     let op = if hi { IOp::MulHi } else { IOp::MulLo };
                     let p = ibin(op, ty, r[a as usize], r[b as usize]) as u128;
-                    let cin = if carry_in {
-                        r[crate::parse::CARRY as usize] as u128 & 1
-                    } else {
-                        0
-                    };
+                    let cin = carry_in_bit(r, carry_in);
                     let v = p + (r[c as usize] & m) as u128 + cin;
                     r[d as usize] = v as u64 & m;
                     if carry_out {
@@ -1122,8 +1164,7 @@ impl Ctx<'_> {
                     a,
                     b,
                 } => {
-                    let n = r[b as usize] as u32;
-                    let n = if clamp { n.min(32) } else { n & 31 };
+                    let n = clamp_or_wrap(r[b as usize] as u32, clamp);
                     let v = r[a as usize] & 0xffff_ffff;
                     r[d as usize] = match n {
                         0 => 0,
@@ -1133,12 +1174,8 @@ impl Ctx<'_> {
                     };
                 }
                 &Op::Bmsk { clamp, d, a, b } => {
-                    let (pos, len) = (r[a as usize] as u32, r[b as usize] as u32);
-                    let (pos, len) = if clamp {
-                        (pos.min(32), len.min(32))
-                    } else {
-                        (pos & 31, len & 31)
-                    };
+                    let pos = clamp_or_wrap(r[a as usize] as u32, clamp);
+                    let len = clamp_or_wrap(r[b as usize] as u32, clamp);
                     r[d as usize] = if pos >= 32 {
                         0
                     } else {
@@ -1232,8 +1269,7 @@ impl Ctx<'_> {
                     b,
                     c,
                 } => {
-                    let n = r[c as usize] as u32;
-                    let n = if clamp { n.min(32) } else { n & 31 };
+                    let n = clamp_or_wrap(r[c as usize] as u32, clamp);
                     let v = ((r[b as usize] & 0xffff_ffff) << 32) | (r[a as usize] & 0xffff_ffff);
                     r[d as usize] = if left { (v << n) >> 32 } else { v >> n } & 0xffff_ffff;
                 }
@@ -1442,25 +1478,9 @@ impl Ctx<'_> {
                     addr,
                 } => {
                     let size = ty.bytes();
-                    let base = r[addr.base as usize].wrapping_add(addr.off as u64);
-                    let n = *n as usize;
-                    if n > 1 && !base.is_multiple_of((size * n) as u64) && *space != Space::Param {
-                        fail!(MemErr::Misaligned(format!(
-                            "{}-byte vector load at {base:#x}",
-                            size * n
-                        )));
-                    }
-                    for (i, dst) in d.iter().take(n).enumerate() {
-                        let v = match bm.load(
-                            self.mem,
-                            *space,
-                            base.wrapping_add((i * size) as u64),
-                            size,
-                            t,
-                        ) {
-                            Ok(v) => v,
-                            Err(e) => fail!(e),
-                        };
+                    let addrs = or_fail!(vector_addrs(r, addr, *space, size, *n, "load"));
+                    for (a, dst) in addrs.zip(d) {
+                        let v = or_fail!(bm.load(self.mem, *space, a, size, t));
                         r[*dst as usize] = if ty.signed() {
                             sx(v, ty.bits()) as u64
                         } else {
@@ -1476,25 +1496,9 @@ impl Ctx<'_> {
                     addr,
                 } => {
                     let size = ty.bytes();
-                    let base = r[addr.base as usize].wrapping_add(addr.off as u64);
-                    let n = *n as usize;
-                    if n > 1 && !base.is_multiple_of((size * n) as u64) && *space != Space::Param {
-                        fail!(MemErr::Misaligned(format!(
-                            "{}-byte vector store at {base:#x}",
-                            size * n
-                        )));
-                    }
-                    for (i, src) in s.iter().take(n).enumerate() {
-                        if let Err(e) = bm.store(
-                            self.mem,
-                            *space,
-                            base.wrapping_add((i * size) as u64),
-                            size,
-                            r[*src as usize],
-                            t,
-                        ) {
-                            fail!(e);
-                        }
+                    let addrs = or_fail!(vector_addrs(r, addr, *space, size, *n, "store"));
+                    for (a, src) in addrs.zip(s) {
+                        or_fail!(bm.store(self.mem, *space, a, size, r[*src as usize], t));
                     }
                 }
                 &Op::Atom {
@@ -1509,10 +1513,7 @@ impl Ctx<'_> {
                     let a = r[addr.base as usize].wrapping_add(addr.off as u64);
                     let (bv, cv) = (r[b as usize], r[c as usize]);
                     let f = move |old: u64| atom_apply(op, ty, old, bv, cv);
-                    match bm.atom(self.mem, space, a, &f, ty.bytes(), t) {
-                        Ok(old) => r[d as usize] = old,
-                        Err(e) => fail!(e),
-                    }
+                    r[d as usize] = or_fail!(bm.atom(self.mem, space, a, &f, ty.bytes(), t));
                 }
                 &Op::Bra { target } => {
                     pc = target as usize;
@@ -1523,11 +1524,7 @@ impl Ctx<'_> {
                     if th.stack.len() >= 64 || th.stack.iter().any(|&(_, c)| matches!(&code[c as usize].op, Op::Call(i) if i.func == info.func)) {
                         fail!(MemErr::Failed(format!("recursive call of `{}` is not supported", callee.name)));
                     }
-                    let s = bm.fparam_size;
-                    let fp = &mut bm.fparam[t * s..(t + 1) * s];
-                    for &(from, to, len) in &info.args {
-                        fp.copy_within(from as usize..(from + len) as usize, to as usize);
-                    }
+                    bm.copy_fparams(t, &info.args);
                     th.stack.push(((pc + 1) as u32, pc as u32));
                     pc = callee.start as usize;
                     continue;
@@ -1535,11 +1532,7 @@ impl Ctx<'_> {
                 Op::Ret => match th.stack.pop() {
                     Some((ret, call)) => {
                         if let Op::Call(info) = &code[call as usize].op {
-                            let s = bm.fparam_size;
-                            let fp = &mut bm.fparam[t * s..(t + 1) * s];
-                            for &(from, to, len) in &info.rets {
-                                fp.copy_within(from as usize..(from + len) as usize, to as usize);
-                            }
+                            bm.copy_fparams(t, &info.rets);
                         }
                         pc = ret as usize;
                         continue;

@@ -818,22 +818,34 @@ impl Parser {
         });
     }
 
-    /// Operands up to `;`.
-    fn operands(&mut self, line: usize) -> Result<Vec<Raw>, ParseError> {
+    /// Items read by `item`, separated by commas, up to and including `close`; with `empty`,
+    /// there may be none. `what` names the construct in errors.
+    fn separated<T>(
+        &mut self,
+        close: char,
+        empty: bool,
+        what: &str,
+        line: usize,
+        mut item: impl FnMut(&mut Self) -> Result<T, ParseError>,
+    ) -> Result<Vec<T>, ParseError> {
         let mut out = Vec::new();
-        if self.is_punct(';') {
+        if empty && self.is_punct(close) {
             self.pos += 1;
             return Ok(out);
         }
         loop {
-            out.push(self.operand(line)?);
-            let t = self.next()?;
-            match t {
+            out.push(item(self)?);
+            match self.next()? {
                 Tok::Punct(',') => {}
-                Tok::Punct(';') => return Ok(out),
-                t => return err(line, format!("unexpected {} in operands", show(&t))),
+                Tok::Punct(c) if c == close => return Ok(out),
+                t => return err(line, format!("unexpected {} in {what}", show(&t))),
             }
         }
+    }
+
+    /// Operands up to `;`.
+    fn operands(&mut self, line: usize) -> Result<Vec<Raw>, ParseError> {
+        self.separated(';', true, "operands", line, |p| p.operand(line))
     }
 
     fn operand(&mut self, line: usize) -> Result<Raw, ParseError> {
@@ -862,32 +874,12 @@ impl Parser {
                 }
                 Ok(Raw::Addr(base, off))
             }
-            Tok::Punct('{') => {
-                let mut v = Vec::new();
-                loop {
-                    v.push(self.ident()?);
-                    match self.next()? {
-                        Tok::Punct(',') => {}
-                        Tok::Punct('}') => return Ok(Raw::Vec(v)),
-                        t => return err(line, format!("unexpected {} in vector", show(&t))),
-                    }
-                }
-            }
-            Tok::Punct('(') => {
-                let mut v = Vec::new();
-                if self.is_punct(')') {
-                    self.pos += 1;
-                    return Ok(Raw::List(v));
-                }
-                loop {
-                    v.push(self.ident()?);
-                    match self.next()? {
-                        Tok::Punct(',') => {}
-                        Tok::Punct(')') => return Ok(Raw::List(v)),
-                        t => return err(line, format!("unexpected {} in list", show(&t))),
-                    }
-                }
-            }
+            Tok::Punct('{') => self
+                .separated('}', false, "vector", line, Self::ident)
+                .map(Raw::Vec),
+            Tok::Punct('(') => self
+                .separated(')', true, "list", line, Self::ident)
+                .map(Raw::List),
             Tok::Punct('!') => Ok(Raw::Not(self.ident()?)),
             Tok::Ident(n) => {
                 if self.is_punct('|') {

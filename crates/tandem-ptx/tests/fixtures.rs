@@ -501,28 +501,16 @@ fn fused_shared_load_and_fma() {
     // 1 + 4 = 5, then + 4 = 9 (the pair), then + 4 = 13 (the fma alone, via L3).
     assert_eq!(f32::from_bits(out[0]), 13.0);
     // Out of bounds and misaligned loads of a pair fail naming the load's line (16).
-    let (r, _) = run_src(
-        &kernel_src(
-            decl,
-            "\tld.shared.f32 %f3, [s+16];\n\tfma.rn.f32 %f2, %f3, %f3, %f2;",
-        ),
-        1,
-        1,
-        4,
-    );
+    let pair_at = |off: u32| {
+        let body = format!("\tld.shared.f32 %f3, [s+{off}];\n\tfma.rn.f32 %f2, %f3, %f3, %f2;");
+        run_src(&kernel_src(decl, &body), 1, 1, 4).0
+    };
+    let r = pair_at(16);
     assert!(
         matches!(&r, Err(ExecError::IllegalAddress(m)) if m.contains("line 16")),
         "{r:?}"
     );
-    let (r, _) = run_src(
-        &kernel_src(
-            decl,
-            "\tld.shared.f32 %f3, [s+2];\n\tfma.rn.f32 %f2, %f3, %f3, %f2;",
-        ),
-        1,
-        1,
-        4,
-    );
+    let r = pair_at(2);
     assert!(
         matches!(&r, Err(ExecError::MisalignedAddress(m)) if m.contains("line 16")),
         "{r:?}"

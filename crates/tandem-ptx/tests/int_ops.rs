@@ -56,6 +56,18 @@ fn run_pairs(body: &str, inputs: &[(u64, u64)]) -> Vec<u64> {
     mem.u64s(out)
 }
 
+/// PTX folding `%rd<regs>` into `%rd20`: each step multiplies by `k`, then xors the next.
+fn mix_ptx(regs: &[u32], k: u64) -> String {
+    regs.iter()
+        .map(|r| format!("\n\tmul.lo.u64 %rd20, %rd20, {k};\n\txor.b64 %rd20, %rd20, %rd{r};"))
+        .collect()
+}
+
+/// [`mix_ptx`]'s fold of `rest` into `first`, in Rust.
+fn mix(first: u64, rest: &[u64], k: u64) -> u64 {
+    rest.iter().fold(first, |acc, &x| acc.wrapping_mul(k) ^ x)
+}
+
 const EDGE32: &[u32] = &[
     0,
     1,
@@ -313,22 +325,10 @@ fn dp4a_dp2a_sad_relu_prmt_modes() {
 	cvt.u64.u32 %rd28, %r34;
 	// Mix with distinct rotations so no result can cancel another.
 	shf.l.wrap.b32 %r35, %r34, %r34, 0;
-	xor.b64 %rd20, %rd21, 0;
-	mul.lo.u64 %rd20, %rd20, 3;
-	xor.b64 %rd20, %rd20, %rd22;
-	mul.lo.u64 %rd20, %rd20, 3;
-	xor.b64 %rd20, %rd20, %rd23;
-	mul.lo.u64 %rd20, %rd20, 3;
-	xor.b64 %rd20, %rd20, %rd24;
-	mul.lo.u64 %rd20, %rd20, 3;
-	xor.b64 %rd20, %rd20, %rd25;
-	mul.lo.u64 %rd20, %rd20, 3;
-	xor.b64 %rd20, %rd20, %rd26;
-	mul.lo.u64 %rd20, %rd20, 3;
-	xor.b64 %rd20, %rd20, %rd27;
-	mul.lo.u64 %rd20, %rd20, 3;
-	xor.b64 %rd20, %rd20, %rd28;";
-    let out = run_pairs(body, &inputs);
+	xor.b64 %rd20, %rd21, 0;"
+        .to_string()
+        + &mix_ptx(&[22, 23, 24, 25, 26, 27, 28], 3);
+    let out = run_pairs(&body, &inputs);
     let bytes = |v: u32| v.to_le_bytes();
     let dp4 = |a: u32, b: u32, sa: bool, sb: bool, c: u32| {
         let (x, y) = (bytes(a), bytes(b));
@@ -381,8 +381,7 @@ fn dp4a_dp2a_sad_relu_prmt_modes() {
             prmt(a, b, rc16),
         ];
         let w = |i: usize, j: usize| r[i] as u64 | (r[j] as u64) << 32;
-        let mut want = w(0, 1);
-        for x in [
+        let rest = [
             w(2, 3),
             w(4, 5),
             w(6, 7),
@@ -390,9 +389,8 @@ fn dp4a_dp2a_sad_relu_prmt_modes() {
             w(10, 11),
             w(12, 13),
             r[14] as u64,
-        ] {
-            want = want.wrapping_mul(3) ^ x;
-        }
+        ];
+        let want = mix(w(0, 1), &rest, 3);
         assert_eq!(o, want, "a {a:#x} b {b:#x}: {r:x?}");
     }
 }
@@ -426,16 +424,10 @@ fn wide_multiply_hi_and_carry_chains() {
 	addc.u32 %r22, 0, 0;
 	mov.b64 %rd25, {%r20, %r21};
 	cvt.u64.u32 %rd26, %r22;
-	xor.b64 %rd20, %rd21, %rd23;
-	mul.lo.u64 %rd20, %rd20, 5;
-	xor.b64 %rd20, %rd20, %rd22;
-	mul.lo.u64 %rd20, %rd20, 5;
-	xor.b64 %rd20, %rd20, %rd24;
-	mul.lo.u64 %rd20, %rd20, 5;
-	xor.b64 %rd20, %rd20, %rd25;
-	mul.lo.u64 %rd20, %rd20, 5;
-	xor.b64 %rd20, %rd20, %rd26;";
-    let out = run_pairs(body, &inputs);
+	xor.b64 %rd20, %rd21, %rd23;"
+        .to_string()
+        + &mix_ptx(&[22, 24, 25, 26], 5);
+    let out = run_pairs(&body, &inputs);
     for (&(a, b), &o) in inputs.iter().zip(&out) {
         let hu = ((a as u128 * b as u128) >> 64) as u64;
         let hs = ((a as i64 as i128 * b as i64 as i128) >> 64) as u64;
@@ -448,10 +440,7 @@ fn wide_multiply_hi_and_carry_chains() {
         let r21 = (p >> 32) + a32 + (r20 >> 32);
         let v25 = (r20 & 0xffff_ffff) | (r21 & 0xffff_ffff) << 32;
         let v26 = r21 >> 32;
-        let mut want = hu ^ lo;
-        for x in [hs, hi, v25, v26] {
-            want = want.wrapping_mul(5) ^ x;
-        }
+        let want = mix(hu ^ lo, &[hs, hi, v25, v26], 5);
         assert_eq!(o, want, "a {a:#x} b {b:#x}");
     }
 }

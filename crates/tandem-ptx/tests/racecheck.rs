@@ -22,15 +22,12 @@ fn run(src: &str, block: u32, out_words: usize, check: bool) -> (Result<(), Exec
     let k = m.kernel("k").expect("k");
     let mut mem = Mem::new();
     let out = mem.alloc(out_words * 4);
-    let r = launch_checked(
-        &k,
-        dim(1, 1, 1),
-        dim(block, 1, 1),
-        &Args::new().u64(out),
-        &mem,
-        1,
-        check,
-    );
+    let args = Args::new().u64(out);
+    let l = tandem_ptx::Launch {
+        race_check: check,
+        ..launch_of(dim(1, 1, 1), dim(block, 1, 1), &args, 1)
+    };
+    let r = tandem_ptx::run(&k, &l, &mem);
     (r, mem.u32s(out))
 }
 

@@ -81,19 +81,10 @@ fn run_matmul(
         .u32(a_t as u32)
         .u32(b_t as u32);
     let grid = dim(n.div_ceil(32) as u32, m.div_ceil(32) as u32, 1);
-    let l = tandem_ptx::Launch {
-        grid,
-        block: dim(32, 8, 1),
-        dynamic_shared: 0,
-        params: &args.0,
-        threads,
-        race_check,
-    };
-    let t0 = std::time::Instant::now();
-    let stats = tandem_ptx::run_counted(&kern, &l, &mem).expect("launch");
-    let secs = t0.elapsed().as_secs_f64();
+    let (instructions, secs) =
+        timed_launch(&kern, grid, dim(32, 8, 1), &args, &mem, threads, race_check);
     let want = matmul_ref(&a, &b, with_bias.then_some(&bias[..]), m, n, k, a_t, b_t);
-    (mem.f32s(dc), want, stats.instructions, secs)
+    (mem.f32s(dc), want, instructions, secs)
 }
 
 #[test]
@@ -113,10 +104,7 @@ fn matmul_all_transposes_and_bias() {
 fn matmul_speed_100x500x784() {
     let (got, want, n, secs) = run_matmul(100, 500, 784, false, false, false, 1, false);
     assert_eq!(got, want);
-    println!(
-        "matmul 100x500x784: {n} instructions in {secs:.3} s on 1 thread: {:.1} M instructions/s",
-        n as f64 / secs / 1e6
-    );
+    report("matmul 100x500x784", n, secs);
 }
 
 /// The same launch under the shared-memory race check: tandem's matmul is race-free (every
@@ -129,15 +117,34 @@ fn matmul_race_checked() {
     }
     let (got, want, n, secs) = run_matmul(100, 500, 784, false, false, false, 1, true);
     assert_eq!(got, want);
-    println!(
-        "matmul 100x500x784 race-checked: {n} instructions in {secs:.3} s on 1 thread: {:.1} M instructions/s",
-        n as f64 / secs / 1e6
-    );
+    report("matmul 100x500x784 race-checked", n, secs);
 }
 
 fn kernel(module: &str, name: &str) -> std::sync::Arc<tandem_ptx::Kernel> {
     let m = common::module(&tandem_ptx(module));
     m.kernel(name).unwrap_or_else(|| panic!("no kernel {name}"))
+}
+
+/// Runs kernel `name` of tandem's `module` in blocks of `block_x` x 1 x 1 threads on `threads`
+/// host threads; panics on an error.
+fn run(
+    module: &str,
+    name: &str,
+    grid: tandem_ptx::Dim3,
+    block_x: u32,
+    args: &Args,
+    mem: &Mem,
+    threads: usize,
+) {
+    launch(
+        &kernel(module, name),
+        grid,
+        dim(block_x, 1, 1),
+        args,
+        mem,
+        threads,
+    )
+    .unwrap_or_else(|e| panic!("{name}: {e:?}"));
 }
 
 #[test]
@@ -155,15 +162,7 @@ fn bias_add_and_relu_backward() {
             .u64(len as u64)
             .u32(cols as u32)
             .u32(relu);
-        launch(
-            &kernel("elementwise", "bias_add"),
-            dim(2, 1, 1),
-            dim(64, 1, 1),
-            &args,
-            &mem,
-            2,
-        )
-        .expect("bias_add");
+        run("elementwise", "bias_add", dim(2, 1, 1), 64, &args, &mem, 2);
         let want: Vec<f32> = (0..len)
             .map(|i| {
                 let v = x[i] + bias[i % cols];
@@ -182,15 +181,15 @@ fn bias_add_and_relu_backward() {
     let mut mem = Mem::new();
     let (dg, da) = (mem.upload_f32(&grad), mem.upload_f32(&act));
     let args = Args::new().u64(dg).u64(da).u64(len as u64);
-    launch(
-        &kernel("elementwise", "relu_backward"),
+    run(
+        "elementwise",
+        "relu_backward",
         dim(3, 1, 1),
-        dim(32, 1, 1),
+        32,
         &args,
         &mem,
         2,
-    )
-    .expect("relu_backward");
+    );
     let want: Vec<f32> = (0..len)
         .map(|i| if act[i] > 0.0 { grad[i] } else { 0.0 })
         .collect();
@@ -219,15 +218,15 @@ fn gather_rows() {
         .u32(features as u32)
         .u64(dx)
         .u64(dlab);
-    launch(
-        &kernel("gather", "gather"),
+    run(
+        "gather",
+        "gather",
         dim(rows as u32, features.div_ceil(256) as u32, 1),
-        dim(256, 1, 1),
+        256,
         &args,
         &mem,
         2,
-    )
-    .expect("gather");
+    );
     let mut want = Vec::new();
     for &i in &indices {
         for f in 0..features {
@@ -256,15 +255,7 @@ fn column_sum_mean_loss_count_correct() {
         .u32(rows as u32)
         .u32(cols as u32)
         .u64(dout);
-    launch(
-        &kernel("reduce", "column_sum"),
-        dim(1, 1, 1),
-        dim(256, 1, 1),
-        &args,
-        &mem,
-        1,
-    )
-    .expect("column_sum");
+    run("reduce", "column_sum", dim(1, 1, 1), 256, &args, &mem, 1);
     let want: Vec<f32> = (0..cols)
         .map(|c| (0..rows).fold(0f32, |s, r| s + x[r * cols + c]))
         .collect();
@@ -285,15 +276,7 @@ fn column_sum_mean_loss_count_correct() {
         .u32(10)
         .u64(dloss)
         .u64(dstatus);
-    launch(
-        &kernel("reduce", "mean_loss"),
-        dim(1, 1, 1),
-        dim(256, 1, 1),
-        &args,
-        &mem,
-        1,
-    )
-    .expect("mean_loss");
+    run("reduce", "mean_loss", dim(1, 1, 1), 256, &args, &mem, 1);
     let mut part: Vec<f64> = (0..256)
         .map(|t| {
             (t..rows)
@@ -322,15 +305,7 @@ fn column_sum_mean_loss_count_correct() {
         .u32(rows as u32)
         .u32(10)
         .u64(dout);
-    launch(
-        &kernel("reduce", "count_correct"),
-        dim(1, 1, 1),
-        dim(256, 1, 1),
-        &args,
-        &mem,
-        1,
-    )
-    .expect("count_correct");
+    run("reduce", "count_correct", dim(1, 1, 1), 256, &args, &mem, 1);
     let hits = (0..rows)
         .filter(|&r| {
             let z = &logits[r * 10..r * 10 + 10];
@@ -347,14 +322,17 @@ fn column_sum_mean_loss_count_correct() {
     assert_eq!(mem.u32s(dout)[1], 0);
 }
 
-#[test]
-fn softmax_cross_entropy_rows() {
-    let (rows, classes) = (7usize, 10usize);
+/// Logits, gradient, losses.
+type SoftmaxOut = (Vec<f32>, Vec<f32>, Vec<f32>);
+
+/// Logits of `rows` x 10 classes (seed 12, scaled by 5), through tandem's
+/// softmax_cross_entropy: on 2 host threads, or timed on one, printed as `timed_as`.
+/// Returns the logits, the gradient and the losses.
+fn softmax_launch(rows: usize, labels: &[u32], timed_as: Option<&str>) -> SoftmaxOut {
+    let classes = 10usize;
     let z: Vec<f32> = values(rows * classes, 12).iter().map(|v| v * 5.0).collect();
-    let mut labels: Vec<u32> = (0..rows as u32).map(|r| r % 10).collect();
-    labels[4] = 11;
     let mut mem = Mem::new();
-    let (dz, dl) = (mem.upload_f32(&z), mem.upload_u32(&labels));
+    let (dz, dl) = (mem.upload_f32(&z), mem.upload_u32(labels));
     let (dd, dlosses) = (mem.alloc(rows * classes * 4), mem.alloc(rows * 4));
     let args = Args::new()
         .u64(dz)
@@ -363,24 +341,47 @@ fn softmax_cross_entropy_rows() {
         .u64(dlosses)
         .u32(rows as u32)
         .u32(classes as u32);
-    launch(
-        &kernel("softmax_xent", "softmax_cross_entropy"),
-        dim(rows.div_ceil(4) as u32, 1, 1),
-        dim(128, 1, 1),
-        &args,
-        &mem,
-        2,
-    )
-    .expect("softmax");
-    let d = mem.f32s(dd);
-    let losses = mem.f32s(dlosses);
+    let grid = dim(rows.div_ceil(4) as u32, 1, 1);
+    let (module, name) = ("softmax_xent", "softmax_cross_entropy");
+    match timed_as {
+        Some(what) => timed(
+            what,
+            &kernel(module, name),
+            grid,
+            dim(128, 1, 1),
+            &args,
+            &mem,
+        ),
+        None => run(module, name, grid, 128, &args, &mem, 2),
+    }
+    (z, mem.f32s(dd), mem.f32s(dlosses))
+}
+
+/// A row of logits in f64, its maximum and the sum of exp(z - max).
+fn softmax_ref(z: &[f32]) -> (Vec<f64>, f64, f64) {
+    let row: Vec<f64> = z.iter().map(|&v| v as f64).collect();
+    let max = row.iter().cloned().fold(f64::MIN, f64::max);
+    let sum: f64 = row.iter().map(|v| (v - max).exp()).sum();
+    (row, max, sum)
+}
+
+/// Row `r`'s loss against -log softmax(row)[label].
+fn assert_loss(r: usize, loss: f32, row: &[f64], max: f64, sum: f64, label: u32) {
+    let want = sum.ln() - (row[label as usize] - max);
+    assert!(
+        (loss as f64 - want).abs() < 1e-5 * want.abs().max(1.0),
+        "loss {r}: {loss} vs {want}"
+    );
+}
+
+#[test]
+fn softmax_cross_entropy_rows() {
+    let (rows, classes) = (7usize, 10usize);
+    let mut labels: Vec<u32> = (0..rows as u32).map(|r| r % 10).collect();
+    labels[4] = 11;
+    let (z, d, losses) = softmax_launch(rows, &labels, None);
     for r in 0..rows {
-        let row: Vec<f64> = z[r * classes..(r + 1) * classes]
-            .iter()
-            .map(|&v| v as f64)
-            .collect();
-        let max = row.iter().cloned().fold(f64::MIN, f64::max);
-        let sum: f64 = row.iter().map(|v| (v - max).exp()).sum();
+        let (row, max, sum) = softmax_ref(&z[r * classes..(r + 1) * classes]);
         for c in 0..classes {
             let onehot = if c as u32 == labels[r] { 1.0 } else { 0.0 };
             let want = ((row[c] - max).exp() / sum - onehot) / rows as f64;
@@ -391,50 +392,90 @@ fn softmax_cross_entropy_rows() {
             );
         }
         if (labels[r] as usize) < classes {
-            let want = sum.ln() - (row[labels[r] as usize] - max);
-            assert!(
-                (losses[r] as f64 - want).abs() < 1e-5 * want.abs().max(1.0),
-                "loss {r}: {} vs {want}",
-                losses[r]
-            );
+            assert_loss(r, losses[r], &row, max, sum, labels[r]);
         } else {
             assert!(losses[r].is_nan());
         }
     }
 }
 
+const LR: f32 = 0.05;
+const WD: f32 = 0.001;
+const DECAY: f32 = 0.9;
+
+/// Parameters (seed 20), their average (seed 21) and `n` gradients (seeds 30..) of `len`
+/// floats uploaded, with sgd_ema_update's arguments.
+struct Sgd {
+    p: Vec<f32>,
+    e: Vec<f32>,
+    grads: Vec<Vec<f32>>,
+    mem: Mem,
+    dp: u64,
+    de: u64,
+    ptrs: [u64; 16],
+    args: Args,
+}
+
+fn sgd_setup(len: usize, n: usize) -> Sgd {
+    let p = values(len, 20);
+    let e = values(len, 21);
+    let grads: Vec<Vec<f32>> = (0..n).map(|j| values(len, 30 + j as u64)).collect();
+    let mut mem = Mem::new();
+    let (dp, de) = (mem.upload_f32(&p), mem.upload_f32(&e));
+    let mut ptrs = [0u64; 16];
+    for (j, g) in grads.iter().enumerate() {
+        ptrs[j] = mem.upload_f32(g);
+    }
+    let args = Args::new()
+        .u64(dp)
+        .u64(de)
+        .u64s(&ptrs)
+        .u32(n as u32)
+        .u64(len as u64)
+        .f32(LR)
+        .f32(WD)
+        .f32(DECAY);
+    Sgd {
+        p,
+        e,
+        grads,
+        mem,
+        dp,
+        de,
+        ptrs,
+        args,
+    }
+}
+
+/// One parameter's and its average's update with mean gradient `g`.
+fn sgd_ref(p: f32, e: f32, g: f32) -> (f32, f32) {
+    let wp = p - LR * (g + WD * p);
+    (wp, DECAY * e + (1.0 - DECAY) * wp)
+}
+
 #[test]
 fn sgd_ema_update_and_mean_gradients() {
     let len = 1000usize;
     for n in [1usize, 3, 6] {
-        let p = values(len, 20);
-        let e = values(len, 21);
-        let grads: Vec<Vec<f32>> = (0..n).map(|j| values(len, 30 + j as u64)).collect();
-        let mut mem = Mem::new();
-        let (dp, de) = (mem.upload_f32(&p), mem.upload_f32(&e));
-        let mut ptrs = [0u64; 16];
-        for (j, g) in grads.iter().enumerate() {
-            ptrs[j] = mem.upload_f32(g);
-        }
-        let (lr, wd, dd) = (0.05f32, 0.001f32, 0.9f32);
-        let args = Args::new()
-            .u64(dp)
-            .u64(de)
-            .u64s(&ptrs)
-            .u32(n as u32)
-            .u64(len as u64)
-            .f32(lr)
-            .f32(wd)
-            .f32(dd);
-        launch(
-            &kernel("update", "sgd_ema_update"),
+        let Sgd {
+            p,
+            e,
+            grads,
+            mut mem,
+            dp,
+            de,
+            ptrs,
+            args,
+        } = sgd_setup(len, n);
+        run(
+            "update",
+            "sgd_ema_update",
             dim(2, 1, 1),
-            dim(256, 1, 1),
+            256,
             &args,
             &mem,
             2,
-        )
-        .expect("sgd");
+        );
         let mean = |i: usize| {
             if n == 1 {
                 return grads[0][i];
@@ -445,12 +486,7 @@ fn sgd_ema_update_and_mean_gradients() {
             }
             s * (1.0 / n as f32)
         };
-        let (mut wp, mut we) = (p.clone(), e.clone());
-        for i in 0..len {
-            let g = mean(i);
-            wp[i] = p[i] - lr * (g + wd * p[i]);
-            we[i] = dd * e[i] + (1.0 - dd) * wp[i];
-        }
+        let (wp, we): (Vec<f32>, Vec<f32>) = (0..len).map(|i| sgd_ref(p[i], e[i], mean(i))).unzip();
         assert_eq!(mem.f32s(dp), wp, "n {n}");
         assert_eq!(mem.f32s(de), we, "n {n}");
 
@@ -460,21 +496,48 @@ fn sgd_ema_update_and_mean_gradients() {
             .u64s(&ptrs)
             .u32(n as u32)
             .u64(len as u64);
-        launch(
-            &kernel("update", "mean_gradients"),
+        run(
+            "update",
+            "mean_gradients",
             dim(3, 1, 1),
-            dim(256, 1, 1),
+            256,
             &args,
             &mem,
             2,
-        )
-        .expect("mean_gradients");
+        );
         assert_eq!(
             mem.f32s(out),
             (0..len).map(mean).collect::<Vec<_>>(),
             "n {n}"
         );
     }
+}
+
+/// Runs a launch; returns the instructions it interpreted and the seconds it took.
+fn timed_launch(
+    k: &tandem_ptx::Kernel,
+    grid: tandem_ptx::Dim3,
+    block: tandem_ptx::Dim3,
+    args: &Args,
+    mem: &Mem,
+    threads: usize,
+    race_check: bool,
+) -> (u64, f64) {
+    let l = tandem_ptx::Launch {
+        race_check,
+        ..launch_of(grid, block, args, threads)
+    };
+    let t0 = std::time::Instant::now();
+    let stats = tandem_ptx::run_counted(k, &l, mem).expect("launch");
+    (stats.instructions, t0.elapsed().as_secs_f64())
+}
+
+/// Prints interpreted instructions per second of a launch on one host thread.
+fn report(what: &str, n: u64, secs: f64) {
+    println!(
+        "{what}: {n} instructions in {secs:.3} s on 1 thread: {:.1} M instructions/s",
+        n as f64 / secs / 1e6
+    );
 }
 
 /// Runs a launch on one host thread, printing interpreted instructions per second.
@@ -486,44 +549,23 @@ fn timed(
     args: &Args,
     mem: &Mem,
 ) {
-    let l = tandem_ptx::Launch {
-        grid,
-        block,
-        dynamic_shared: 0,
-        params: &args.0,
-        threads: 1,
-        race_check: false,
-    };
-    let t0 = std::time::Instant::now();
-    let stats = tandem_ptx::run_counted(k, &l, mem).expect(what);
-    let secs = t0.elapsed().as_secs_f64();
-    let n = stats.instructions;
-    println!(
-        "{what}: {n} instructions in {secs:.3} s on 1 thread: {:.1} M instructions/s",
-        n as f64 / secs / 1e6
-    );
+    let (n, secs) = timed_launch(k, grid, block, args, mem, 1, false);
+    report(what, n, secs);
 }
 
 #[test]
 fn sgd_ema_update_speed_400k() {
     let (len, n) = (400_000usize, 2usize);
-    let p = values(len, 20);
-    let e = values(len, 21);
-    let mut mem = Mem::new();
-    let (dp, de) = (mem.upload_f32(&p), mem.upload_f32(&e));
-    let mut ptrs = [0u64; 16];
-    for (j, ptr) in ptrs.iter_mut().enumerate().take(n) {
-        *ptr = mem.upload_f32(&values(len, 30 + j as u64));
-    }
-    let args = Args::new()
-        .u64(dp)
-        .u64(de)
-        .u64s(&ptrs)
-        .u32(n as u32)
-        .u64(len as u64)
-        .f32(0.05)
-        .f32(0.001)
-        .f32(0.9);
+    let Sgd {
+        p,
+        e,
+        grads,
+        mut mem,
+        dp,
+        de,
+        args,
+        ..
+    } = sgd_setup(len, n);
     let grid = dim(len.div_ceil(256).min(4096) as u32, 1, 1);
     timed(
         "sgd_ema_update 400k",
@@ -533,54 +575,21 @@ fn sgd_ema_update_speed_400k() {
         &args,
         &mem,
     );
-    let (lr, wd, dd) = (0.05f32, 0.001f32, 0.9f32);
-    let g0 = values(len, 30);
-    let g1 = values(len, 31);
     let (got_p, got_e) = (mem.f32s(dp), mem.f32s(de));
     for i in (0..len).step_by(997) {
-        let g = (g0[i] + g1[i]) * (1.0 / n as f32);
-        let wp = p[i] - lr * (g + wd * p[i]);
+        let (wp, we) = sgd_ref(p[i], e[i], (grads[0][i] + grads[1][i]) * (1.0 / n as f32));
         assert_eq!(got_p[i], wp, "p[{i}]");
-        assert_eq!(got_e[i], dd * e[i] + (1.0 - dd) * wp, "e[{i}]");
+        assert_eq!(got_e[i], we, "e[{i}]");
     }
 }
 
 #[test]
 fn softmax_cross_entropy_speed_20000x10() {
     let (rows, classes) = (20_000usize, 10usize);
-    let z: Vec<f32> = values(rows * classes, 12).iter().map(|v| v * 5.0).collect();
     let labels: Vec<u32> = (0..rows as u32).map(|r| r % 10).collect();
-    let mut mem = Mem::new();
-    let (dz, dl) = (mem.upload_f32(&z), mem.upload_u32(&labels));
-    let (dd, dlosses) = (mem.alloc(rows * classes * 4), mem.alloc(rows * 4));
-    let args = Args::new()
-        .u64(dz)
-        .u64(dl)
-        .u64(dd)
-        .u64(dlosses)
-        .u32(rows as u32)
-        .u32(classes as u32);
-    timed(
-        "softmax_cross_entropy 20000x10",
-        &kernel("softmax_xent", "softmax_cross_entropy"),
-        dim(rows.div_ceil(4) as u32, 1, 1),
-        dim(128, 1, 1),
-        &args,
-        &mem,
-    );
-    let losses = mem.f32s(dlosses);
+    let (z, _, losses) = softmax_launch(rows, &labels, Some("softmax_cross_entropy 20000x10"));
     for r in (0..rows).step_by(331) {
-        let row: Vec<f64> = z[r * classes..(r + 1) * classes]
-            .iter()
-            .map(|&v| v as f64)
-            .collect();
-        let max = row.iter().cloned().fold(f64::MIN, f64::max);
-        let sum: f64 = row.iter().map(|v| (v - max).exp()).sum();
-        let want = sum.ln() - (row[labels[r] as usize] - max);
-        assert!(
-            (losses[r] as f64 - want).abs() < 1e-5 * want.abs().max(1.0),
-            "loss {r}: {} vs {want}",
-            losses[r]
-        );
+        let (row, max, sum) = softmax_ref(&z[r * classes..(r + 1) * classes]);
+        assert_loss(r, losses[r], &row, max, sum, labels[r]);
     }
 }

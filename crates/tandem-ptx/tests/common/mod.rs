@@ -138,6 +138,18 @@ pub fn dim(x: u32, y: u32, z: u32) -> Dim3 {
     Dim3 { x, y, z }
 }
 
+/// A launch of `args` on `threads` host threads, without the shared-memory race check.
+pub fn launch_of(grid: Dim3, block: Dim3, args: &Args, threads: usize) -> Launch<'_> {
+    Launch {
+        grid,
+        block,
+        dynamic_shared: 0,
+        params: &args.0,
+        threads,
+        race_check: false,
+    }
+}
+
 /// Runs `k` with `args` on `threads` host threads.
 pub fn launch(
     k: &Kernel,
@@ -147,28 +159,7 @@ pub fn launch(
     mem: &Mem,
     threads: usize,
 ) -> Result<(), ExecError> {
-    launch_checked(k, grid, block, args, mem, threads, false)
-}
-
-/// [`launch`], with the shared-memory race check on or off.
-pub fn launch_checked(
-    k: &Kernel,
-    grid: Dim3,
-    block: Dim3,
-    args: &Args,
-    mem: &Mem,
-    threads: usize,
-    race_check: bool,
-) -> Result<(), ExecError> {
-    let l = Launch {
-        grid,
-        block,
-        dynamic_shared: 0,
-        params: &args.0,
-        threads,
-        race_check,
-    };
-    tandem_ptx::run(k, &l, mem)
+    tandem_ptx::run(k, &launch_of(grid, block, args, threads), mem)
 }
 
 /// Parses a module, panicking with the error.
