@@ -264,14 +264,7 @@ fn captured_work_replays_at_each_graph_launch() {
     check!(cuStreamEndCapture(s, &mut graph));
     // Nothing ran while capturing.
     assert_eq!(download(p, 1), [u32::MAX]);
-    let mut exec = null_mut();
-    check!(cuGraphInstantiate_v2(
-        &mut exec,
-        graph,
-        null_mut(),
-        null_mut(),
-        0
-    ));
+    let exec = instantiate(graph);
     for _ in 0..2 {
         upload(p, &[0; 4]);
         unsafe { std::ptr::write_bytes(host, 0, 16) };

@@ -11,31 +11,16 @@ use common::*;
 
 const PTX: &str = include_str!("ptx/small.ptx");
 
-/// Loads `text` into the current context.
-fn load(text: &str) -> Result<Handle, CUresult> {
-    let text = CString::new(text).unwrap();
-    let mut module = null_mut();
-    match unsafe { cuModuleLoadData(&mut module, text.as_ptr() as *const c_void) } {
-        CUDA_SUCCESS => Ok(module),
-        code => Err(code),
-    }
-}
-
-fn function(module: Handle, name: &str) -> Handle {
-    let name = CString::new(name).unwrap();
-    let mut f = null_mut();
-    check!(cuModuleGetFunction(&mut f, module, name.as_ptr()));
-    f
+/// A context of this test's own on `device`, and `add_one` of [`PTX`] loaded into it.
+fn add_one(device: i32) -> (Handle, Handle) {
+    let ctx = context(device);
+    let module = load(PTX).unwrap();
+    (ctx, function(module, "add_one"))
 }
 
 /// Launches `f` on one thread of one block with `params`.
 fn launch1(f: Handle, stream: Handle, params: &mut [*mut c_void]) -> CUresult {
-    let pointer = if params.is_empty() {
-        null_mut()
-    } else {
-        params.as_mut_ptr()
-    };
-    unsafe { cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, pointer, null_mut()) }
+    launch(f, [1, 1, 1], [1, 1, 1], 0, stream, params)
 }
 
 /// Launches `store(address, value)`.
@@ -184,59 +169,29 @@ fn another_devices_memory_needs_peer_access() {
 
 #[test]
 fn launch_limits() {
-    let ctx = context(1);
-    let module = load(PTX).unwrap();
-    let f = function(module, "add_one");
+    let (ctx, f) = add_one(1);
     let p = alloc(4);
     let mut address = p;
     let mut params = [&mut address as *mut u64 as *mut c_void];
-    let launch = |g: [u32; 3], b: [u32; 3], shared: u32, params: &mut [*mut c_void]| unsafe {
-        cuLaunchKernel(
-            f,
-            g[0],
-            g[1],
-            g[2],
-            b[0],
-            b[1],
-            b[2],
-            shared,
-            null_mut(),
-            params.as_mut_ptr(),
-            null_mut(),
-        )
-    };
-    assert_eq!(
-        launch([1, 1, 1], [1025, 1, 1], 0, &mut params),
-        CUDA_ERROR_INVALID_VALUE
-    );
-    assert_eq!(
-        launch([1, 1, 1], [32, 32, 2], 0, &mut params),
-        CUDA_ERROR_INVALID_VALUE
-    );
-    assert_eq!(
-        launch([1, 1, 1], [1, 1, 65], 0, &mut params),
-        CUDA_ERROR_INVALID_VALUE
-    );
-    assert_eq!(
-        launch([1, 65536, 1], [1, 1, 1], 0, &mut params),
-        CUDA_ERROR_INVALID_VALUE
-    );
-    assert_eq!(
-        launch([1 << 31, 1, 1], [1, 1, 1], 0, &mut params),
-        CUDA_ERROR_INVALID_VALUE
-    );
-    assert_eq!(
-        launch([0, 1, 1], [1, 1, 1], 0, &mut params),
-        CUDA_ERROR_INVALID_VALUE
-    );
-    assert_eq!(
-        launch([1, 1, 1], [1, 1, 1], 48 * 1024 + 1, &mut params),
-        CUDA_ERROR_INVALID_VALUE
-    );
+    for (grid, block, shared) in [
+        ([1, 1, 1], [1025, 1, 1], 0),
+        ([1, 1, 1], [32, 32, 2], 0),
+        ([1, 1, 1], [1, 1, 65], 0),
+        ([1, 65536, 1], [1, 1, 1], 0),
+        ([1 << 31, 1, 1], [1, 1, 1], 0),
+        ([0, 1, 1], [1, 1, 1], 0),
+        ([1, 1, 1], [1, 1, 1], 48 * 1024 + 1),
+    ] {
+        assert_eq!(
+            launch(f, grid, block, shared, null_mut(), &mut params),
+            CUDA_ERROR_INVALID_VALUE,
+            "grid {grid:?} block {block:?} shared {shared}"
+        );
+    }
     // None of that made the context unusable.
     upload(p, &[0]);
     assert_eq!(
-        launch([1, 1, 1], [1, 1, 1], 48 * 1024, &mut params),
+        launch(f, [1, 1, 1], [1, 1, 1], 48 * 1024, null_mut(), &mut params),
         CUDA_SUCCESS
     );
     check!(cuCtxSynchronize());
@@ -286,9 +241,7 @@ fn module_loading_errors() {
 
 #[test]
 fn a_captured_kernel_runs_at_each_replay() {
-    let ctx = context(0);
-    let module = load(PTX).unwrap();
-    let f = function(module, "add_one");
+    let (ctx, f) = add_one(0);
     let s = stream();
     let p = alloc(4);
     upload(p, &[0]);
@@ -302,14 +255,7 @@ fn a_captured_kernel_runs_at_each_replay() {
     address = 0;
     let mut graph = null_mut();
     check!(cuStreamEndCapture(s, &mut graph));
-    let mut exec = null_mut();
-    check!(cuGraphInstantiate_v2(
-        &mut exec,
-        graph,
-        null_mut(),
-        null_mut(),
-        0
-    ));
+    let exec = instantiate(graph);
     assert_eq!(download(p, 1), [0]);
     check!(cuGraphLaunch(exec, s));
     check!(cuGraphLaunch(exec, s));

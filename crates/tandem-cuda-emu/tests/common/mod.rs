@@ -1,7 +1,7 @@
 //! Helpers shared by the test binaries.
 #![allow(dead_code)]
 
-use std::ffi::c_void;
+use std::ffi::{c_void, CString};
 use std::ptr::null_mut;
 
 pub use tandem_cuda_emu::codes::*;
@@ -65,4 +65,68 @@ pub fn download(src: u64, n: usize) -> Vec<u32> {
     let mut out = vec![0u32; n];
     check!(cuMemcpyDtoH_v2(out.as_mut_ptr() as *mut c_void, src, n * 4));
     out
+}
+
+/// Loads `text` into the current context.
+pub fn load(text: &str) -> Result<Handle, CUresult> {
+    let text = CString::new(text).unwrap();
+    let mut module = null_mut();
+    match unsafe { cuModuleLoadData(&mut module, text.as_ptr() as *const c_void) } {
+        CUDA_SUCCESS => Ok(module),
+        code => Err(code),
+    }
+}
+
+/// `module`'s kernel `name`.
+pub fn function(module: Handle, name: &str) -> Handle {
+    let name = CString::new(name).unwrap();
+    let mut f = null_mut();
+    check!(cuModuleGetFunction(&mut f, module, name.as_ptr()));
+    f
+}
+
+/// Launches `f` over `grid` blocks of `block` threads with `shared` bytes of dynamic shared
+/// memory on `stream`, with `params` (none: a null pointer).
+pub fn launch(
+    f: Handle,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared: u32,
+    stream: Handle,
+    params: &mut [*mut c_void],
+) -> CUresult {
+    let pointer = if params.is_empty() {
+        null_mut()
+    } else {
+        params.as_mut_ptr()
+    };
+    let ([gx, gy, gz], [bx, by, bz]) = (grid, block);
+    unsafe {
+        cuLaunchKernel(
+            f,
+            gx,
+            gy,
+            gz,
+            bx,
+            by,
+            bz,
+            shared,
+            stream,
+            pointer,
+            null_mut(),
+        )
+    }
+}
+
+/// An executable graph of `graph`.
+pub fn instantiate(graph: Handle) -> Handle {
+    let mut exec = null_mut();
+    check!(cuGraphInstantiate_v2(
+        &mut exec,
+        graph,
+        null_mut(),
+        null_mut(),
+        0
+    ));
+    exec
 }
