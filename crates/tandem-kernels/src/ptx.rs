@@ -4,20 +4,6 @@
 //! is installed. `cargo xtask build-kernels` regenerates the files; `--check` fails when they are
 //! stale.
 
-/// `kernels/elementwise.cu`: `bias_add` (optionally + ReLU) and `relu_backward`.
-pub const ELEMENTWISE: &str = include_str!("../ptx/elementwise.ptx");
-/// `kernels/gather.cu`: `gather` of a batch from a device-resident u8 data set.
-pub const GATHER: &str = include_str!("../ptx/gather.ptx");
-/// `kernels/matmul.cu`: the tiled `matmul`, either operand transposed, optional bias + ReLU.
-pub const MATMUL: &str = include_str!("../ptx/matmul.ptx");
-/// `kernels/reduce.cu`: `column_sum`, `mean_loss` and `count_correct`, deterministic; the last two
-/// also check the labels.
-pub const REDUCE: &str = include_str!("../ptx/reduce.ptx");
-/// `kernels/softmax_xent.cu`: the fused `softmax_cross_entropy`.
-pub const SOFTMAX_XENT: &str = include_str!("../ptx/softmax_xent.ptx");
-/// `kernels/update.cu`: `sgd_ema_update` and `mean_gradients`.
-pub const UPDATE: &str = include_str!("../ptx/update.ptx");
-
 /// The target every module is compiled for (`nvcc -arch=compute_75`): Turing and newer GPUs
 /// JIT it to their own architecture.
 pub const PTX_TARGET: &str = "sm_75";
@@ -42,107 +28,104 @@ pub struct PtxModule {
     pub ptx: &'static str,
 }
 
-/// Every module, one per `kernels/*.cu` file, in file-name order.
-pub const MODULES: [PtxModule; 6] = [
-    PtxModule {
-        name: "elementwise",
-        ptx: ELEMENTWISE,
-    },
-    PtxModule {
-        name: "gather",
-        ptx: GATHER,
-    },
-    PtxModule {
-        name: "matmul",
-        ptx: MATMUL,
-    },
-    PtxModule {
-        name: "reduce",
-        ptx: REDUCE,
-    },
-    PtxModule {
-        name: "softmax_xent",
-        ptx: SOFTMAX_XENT,
-    },
-    PtxModule {
-        name: "update",
-        ptx: UPDATE,
-    },
-];
+/// The one table of modules and kernels: for each `kernels/NAME.cu` file (in file-name order),
+/// its constant, its stem and the kernels it defines, each as `Variant => "entry"`. It generates
+/// the module constants, [`MODULES`], [`Kernel`] and `Kernel`'s `ALL`, `entry` and
+/// `module_index`.
+macro_rules! kernel_table {
+    ($(
+        $(#[$module_doc:meta])*
+        $module:ident = $stem:literal {
+            $( $(#[$kernel_doc:meta])* $kernel:ident => $entry:literal, )+
+        }
+    )+) => {
+        $(
+            $(#[$module_doc])*
+            pub const $module: &str = include_str!(concat!("../ptx/", $stem, ".ptx"));
+        )+
 
-/// A kernel entry point: the only way the launch code names one, so that the tests can check
-/// every name against the PTX.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Kernel {
-    /// `bias_add` in [`ELEMENTWISE`].
-    BiasAdd,
-    /// `relu_backward` in [`ELEMENTWISE`].
-    ReluBackward,
-    /// `gather` in [`GATHER`].
-    Gather,
-    /// `matmul` in [`MATMUL`].
-    Matmul,
-    /// `column_sum` in [`REDUCE`].
-    ColumnSum,
-    /// `mean_loss` in [`REDUCE`]: the mean of `softmax_cross_entropy`'s per-row losses, and the
-    /// label check.
-    MeanLoss,
-    /// `count_correct` in [`REDUCE`].
-    CountCorrect,
-    /// `softmax_cross_entropy` in [`SOFTMAX_XENT`].
-    SoftmaxCrossEntropy,
-    /// `sgd_ema_update` in [`UPDATE`].
-    SgdEmaUpdate,
-    /// `mean_gradients` in [`UPDATE`].
-    MeanGradients,
+        /// The modules' positions in [`MODULES`].
+        #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
+        enum ModuleIndex {
+            $( $module, )+
+        }
+
+        /// Every module, one per `kernels/*.cu` file, in file-name order.
+        pub const MODULES: [PtxModule; [$($stem),+].len()] = [
+            $( PtxModule { name: $stem, ptx: $module }, )+
+        ];
+
+        /// A kernel entry point: the only way the launch code names one, so that the tests can
+        /// check every name against the PTX.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Kernel {
+            $($(
+                #[doc = concat!("`", $entry, "` in [`", stringify!($module), "`].")]
+                $(#[$kernel_doc])*
+                $kernel,
+            )+)+
+        }
+
+        impl Kernel {
+            /// Every kernel.
+            pub const ALL: [Kernel; [$($(Kernel::$kernel),+),+].len()] = [
+                $($( Kernel::$kernel, )+)+
+            ];
+
+            /// The entry point's name in the PTX (`extern "C"`, so unmangled).
+            pub const fn entry(self) -> &'static str {
+                match self {
+                    $($( Kernel::$kernel => $entry, )+)+
+                }
+            }
+
+            /// The index in [`MODULES`] of the module that defines it.
+            pub const fn module_index(self) -> usize {
+                match self {
+                    $($( Kernel::$kernel => ModuleIndex::$module as usize, )+)+
+                }
+            }
+        }
+    };
+}
+
+kernel_table! {
+    /// `kernels/elementwise.cu`: `bias_add` (optionally + ReLU) and `relu_backward`.
+    ELEMENTWISE = "elementwise" {
+        BiasAdd => "bias_add",
+        ReluBackward => "relu_backward",
+    }
+    /// `kernels/gather.cu`: `gather` of a batch from a device-resident u8 data set.
+    GATHER = "gather" {
+        Gather => "gather",
+    }
+    /// `kernels/matmul.cu`: the tiled `matmul`, either operand transposed, optional bias + ReLU.
+    MATMUL = "matmul" {
+        Matmul => "matmul",
+    }
+    /// `kernels/reduce.cu`: `column_sum`, `mean_loss` and `count_correct`, deterministic; the
+    /// last two also check the labels.
+    REDUCE = "reduce" {
+        ColumnSum => "column_sum",
+        /// The mean of `softmax_cross_entropy`'s per-row losses, and the label check.
+        MeanLoss => "mean_loss",
+        CountCorrect => "count_correct",
+    }
+    /// `kernels/softmax_xent.cu`: the fused `softmax_cross_entropy`.
+    SOFTMAX_XENT = "softmax_xent" {
+        SoftmaxCrossEntropy => "softmax_cross_entropy",
+    }
+    /// `kernels/update.cu`: `sgd_ema_update` and `mean_gradients`.
+    UPDATE = "update" {
+        SgdEmaUpdate => "sgd_ema_update",
+        MeanGradients => "mean_gradients",
+    }
 }
 
 impl Kernel {
-    /// Every kernel.
-    pub const ALL: [Kernel; 10] = [
-        Kernel::BiasAdd,
-        Kernel::ReluBackward,
-        Kernel::Gather,
-        Kernel::Matmul,
-        Kernel::ColumnSum,
-        Kernel::MeanLoss,
-        Kernel::CountCorrect,
-        Kernel::SoftmaxCrossEntropy,
-        Kernel::SgdEmaUpdate,
-        Kernel::MeanGradients,
-    ];
-
     /// Its position in [`ALL`](Self::ALL), for tables indexed by kernel.
     pub const fn index(self) -> usize {
         self as usize
-    }
-
-    /// The entry point's name in the PTX (`extern "C"`, so unmangled).
-    pub const fn entry(self) -> &'static str {
-        match self {
-            Kernel::BiasAdd => "bias_add",
-            Kernel::ReluBackward => "relu_backward",
-            Kernel::Gather => "gather",
-            Kernel::Matmul => "matmul",
-            Kernel::ColumnSum => "column_sum",
-            Kernel::MeanLoss => "mean_loss",
-            Kernel::CountCorrect => "count_correct",
-            Kernel::SoftmaxCrossEntropy => "softmax_cross_entropy",
-            Kernel::SgdEmaUpdate => "sgd_ema_update",
-            Kernel::MeanGradients => "mean_gradients",
-        }
-    }
-
-    /// The index in [`MODULES`] of the module that defines it.
-    pub const fn module_index(self) -> usize {
-        match self {
-            Kernel::BiasAdd | Kernel::ReluBackward => 0,
-            Kernel::Gather => 1,
-            Kernel::Matmul => 2,
-            Kernel::ColumnSum | Kernel::MeanLoss | Kernel::CountCorrect => 3,
-            Kernel::SoftmaxCrossEntropy => 4,
-            Kernel::SgdEmaUpdate | Kernel::MeanGradients => 5,
-        }
     }
 
     /// The module that defines it.
