@@ -13,56 +13,11 @@ const CLASSES: usize = 10;
 fn matmuls(c: &mut Criterion) {
     let mut group = c.benchmark_group("matmul");
     let shapes = [
-        (
-            "forward1 100x500x784",
-            Gemm {
-                m: BATCH,
-                n: HIDDEN,
-                k: INPUTS,
-                a_transposed: false,
-                b_transposed: false,
-            },
-        ),
-        (
-            "forward2 100x10x500",
-            Gemm {
-                m: BATCH,
-                n: CLASSES,
-                k: HIDDEN,
-                a_transposed: false,
-                b_transposed: false,
-            },
-        ),
-        (
-            "dW2 500x10x100 (A^T)",
-            Gemm {
-                m: HIDDEN,
-                n: CLASSES,
-                k: BATCH,
-                a_transposed: true,
-                b_transposed: false,
-            },
-        ),
-        (
-            "dH 100x500x10 (B^T)",
-            Gemm {
-                m: BATCH,
-                n: HIDDEN,
-                k: CLASSES,
-                a_transposed: false,
-                b_transposed: true,
-            },
-        ),
-        (
-            "dW1 784x500x100 (A^T)",
-            Gemm {
-                m: INPUTS,
-                n: HIDDEN,
-                k: BATCH,
-                a_transposed: true,
-                b_transposed: false,
-            },
-        ),
+        ("forward1 100x500x784", Gemm::nn(BATCH, HIDDEN, INPUTS)),
+        ("forward2 100x10x500", Gemm::nn(BATCH, CLASSES, HIDDEN)),
+        ("dW2 500x10x100 (A^T)", Gemm::tn(HIDDEN, CLASSES, BATCH)),
+        ("dH 100x500x10 (B^T)", Gemm::nt(BATCH, HIDDEN, CLASSES)),
+        ("dW1 784x500x100 (A^T)", Gemm::tn(INPUTS, HIDDEN, BATCH)),
     ];
     for (name, spec) in shapes {
         let a = random(spec.m * spec.k, 1);

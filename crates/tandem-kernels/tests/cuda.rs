@@ -148,13 +148,7 @@ fn matmul_matches_cpu_in_every_transposition() {
         for (a_transposed, b_transposed) in
             [(false, false), (true, false), (false, true), (true, true)]
         {
-            let spec = Gemm {
-                m,
-                n,
-                k,
-                a_transposed,
-                b_transposed,
-            };
+            let spec = Gemm::new(m, n, k, a_transposed, b_transposed);
             for with_bias in [false, true] {
                 let (got, want) = gemm_case(&gpu, &mut rng, spec, with_bias);
                 assert_close(&format!("{spec:?} bias+relu {with_bias}"), &got, &want);
@@ -435,13 +429,7 @@ fn gradient_buffer_counts_are_checked() {
 fn deterministic_outputs(gpu: &CudaBackend) -> Vec<f32> {
     let mut rng = rng(10);
     let (m, n, k) = (784, 500, 100); // the first layer's weight gradient: X^T . dH
-    let spec = Gemm {
-        m,
-        n,
-        k,
-        a_transposed: true,
-        b_transposed: false,
-    };
+    let spec = Gemm::tn(m, n, k);
     let (got, _) = gemm_case(gpu, &mut rng, spec, false);
     let mut outputs = got;
 
@@ -563,13 +551,7 @@ fn bad_inputs<B: Backend>(
     let worse = gathered(&[2, 1]); // the first bad one is 5
     let short_labels = backend.zero_labels(ROWS - 1).expect("labels");
     let logits = zeros(ROWS * CLASSES);
-    let spec = Gemm {
-        m: 2,
-        n: 3,
-        k: 4,
-        a_transposed: false,
-        b_transposed: true,
-    };
+    let spec = Gemm::nt(2, 3, 4);
     macro_rules! unit {
         ($result:expr) => {
             $result.map(|_| ()).map_err(&shape)

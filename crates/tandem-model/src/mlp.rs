@@ -90,22 +90,10 @@ impl Mlp {
         logits: &mut B::Buffer,
     ) -> Result<(), B::Error> {
         let o = self.offsets();
-        let first = Gemm {
-            m: rows,
-            n: self.hidden,
-            k: self.inputs,
-            a_transposed: false,
-            b_transposed: false,
-        };
+        let first = Gemm::nn(rows, self.hidden, self.inputs);
         backend.matmul(first, (x, 0), (params, o.w1), (hidden, 0))?;
         backend.bias_add(hidden, (params, o.b1), rows, self.hidden, Activation::Relu)?;
-        let second = Gemm {
-            m: rows,
-            n: self.classes,
-            k: self.hidden,
-            a_transposed: false,
-            b_transposed: false,
-        };
+        let second = Gemm::nn(rows, self.classes, self.hidden);
         backend.matmul(second, (hidden, 0), (params, o.w2), (logits, 0))?;
         backend.bias_add(
             logits,

@@ -94,13 +94,7 @@ impl<B: Backend> MlpReplica<B> {
         let loss =
             b.softmax_cross_entropy(&self.logits, &self.labels, rows, classes, &mut self.dlogits)?;
         // Layer 2: dW2 = H^T . dL, db2 = colsum(dL), dH = dL . W2^T masked by the ReLU.
-        let dw2 = Gemm {
-            m: hidden,
-            n: classes,
-            k: rows,
-            a_transposed: true,
-            b_transposed: false,
-        };
+        let dw2 = Gemm::tn(hidden, classes, rows);
         b.matmul(
             dw2,
             (&self.hidden, 0),
@@ -108,13 +102,7 @@ impl<B: Backend> MlpReplica<B> {
             (&mut self.grads, o.w2),
         )?;
         b.column_sum(&self.dlogits, rows, classes, (&mut self.grads, o.b2))?;
-        let dh = Gemm {
-            m: rows,
-            n: hidden,
-            k: classes,
-            a_transposed: false,
-            b_transposed: true,
-        };
+        let dh = Gemm::nt(rows, hidden, classes);
         b.matmul(
             dh,
             (&self.dlogits, 0),
@@ -123,13 +111,7 @@ impl<B: Backend> MlpReplica<B> {
         )?;
         b.relu_backward(&mut self.dhidden, &self.hidden, rows * hidden)?;
         // Layer 1: dW1 = X^T . dH, db1 = colsum(dH). The input gradient is never needed.
-        let dw1 = Gemm {
-            m: inputs,
-            n: hidden,
-            k: rows,
-            a_transposed: true,
-            b_transposed: false,
-        };
+        let dw1 = Gemm::tn(inputs, hidden, rows);
         b.matmul(
             dw1,
             (&self.x, 0),

@@ -21,6 +21,41 @@ pub struct Gemm {
     pub b_transposed: bool,
 }
 
+impl Gemm {
+    /// `C = A . B`, neither operand transposed: A stored `m x k`, B stored `k x n` (a forward
+    /// pass, `Y = X . W`).
+    pub const fn nn(m: usize, n: usize, k: usize) -> Self {
+        Self::new(m, n, k, false, false)
+    }
+
+    /// `C = A^T . B`, A stored `k x m` (a weight gradient, `dW = X^T . dY`).
+    pub const fn tn(m: usize, n: usize, k: usize) -> Self {
+        Self::new(m, n, k, true, false)
+    }
+
+    /// `C = A . B^T`, B stored `n x k` (an input gradient, `dX = dY . W^T`).
+    pub const fn nt(m: usize, n: usize, k: usize) -> Self {
+        Self::new(m, n, k, false, true)
+    }
+
+    /// `C = A^T . B^T`, A stored `k x m` and B stored `n x k`.
+    pub const fn tt(m: usize, n: usize, k: usize) -> Self {
+        Self::new(m, n, k, true, true)
+    }
+
+    /// Any of the four, the transposes given as flags (for code that goes through all of them;
+    /// elsewhere [`Gemm::nn`], [`Gemm::tn`], [`Gemm::nt`] or [`Gemm::tt`] say which it is).
+    pub const fn new(m: usize, n: usize, k: usize, a_transposed: bool, b_transposed: bool) -> Self {
+        Self {
+            m,
+            n,
+            k,
+            a_transposed,
+            b_transposed,
+        }
+    }
+}
+
 /// What [`Backend::bias_add`] applies after adding the bias.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Activation {

@@ -202,16 +202,6 @@ pub fn bad_label(op: &'static str, label: u32, classes: usize) -> ShapeError {
 mod tests {
     use super::*;
 
-    fn gemm(m: usize, n: usize, k: usize) -> Gemm {
-        Gemm {
-            m,
-            n,
-            k,
-            a_transposed: false,
-            b_transposed: false,
-        }
-    }
-
     fn fails(result: Result<(), ShapeError>, op: &str, operand: &str, needed: usize) {
         let err = result.expect_err("an error");
         assert_eq!((err.op, err.operand, err.needed), (op, operand, needed));
@@ -230,7 +220,7 @@ mod tests {
         let huge = usize::MAX / 2;
         fails(
             matmul(
-                gemm(huge, 3, 4),
+                Gemm::nn(huge, 3, 4),
                 Operand::whole(8),
                 Operand::whole(12),
                 Operand::whole(0),
@@ -255,7 +245,7 @@ mod tests {
 
     #[test]
     fn matmul_checks_a_then_b_then_c() {
-        let spec = gemm(2, 3, 4);
+        let spec = Gemm::nn(2, 3, 4);
         let (a, b, c) = (Operand::whole(8), Operand::whole(12), Operand::whole(6));
         assert!(matmul(spec, a, b, c).is_ok());
         fails(matmul(spec, Operand::whole(7), b, c), "matmul", "a", 8);

@@ -20,7 +20,7 @@
 //! let a = vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
 //! let b = vec![1.0, 0.0, 0.0, 0.0, 1.0, 0.0];
 //! let mut c = cpu.zeros(4).unwrap();
-//! let spec = Gemm { m: 2, n: 2, k: 3, a_transposed: false, b_transposed: true };
+//! let spec = Gemm::nt(2, 2, 3);
 //! cpu.matmul(spec, (&a, 0), (&b, 0), (&mut c, 0)).unwrap();
 //! assert_eq!(c, vec![1.0, 2.0, 4.0, 5.0]);
 //! ```

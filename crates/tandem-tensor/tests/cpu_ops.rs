@@ -25,13 +25,7 @@ fn matmul_matches_f64_for_every_transpose_and_odd_shapes() {
     ] {
         for a_transposed in [false, true] {
             for b_transposed in [false, true] {
-                let spec = Gemm {
-                    m,
-                    n,
-                    k,
-                    a_transposed,
-                    b_transposed,
-                };
+                let spec = Gemm::new(m, n, k, a_transposed, b_transposed);
                 let a = random(m * k, &mut rng);
                 let b = random(k * n, &mut rng);
                 let mut c = vec![f32::NAN; m * n];
@@ -213,13 +207,7 @@ fn gather_scales_bytes_and_copies_labels() {
 #[test]
 fn backend_rejects_short_operands_and_bad_labels_instead_of_panicking() {
     let cpu = CpuBackend;
-    let spec = Gemm {
-        m: 4,
-        n: 4,
-        k: 4,
-        a_transposed: false,
-        b_transposed: false,
-    };
+    let spec = Gemm::nn(4, 4, 4);
     let small = vec![0.0; 15];
     let ok = vec![0.0; 16];
     let mut out = vec![0.0; 16];
