@@ -4,14 +4,14 @@
 use std::path::Path;
 
 use rand::{Rng, SeedableRng};
-use tandem_mnist::{Mnist, PIXELS};
+use tandem_mnist::Mnist;
 use tandem_tensor::ExampleSet;
 
 /// The training split of the repository's MNIST copy.
 pub fn mnist_train() -> ExampleSet {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/mnist");
     let mnist = Mnist::load(&dir).unwrap_or_else(|e| panic!("benchmarks need the MNIST data: {e}"));
-    ExampleSet::new(PIXELS, mnist.train.images, mnist.train.labels).expect("a consistent split")
+    mnist.train.into_examples().expect("a consistent split")
 }
 
 /// `len` values uniform in [-1, 1), the same for a given seed.

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use tandem_mnist::{Mnist, Split, PIXELS};
+use tandem_mnist::{Mnist, Split};
 use tandem_model::Mlp;
 use tandem_tensor::{CpuBackend, ExampleSet};
 
@@ -15,7 +15,8 @@ pub struct Data {
 }
 
 fn examples(split: Split) -> Result<ExampleSet> {
-    ExampleSet::new(PIXELS, split.images, split.labels)
+    split
+        .into_examples()
         .context("an MNIST split with mismatched images and labels")
 }
 

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use rand::SeedableRng;
 use tandem_kernels::CudaBackend;
-use tandem_mnist::{Mnist, PIXELS};
+use tandem_mnist::Mnist;
 use tandem_model::{Mlp, MlpReplica};
 use tandem_pool::{Device, Replica, WorkerPool};
 use tandem_strategy::{sync, Hyper, NoObserver, TrainState};
@@ -36,7 +36,7 @@ fn train_set() -> ExampleSet {
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/mnist"));
     let mnist = Mnist::load(&dir).expect("the repository's MNIST copy");
-    ExampleSet::new(PIXELS, mnist.train.images, mnist.train.labels).expect("consistent split")
+    mnist.train.into_examples().expect("consistent split")
 }
 
 // Shapes are small (batches of 12 to 40, a few steps), non-multiples of the kernels' 32-wide

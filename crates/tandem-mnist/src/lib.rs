@@ -11,6 +11,9 @@
 //! `NAME`. Every malformed file is answered with an [`MnistError`] that names the file and the
 //! fault; nothing in a file's content can make this crate panic.
 //!
+//! With the `tensor` feature, [`Split::into_examples`] turns a split into the model's input, a
+//! `tandem_tensor::ExampleSet`.
+//!
 //! ```
 //! use std::path::Path;
 //! use tandem_mnist::{Mnist, PIXELS};
@@ -467,6 +470,14 @@ impl Split {
     /// If `i >= self.len()`.
     pub fn image(&self, i: usize) -> &[u8] {
         &self.images[i * PIXELS..(i + 1) * PIXELS]
+    }
+
+    /// The split as the model's input: one example of [`PIXELS`] features per image, with its
+    /// label. `None` when the images are not [`PIXELS`] bytes per label (a split built by hand;
+    /// a loaded one always is).
+    #[cfg(feature = "tensor")]
+    pub fn into_examples(self) -> Option<tandem_tensor::ExampleSet> {
+        tandem_tensor::ExampleSet::new(PIXELS, self.images, self.labels)
     }
 
     /// Splits off the last `n` examples (requires `n <= self.len()`).

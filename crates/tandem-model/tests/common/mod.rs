@@ -4,7 +4,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use rand::SeedableRng;
-use tandem_mnist::{Mnist, PIXELS};
+use tandem_mnist::Mnist;
 use tandem_model::{Mlp, MlpReplica};
 use tandem_pool::{Device, WorkerPool};
 use tandem_strategy::TrainState;
@@ -21,7 +21,7 @@ pub fn mnist() -> &'static Data {
     DATA.get_or_init(|| {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/mnist");
         let mnist = Mnist::load(&dir).expect("the repository's MNIST copy loads");
-        let set = |s: tandem_mnist::Split| ExampleSet::new(PIXELS, s.images, s.labels).unwrap();
+        let set = |s: tandem_mnist::Split| s.into_examples().unwrap();
         Data {
             train: set(mnist.train),
             test: set(mnist.test),
