@@ -2,6 +2,7 @@ use std::path::PathBuf;
 
 use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
 use tandem_pool::DeviceSpec;
+use tandem_strategy::Hyper;
 
 use crate::session::Mode;
 
@@ -105,11 +106,11 @@ pub struct CompareArgs {
     pub epochs: u64,
 
     /// Examples per worker per step.
-    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=MAX_BATCH))]
+    #[arg(long, default_value_t = Hyper::DEFAULT.batch_size as u64, value_parser = clap::value_parser!(u64).range(1..=MAX_BATCH))]
     pub batch_size: u64,
 
     /// Seed of the initial weights and the data order (the same for both modes).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = Hyper::DEFAULT.seed)]
     pub seed: u64,
 
     /// Test-accuracy evaluations per epoch (points on each curve).
@@ -134,7 +135,8 @@ pub enum LogFormat {
 /// How to train.
 ///
 /// The hyper-parameter flags are options without a stored default: a fresh run takes
-/// `tandem_strategy::Hyper::default`'s values for those not given, and a resumed run takes the checkpoint's,
+/// `tandem_strategy::Hyper::DEFAULT`'s values for those not given (their help states them, and a
+/// test holds the help and the README to them), and a resumed run takes the checkpoint's,
 /// so that a flag given with `--resume` can be told apart from a default (and refused when it
 /// disagrees with the run being resumed).
 #[derive(Debug, Clone, Args)]
@@ -200,7 +202,7 @@ pub struct TrainArgs {
     pub data_dir: Option<PathBuf>,
 
     /// Print a progress line (and write a metrics record) every this many steps (0: never).
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = Hyper::DEFAULT.log_every)]
     pub log_every: u64,
 
     /// Progress display.
@@ -326,5 +328,122 @@ impl TrainArgs {
         } else {
             None
         }
+    }
+}
+
+/// The defaults the help and the README state are the ones the code uses: [`Hyper::DEFAULT`],
+/// [`DEFAULT_EPOCHS`], [`DEFAULT_INIT_STDDEV`] and clap's own defaults.
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    /// What each option without a stored default takes when not given, as its help and the
+    /// README write it.
+    fn stated_defaults() -> Vec<(&'static str, String)> {
+        let h = Hyper::DEFAULT;
+        vec![
+            ("epochs", DEFAULT_EPOCHS.to_string()),
+            ("batch-size", h.batch_size.to_string()),
+            ("lr", h.learning_rate.to_string()),
+            ("lr-decay", h.lr_decay.to_string()),
+            ("weight-decay", h.weight_decay.to_string()),
+            ("ema-decay", h.ema_decay.to_string()),
+            ("init-stddev", DEFAULT_INIT_STDDEV.to_string()),
+            ("seed", h.seed.to_string()),
+        ]
+    }
+
+    /// `text` as a number, so that the README's `1e-4` equals `0.0001`.
+    fn number(text: &str) -> f64 {
+        text.trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{text:?} is not a number"))
+    }
+
+    #[test]
+    fn the_help_states_the_defaults_the_code_uses() {
+        let command = Cli::command();
+        for (flag, value) in stated_defaults() {
+            let arg = command
+                .get_arguments()
+                .find(|a| a.get_long() == Some(flag))
+                .unwrap_or_else(|| panic!("no --{flag}"));
+            let help = arg.get_help().expect("a help text").to_string();
+            assert!(
+                help.contains(&format!("[default: {value}")),
+                "--{flag}: the help {help:?} does not state the default {value}"
+            );
+        }
+        let compare = command.find_subcommand("compare").expect("compare");
+        let default_of = |command: &clap::Command, flag: &str| -> String {
+            let arg = command
+                .get_arguments()
+                .find(|a| a.get_long() == Some(flag))
+                .unwrap_or_else(|| panic!("no --{flag}"));
+            arg.get_default_values()[0].to_string_lossy().into_owned()
+        };
+        let h = Hyper::DEFAULT;
+        assert_eq!(default_of(compare, "batch-size"), h.batch_size.to_string());
+        assert_eq!(default_of(compare, "seed"), h.seed.to_string());
+        assert_eq!(default_of(&command, "log-every"), h.log_every.to_string());
+    }
+
+    /// Every default in the README's flag table and its summary of the model is the code's.
+    #[test]
+    fn the_readme_states_the_defaults_the_code_uses() {
+        let readme = include_str!("../../../README.md");
+        let table: Vec<(&str, &str)> = readme
+            .lines()
+            .filter_map(|line| {
+                let cells: Vec<&str> = line.split(" | ").collect();
+                let flag = cells.first()?.strip_prefix("| `--")?;
+                let flag = flag.split([' ', '`']).next()?;
+                Some((flag, *cells.get(1)?))
+            })
+            .collect();
+        let readme_default = |flag: &str| -> &str {
+            table
+                .iter()
+                .find(|(f, _)| *f == flag)
+                .unwrap_or_else(|| panic!("the README's flag table has no --{flag}"))
+                .1
+        };
+        for (flag, value) in stated_defaults() {
+            assert_eq!(
+                number(readme_default(flag)),
+                number(&value),
+                "the README's default of --{flag}"
+            );
+        }
+        let command = Cli::command();
+        for flag in ["log-every", "keep", "stall-timeout"] {
+            let arg = command
+                .get_arguments()
+                .find(|a| a.get_long() == Some(flag))
+                .unwrap_or_else(|| panic!("no --{flag}"));
+            let clap_default = arg.get_default_values()[0].to_string_lossy().into_owned();
+            assert_eq!(
+                number(readme_default(flag)),
+                number(&clap_default),
+                "the README's default of --{flag}"
+            );
+        }
+        let h = Hyper::DEFAULT;
+        let summary = format!(
+            "(stddev {DEFAULT_INIT_STDDEV}), SGD with learning rate {} x {}^epoch, L2 \
+             regularisation ",
+            h.learning_rate, h.lr_decay
+        );
+        let prose = readme.split_whitespace().collect::<Vec<_>>().join(" ");
+        let at = prose
+            .find(&summary)
+            .unwrap_or_else(|| panic!("the README does not summarise the model as {summary:?}"));
+        let l2 = prose[at + summary.len()..]
+            .split([',', ' '])
+            .next()
+            .unwrap_or_default();
+        assert_eq!(number(l2) as f32, h.weight_decay, "the README's L2");
     }
 }

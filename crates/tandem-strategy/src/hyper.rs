@@ -19,19 +19,23 @@ pub struct Hyper {
 
 impl Default for Hyper {
     fn default() -> Self {
-        Self {
-            batch_size: 100,
-            learning_rate: 0.8,
-            lr_decay: 0.99,
-            weight_decay: 1e-4,
-            ema_decay: 0.99,
-            seed: 1,
-            log_every: 1000,
-        }
+        Self::DEFAULT
     }
 }
 
 impl Hyper {
+    /// The TensorFlow book's values, and the one place tandem writes its defaults: the CLI's
+    /// flags, `compare` and the README take them from here.
+    pub const DEFAULT: Hyper = Hyper {
+        batch_size: 100,
+        learning_rate: 0.8,
+        lr_decay: 0.99,
+        weight_decay: 1e-4,
+        ema_decay: 0.99,
+        seed: 1,
+        log_every: 1000,
+    };
+
     /// `learning_rate * lr_decay ^ (step / steps_per_epoch)` (TensorFlow's `exponential_decay`,
     /// not staircase).
     pub fn learning_rate(&self, step: u64, steps_per_epoch: f64) -> f32 {
