@@ -4,9 +4,10 @@
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use rand::SeedableRng;
 use tandem_benches::mnist_train;
+use tandem_core::{Replica, TrainState};
 use tandem_model::{Mlp, MlpReplica};
-use tandem_pool::{Device, Replica, WorkerPool};
-use tandem_strategy::{sync, Hyper, NoObserver, TrainState};
+use tandem_pool::{Device, WorkerPool};
+use tandem_strategy::{sync, Hyper, NoObserver};
 use tandem_tensor::CpuBackend;
 
 fn step(c: &mut Criterion) {

@@ -174,7 +174,7 @@ fn segment_ends(budget: u64, examples_per_step: u64, segments: u64) -> Vec<u64> 
 
 /// Trains one mode for the budget, evaluating between segments.
 fn train(mode: Mode, args: &CompareArgs, data: &Data) -> Result<(Run, Vec<String>)> {
-    let workers = args.devices.resolve()?.len();
+    let workers = args.devices.resolve(crate::session::gpu_count)?.len();
     let mut config = RunConfig {
         mode,
         workers,

@@ -5,9 +5,10 @@ use std::collections::BTreeMap;
 
 use anyhow::{anyhow, bail, Context, Result};
 use rand::SeedableRng;
+use tandem_core::{ParamSpan, Replica, TrainState};
 use tandem_model::{Mlp, MlpReplica};
-use tandem_pool::{Device, DeviceSpec, Replica, WorkerPool, MAX_REPLICAS};
-use tandem_strategy::{asynchronous, sync, Hyper, Observer, TrainReport, TrainState};
+use tandem_pool::{Device, DeviceSpec, GpuCount, WorkerPool, MAX_REPLICAS};
+use tandem_strategy::{asynchronous, sync, Hyper, Observer, TrainReport};
 use tandem_tensor::{CpuBackend, ExampleSet};
 
 use crate::cli::{self, MAX_BATCH, MAX_STEPS};
@@ -194,6 +195,15 @@ pub fn initial_state(init_stddev: f32, seed: u64) -> TrainState {
     TrainState::new(Mlp::MNIST.init(init_stddev, &mut rng))
 }
 
+/// How many CUDA GPUs this machine has, for resolving `--devices` (the pool knows no CUDA):
+/// the driver's answer in a build with the `cuda` feature, "no CUDA" otherwise.
+pub fn gpu_count() -> GpuCount {
+    #[cfg(feature = "cuda")]
+    return GpuCount::Driver(tandem_kernels::device_count().map_err(|e| e.to_string()));
+    #[cfg(not(feature = "cuda"))]
+    GpuCount::NoCuda
+}
+
 fn open_replica(device: &Device, train: &ExampleSet, batch: usize) -> Result<Box<dyn Replica>> {
     match device {
         Device::Cpu { .. } => Ok(Box::new(MlpReplica::new(
@@ -233,8 +243,9 @@ impl Session {
         train: &ExampleSet,
         state: TrainState,
     ) -> Result<Self> {
-        let devices =
-            spec.resolve_noting(|note| crate::output::warn(format!("warning: {note}")))?;
+        let devices = spec.resolve_noting(gpu_count, |note| {
+            crate::output::warn(format!("warning: {note}"))
+        })?;
         config.workers = devices.len();
         let names = devices.iter().map(Device::to_string).collect();
         let batch = config.hyper.batch_size;
@@ -264,7 +275,61 @@ impl Session {
     }
 
     /// The replicas' parameter layout.
-    pub fn layout(&self) -> Vec<tandem_pool::ParamSpan> {
+    pub fn layout(&self) -> Vec<ParamSpan> {
         Mlp::MNIST.layout()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Where there are GPUs, `auto` and `cuda` resolve to them, without a note. Without one the
+    /// test says `SKIPPED`, or fails where a device is required (`TANDEM_REQUIRE_GPU=1`: CI
+    /// against the driver stand-in, a GPU machine).
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn auto_finds_the_gpus_where_there_are_some() {
+        match tandem_kernels::device_count() {
+            Ok(count) if count > 0 => {}
+            outcome => {
+                assert!(
+                    std::env::var_os("TANDEM_REQUIRE_GPU").is_none_or(|v| v != "1"),
+                    "TANDEM_REQUIRE_GPU=1 but no CUDA device: {outcome:?}"
+                );
+                use std::io::Write;
+                let line = format!(
+                    "SKIPPED: auto_finds_the_gpus_where_there_are_some: no CUDA device \
+                     ({outcome:?})\n"
+                );
+                let _ = std::io::stderr().write_all(line.as_bytes());
+                return;
+            }
+        }
+        let mut note = None;
+        let auto = DeviceSpec::Auto
+            .resolve_noting(gpu_count, |n| note = Some(n.to_owned()))
+            .unwrap();
+        assert_eq!(note, None);
+        assert!(!auto.is_empty());
+        assert!(auto.iter().all(|d| matches!(d, Device::Cuda { .. })));
+        assert_eq!(DeviceSpec::Cuda(vec![]).resolve(gpu_count).unwrap(), auto);
+    }
+
+    /// A build without CUDA answers `cuda` specifications with "built without CUDA", and `auto`
+    /// with CPU workers.
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn without_cuda_cuda_specs_say_so_and_auto_means_cpu_workers() {
+        assert_eq!(gpu_count(), GpuCount::NoCuda);
+        let err = "cuda:0x4"
+            .parse::<DeviceSpec>()
+            .unwrap()
+            .resolve(gpu_count)
+            .unwrap_err();
+        assert!(err.to_string().contains("built without CUDA"), "{err}");
+        let auto = DeviceSpec::Auto.resolve(gpu_count).unwrap();
+        assert!(!auto.is_empty());
+        assert!(auto.iter().all(|d| matches!(d, Device::Cpu { .. })));
     }
 }

@@ -6,16 +6,17 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use serde_json::json;
+use tandem_core::{ParamSpan, TrainState};
 use tandem_model::Mlp;
-use tandem_pool::{DeviceSpec, ParamSpan};
+use tandem_pool::DeviceSpec;
 use tandem_strategy::checkpoint::{self, Checkpoint, CheckpointDir};
-use tandem_strategy::{Hyper, Observer, Staleness, Stall, StepReport, TrainState};
+use tandem_strategy::{Hyper, Observer, Staleness, Stall, StepReport};
 
 use crate::cli::{TrainArgs, DEFAULT_EPOCHS};
 use crate::data::{self, Data};
 use crate::output;
 use crate::progress::{self, Progress};
-use crate::session::{initial_state, Mode, RunConfig, Session};
+use crate::session::{gpu_count, initial_state, Mode, RunConfig, Session};
 
 /// The configuration the flags describe for a fresh run on `workers` workers; flags not given
 /// take [`Hyper::default`]'s values.
@@ -163,7 +164,7 @@ fn starting_point(
         if let Some(dir) = target {
             refuse_other_runs(dir)?;
         }
-        let workers = args.devices.resolve()?.len();
+        let workers = args.devices.resolve(gpu_count)?.len();
         let config = config_from_args(args, workers, data.train.len())?;
         let state = initial_state(
             args.init_stddev.unwrap_or(crate::cli::DEFAULT_INIT_STDDEV),

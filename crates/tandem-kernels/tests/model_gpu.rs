@@ -8,11 +8,12 @@ mod common;
 use std::path::Path;
 
 use rand::SeedableRng;
+use tandem_core::{Replica, TrainState};
 use tandem_kernels::CudaBackend;
 use tandem_mnist::Mnist;
 use tandem_model::{Mlp, MlpReplica};
-use tandem_pool::{Device, Replica, WorkerPool};
-use tandem_strategy::{sync, Hyper, NoObserver, TrainState};
+use tandem_pool::{Device, WorkerPool};
+use tandem_strategy::{sync, Hyper, NoObserver};
 use tandem_tensor::{CpuBackend, ExampleSet};
 
 /// `count` replicas on GPU 0, or `None` after saying on stderr that the test is skipped.

@@ -4,13 +4,13 @@
 //!
 //! * [`Mlp`]: the layer sizes, the flat parameter layout and initialisation.
 //! * [`MlpReplica`]: one copy of the model on one backend, implementing
-//!   [`tandem_pool::Replica`] so that any data-parallel strategy can train it.
+//!   [`tandem_core::Replica`] so that any data-parallel strategy can train it.
 //! * [`Mlp::evaluate`]: accuracy of a parameter vector on a data set.
 //!
 //! ```
 //! use rand::SeedableRng;
 //! use tandem_model::{Mlp, MlpReplica};
-//! use tandem_pool::Replica;
+//! use tandem_core::Replica;
 //! use tandem_tensor::{CpuBackend, ExampleSet};
 //!
 //! let mlp = Mlp { inputs: 4, hidden: 8, classes: 3 };

@@ -1,5 +1,5 @@
 use rand::Rng;
-use tandem_pool::ParamSpan;
+use tandem_core::ParamSpan;
 use tandem_tensor::{cpu, Activation, Backend, CpuBackend, ExampleSet, Gemm, ShapeError, Tensor};
 
 /// A one-hidden-layer perceptron: `inputs -> hidden (ReLU) -> classes`.

@@ -1,4 +1,4 @@
-use tandem_pool::{ParamSpan, Replica, ReplicaError};
+use tandem_core::{ParamSpan, Replica, ReplicaError};
 use tandem_tensor::{Backend, ExampleSet, Gemm};
 
 use crate::Mlp;

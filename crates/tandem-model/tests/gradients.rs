@@ -3,8 +3,8 @@
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use tandem_core::Replica;
 use tandem_model::{Mlp, MlpReplica};
-use tandem_pool::Replica;
 use tandem_tensor::{CpuBackend, ExampleSet};
 
 /// Mean softmax cross-entropy of the MLP on `batch`, straight from the definition, in f64.

@@ -77,6 +77,19 @@ pub enum DeviceError {
     Cuda(String),
 }
 
+/// How many CUDA GPUs the machine has, as the caller found out: the pool knows no CUDA, so
+/// whoever can ask the driver (a binary built with CUDA support) answers for it. A resolution
+/// asks only when the specification needs it (`auto`, `cuda...`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GpuCount {
+    /// This build has no CUDA support: `cuda` specifications answer "built without CUDA", and
+    /// `auto` means CPU workers.
+    NoCuda,
+    /// What the CUDA driver said: `Ok(n)` GPUs (0 where there is no driver or no device), or
+    /// why the driver is present but unusable.
+    Driver(Result<usize, String>),
+}
+
 impl FromStr for DeviceSpec {
     type Err = DeviceError;
 
@@ -167,89 +180,80 @@ fn cpus(n: usize) -> Vec<Device> {
 
 /// What `auto` resolves to, given what asking the driver for GPUs gave and the number of cores,
 /// and why it fell back to CPU workers when the driver is there but failed.
-fn auto(gpus: Result<usize, DeviceError>, cores: usize) -> (Vec<Device>, Option<String>) {
+fn auto(gpus: GpuCount, cores: usize) -> (Vec<Device>, Option<String>) {
     match gpus {
-        Ok(gpus) if gpus > 0 => (
+        GpuCount::Driver(Ok(gpus)) if gpus > 0 => (
             (0..gpus).map(|ordinal| Device::Cuda { ordinal }).collect(),
             None,
         ),
         // No GPU, no driver, or a build without CUDA: CPU workers, as expected.
-        Ok(_) | Err(DeviceError::BuiltWithoutCuda { .. }) => (cpus(cores), None),
-        Err(DeviceError::Cuda(why)) => (
+        GpuCount::Driver(Ok(_)) | GpuCount::NoCuda => (cpus(cores), None),
+        GpuCount::Driver(Err(why)) => (
             cpus(cores),
             Some(format!(
                 "CUDA driver present but unusable ({why}): training on CPU"
             )),
-        ),
-        Err(other) => (
-            cpus(cores),
-            Some(format!("CUDA devices unusable ({other}): training on CPU")),
         ),
     }
 }
 
 impl DeviceSpec {
     /// The devices this specification names on this machine, one per replica
-    /// ([`resolve_noting`](Self::resolve_noting) without the note).
-    pub fn resolve(&self) -> Result<Vec<Device>, DeviceError> {
-        self.resolve_noting(|_| {})
+    /// ([`resolve_noting`](Self::resolve_noting) without the note). `gpus` is called only by
+    /// specifications that need the number of GPUs.
+    pub fn resolve(&self, gpus: impl FnOnce() -> GpuCount) -> Result<Vec<Device>, DeviceError> {
+        self.resolve_noting(gpus, |_| {})
     }
 
-    /// The devices this specification names on this machine, one per replica. When `auto`
-    /// falls back to CPU workers although a CUDA driver is there, because it failed with
-    /// something other than "no device" (a GPU in exclusive-process mode that another process
-    /// holds, a driver older than the kernels, a broken install), `note` is given the line to
-    /// tell the user: `CUDA driver present but unusable (...): training on CPU`.
-    pub fn resolve_noting(&self, note: impl FnOnce(&str)) -> Result<Vec<Device>, DeviceError> {
-        match self {
-            DeviceSpec::Cpu(n) => Ok(cpus(*n)),
+    /// The devices this specification names on this machine, one per replica, where `gpus`
+    /// says how many CUDA GPUs there are (called only by `auto` and `cuda` specifications).
+    /// When `auto` falls back to CPU workers although a CUDA driver is there, because it failed
+    /// with something other than "no device" (a GPU in exclusive-process mode that another
+    /// process holds, a driver older than the kernels, a broken install), `note` is given the
+    /// line to tell the user: `CUDA driver present but unusable (...): training on CPU`.
+    pub fn resolve_noting(
+        &self,
+        gpus: impl FnOnce() -> GpuCount,
+        note: impl FnOnce(&str),
+    ) -> Result<Vec<Device>, DeviceError> {
+        let asked = match self {
+            DeviceSpec::Cpu(n) => return Ok(cpus(*n)),
             DeviceSpec::Auto => {
                 let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-                let (devices, why) = auto(gpu_count(), cores);
+                let (devices, why) = auto(gpus(), cores);
                 if let Some(why) = why {
                     note(&why);
                 }
-                Ok(devices)
+                return Ok(devices);
             }
-            DeviceSpec::Cuda(gpus) => {
-                let available = gpu_count().map_err(|e| match e {
-                    DeviceError::BuiltWithoutCuda { .. } => DeviceError::BuiltWithoutCuda {
-                        spec: self.to_string(),
-                    },
-                    other => other,
-                })?;
-                if gpus.is_empty() {
-                    return match available {
-                        0 => Err(DeviceError::NoSuchGpu {
-                            ordinal: 0,
-                            available,
-                        }),
-                        n => Ok((0..n).map(|ordinal| Device::Cuda { ordinal }).collect()),
-                    };
-                }
-                let mut devices = Vec::new();
-                for &(ordinal, replicas) in gpus {
-                    if ordinal >= available {
-                        return Err(DeviceError::NoSuchGpu { ordinal, available });
-                    }
-                    devices.extend(std::iter::repeat_n(Device::Cuda { ordinal }, replicas));
-                }
-                Ok(devices)
+            DeviceSpec::Cuda(asked) => asked,
+        };
+        let available = match gpus() {
+            GpuCount::NoCuda => {
+                return Err(DeviceError::BuiltWithoutCuda {
+                    spec: self.to_string(),
+                })
             }
+            GpuCount::Driver(count) => count.map_err(DeviceError::Cuda)?,
+        };
+        if asked.is_empty() {
+            return match available {
+                0 => Err(DeviceError::NoSuchGpu {
+                    ordinal: 0,
+                    available,
+                }),
+                n => Ok((0..n).map(|ordinal| Device::Cuda { ordinal }).collect()),
+            };
         }
+        let mut devices = Vec::new();
+        for &(ordinal, replicas) in asked {
+            if ordinal >= available {
+                return Err(DeviceError::NoSuchGpu { ordinal, available });
+            }
+            devices.extend(std::iter::repeat_n(Device::Cuda { ordinal }, replicas));
+        }
+        Ok(devices)
     }
-}
-
-#[cfg(feature = "cuda")]
-fn gpu_count() -> Result<usize, DeviceError> {
-    tandem_kernels::device_count().map_err(|e| DeviceError::Cuda(e.to_string()))
-}
-
-#[cfg(not(feature = "cuda"))]
-fn gpu_count() -> Result<usize, DeviceError> {
-    Err(DeviceError::BuiltWithoutCuda {
-        spec: "cuda".into(),
-    })
 }
 
 #[cfg(test)]
@@ -312,82 +316,97 @@ mod tests {
     #[test]
     fn auto_says_why_it_falls_back_to_the_cpu_only_when_the_driver_is_broken() {
         let cuda = |ordinal| Device::Cuda { ordinal };
-        assert_eq!(auto(Ok(2), 4), (vec![cuda(0), cuda(1)], None));
-        for quiet in [
-            Ok(0),
-            Err(DeviceError::BuiltWithoutCuda {
-                spec: "cuda".into(),
-            }),
-        ] {
+        assert_eq!(
+            auto(GpuCount::Driver(Ok(2)), 4),
+            (vec![cuda(0), cuda(1)], None)
+        );
+        for quiet in [GpuCount::Driver(Ok(0)), GpuCount::NoCuda] {
             assert_eq!(auto(quiet, 3), (cpus(3), None));
         }
         let why = "initialising the CUDA driver: CUDA error 46";
-        let (devices, note) = auto(Err(DeviceError::Cuda(why.into())), 2);
+        let expected = "CUDA driver present but unusable (initialising the CUDA driver: CUDA \
+                        error 46): training on CPU";
+        let (devices, note) = auto(GpuCount::Driver(Err(why.into())), 2);
         assert_eq!(devices, cpus(2));
-        assert_eq!(
-            note.as_deref(),
-            Some(
-                "CUDA driver present but unusable (initialising the CUDA driver: CUDA error \
-                 46): training on CPU"
+        assert_eq!(note.as_deref(), Some(expected));
+        // resolve_noting passes the note on.
+        let mut told = None;
+        let devices = DeviceSpec::Auto
+            .resolve_noting(
+                || GpuCount::Driver(Err(why.into())),
+                |n| told = Some(n.to_owned()),
             )
-        );
+            .unwrap();
+        assert!(devices.iter().all(|d| matches!(d, Device::Cpu { .. })));
+        assert_eq!(told.as_deref(), Some(expected));
         // Nothing to say for specs other than auto.
         let mut told = 0;
-        DeviceSpec::Cpu(2).resolve_noting(|_| told += 1).unwrap();
+        DeviceSpec::Cpu(2)
+            .resolve_noting(|| GpuCount::Driver(Err(why.into())), |_| told += 1)
+            .unwrap();
         assert_eq!(told, 0);
     }
 
-    /// Where there are GPUs, `auto` and `cuda` resolve to them, without a note. Without one the
-    /// test says `SKIPPED`, or fails where a device is required (`TANDEM_REQUIRE_GPU=1`: CI
-    /// against the driver stand-in, a GPU machine).
-    #[cfg(feature = "cuda")]
+    /// Where the caller counts GPUs, `auto` and `cuda` resolve to them, without a note, and
+    /// `cuda:N` and `cuda:NxR` to the ones asked for.
     #[test]
-    fn auto_finds_the_gpus_where_there_are_some() {
-        match tandem_kernels::device_count() {
-            Ok(count) if count > 0 => {}
-            outcome => {
-                assert!(
-                    std::env::var_os("TANDEM_REQUIRE_GPU").is_none_or(|v| v != "1"),
-                    "TANDEM_REQUIRE_GPU=1 but no CUDA device: {outcome:?}"
-                );
-                use std::io::Write;
-                let line = format!(
-                    "SKIPPED: auto_finds_the_gpus_where_there_are_some: no CUDA device \
-                     ({outcome:?})\n"
-                );
-                let _ = std::io::stderr().write_all(line.as_bytes());
-                return;
-            }
-        }
+    fn auto_and_cuda_resolve_to_the_gpus_the_caller_counts() {
+        let two = || GpuCount::Driver(Ok(2));
         let mut note = None;
         let auto = DeviceSpec::Auto
-            .resolve_noting(|n| note = Some(n.to_owned()))
+            .resolve_noting(two, |n| note = Some(n.to_owned()))
             .unwrap();
         assert_eq!(note, None);
-        assert!(!auto.is_empty());
-        assert!(auto.iter().all(|d| matches!(d, Device::Cuda { .. })));
-        assert_eq!(DeviceSpec::Cuda(vec![]).resolve().unwrap(), auto);
+        let cuda = |ordinal| Device::Cuda { ordinal };
+        assert_eq!(auto, vec![cuda(0), cuda(1)]);
+        assert_eq!(DeviceSpec::Cuda(vec![]).resolve(two).unwrap(), auto);
+        let spec = "cuda:1x2,0".parse::<DeviceSpec>().unwrap();
+        assert_eq!(spec.resolve(two).unwrap(), vec![cuda(1), cuda(1), cuda(0)]);
+        assert_eq!(
+            "cuda:2".parse::<DeviceSpec>().unwrap().resolve(two),
+            Err(DeviceError::NoSuchGpu {
+                ordinal: 2,
+                available: 2
+            })
+        );
+        let none = || GpuCount::Driver(Ok(0));
+        assert_eq!(
+            DeviceSpec::Cuda(vec![]).resolve(none),
+            Err(DeviceError::NoSuchGpu {
+                ordinal: 0,
+                available: 0
+            })
+        );
+        let broken = || GpuCount::Driver(Err("counting CUDA devices: CUDA error 999".into()));
+        let err = DeviceSpec::Cuda(vec![(0, 1)]).resolve(broken).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "cannot enumerate CUDA devices: counting CUDA devices: CUDA error 999"
+        );
     }
 
     #[test]
     fn cpu_and_auto_resolve_to_cpu_workers_without_gpus() {
-        let devices = DeviceSpec::Cpu(2).resolve().unwrap();
+        // A CPU specification never asks for the GPUs.
+        let devices = DeviceSpec::Cpu(2)
+            .resolve(|| panic!("cpu:2 asked for the GPU count"))
+            .unwrap();
         assert_eq!(
             devices,
             vec![Device::Cpu { worker: 0 }, Device::Cpu { worker: 1 }]
         );
-        if cfg!(not(feature = "cuda")) {
-            assert!(!DeviceSpec::Auto.resolve().unwrap().is_empty());
-        }
+        assert!(!DeviceSpec::Auto
+            .resolve(|| GpuCount::NoCuda)
+            .unwrap()
+            .is_empty());
     }
 
-    #[cfg(not(feature = "cuda"))]
     #[test]
     fn cuda_specs_say_built_without_cuda() {
         let err = "cuda:0x4"
             .parse::<DeviceSpec>()
             .unwrap()
-            .resolve()
+            .resolve(|| GpuCount::NoCuda)
             .unwrap_err();
         assert_eq!(
             err,

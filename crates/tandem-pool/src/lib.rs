@@ -1,17 +1,19 @@
-//! The device pool: which devices to train on, the [`Replica`] trait a model implements to be
-//! trained data-parallel, and [`WorkerPool`], which runs one thread per replica.
+//! The device pool: which devices to train on ([`DeviceSpec`], resolved against a GPU count
+//! the caller supplies, so that the pool knows no CUDA) and [`WorkerPool`], which runs one
+//! thread per replica.
 //!
-//! The pool knows nothing of any particular model or strategy. Workers talk to each other only
-//! through [`WorkerContext`] (a barrier that a failing worker breaks, so nobody waits forever)
-//! and whatever shared state a strategy hands them. A worker that fails under
-//! [`FailurePolicy::Continue`] is retired for the pool's life ([`WorkerPool::retired`]), and
-//! [`WorkerPool::run_watched`] runs a watcher beside the workers that sees, through
+//! The pool knows nothing of any particular model or strategy (the replica trait a model
+//! implements is [`tandem_core::Replica`]; a worker's state may be any `Send` type). Workers talk
+//! to each other only through [`WorkerContext`] (a barrier that a failing worker breaks, so
+//! nobody waits forever) and whatever shared state a strategy hands them. A worker that fails
+//! under [`FailurePolicy::Continue`] is retired for the pool's life ([`WorkerPool::retired`]),
+//! and [`WorkerPool::run_watched`] runs a watcher beside the workers that sees, through
 //! [`RunWatch`], which of them make progress, without slowing them down.
 //!
 //! ```
-//! use tandem_pool::{DeviceSpec, FailurePolicy, WorkerPool};
+//! use tandem_pool::{DeviceSpec, FailurePolicy, GpuCount, WorkerPool};
 //!
-//! let devices = "cpu:3".parse::<DeviceSpec>().unwrap().resolve().unwrap();
+//! let devices = "cpu:3".parse::<DeviceSpec>().unwrap().resolve(|| GpuCount::NoCuda).unwrap();
 //! assert_eq!(devices.len(), 3);
 //! // Any Send type can be a worker's state; a model replica is the usual one.
 //! let mut pool = WorkerPool::new(devices, |device| Ok::<_, std::io::Error>(device.to_string())).unwrap();
@@ -24,11 +26,9 @@
 #![warn(missing_docs)]
 
 mod device;
-mod replica;
 mod workers;
 
-pub use device::{Device, DeviceError, DeviceSpec, MAX_REPLICAS};
-pub use replica::{ParamSpan, Replica, ReplicaError};
+pub use device::{Device, DeviceError, DeviceSpec, GpuCount, MAX_REPLICAS};
 pub use workers::{
     Aborted, FailurePolicy, RunOutcome, RunWatch, WorkerActivity, WorkerContext, WorkerFailure,
     WorkerPool,

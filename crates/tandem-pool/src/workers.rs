@@ -4,7 +4,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::{Device, ReplicaError};
+use tandem_core::ReplicaError;
+
+use crate::Device;
 
 /// What a run does when one worker fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

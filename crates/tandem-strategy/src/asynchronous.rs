@@ -17,13 +17,12 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
-use tandem_pool::{FailurePolicy, Replica, RunWatch, WorkerContext, WorkerPool};
+use tandem_core::{Replica, TrainState};
+use tandem_pool::{FailurePolicy, RunWatch, WorkerContext, WorkerPool};
 
 use crate::common::{check_loss, validate, watchdog};
 use crate::store::ParamStore;
-use crate::{
-    EpochOrder, Hyper, Observer, Staleness, StepReport, TrainError, TrainReport, TrainState,
-};
+use crate::{EpochOrder, Hyper, Observer, Staleness, StepReport, TrainError, TrainReport};
 
 /// Trains from `state` until `state.step == end_step` updates have been applied (or the
 /// observer stops it), leaving the final parameters, moving average and step in `state`.

@@ -21,9 +21,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use safetensors::tensor::{Dtype, Metadata, SafeTensors, TensorView};
-use tandem_pool::ParamSpan;
-
-use crate::TrainState;
+use tandem_core::{ParamSpan, TrainState};
 
 /// File names are `step-<decimal step>.safetensors`, zero-padded to 10 digits when written.
 const PREFIX: &str = "step-";

@@ -3,9 +3,10 @@
 
 use std::time::{Duration, Instant};
 
-use tandem_pool::{Replica, ReplicaError, RunWatch, WorkerActivity, WorkerPool};
+use tandem_core::{Replica, ReplicaError, TrainState};
+use tandem_pool::{RunWatch, WorkerActivity, WorkerPool};
 
-use crate::{Hyper, NonFiniteLoss, Observer, Stall, TrainError, TrainState};
+use crate::{Hyper, NonFiniteLoss, Observer, Stall, TrainError};
 
 /// How often the watchdog looks at the workers: a stall or an abandon is reported within this
 /// of its deadline, and a wake-up this rare costs nothing next to training.

@@ -10,11 +10,13 @@
 //! Both share everything else: the [`Hyper`] parameters and their [schedules](Hyper::learning_rate),
 //! the sharded parameter store, the data order ([`EpochOrder`]), the optimiser step
 //! ([`tandem_tensor::cpu::sgd_ema_update`]), [`Observer`] callbacks and the [`TrainReport`].
-//! Neither knows anything of the model beyond the [`tandem_pool::Replica`] trait.
+//! Neither knows anything of the model beyond the [`tandem_core::Replica`] trait; both train a
+//! [`tandem_core::TrainState`] in place.
 //!
 //! ```
-//! use tandem_pool::{Device, ParamSpan, Replica, ReplicaError, WorkerPool};
-//! use tandem_strategy::{sync, Hyper, NoObserver, TrainState};
+//! use tandem_core::{ParamSpan, Replica, ReplicaError, TrainState};
+//! use tandem_pool::{Device, WorkerPool};
+//! use tandem_strategy::{sync, Hyper, NoObserver};
 //!
 //! /// Fits y = w . x to a target w* = 3 on a data set where example i is x = i.
 //! struct Scalar { layout: Vec<ParamSpan>, w: f32, grad: f32 }
@@ -66,31 +68,8 @@ pub use order::EpochOrder;
 
 use std::time::Duration;
 
+use tandem_core::TrainState;
 use tandem_pool::WorkerFailure;
-
-/// Everything that defines where a training run stands: the parameters of record, their moving
-/// average and the global step. Both strategies read it at the start of a run and leave the
-/// final values in it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TrainState {
-    /// The parameters, flat, in the replicas' layout.
-    pub params: Vec<f32>,
-    /// The moving average of the parameters.
-    pub ema: Vec<f32>,
-    /// Updates applied so far.
-    pub step: u64,
-}
-
-impl TrainState {
-    /// A fresh run from `params` (the moving average starts equal to them).
-    pub fn new(params: Vec<f32>) -> Self {
-        Self {
-            ema: params.clone(),
-            params,
-            step: 0,
-        }
-    }
-}
 
 /// What a strategy tells its observer every `log_every` steps.
 #[derive(Debug, Clone, PartialEq)]

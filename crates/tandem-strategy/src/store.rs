@@ -2,10 +2,10 @@ use std::ops::Range;
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
-use tandem_pool::ParamSpan;
+use tandem_core::{ParamSpan, TrainState};
 use tandem_tensor::cpu::{self, UpdateStep};
 
-use crate::{Hyper, TrainState};
+use crate::Hyper;
 
 /// Parameters per shard: small enough that workers updating different shards rarely wait for
 /// each other, large enough that locking costs nothing next to the arithmetic.

@@ -20,11 +20,12 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::RwLock;
 use std::time::Instant;
 
-use tandem_pool::{FailurePolicy, Replica, RunWatch, WorkerContext, WorkerPool};
+use tandem_core::{Replica, TrainState};
+use tandem_pool::{FailurePolicy, RunWatch, WorkerContext, WorkerPool};
 
 use crate::common::{check_loss, validate, watchdog};
 use crate::store::ParamStore;
-use crate::{EpochOrder, Hyper, Observer, StepReport, TrainError, TrainReport, TrainState};
+use crate::{EpochOrder, Hyper, Observer, StepReport, TrainError, TrainReport};
 
 /// Trains from `state` until `state.step == end_step` (or the observer stops it), leaving the
 /// final parameters, moving average and step in `state`.

@@ -11,10 +11,9 @@ mod common;
 use std::time::Duration;
 
 use common::{pool_of, weights_and_bias, within, Loss, Model, TestReplica};
-use tandem_pool::{ParamSpan, WorkerPool};
-use tandem_strategy::{
-    asynchronous, sync, Hyper, NoObserver, Observer, TrainError, TrainReport, TrainState,
-};
+use tandem_core::{ParamSpan, TrainState};
+use tandem_pool::WorkerPool;
+use tandem_strategy::{asynchronous, sync, Hyper, NoObserver, Observer, TrainError, TrainReport};
 
 /// The learning rate, and so the step of every parameter: 2^-10.
 const LR: f32 = 1.0 / 1024.0;

@@ -12,11 +12,10 @@ mod common;
 
 use common::checkpoints::{file_with_metadata, layout};
 use safetensors::Dtype;
-use tandem_pool::ParamSpan;
+use tandem_core::{ParamSpan, TrainState};
 use tandem_strategy::checkpoint::{
     self, read_header, save_in_dir, to_bytes, CheckpointDir, CheckpointError,
 };
-use tandem_strategy::TrainState;
 
 fn state(step: u64) -> TrainState {
     let params: Vec<f32> = (0..9)

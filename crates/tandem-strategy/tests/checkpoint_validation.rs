@@ -203,7 +203,7 @@ fn a_file_without_tensors_is_a_mismatch_not_damage() {
 fn serialising_a_state_of_the_wrong_size_says_its_size() {
     let layout = layout(); // 9 values
     for (params, ema) in [(8, 9), (9, 11)] {
-        let state = tandem_strategy::TrainState {
+        let state = tandem_core::TrainState {
             params: vec![0.5; params],
             ema: vec![0.5; ema],
             step: 1,

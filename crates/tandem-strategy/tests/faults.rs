@@ -8,10 +8,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{hyper, LeastSquares, Quirks};
-use tandem_pool::{ReplicaError, WorkerPool};
-use tandem_strategy::{
-    asynchronous, sync, Hyper, NoObserver, Observer, StepReport, TrainError, TrainState,
-};
+use tandem_core::{ReplicaError, TrainState};
+use tandem_pool::WorkerPool;
+use tandem_strategy::{asynchronous, sync, Hyper, NoObserver, Observer, StepReport, TrainError};
 
 #[derive(Clone, Copy)]
 enum Fault {

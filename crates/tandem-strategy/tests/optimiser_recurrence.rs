@@ -14,8 +14,9 @@ mod common;
 use std::sync::Mutex;
 
 use common::{pool_of, weights_and_bias, within, Loss, Model, TestReplica};
+use tandem_core::TrainState;
 use tandem_pool::WorkerPool;
-use tandem_strategy::{asynchronous, sync, EpochOrder, Hyper, Observer, StepReport, TrainState};
+use tandem_strategy::{asynchronous, sync, EpochOrder, Hyper, Observer, StepReport};
 
 const EXAMPLES: usize = 40;
 const FEATURES: usize = 3;

@@ -7,8 +7,8 @@ mod common;
 use std::sync::{Arc, Barrier, Condvar, Mutex};
 use std::time::Duration;
 
-use tandem_pool::ReplicaError;
-use tandem_strategy::{asynchronous, sync, Observer, StepReport, TrainReport, TrainState};
+use tandem_core::{ReplicaError, TrainState};
+use tandem_strategy::{asynchronous, sync, Observer, StepReport, TrainReport};
 
 use common::{hyper, pool, within, Quirks};
 

@@ -13,8 +13,9 @@ use std::ops::Range;
 use std::time::Duration;
 
 use common::{pool_of, weights_and_bias, within, Loss, Model, TestReplica};
-use tandem_pool::{ParamSpan, WorkerPool};
-use tandem_strategy::{asynchronous, sync, EpochOrder, Hyper, NoObserver, TrainState};
+use tandem_core::{ParamSpan, TrainState};
+use tandem_pool::WorkerPool;
+use tandem_strategy::{asynchronous, sync, EpochOrder, Hyper, NoObserver};
 use tandem_tensor::cpu::{sgd_ema_update, UpdateStep};
 
 /// Training examples the batch indices address.

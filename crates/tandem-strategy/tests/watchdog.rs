@@ -10,10 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{hyper, LeastSquares, Quirks, EXAMPLES};
-use tandem_pool::{Device, ReplicaError, WorkerPool};
-use tandem_strategy::{
-    asynchronous, sync, Hyper, Observer, Stall, TrainError, TrainReport, TrainState,
-};
+use tandem_core::{ReplicaError, TrainState};
+use tandem_pool::{Device, WorkerPool};
+use tandem_strategy::{asynchronous, sync, Hyper, Observer, Stall, TrainError, TrainReport};
 use tandem_tensor::cpu::{sgd_ema_update, UpdateStep};
 
 /// Long enough for any machine; only reached when the code under test hangs.

@@ -4,10 +4,10 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use rand::SeedableRng;
+use tandem_core::TrainState;
 use tandem_mnist::Mnist;
 use tandem_model::{Mlp, MlpReplica};
 use tandem_pool::{Device, WorkerPool};
-use tandem_strategy::TrainState;
 use tandem_tensor::{CpuBackend, ExampleSet};
 
 pub struct Data {

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use safetensors::tensor::TensorView;
 use safetensors::Dtype;
-use tandem_pool::ParamSpan;
+use tandem_core::ParamSpan;
 
 /// Weights of shape [2, 3] and 3 biases.
 pub fn layout() -> Vec<ParamSpan> {

@@ -8,7 +8,8 @@ pub mod checkpoints;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use tandem_pool::{Device, ParamSpan, Replica, ReplicaError, WorkerPool};
+use tandem_core::{ParamSpan, Replica, ReplicaError};
+use tandem_pool::{Device, WorkerPool};
 use tandem_strategy::Hyper;
 
 /// A run that takes longer than this hangs: the test fails rather than waits forever.

@@ -1,0 +1,49 @@
+//! What a model and a data-parallel training strategy agree on, and nothing else: the
+//! parameter layout ([`ParamSpan`]), the [`Replica`] trait a model implements to be trained,
+//! and the [`TrainState`] a strategy reads and leaves behind.
+//!
+//! The crate knows no threads, devices or CUDA: a model crate depends on it (and on its tensor
+//! layer) without pulling in a worker pool, and a strategy drives any model through it.
+//!
+//! ```
+//! use tandem_core::{ParamSpan, Replica, ReplicaError, TrainState};
+//!
+//! /// y = w . x on a data set where example i is x = i, fitted to y = 3x.
+//! struct Scalar { layout: Vec<ParamSpan>, w: f32, grad: f32 }
+//! impl Replica for Scalar {
+//!     fn layout(&self) -> &[ParamSpan] { &self.layout }
+//!     fn set_params(&mut self, fill: &mut dyn FnMut(&mut [f32])) -> Result<(), ReplicaError> {
+//!         let mut p = [0.0]; fill(&mut p); self.w = p[0]; Ok(())
+//!     }
+//!     fn compute_gradients(&mut self, batch: &[u32]) -> Result<f32, ReplicaError> {
+//!         let n = batch.len() as f32;
+//!         let (mut loss, mut grad) = (0.0, 0.0);
+//!         for &i in batch {
+//!             let err = (self.w - 3.0) * i as f32;
+//!             loss += 0.5 * err * err / n;
+//!             grad += err * i as f32 / n;
+//!         }
+//!         self.grad = grad;
+//!         Ok(loss)
+//!     }
+//!     fn read_gradients(&mut self, read: &mut dyn FnMut(&[f32])) -> Result<(), ReplicaError> {
+//!         read(&[self.grad]); Ok(())
+//!     }
+//!     fn training_examples(&self) -> usize { 4 }
+//! }
+//!
+//! let layout = vec![ParamSpan { name: "w".into(), shape: vec![1], weight_decay: false }];
+//! let state = TrainState::new(vec![1.0]);
+//! let mut replica = Scalar { layout, w: 0.0, grad: 0.0 };
+//! replica.set_params(&mut |p| p.copy_from_slice(&state.params)).unwrap();
+//! // (1 - 3) * 2 at x = 2: loss 8, gradient -8.
+//! assert_eq!(replica.compute_gradients(&[2]).unwrap(), 8.0);
+//! replica.read_gradients(&mut |g| assert_eq!(g, [-8.0])).unwrap();
+//! ```
+#![warn(missing_docs)]
+
+mod replica;
+mod state;
+
+pub use replica::{ParamSpan, Replica, ReplicaError};
+pub use state::TrainState;
