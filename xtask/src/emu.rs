@@ -96,19 +96,7 @@ fn check_exports(root: &Path, library: &Path) -> Result<()> {
 
 /// The folder of the cust_raw package this workspace resolves, from `cargo metadata`.
 fn cust_raw_dir(root: &Path) -> Result<PathBuf> {
-    let json = crate::output(
-        Command::new(env!("CARGO"))
-            .args([
-                "metadata",
-                "--format-version",
-                "1",
-                "--all-features",
-                "--manifest-path",
-            ])
-            .arg(root.join("Cargo.toml")),
-    )?;
-    let metadata: serde_json::Value =
-        serde_json::from_str(&json).context("parsing cargo metadata")?;
+    let metadata = crate::cargo_metadata(root, "--all-features")?;
     let manifest = metadata["packages"]
         .as_array()
         .into_iter()

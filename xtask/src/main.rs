@@ -10,6 +10,8 @@
 //!   CPU workers, alternated, with the median examples/sec of each.
 //! * `mutants [ARGS]`: mutation testing (cargo-mutants) of the code that decides results.
 
+#[cfg(test)]
+mod architecture;
 mod bench;
 mod bundle;
 mod emu;
@@ -111,4 +113,20 @@ fn output(command: &mut Command) -> Result<String> {
         );
     }
     String::from_utf8(out.stdout).with_context(|| format!("{command:?} printed non-UTF-8"))
+}
+
+/// `cargo metadata` of the workspace at `root`, with `option` (`--no-deps`, `--all-features`).
+fn cargo_metadata(root: &Path, option: &str) -> Result<serde_json::Value> {
+    let json = output(
+        Command::new(env!("CARGO"))
+            .args([
+                "metadata",
+                "--format-version",
+                "1",
+                option,
+                "--manifest-path",
+            ])
+            .arg(root.join("Cargo.toml")),
+    )?;
+    serde_json::from_str(&json).context("parsing cargo metadata")
 }
