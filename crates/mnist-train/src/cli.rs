@@ -71,8 +71,8 @@ pub struct EvalArgs {
     #[arg(long, value_name = "FILE")]
     pub checkpoint: PathBuf,
 
-    /// Directory holding the four MNIST IDX files (gzip or plain) [default: data/mnist of this
-    /// repository].
+    /// Directory holding the four MNIST IDX files (gzip or plain) [default: $TANDEM_MNIST_DIR,
+    /// else data/mnist under the current directory].
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
 }
@@ -117,8 +117,8 @@ pub struct CompareArgs {
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=100))]
     pub evals_per_epoch: u64,
 
-    /// Directory holding the four MNIST IDX files (gzip or plain) [default: data/mnist of this
-    /// repository].
+    /// Directory holding the four MNIST IDX files (gzip or plain) [default: $TANDEM_MNIST_DIR,
+    /// else data/mnist under the current directory].
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
 }
@@ -196,8 +196,8 @@ pub struct TrainArgs {
     #[arg(long)]
     pub seed: Option<u64>,
 
-    /// Directory holding the four MNIST IDX files (gzip or plain) [default: data/mnist of this
-    /// repository].
+    /// Directory holding the four MNIST IDX files (gzip or plain) [default: $TANDEM_MNIST_DIR,
+    /// else data/mnist under the current directory].
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
 

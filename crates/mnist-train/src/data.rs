@@ -7,7 +7,7 @@ use tandem_mnist::{Mnist, Split};
 use tandem_model::Mlp;
 use tandem_tensor::{CpuBackend, ExampleSet};
 
-/// The book's three splits.
+/// The reference's three splits (55,000 training, 5,000 validation, 10,000 test).
 pub struct Data {
     pub train: ExampleSet,
     pub validation: ExampleSet,
@@ -20,20 +20,33 @@ fn examples(split: Split) -> Result<ExampleSet> {
         .context("an MNIST split with mismatched images and labels")
 }
 
-/// `data/mnist` of the current directory when it is there, else the repository's own copy.
+/// The environment variable that names the MNIST folder when `--data-dir` is not given.
+pub const DATA_DIR_VARIABLE: &str = "TANDEM_MNIST_DIR";
+
+/// Where the MNIST files are when `--data-dir` is not given: `$TANDEM_MNIST_DIR`, else
+/// `data/mnist` under the current directory (a checkout of this repository keeps a copy there,
+/// so `cargo run` from its root finds it). Never a path of the machine that built the binary.
 pub fn default_data_dir() -> PathBuf {
-    let local = PathBuf::from("data/mnist");
-    if local.is_dir() {
-        local
-    } else {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/mnist")
-    }
+    std::env::var_os(DATA_DIR_VARIABLE).map_or_else(|| PathBuf::from("data/mnist"), PathBuf::from)
 }
 
 /// Loads the four IDX files from `dir` (default: [`default_data_dir`]).
 pub fn load(dir: Option<&Path>) -> Result<Data> {
-    let dir = dir.map_or_else(default_data_dir, Path::to_path_buf);
-    let mnist = Mnist::load(&dir)?;
+    let mnist = match dir {
+        Some(dir) => Mnist::load(dir)?,
+        None => {
+            let dir = default_data_dir();
+            if !dir.is_dir() {
+                anyhow::bail!(
+                    "no MNIST data in {}: pass --data-dir DIR (the folder of the four IDX \
+                     files), set {DATA_DIR_VARIABLE}, or run from the root of tandem's \
+                     repository, which keeps a copy in data/mnist",
+                    dir.display()
+                );
+            }
+            Mnist::load(&dir)?
+        }
+    };
     Ok(Data {
         train: examples(mnist.train)?,
         validation: examples(mnist.validation)?,

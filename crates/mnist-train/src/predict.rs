@@ -463,7 +463,9 @@ mod tests {
     fn mnist() -> &'static [GrayImage] {
         static IMAGES: OnceLock<Vec<GrayImage>> = OnceLock::new();
         IMAGES.get_or_init(|| {
-            let mnist = Mnist::load(&crate::data::default_data_dir()).unwrap();
+            let repository =
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/mnist");
+            let mnist = Mnist::load(&repository).unwrap();
             (0..100)
                 .map(|i| GrayImage::from_raw(28, 28, mnist.test.image(i).to_vec()).unwrap())
                 .collect()

@@ -10,7 +10,7 @@ use serde_json::Value;
 use tandem_model::Mlp;
 use tandem_strategy::checkpoint;
 
-use common::{arg, command, fail, line_starting, succeed};
+use common::{arg, command, fail, line_starting, stderr, succeed};
 
 /// The number after `prefix` on its line of `text`.
 fn number_after(text: &str, prefix: &str) -> f64 {
@@ -205,4 +205,29 @@ fn resume_errors_say_what_to_do() {
     assert!(message.contains("--devices cpu:2"), "{message}");
     let message = fail(&["--resume", arg(&tmp.path().join("nowhere")), "--steps", "8"]);
     assert!(message.contains("nowhere"), "{message}");
+}
+
+#[test]
+fn without_data_it_says_where_it_looked_and_how_to_point_at_the_files() {
+    let elsewhere = tempfile::tempdir().unwrap();
+    let output = command(&["--steps", "1"])
+        .current_dir(elsewhere.path())
+        .env_remove("TANDEM_MNIST_DIR")
+        .output()
+        .unwrap();
+    let message = stderr(&output);
+    assert!(!output.status.success(), "{message}");
+    assert!(!message.contains("panicked"), "{message}");
+    assert!(
+        message.contains("no MNIST data in data/mnist")
+            && message.contains("--data-dir")
+            && message.contains("TANDEM_MNIST_DIR"),
+        "{message}"
+    );
+    // The variable is the default when set.
+    let out = command(&["--steps", "1", "--devices", "cpu:1", "--log-every", "0"])
+        .current_dir(elsewhere.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
 }

@@ -4,11 +4,13 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// A command running the `mnist-train` binary, without backtraces (messages are compared).
+/// A command running the `mnist-train` binary, without backtraces (messages are compared),
+/// with the repository's MNIST copy as its default data (tests run in the crate's folder).
 pub fn command(args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_mnist-train"));
     command
         .args(args)
+        .env("TANDEM_MNIST_DIR", data_dir())
         .env("RUST_BACKTRACE", "0")
         .env("RUST_LIB_BACKTRACE", "0");
     command
