@@ -14,6 +14,9 @@
 //! With the `tensor` feature, [`Split::into_examples`] turns a split into the model's input, a
 //! `tandem_tensor::ExampleSet`.
 //!
+//! With the `image` feature, the `image` module turns a PNG or JPEG of a handwritten digit
+//! into an MNIST-like input (`image::digit_from_file`), reading the file as hostile input.
+//!
 //! ```
 //! use std::path::Path;
 //! use tandem_mnist::{Mnist, PIXELS};
@@ -31,6 +34,9 @@
 //! # Ok::<(), tandem_mnist::MnistError>(())
 //! ```
 #![warn(missing_docs)]
+
+#[cfg(feature = "image")]
+pub mod image;
 
 use std::fs;
 use std::io::{self, Read};
