@@ -155,8 +155,9 @@ pub struct TrainArgs {
     #[arg(long, default_value = "auto", value_name = "SPEC")]
     pub devices: DeviceSpec,
 
-    /// Passes over the 55,000 training examples, 1 to 100000 [default: 100; when resuming, the
-    /// checkpointed run's own length].
+    /// Passes over the 55,000 training examples, 1 to 100000: the run ends at the first step
+    /// by which that many examples are drawn (epochs x 55,000 / global batch, rounded up)
+    /// [default: 100; when resuming, the checkpointed run's own length].
     #[arg(long, conflicts_with = "steps", value_parser = clap::value_parser!(u64).range(1..=MAX_EPOCHS))]
     pub epochs: Option<u64>,
 
@@ -216,8 +217,8 @@ pub struct TrainArgs {
     #[arg(long, value_name = "DIR")]
     pub checkpoint_dir: Option<PathBuf>,
 
-    /// Save a checkpoint every this many steps [default: once per epoch; when resuming, the
-    /// run's own cadence], and always at the end.
+    /// Save a checkpoint every this many steps [default: once per epoch, 55,000 / global batch
+    /// rounded up; when resuming, the run's own cadence], and always at the end.
     #[arg(long, value_name = "STEPS", requires = "checkpoint_target", value_parser = clap::value_parser!(u64).range(1..=MAX_STEPS))]
     pub save_every: Option<u64>,
 

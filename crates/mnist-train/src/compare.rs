@@ -15,7 +15,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 use tandem_model::Mlp;
-use tandem_strategy::{Hyper, Observer, StepReport, TrainReport};
+use tandem_strategy::{Epochs, Hyper, Observer, StepReport, TrainReport};
 use tandem_tensor::CpuBackend;
 
 use crate::cli::{CompareArgs, DEFAULT_INIT_STDDEV};
@@ -160,12 +160,16 @@ impl Observer for Losses {
     }
 }
 
-/// The global steps at which `mode` stops to evaluate: `segments` equal shares of the budget,
-/// rounded up to whole steps, without repeats (a tiny budget may have fewer segments).
-fn segment_ends(budget: u64, examples_per_step: u64, segments: u64) -> Vec<u64> {
-    let end = budget.div_ceil(examples_per_step);
+/// The global steps at which a run of `count` epochs stops to evaluate, `per_epoch` times an
+/// epoch: equal shares of the budget of examples, each ending at the first step by which its
+/// examples are drawn ([`Epochs::steps_for`]; the last at [`Epochs::end_step`]), without
+/// repeats (a tiny budget may have fewer segments).
+fn segment_ends(epochs: Epochs, count: u64, per_epoch: u64) -> Vec<u64> {
+    let budget = count * epochs.examples();
+    let segments = count * per_epoch;
+    let end = epochs.steps_for(budget);
     let mut ends: Vec<u64> = (1..=segments)
-        .map(|i| (budget * i / segments).div_ceil(examples_per_step).min(end))
+        .map(|i| epochs.steps_for(budget * i / segments).min(end))
         .collect();
     ends.dedup();
     ends.retain(|&s| s > 0);
@@ -188,12 +192,8 @@ fn train(mode: Mode, args: &CompareArgs, data: &Data) -> Result<(Run, Vec<String
         end_step: 0,
         save_every: None,
     };
-    let budget = args.epochs * data.train.len() as u64;
-    let ends = segment_ends(
-        budget,
-        config.examples_per_step(),
-        args.epochs * args.evals_per_epoch,
-    );
+    let epochs = config.epochs(data.train.len());
+    let ends = segment_ends(epochs, args.epochs, args.evals_per_epoch);
     config.end_step = ends.last().copied().unwrap_or(0);
     // About 20 loss samples per segment, but never a sum of squares over all parameters (the
     // L2 term of a logged loss) more often than every 10th step: it would slow training down.
@@ -249,7 +249,7 @@ fn train(mode: Mode, args: &CompareArgs, data: &Data) -> Result<(Run, Vec<String
         if last || ((i + 1) as u64).is_multiple_of(args.evals_per_epoch) {
             out!(
                 "  epoch {:>5.2}: test accuracy {:.4}, loss {}, {:.1} s",
-                examples as f64 / data.train.len() as f64,
+                epochs.epoch_at(to),
                 point.accuracy,
                 point.loss.map_or("-".into(), |l| format!("{l:.4}")),
                 seconds
@@ -716,11 +716,17 @@ mod tests {
 
     #[test]
     fn segments_split_the_budget_into_whole_steps() {
-        assert_eq!(segment_ends(1000, 100, 4), [3, 5, 8, 10]);
-        assert_eq!(segment_ends(1000, 300, 4), [1, 2, 3, 4]);
+        assert_eq!(segment_ends(Epochs::new(1000, 100), 1, 4), [3, 5, 8, 10]);
+        assert_eq!(segment_ends(Epochs::new(1000, 300), 1, 4), [1, 2, 3, 4]);
         // More segments than steps: no repeats, no empty segment.
-        assert_eq!(segment_ends(200, 100, 5), [1, 2]);
-        assert_eq!(segment_ends(55_000 * 10, 200, 50).len(), 50);
+        assert_eq!(segment_ends(Epochs::new(200, 100), 1, 5), [1, 2]);
+        assert_eq!(segment_ends(Epochs::new(55_000, 200), 10, 5).len(), 50);
+        // A non-dividing batch: whole epochs end where Epochs says they do.
+        let odd = Epochs::new(55_000, 192);
+        let ends = segment_ends(odd, 3, 2);
+        assert_eq!(ends[1], odd.end_step(1).unwrap());
+        assert_eq!(ends[3], odd.end_step(2).unwrap());
+        assert_eq!(ends[5], odd.end_step(3).unwrap());
     }
 
     #[test]

@@ -8,7 +8,7 @@ use rand::SeedableRng;
 use tandem_core::{ParamSpan, Replica, TrainState};
 use tandem_model::{Mlp, MlpReplica};
 use tandem_pool::{Device, DeviceSpec, GpuCount, WorkerPool, MAX_REPLICAS};
-use tandem_strategy::{asynchronous, sync, Hyper, Observer, TrainReport};
+use tandem_strategy::{asynchronous, sync, Epochs, Hyper, Observer, TrainReport};
 use tandem_tensor::{CpuBackend, ExampleSet};
 
 use crate::cli::{self, MAX_BATCH, MAX_STEPS};
@@ -53,7 +53,8 @@ pub struct RunConfig {
     pub workers: usize,
     pub hyper: Hyper,
     pub end_step: u64,
-    /// Steps between checkpoints; `None`: once per epoch.
+    /// Steps between checkpoints; `None`: once per epoch ([`Epochs::steps_per_epoch`]). Fresh
+    /// runs always record it.
     pub save_every: Option<u64>,
 }
 
@@ -66,16 +67,17 @@ impl RunConfig {
         }
     }
 
-    /// Global steps in one epoch of `examples` (at least 1).
-    pub fn steps_per_epoch(&self, examples: usize) -> u64 {
-        (examples as u64 / self.examples_per_step()).max(1)
+    /// Epochs of `examples` training examples at this run's examples per step: every
+    /// conversion between steps and epochs goes through it.
+    pub fn epochs(&self, examples: usize) -> Epochs {
+        Epochs::new(examples, self.examples_per_step())
     }
 
-    /// The global step that ends `epochs` passes over `examples`.
+    /// The global step that ends `epochs` passes over `examples` ([`Epochs::end_step`]),
+    /// within the longest run `--steps` allows.
     pub fn steps_for_epochs(&self, epochs: u64, examples: usize) -> Result<u64> {
-        epochs
-            .checked_mul(examples as u64)
-            .map(|n| n.div_ceil(self.examples_per_step()))
+        self.epochs(examples)
+            .end_step(epochs)
             .filter(|&n| n <= MAX_STEPS)
             .with_context(|| format!("{epochs} epochs is more than {MAX_STEPS} steps"))
     }
@@ -159,7 +161,9 @@ impl RunConfig {
         let mode = checked(meta, "mode", |t| Mode::parse(t).map_err(|e| e.to_string()))?;
         let end_step = checked(meta, "end_step", integer(1..=MAX_STEPS))?;
         let save_every = match meta.get("save_every") {
-            // Written by versions that did not record the cadence: the default, once an epoch.
+            // Written by versions that did not record the cadence: the default, once an epoch
+            // (`Epochs::steps_per_epoch`, the same as theirs when the global batch divides the
+            // training set; otherwise one step more, which moves checkpoints, not training).
             None => None,
             Some(_) => Some(checked(meta, "save_every", integer(1..=MAX_STEPS))?),
         };

@@ -47,7 +47,7 @@ pub fn config_from_args(
     };
     config.save_every = Some(
         args.save_every
-            .unwrap_or_else(|| config.steps_per_epoch(training_examples)),
+            .unwrap_or_else(|| config.epochs(training_examples).steps_per_epoch()),
     );
     Ok(config)
 }
@@ -351,7 +351,8 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             config.end_step
         );
     }
-    let epoch = config.steps_per_epoch(data.train.len());
+    // Checkpoints (unless --save-every says otherwise) and evaluations once an epoch.
+    let epoch = config.epochs(data.train.len()).steps_per_epoch();
     let saver = checkpoint_dir.as_ref().map(|dir| Saver {
         dir,
         layout: session.layout(),

@@ -87,6 +87,62 @@ fn metrics_hold_every_logged_step_and_every_epochs_validation() {
 }
 
 #[test]
+fn a_global_batch_that_does_not_divide_an_epoch_ends_epochs_where_the_data_does() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    let metrics = tmp.path().join("run.jsonl");
+    // 3 workers x 64 = 192 per step: 286.46 steps an epoch. Two epochs end at the first step
+    // by which 110,000 examples are drawn (573); checkpoints and evaluations come every 287.
+    let out = succeed(&[
+        "--epochs",
+        "2",
+        "--devices",
+        "cpu:3",
+        "--batch-size",
+        "64",
+        "--log-every",
+        "573",
+        "--checkpoint-dir",
+        arg(&dir),
+        "--keep",
+        "0",
+        "--metrics",
+        arg(&metrics),
+    ]);
+    assert!(
+        line_starting(&out, "steps:").contains("573 (110016 examples"),
+        "{out}"
+    );
+    let saved: Vec<u64> = checkpoint::CheckpointDir::open(&dir)
+        .unwrap()
+        .checkpoints()
+        .unwrap()
+        .into_iter()
+        .map(|(step, _)| step)
+        .collect();
+    assert_eq!(saved, [287, 573]);
+    let records: Vec<Value> = std::fs::read_to_string(&metrics)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    let evals: Vec<u64> = records
+        .iter()
+        .filter(|r| r["kind"] == "eval")
+        .map(|r| r["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(evals, [287, 573]);
+    // The schedule's epoch is continuous: step 573 (from 0: 572) has drawn 572 x 192 examples.
+    let last = records.iter().find(|r| r["kind"] == "step").unwrap();
+    assert_eq!(last["step"], 573);
+    let rate = last["learning_rate"].as_f64().unwrap();
+    assert!(
+        (rate - 0.8 * 0.99f64.powf(572.0 * 192.0 / 55_000.0)).abs() < 1e-6,
+        "{rate}"
+    );
+}
+
+#[test]
 fn async_training_learns_and_reports_staleness() {
     let out = succeed(&[
         "--async",

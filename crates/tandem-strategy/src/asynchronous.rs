@@ -22,7 +22,7 @@ use tandem_pool::{FailurePolicy, RunWatch, WorkerContext, WorkerPool};
 
 use crate::common::{check_loss, validate, watchdog};
 use crate::store::ParamStore;
-use crate::{EpochOrder, Hyper, Observer, Staleness, StepReport, TrainError, TrainReport};
+use crate::{EpochOrder, Epochs, Hyper, Observer, Staleness, StepReport, TrainError, TrainReport};
 
 /// Trains from `state` until `state.step == end_step` updates have been applied (or the
 /// observer stops it), leaving the final parameters, moving average and step in `state`.
@@ -37,7 +37,7 @@ pub fn train<R: Replica>(
     let examples = validate(pool, state, hyper)?;
     let workers = pool.len();
     let batch_size = hyper.batch_size as u64;
-    let steps_per_epoch = examples as f64 / batch_size as f64;
+    let epochs = Epochs::new(examples, batch_size);
     let store = ParamStore::new(state, pool.replicas()[0].layout());
     let shards = store.shard_count();
     // Tickets hand out batches; `applied` counts updates begun and is the store's version;
@@ -78,12 +78,12 @@ pub fn train<R: Replica>(
             ctx.set_step(ticket + 1);
             let read_version = applied.load(Ordering::Acquire);
             replica.set_params(&mut |p| store.copy_params(p))?;
-            order.fill(ticket * batch_size, &mut batch);
+            order.fill(epochs.position(ticket), &mut batch);
             let loss = check_loss(replica.compute_gradients(&batch)?)?;
             let mut step = 0;
             replica.read_gradients(&mut |g| {
                 step = applied.fetch_add(1, Ordering::AcqRel);
-                let lr = hyper.learning_rate(step, steps_per_epoch);
+                let lr = hyper.learning_rate(epochs.epoch_at(step));
                 for shard in (first_shard..shards).chain(0..first_shard) {
                     store.update(shard, &[g], hyper, lr, hyper.ema_decay(step));
                 }
@@ -101,7 +101,7 @@ pub fn train<R: Replica>(
                 observer.on_log(&StepReport {
                     step: step + 1,
                     loss: loss + store.l2_loss(hyper.weight_decay),
-                    learning_rate: hyper.learning_rate(step, steps_per_epoch),
+                    learning_rate: hyper.learning_rate(epochs.epoch_at(step)),
                     examples: (step + 1 - start_step) * batch_size,
                     elapsed: started.elapsed(),
                     staleness: Some(staleness),

@@ -5,7 +5,8 @@ pub struct Hyper {
     pub batch_size: usize,
     /// Base learning rate.
     pub learning_rate: f32,
-    /// The learning rate is multiplied by this once per epoch, continuously.
+    /// The learning rate is multiplied by this once per epoch, continuously (see
+    /// [`Epochs::epoch_at`](crate::Epochs::epoch_at)).
     pub lr_decay: f32,
     /// L2 coefficient on weights: the loss gains `weight_decay / 2 * sum w^2`.
     pub weight_decay: f32,
@@ -36,11 +37,10 @@ impl Hyper {
         log_every: 1000,
     };
 
-    /// `learning_rate * lr_decay ^ (step / steps_per_epoch)` (TensorFlow's `exponential_decay`,
-    /// not staircase).
-    pub fn learning_rate(&self, step: u64, steps_per_epoch: f64) -> f32 {
-        let epochs = step as f64 / steps_per_epoch.max(1e-12);
-        (f64::from(self.learning_rate) * f64::from(self.lr_decay).powf(epochs)) as f32
+    /// `learning_rate * lr_decay ^ epoch` (TensorFlow's `exponential_decay`, not staircase),
+    /// where `epoch` is continuous: [`Epochs::epoch_at`](crate::Epochs::epoch_at) of the step.
+    pub fn learning_rate(&self, epoch: f64) -> f32 {
+        (f64::from(self.learning_rate) * f64::from(self.lr_decay).powf(epoch)) as f32
     }
 
     /// Whether the observer hears of global step `step` (counted from 1): every `log_every`-th,
@@ -76,9 +76,10 @@ mod tests {
     #[test]
     fn schedules_follow_the_book() {
         let h = Hyper::default();
-        assert_eq!(h.learning_rate(0, 550.0), 0.8);
-        assert!((h.learning_rate(550, 550.0) - 0.792).abs() < 1e-6);
-        assert!((h.learning_rate(275, 550.0) - 0.8 * 0.99f32.sqrt()).abs() < 1e-6);
+        let epochs = crate::Epochs::new(55_000, 100);
+        assert_eq!(h.learning_rate(epochs.epoch_at(0)), 0.8);
+        assert!((h.learning_rate(epochs.epoch_at(550)) - 0.792).abs() < 1e-6);
+        assert!((h.learning_rate(epochs.epoch_at(275)) - 0.8 * 0.99f32.sqrt()).abs() < 1e-6);
         assert!((h.ema_decay(0) - 0.1).abs() < 1e-7);
         assert!((h.ema_decay(10) - 11.0 / 20.0).abs() < 1e-7);
         assert_eq!(h.ema_decay(100_000), 0.99);

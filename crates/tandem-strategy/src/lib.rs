@@ -8,7 +8,8 @@
 //!   others (parameter-server style; updates can be stale, and staleness is measured).
 //!
 //! Both share everything else: the [`Hyper`] parameters and their [schedules](Hyper::learning_rate),
-//! the sharded parameter store, the data order ([`EpochOrder`]), the optimiser step
+//! the one definition of an epoch ([`Epochs`]), the sharded parameter store, the data order
+//! ([`EpochOrder`]), the optimiser step
 //! ([`tandem_tensor::cpu::sgd_ema_update`]), [`Observer`] callbacks and the [`TrainReport`].
 //! Neither knows anything of the model beyond the [`tandem_core::Replica`] trait; both train a
 //! [`tandem_core::TrainState`] in place.
@@ -58,11 +59,13 @@
 pub mod asynchronous;
 pub mod checkpoint;
 mod common;
+mod epochs;
 mod hyper;
 mod order;
 mod store;
 pub mod sync;
 
+pub use epochs::Epochs;
 pub use hyper::Hyper;
 pub use order::EpochOrder;
 

@@ -3,7 +3,10 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 /// The order in which training examples are visited: an endless stream made of one fresh
-/// permutation of the data set per epoch, determined by the seed alone.
+/// permutation of the data set per epoch, determined by the seed alone. Its epochs are those
+/// of [`Epochs`](crate::Epochs): a step's examples start at
+/// [`Epochs::position`](crate::Epochs::position), and the permutation they come from is the
+/// whole part of [`Epochs::epoch_at`](crate::Epochs::epoch_at).
 ///
 /// Position `p` of the stream is example `perm(p / n)[p % n]`, so any worker can compute any
 /// batch without talking to the others, and a resumed run sees the same data as an

@@ -25,7 +25,7 @@ use tandem_pool::{FailurePolicy, RunWatch, WorkerContext, WorkerPool};
 
 use crate::common::{check_loss, validate, watchdog};
 use crate::store::ParamStore;
-use crate::{EpochOrder, Hyper, Observer, StepReport, TrainError, TrainReport};
+use crate::{EpochOrder, Epochs, Hyper, Observer, StepReport, TrainError, TrainReport};
 
 /// Trains from `state` until `state.step == end_step` (or the observer stops it), leaving the
 /// final parameters, moving average and step in `state`.
@@ -44,7 +44,7 @@ pub fn train<R: Replica>(
     }
     let workers = pool.len();
     let global_batch = (workers * hyper.batch_size) as u64;
-    let steps_per_epoch = examples as f64 / global_batch as f64;
+    let epochs = Epochs::new(examples, global_batch);
     let store = ParamStore::new(state, pool.replicas()[0].layout());
     let num_params = state.params.len();
     let grads: Vec<RwLock<Vec<f32>>> = (0..workers)
@@ -75,7 +75,7 @@ pub fn train<R: Replica>(
             ctx.set_step(step + 1);
             replica.set_params(&mut |p| store.copy_params(p))?;
             order.fill(
-                step * global_batch + (me * hyper.batch_size) as u64,
+                epochs.position(step) + (me * hyper.batch_size) as u64,
                 &mut batch,
             );
             let loss = check_loss(replica.compute_gradients(&batch)?)?;
@@ -93,7 +93,7 @@ pub fn train<R: Replica>(
                 .sum::<f32>()
                 / workers as f32;
 
-            let lr = hyper.learning_rate(step, steps_per_epoch);
+            let lr = hyper.learning_rate(epochs.epoch_at(step));
             {
                 let all: Vec<_> = grads
                     .iter()

@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use common::{hyper, LeastSquares, Quirks, EXAMPLES};
 use tandem_core::{ReplicaError, TrainState};
 use tandem_pool::{Device, WorkerPool};
-use tandem_strategy::{asynchronous, sync, Hyper, Observer, Stall, TrainError, TrainReport};
+use tandem_strategy::{
+    asynchronous, sync, Epochs, Hyper, Observer, Stall, TrainError, TrainReport,
+};
 use tandem_tensor::cpu::{sgd_ema_update, UpdateStep};
 
 /// Long enough for any machine; only reached when the code under test hangs.
@@ -281,12 +283,12 @@ fn async_hang_is_reported_and_abandoned_with_every_applied_update() {
     // Replay the updates in the order they were applied: parameters and moving average match
     // bit for bit, so the state holds each of them whole and none other.
     let hyper = hyper();
-    let steps_per_epoch = EXAMPLES as f64 / hyper.batch_size as f64;
+    let epochs = Epochs::new(EXAMPLES, hyper.batch_size as u64);
     let (mut params, mut ema) = (vec![0.0f32; 2], vec![0.0f32; 2]);
     for (step, grad) in applied_at_abandon.iter().enumerate() {
         let step = step as u64;
         let update = UpdateStep {
-            learning_rate: hyper.learning_rate(step, steps_per_epoch),
+            learning_rate: hyper.learning_rate(epochs.epoch_at(step)),
             weight_decay: hyper.weight_decay,
             ema_decay: hyper.ema_decay(step),
         };
