@@ -24,9 +24,11 @@ emu="$PWD/target/cuda-emu"
 export CUDA_LIBRARY_PATH="$emu"
 export LD_LIBRARY_PATH="$emu/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export TANDEM_REQUIRE_GPU=1
-cargo clippy -p tandem-kernels -p mnist-train --features cuda --all-targets -- -D warnings
+cargo clippy -p tandem-kernels -p mnist-train -p tandem-integration --features cuda --all-targets \
+    -- -D warnings
 gpu_tests=$SECONDS
-cargo test -p tandem-kernels -p mnist-train --features cuda 2>&1 | tee target/cuda-tests.log
+cargo test -p tandem-kernels -p mnist-train -p tandem-integration --features cuda 2>&1 |
+    tee target/cuda-tests.log
 if grep -q 'SKIPPED' target/cuda-tests.log; then
     echo "cuda.sh: a GPU test skipped on the stand-in" >&2; exit 1
 fi
@@ -54,11 +56,13 @@ PYTHONPATH="$python" python3 kernels/conformance/check.py --strict
 
 # tandem's kernels and the conformance kernels under the stand-in's shared-memory race check
 # (a race fails the launch with CUDA_ERROR_LAUNCH_FAILED).
-TANDEM_EMU_RACECHECK=1 cargo test -q -p tandem-kernels --features cuda --test cuda --test model_gpu
+TANDEM_EMU_RACECHECK=1 cargo test -q -p tandem-kernels --features cuda --test cuda
+TANDEM_EMU_RACECHECK=1 cargo test -q -p tandem-integration --features cuda --test model_gpu
 TANDEM_EMU_RACECHECK=1 PYTHONPATH="$python" python3 kernels/conformance/check.py >/dev/null
 echo "cuda.sh: no shared-memory race in tandem's or the conformance kernels"
 
-binaries=$(cargo test -p tandem-kernels --features cuda --no-run --message-format=json 2>/dev/null |
+binaries=$(cargo test -p tandem-kernels -p tandem-integration --features cuda --no-run \
+    --message-format=json 2>/dev/null |
     grep -o '"executable":"[^"]*"' | cut -d'"' -f4)
 [ -n "$binaries" ] || { echo "cuda.sh: found no test binaries" >&2; exit 1; }
 needs_driver=0

@@ -36,6 +36,40 @@ pub fn diagram_edges(markdown: &str) -> Result<BTreeSet<Edge>> {
 /// The normal (non-dev, non-build) dependencies between the workspace's library and binary
 /// crates under `crates/`, from `cargo metadata`; optional ones included.
 pub fn manifest_edges(root: &Path) -> Result<BTreeSet<Edge>> {
+    crates_edges(root, None)
+}
+
+/// The crate that holds the cross-layer tests: it may dev-depend on any crate.
+pub const INTEGRATION_CRATE: &str = "tandem-integration";
+/// The test kit: any crate may dev-depend on it, and it depends on no workspace crate.
+pub const TESTKIT_CRATE: &str = "tandem-testkit";
+
+/// The dev-dependencies under `crates/` that point upward: on a workspace crate that the crate
+/// does not reach through normal dependencies, other than the test kit; the integration
+/// crate's are allowed.
+pub fn upward_dev_edges(root: &Path) -> Result<BTreeSet<Edge>> {
+    let normal = manifest_edges(root)?;
+    let below = |from: &str, to: &str| {
+        let mut seen = BTreeSet::from([from]);
+        let mut todo = vec![from];
+        while let Some(at) = todo.pop() {
+            for (_, next) in normal.iter().filter(|(a, _)| a == at) {
+                if seen.insert(next.as_str()) {
+                    todo.push(next);
+                }
+            }
+        }
+        seen.contains(to)
+    };
+    Ok(crates_edges(root, Some("dev"))?
+        .into_iter()
+        .filter(|(from, to)| from != INTEGRATION_CRATE && to != TESTKIT_CRATE && !below(from, to))
+        .collect())
+}
+
+/// The dependencies of `kind` (`None`: normal; `Some("dev")`, `Some("build")`) between the
+/// workspace's crates under `crates/`, from `cargo metadata`.
+fn crates_edges(root: &Path, kind: Option<&str>) -> Result<BTreeSet<Edge>> {
     let metadata = crate::cargo_metadata(root, "--no-deps")?;
     let packages = metadata["packages"]
         .as_array()
@@ -58,7 +92,7 @@ pub fn manifest_edges(root: &Path) -> Result<BTreeSet<Edge>> {
             .context("a package without a name")?;
         for dependency in package["dependencies"].as_array().into_iter().flatten() {
             let to = dependency["name"].as_str().unwrap_or_default();
-            if dependency["kind"].is_null() && names.contains(to) {
+            if dependency["kind"].as_str() == kind && names.contains(to) {
                 edges.insert((from.to_string(), to.to_string()));
             }
         }
@@ -93,5 +127,22 @@ mod tests {
             "ARCHITECTURE.md's diagram: dependencies not drawn {missing:?}; edges drawn that no \
              Cargo.toml has {extra:?}"
         );
+    }
+
+    #[test]
+    fn crates_dev_depend_only_downward() {
+        let root = crate::workspace_root().unwrap();
+        let upward = upward_dev_edges(&root).unwrap();
+        assert!(
+            upward.is_empty(),
+            "dev-dependencies on crates above their own {upward:?}: move the tests that need \
+             them to {INTEGRATION_CRATE}"
+        );
+        let testkit: Vec<_> = manifest_edges(&root)
+            .unwrap()
+            .into_iter()
+            .filter(|(from, _)| from == TESTKIT_CRATE)
+            .collect();
+        assert!(testkit.is_empty(), "{TESTKIT_CRATE} depends on {testkit:?}");
     }
 }

@@ -16,13 +16,16 @@ use crate::{emu, run};
 const RUN_SH: &str = include_str!("../bundle/run.sh");
 const TORCH_GPU_PY: &str = include_str!("../bundle/torch_gpu.py");
 
-/// The tandem-kernels integration tests that need a GPU (the others read the source tree,
-/// which the bundle does not carry).
+/// The test executables that need a GPU: tandem-kernels' `cuda` (every kernel against its CPU
+/// twin) and tandem-integration's `model_gpu` (the whole model and the sync strategy). The
+/// other tests of these crates read the source tree, which the bundle does not carry, or need
+/// no GPU.
 const GPU_TESTS: &[&str] = &["cuda", "model_gpu"];
 
 /// Builds `gpu-bundle/`: `bin/mnist-train`, `tests/*` (the `--features cuda` test executables of
-/// tandem-kernels), `anchors/` (the PyTorch anchor, and a GPU driver for it), `conformance/`
-/// (kernels/conformance's checker and PTX), `data/mnist/` and `run.sh`.
+/// tandem-kernels and tandem-integration named in [`GPU_TESTS`]), `anchors/` (the PyTorch
+/// anchor, and a GPU driver for it), `conformance/` (kernels/conformance's checker and PTX),
+/// `data/mnist/` and `run.sh`.
 pub fn build(root: &Path) -> Result<()> {
     let bundle = root.join("gpu-bundle");
     if bundle.exists() {
@@ -52,12 +55,18 @@ pub fn build(root: &Path) -> Result<()> {
             "--release",
             "-p",
             "tandem-kernels",
+            "-p",
+            "tandem-integration",
             "--features",
             "cuda",
             "--no-run",
         ],
         |name, test| test && GPU_TESTS.contains(&name),
     )?;
+    anyhow::ensure!(
+        tests.len() == GPU_TESTS.len(),
+        "expected the test executables {GPU_TESTS:?}, cargo built {tests:?}"
+    );
     copy_all(&tests, &bundle.join("tests"))?;
     // Debug information would make the bundle too large to send to the GPU machine (64 MiB
     // with the working tree).

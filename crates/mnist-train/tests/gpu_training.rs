@@ -17,16 +17,13 @@ use tandem_strategy::checkpoint;
 const STEPS: &str = "4";
 const BATCH: &str = "8";
 
-/// Whether a CUDA device is present; `false` (a visible skip) only when CI does not require one.
-fn gpu_present(test: &str) -> bool {
+/// Whether a CUDA device is present; `false` (a visible skip, see `tandem_testkit`) only when
+/// CI does not require one.
+fn gpu_present() -> bool {
     match tandem_kernels::device_count() {
         Ok(count) if count > 0 => true,
         outcome => {
-            assert!(
-                std::env::var_os("TANDEM_REQUIRE_GPU").is_none_or(|v| v != "1"),
-                "{test}: TANDEM_REQUIRE_GPU=1 but no CUDA device: {outcome:?}"
-            );
-            eprintln!("SKIPPED: {test}: no CUDA device ({outcome:?})");
+            tandem_testkit::no_device(&format!("{outcome:?}"), tandem_testkit::gpu_required());
             false
         }
     }
@@ -72,7 +69,7 @@ fn max_relative_difference(a: &Path, b: &Path) -> f64 {
 
 #[test]
 fn sync_on_two_gpu_replicas_equals_two_cpu_workers() {
-    if !gpu_present("sync_on_two_gpu_replicas_equals_two_cpu_workers") {
+    if !gpu_present() {
         return;
     }
     let root = tempfile::tempdir().unwrap();
@@ -104,7 +101,7 @@ fn sync_on_two_gpu_replicas_equals_two_cpu_workers() {
 
 #[test]
 fn async_on_gpu_replicas_trains_and_reports_staleness() {
-    if !gpu_present("async_on_gpu_replicas_trains_and_reports_staleness") {
+    if !gpu_present() {
         return;
     }
     let root = tempfile::tempdir().unwrap();
@@ -120,7 +117,7 @@ fn async_on_gpu_replicas_trains_and_reports_staleness() {
 
 #[test]
 fn sync_across_two_gpus_equals_two_replicas_on_one() {
-    if !gpu_present("sync_across_two_gpus_equals_two_replicas_on_one") {
+    if !gpu_present() {
         return;
     }
     let root = tempfile::tempdir().unwrap();

@@ -71,8 +71,7 @@ fn answer<'a>(text: &'a str, path: &Path) -> Option<&'a str> {
 
 /// The first MNIST test image of `digit`.
 fn mnist_digit(digit: u8) -> GrayImage {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/mnist");
-    let mnist = Mnist::load(&dir).expect("the repository's MNIST copy");
+    let mnist = Mnist::load(&common::data_dir()).expect("the repository's MNIST copy");
     let index = mnist
         .test
         .labels

@@ -2,12 +2,10 @@
 //!
 //! Where there is no CUDA device (no GPU, or the stand-in with `TANDEM_EMU_DEVICES=0`) each
 //! test says `SKIPPED: <test>: no CUDA device (...)` on stderr and returns, or fails under
-//! `TANDEM_REQUIRE_GPU=1` (see `common`); any other failure to open the device fails the test.
+//! `TANDEM_REQUIRE_GPU=1` (see `tandem_testkit`); any other failure to open the device fails the test.
 //! Outputs are filled with NaN before a kernel writes them, so an element a kernel forgets
 //! shows up as NaN.
 #![cfg(feature = "cuda")]
-
-mod common;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -20,9 +18,9 @@ use tandem_tensor::{Activation, Backend, CpuBackend, ExampleSet, Gemm};
 /// zero to a precision that neither side's summation order has.)
 const TOLERANCE: f32 = 1e-5;
 
-/// Device 0, or `None` after saying on stderr that the test is skipped (see `common`).
+/// Device 0, or `None` after saying on stderr that the test is skipped (see `tandem_testkit`).
 fn gpu() -> Option<CudaBackend> {
-    common::or_skip(CudaBackend::new(0))
+    tandem_testkit::or_skip(CudaBackend::new(0), KernelError::is_no_device)
 }
 
 fn rng(seed: u64) -> ChaCha8Rng {
@@ -506,19 +504,22 @@ fn a_missing_device_skips_or_fails_as_required() {
         ordinal: 0,
         count: 0,
     };
-    let skipped = common::verdict("t", &reason, false).expect("skipped when not required");
+    let skipped = tandem_testkit::verdict("t", &reason, false).expect("skipped when not required");
     assert!(
         skipped.starts_with("SKIPPED: t: no CUDA device"),
         "{skipped}"
     );
-    let failure = common::verdict("t", &reason, true).expect_err("fails when required");
+    let failure = tandem_testkit::verdict("t", &reason, true).expect_err("fails when required");
     assert!(failure.contains("TANDEM_REQUIRE_GPU=1"), "{failure}");
     // Any other error opening the device fails whether or not one is required.
     let broken = std::panic::catch_unwind(|| {
-        common::or_skip::<()>(Err(KernelError::NoSuchDevice {
-            ordinal: 3,
-            count: 1,
-        }))
+        tandem_testkit::or_skip::<(), _>(
+            Err(KernelError::NoSuchDevice {
+                ordinal: 3,
+                count: 1,
+            }),
+            KernelError::is_no_device,
+        )
     });
     assert!(broken.is_err());
 }

@@ -6,8 +6,6 @@
 //! variable, and there the test says it is skipped.
 #![cfg(feature = "cuda")]
 
-mod common;
-
 use std::io::Write;
 
 use tandem_kernels::{CudaBackend, KernelError};
@@ -25,10 +23,12 @@ fn a_driver_older_than_the_ptx_is_reported_as_too_old() {
                 "{message}"
             );
         }
-        Err(other) if other.is_no_device() => common::no_device(&other, common::gpu_required()),
+        Err(other) if other.is_no_device() => {
+            tandem_testkit::no_device(&other, tandem_testkit::gpu_required())
+        }
         Err(other) => panic!("expected DriverTooOld, got {other}"),
         // Under TANDEM_REQUIRE_GPU (CI, on the stand-in) this must not happen.
-        Ok(_) if !common::gpu_required() => {
+        Ok(_) if !tandem_testkit::gpu_required() => {
             let _ = std::io::stderr().write_all(
                 b"SKIPPED: driver_too_old: this driver cannot pretend to be CUDA 12.4\n",
             );

@@ -62,8 +62,9 @@ pub fn line_starting<'a>(text: &'a str, prefix: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no line starting with {prefix:?} in:\n{text}"))
 }
 
+/// The MNIST data for the runs ([`tandem_testkit::mnist_dir`]).
 pub fn data_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/mnist")
+    tandem_testkit::mnist_dir()
 }
 
 /// A path as a command-line argument.

@@ -1,15 +1,11 @@
 //! The whole model and the sync strategy on the GPU against the CPU (needs `--features cuda`
 //! and a GPU or the driver stand-in; without one every test prints `SKIPPED: ...` on stderr and
-//! returns, or fails under `TANDEM_REQUIRE_GPU=1`: see `common`).
+//! returns, or fails under `TANDEM_REQUIRE_GPU=1`: see `tandem_testkit`).
 #![cfg(feature = "cuda")]
-
-mod common;
-
-use std::path::Path;
 
 use rand::SeedableRng;
 use tandem_core::{Replica, TrainState};
-use tandem_kernels::CudaBackend;
+use tandem_kernels::{CudaBackend, KernelError};
 use tandem_mnist::Mnist;
 use tandem_model::{Mlp, MlpReplica};
 use tandem_pool::{Device, WorkerPool};
@@ -24,18 +20,16 @@ fn gpu_replicas(
 ) -> Option<Vec<MlpReplica<CudaBackend>>> {
     let mut replicas = Vec::new();
     for _ in 0..count {
-        let gpu = common::or_skip(CudaBackend::new(0))?;
+        let gpu = tandem_testkit::or_skip(CudaBackend::new(0), KernelError::is_no_device)?;
         replicas.push(MlpReplica::new(Mlp::MNIST, gpu, train, batch).expect("GPU replica"));
     }
     Some(replicas)
 }
 
 /// The MNIST data: `$TANDEM_MNIST_DIR` (set by the GPU bundle, which runs far from this
-/// checkout), else the repository's copy.
+/// checkout), else the repository's copy ([`tandem_testkit::mnist_dir`]).
 fn train_set() -> ExampleSet {
-    let dir = std::env::var_os("TANDEM_MNIST_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/mnist"));
+    let dir = tandem_testkit::mnist_dir();
     let mnist = Mnist::load(&dir).expect("the repository's MNIST copy");
     mnist.train.into_examples().expect("consistent split")
 }

@@ -1,6 +1,5 @@
-//! Shared set-up for the model's integration tests.
+//! Shared set-up for the CPU training tests (`training.rs`, `async_accuracy.rs`).
 
-use std::path::Path;
 use std::sync::OnceLock;
 
 use rand::SeedableRng;
@@ -15,11 +14,11 @@ pub struct Data {
     pub test: ExampleSet,
 }
 
-/// The real MNIST data of the repository, loaded once per test binary.
+/// The real MNIST data ([`tandem_testkit::mnist_dir`]), loaded once per test binary.
 pub fn mnist() -> &'static Data {
     static DATA: OnceLock<Data> = OnceLock::new();
     DATA.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/mnist");
+        let dir = tandem_testkit::mnist_dir();
         let mnist = Mnist::load(&dir).expect("the repository's MNIST copy loads");
         let set = |s: tandem_mnist::Split| s.into_examples().unwrap();
         Data {

@@ -1,31 +1,49 @@
-//! What the GPU test files share: opening a CUDA device, or skipping where there is none.
+//! What tandem's tests share across crates: where the MNIST data are ([`mnist_dir`]) and what a
+//! GPU test does where there is no device ([`or_skip`], [`no_device`]).
 //!
-//! Without a device (no GPU, or the stand-in with `TANDEM_EMU_DEVICES=0`) a test says
-//! `SKIPPED: <test>: no CUDA device (...)` on stderr and returns; with
+//! Without a device (no GPU, or the driver stand-in with `TANDEM_EMU_DEVICES=0`) a GPU test
+//! says `SKIPPED: <test>: no CUDA device (...)` on stderr and returns; with
 //! `TANDEM_REQUIRE_GPU=1` (CI, against the driver stand-in; the GPU bundle) it fails instead,
 //! so that a run meant to exercise the GPU code cannot pass without doing so. Any other failure
 //! to open the device fails the test.
-
-#![allow(dead_code)] // each test binary uses its own part of this module
+//!
+//! The crate depends on no other tandem crate, so that any of them can dev-depend on it: the
+//! GPU helpers are generic over the error of opening a device, and the caller says which errors
+//! mean "no device" (`tandem_kernels::KernelError::is_no_device`).
 
 use std::fmt::Display;
 use std::io::Write;
-
-use tandem_kernels::KernelError;
+use std::path::PathBuf;
 
 /// The variable that turns a missing device into a failure.
 pub const REQUIRE_GPU: &str = "TANDEM_REQUIRE_GPU";
+
+/// The variable naming another MNIST directory (set by the GPU bundle, which runs far from
+/// this checkout).
+pub const MNIST_DIR: &str = "TANDEM_MNIST_DIR";
+
+/// The MNIST data for tests: `$TANDEM_MNIST_DIR` when it is set, else the repository's copy
+/// (`data/mnist`).
+pub fn mnist_dir() -> PathBuf {
+    std::env::var_os(MNIST_DIR)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/mnist")))
+}
 
 /// Whether this run requires a device (`TANDEM_REQUIRE_GPU=1`).
 pub fn gpu_required() -> bool {
     std::env::var_os(REQUIRE_GPU).is_some_and(|v| v == "1")
 }
 
-/// `Some` of what opening a device gave; `None` after [`no_device`] where there is none.
-pub fn or_skip<T>(opened: Result<T, KernelError>) -> Option<T> {
+/// `Some` of what opening a device gave; `None` after [`no_device`] where there is none (an
+/// error for which `is_no_device` is true). Any other error fails the test.
+pub fn or_skip<T, E: Display>(
+    opened: Result<T, E>,
+    is_no_device: impl Fn(&E) -> bool,
+) -> Option<T> {
     match opened {
         Ok(value) => Some(value),
-        Err(e) if e.is_no_device() => {
+        Err(e) if is_no_device(&e) => {
             no_device(&e, gpu_required());
             None
         }
