@@ -6,8 +6,9 @@ use tandem_strategy::Hyper;
 
 use crate::session::Mode;
 
-/// Train the TensorFlow book's MNIST network (784-500-10 ReLU, SGD with exponential decay,
-/// L2 regularisation, a moving average of the weights) data-parallel across several workers.
+/// Train the TensorFlow multi-GPU MNIST example's network (784-500-10 ReLU, SGD with
+/// exponential decay, L2 regularisation, a moving average of the weights) data-parallel across
+/// several workers.
 ///
 /// Synchronous mode (--sync, the default): every step, each worker computes gradients on its
 /// own shard of the global batch (workers x --batch-size examples), the gradients are averaged
@@ -128,7 +129,7 @@ pub struct CompareArgs {
 pub enum LogFormat {
     /// A progress bar when stdout is a terminal, plain lines otherwise.
     Auto,
-    /// The book's plain lines: `step N, loss = L (E examples/sec; S sec/batch)`.
+    /// The reference's plain lines: `step N, loss = L (E examples/sec; S sec/batch)`.
     Plain,
 }
 
@@ -311,12 +312,12 @@ pub fn init_stddev(text: &str) -> Result<f32, String> {
     })
 }
 
-/// The default number of epochs: with the book's slowly decaying learning rate, test accuracy
+/// The default number of epochs: with the reference's slowly decaying learning rate, test accuracy
 /// plateaus around 98.2% with +-0.2% of noise after 30 epochs; by 100 it has settled above 98.3%
 /// in both modes.
 pub const DEFAULT_EPOCHS: u64 = 100;
 
-/// The book's standard deviation of the initial weights.
+/// The reference's standard deviation of the initial weights.
 pub const DEFAULT_INIT_STDDEV: f32 = 0.1;
 
 impl TrainArgs {

@@ -182,7 +182,7 @@ fn train(mode: Mode, args: &CompareArgs, data: &Data) -> Result<(Run, Vec<String
     let mut config = RunConfig {
         mode,
         workers,
-        // The book's hyper-parameters, as training's defaults.
+        // The reference's hyper-parameters, as training's defaults.
         hyper: Hyper {
             batch_size: args.batch_size as usize,
             seed: args.seed,

@@ -1,5 +1,6 @@
-//! `mnist-train`: trains the TensorFlow book's MNIST network (784-500-10 ReLU) data-parallel,
-//! and evaluates, uses and compares what it trained. `--help` explains every flag.
+//! `mnist-train`: trains the TensorFlow multi-GPU MNIST example's network (784-500-10 ReLU)
+//! data-parallel, and evaluates, uses and compares what it trained. `--help` explains every
+//! flag.
 
 #[macro_use]
 mod output;

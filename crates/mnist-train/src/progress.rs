@@ -1,4 +1,4 @@
-//! What the user sees while a run trains: a progress bar on a terminal or the book's plain
+//! What the user sees while a run trains: a progress bar on a terminal or the reference's plain
 //! lines, a JSON-lines metrics file, and Ctrl-C handling.
 
 use std::fs::File;

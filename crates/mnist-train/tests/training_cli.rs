@@ -53,7 +53,7 @@ fn metrics_hold_every_logged_step_and_every_epochs_validation() {
         .map(|r| r["learning_rate"].as_f64().unwrap())
         .collect();
     assert!(rates.windows(2).all(|w| w[1] < w[0]), "{rates:?}");
-    // The book's schedule: 0.8 x 0.99^(step / 275).
+    // The reference's schedule: 0.8 x 0.99^(step / 275).
     assert!(
         (rates[0] - 0.8 * 0.99f64.powf(49.0 / 275.0)).abs() < 1e-6,
         "{rates:?}"

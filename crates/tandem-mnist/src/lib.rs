@@ -1,8 +1,9 @@
 //! Reads the MNIST handwritten-digit data set from its IDX files.
 //!
 //! * [`Mnist::load`] reads the four MNIST files from one folder and splits them the way the
-//!   TensorFlow book does: the first 55,000 training examples are [`Mnist::train`], the last
-//!   5,000 [`Mnist::validation`], and the 10,000 `t10k` examples [`Mnist::test`].
+//!   TensorFlow multi-GPU MNIST example does: the first 55,000 training examples are
+//!   [`Mnist::train`], the last 5,000 [`Mnist::validation`], and the 10,000 `t10k` examples
+//!   [`Mnist::test`].
 //!   [`Mnist::load_with_validation`] picks another validation size.
 //! * [`read_idx`] reads any IDX file of unsigned bytes and returns its dimensions and data.
 //!
@@ -509,8 +510,9 @@ pub struct Mnist {
 }
 
 impl Mnist {
-    /// Loads MNIST from the folder `dir` with the book's split: 55,000 training, 5,000
-    /// validation ([`DEFAULT_VALIDATION`]) and 10,000 test examples.
+    /// Loads MNIST from the folder `dir` with the split of the TensorFlow multi-GPU MNIST
+    /// example: 55,000 training, 5,000 validation ([`DEFAULT_VALIDATION`]) and 10,000 test
+    /// examples.
     ///
     /// The folder must hold `train-images-idx3-ubyte`, `train-labels-idx1-ubyte`,
     /// `t10k-images-idx3-ubyte` and `t10k-labels-idx1-ubyte`; for each, `NAME.gz` is looked

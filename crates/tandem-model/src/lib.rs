@@ -1,6 +1,7 @@
-//! The multi-layer perceptron of the TensorFlow book's `mnist_inference.py`: input -> hidden
-//! ReLU -> logits, trained with softmax cross-entropy. Forward and backward passes are written
-//! out by hand against [`tandem_tensor::Backend`], so the same code runs on the CPU and on CUDA.
+//! The multi-layer perceptron of the TensorFlow multi-GPU MNIST example's
+//! `mnist_inference.py`: input -> hidden ReLU -> logits, trained with softmax cross-entropy.
+//! Forward and backward passes are written out by hand against [`tandem_tensor::Backend`], so
+//! the same code runs on the CPU and on CUDA.
 //!
 //! * [`Mlp`]: the layer sizes, the flat parameter layout and initialisation.
 //! * [`MlpReplica`]: one copy of the model on one backend, implementing

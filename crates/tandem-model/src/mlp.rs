@@ -29,7 +29,7 @@ pub(crate) struct Offsets {
 const EVAL_CHUNK: usize = 1000;
 
 impl Mlp {
-    /// The book's network: 784 -> 500 -> 10.
+    /// The reference's network (the TensorFlow multi-GPU MNIST example): 784 -> 500 -> 10.
     pub const MNIST: Mlp = Mlp {
         inputs: 784,
         hidden: 500,
@@ -65,7 +65,7 @@ impl Mlp {
     }
 
     /// Initial parameters: weights truncated normal with standard deviation `stddev`, biases 0
-    /// (the book uses 0.1).
+    /// (the reference uses 0.1).
     pub fn init(&self, stddev: f32, rng: &mut impl Rng) -> Vec<f32> {
         let mut params = Vec::with_capacity(self.num_params());
         for span in self.layout() {

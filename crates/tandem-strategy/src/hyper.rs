@@ -1,4 +1,4 @@
-/// The optimiser's hyper-parameters, with the TensorFlow book's defaults.
+/// The optimiser's hyper-parameters, with the TensorFlow multi-GPU MNIST example's defaults.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Hyper {
     /// Examples per worker per step.
@@ -25,7 +25,7 @@ impl Default for Hyper {
 }
 
 impl Hyper {
-    /// The TensorFlow book's values, and the one place tandem writes its defaults: the CLI's
+    /// The TensorFlow multi-GPU MNIST example's values, and the one place tandem writes its defaults: the CLI's
     /// flags, `compare` and the README take them from here.
     pub const DEFAULT: Hyper = Hyper {
         batch_size: 100,
