@@ -253,8 +253,8 @@ pub const MAX_STEPS: u64 = 1_000_000_000_000;
 /// The largest per-worker batch: the training set has 55,000 examples.
 pub const MAX_BATCH: u64 = 60_000;
 
-/// Parses a finite `f32` and checks it with `allowed`, whose `Err` says what is allowed.
-fn finite(text: &str, allowed: impl Fn(f32) -> Result<(), &'static str>) -> Result<f32, String> {
+/// Parses a finite `f32` and checks it with `allowed`; `rule` says what is allowed.
+fn finite(text: &str, allowed: impl Fn(f32) -> bool, rule: &str) -> Result<f32, String> {
     let value: f32 = text
         .trim()
         .parse()
@@ -262,54 +262,55 @@ fn finite(text: &str, allowed: impl Fn(f32) -> Result<(), &'static str>) -> Resu
     if !value.is_finite() {
         return Err(format!("{text} is not finite"));
     }
-    allowed(value).map_err(|rule| format!("{value} is out of range: {rule}"))?;
+    if !allowed(value) {
+        return Err(format!("{value} is out of range: {rule}"));
+    }
     Ok(value)
 }
 
 /// `--lr`: finite and positive.
 pub fn learning_rate(text: &str) -> Result<f32, String> {
-    finite(text, |v| {
-        (v > 0.0)
-            .then_some(())
-            .ok_or("the learning rate must be > 0 (a negative one climbs the loss)")
-    })
+    finite(
+        text,
+        |v| v > 0.0,
+        "the learning rate must be > 0 (a negative one climbs the loss)",
+    )
 }
 
 /// `--lr-decay`: in (0, 1].
 pub fn lr_decay(text: &str) -> Result<f32, String> {
-    finite(text, |v| {
-        (v > 0.0 && v <= 1.0)
-            .then_some(())
-            .ok_or("the decay factor must be in (0, 1]: 1 keeps the rate constant")
-    })
+    finite(
+        text,
+        |v| v > 0.0 && v <= 1.0,
+        "the decay factor must be in (0, 1]: 1 keeps the rate constant",
+    )
 }
 
 /// `--weight-decay`: finite and not negative.
 pub fn weight_decay(text: &str) -> Result<f32, String> {
-    finite(text, |v| {
-        (v >= 0.0)
-            .then_some(())
-            .ok_or("the L2 coefficient must be >= 0 (0 turns L2 off)")
-    })
+    finite(
+        text,
+        |v| v >= 0.0,
+        "the L2 coefficient must be >= 0 (0 turns L2 off)",
+    )
 }
 
 /// `--ema-decay`: in [0, 1).
 pub fn ema_decay(text: &str) -> Result<f32, String> {
-    finite(text, |v| {
-        (0.0..1.0)
-            .contains(&v)
-            .then_some(())
-            .ok_or("the moving-average decay must be in [0, 1): 1 would never move")
-    })
+    finite(
+        text,
+        |v| (0.0..1.0).contains(&v),
+        "the moving-average decay must be in [0, 1): 1 would never move",
+    )
 }
 
 /// `--init-stddev`: in (0, 10].
 pub fn init_stddev(text: &str) -> Result<f32, String> {
-    finite(text, |v| {
-        (v > 0.0 && v <= 10.0)
-            .then_some(())
-            .ok_or("the initial standard deviation must be in (0, 10]")
-    })
+    finite(
+        text,
+        |v| v > 0.0 && v <= 10.0,
+        "the initial standard deviation must be in (0, 10]",
+    )
 }
 
 /// The default number of epochs: with the reference's slowly decaying learning rate, test accuracy
