@@ -94,14 +94,13 @@ impl<B: Backend> MlpReplica<B> {
         let loss =
             b.softmax_cross_entropy(&self.logits, &self.labels, rows, classes, &mut self.dlogits)?;
         // Layer 2: dW2 = H^T . dL, db2 = colsum(dL), dH = dL . W2^T masked by the ReLU.
-        let dw2 = Gemm::tn(hidden, classes, rows);
-        b.matmul(
-            dw2,
-            (&self.hidden, 0),
-            (&self.dlogits, 0),
-            (&mut self.grads, o.w2),
+        dense_grads(
+            b,
+            (&self.hidden, hidden),
+            (&self.dlogits, classes),
+            rows,
+            (&mut self.grads, o.w2, o.b2),
         )?;
-        b.column_sum(&self.dlogits, rows, classes, (&mut self.grads, o.b2))?;
         let dh = Gemm::nt(rows, hidden, classes);
         b.matmul(
             dh,
@@ -111,16 +110,34 @@ impl<B: Backend> MlpReplica<B> {
         )?;
         b.relu_backward(&mut self.dhidden, &self.hidden, rows * hidden)?;
         // Layer 1: dW1 = X^T . dH, db1 = colsum(dH). The input gradient is never needed.
-        let dw1 = Gemm::tn(inputs, hidden, rows);
-        b.matmul(
-            dw1,
-            (&self.x, 0),
-            (&self.dhidden, 0),
-            (&mut self.grads, o.w1),
+        dense_grads(
+            b,
+            (&self.x, inputs),
+            (&self.dhidden, hidden),
+            rows,
+            (&mut self.grads, o.w1, o.b1),
         )?;
-        b.column_sum(&self.dhidden, rows, hidden, (&mut self.grads, o.b1))?;
         Ok(loss)
     }
+}
+
+/// A dense layer's parameter gradients from its `rows x ins` input and the `rows x outs`
+/// gradient of its output: `dW = input^T . delta` at `w` in `grads`, `db = colsum(delta)` at
+/// `bias`.
+fn dense_grads<B: Backend>(
+    b: &B,
+    (input, ins): (&B::Buffer, usize),
+    (delta, outs): (&B::Buffer, usize),
+    rows: usize,
+    (grads, w, bias): (&mut B::Buffer, usize, usize),
+) -> Result<(), B::Error> {
+    b.matmul(
+        Gemm::tn(ins, outs, rows),
+        (input, 0),
+        (delta, 0),
+        (grads, w),
+    )?;
+    b.column_sum(delta, rows, outs, (grads, bias))
 }
 
 impl<B: Backend> Replica for MlpReplica<B> {
