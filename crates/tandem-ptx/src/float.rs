@@ -6,47 +6,16 @@
 
 use crate::ir::Rnd;
 
-/// The next f32 toward +inf.
-fn up32(x: f32) -> f32 {
-    if x.is_nan() || x == f32::INFINITY {
-        return x;
-    }
-    if x == 0.0 {
-        return f32::from_bits(1);
-    }
-    let b = x.to_bits();
-    f32::from_bits(if x > 0.0 { b + 1 } else { b - 1 })
-}
-
-fn down32(x: f32) -> f32 {
-    -up32(-x)
-}
-
-fn up64(x: f64) -> f64 {
-    if x.is_nan() || x == f64::INFINITY {
-        return x;
-    }
-    if x == 0.0 {
-        return f64::from_bits(1);
-    }
-    let b = x.to_bits();
-    f64::from_bits(if x > 0.0 { b + 1 } else { b - 1 })
-}
-
-fn down64(x: f64) -> f64 {
-    -up64(-x)
-}
-
 /// Adjusts nearest result `r` whose exact value is above it (`err > 0`) or below (`err < 0`).
 fn adjust64(r: f64, err: f64, rnd: Rnd) -> f64 {
     if r.is_nan() || err == 0.0 || err.is_nan() {
         return r;
     }
     match rnd {
-        Rnd::Rm if err < 0.0 => down64(r),
-        Rnd::Rp if err > 0.0 => up64(r),
-        Rnd::Rz if err < 0.0 && r > 0.0 => down64(r),
-        Rnd::Rz if err > 0.0 && r < 0.0 => up64(r),
+        Rnd::Rm if err < 0.0 => r.next_down(),
+        Rnd::Rp if err > 0.0 => r.next_up(),
+        Rnd::Rz if err < 0.0 && r > 0.0 => r.next_down(),
+        Rnd::Rz if err > 0.0 && r < 0.0 => r.next_up(),
         _ => r,
     }
 }
@@ -70,10 +39,10 @@ pub(crate) fn round32(hi: f64, lo: f64, rnd: Rnd) -> f32 {
         return f;
     }
     match rnd {
-        Rnd::Rm | Rnd::Rmi if err < 0.0 => down32(f),
-        Rnd::Rp | Rnd::Rpi if err > 0.0 => up32(f),
-        Rnd::Rz | Rnd::Rzi if err < 0.0 && f > 0.0 => down32(f),
-        Rnd::Rz | Rnd::Rzi if err > 0.0 && f < 0.0 => up32(f),
+        Rnd::Rm | Rnd::Rmi if err < 0.0 => f.next_down(),
+        Rnd::Rp | Rnd::Rpi if err > 0.0 => f.next_up(),
+        Rnd::Rz | Rnd::Rzi if err < 0.0 && f > 0.0 => f.next_down(),
+        Rnd::Rz | Rnd::Rzi if err > 0.0 && f < 0.0 => f.next_up(),
         // Overflowed to infinity under a direction that must stay finite.
         Rnd::Rz | Rnd::Rzi if f.is_infinite() => f32::MAX.copysign(f),
         _ => f,
