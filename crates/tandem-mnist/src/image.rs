@@ -547,6 +547,21 @@ mod tests {
         a.iter().zip(b).map(|(x, y)| (x - y).abs()).sum::<f32>() / a.len() as f32
     }
 
+    /// `image` scaled to `size` pixels square, inverted to dark ink and placed with its corner
+    /// at `at` on a light gray `width x height` page.
+    fn on_page(
+        image: &GrayImage,
+        size: u32,
+        (width, height): (u32, u32),
+        at: (i64, i64),
+    ) -> GrayImage {
+        let mut digit = imageops::resize(image, size, size, FilterType::Triangle);
+        imageops::invert(&mut digit);
+        let mut page = GrayImage::from_pixel(width, height, Luma([230]));
+        imageops::replace(&mut page, &digit, at.0, at.1);
+        page
+    }
+
     /// The mean error of `a` against `b` shifted by at most one pixel either way: a resampled
     /// digit's centre of mass may round to the next pixel, which no classifier minds.
     fn shifted_error(a: &[f32], b: &[f32]) -> f32 {
@@ -616,11 +631,7 @@ mod tests {
     #[test]
     fn a_small_digit_in_a_large_picture_is_found() {
         for image in &mnist()[..20] {
-            let mut digit = imageops::resize(image, 56, 56, FilterType::Triangle);
-            imageops::invert(&mut digit);
-            let mut page = GrayImage::from_pixel(300, 200, Luma([230]));
-            imageops::replace(&mut page, &digit, 30, 120);
-            let x = read_digit(page);
+            let x = read_digit(on_page(image, 56, (300, 200), (30, 120)));
             let error = shifted_error(&x, &values(image));
             assert!(error < 0.06, "{error}");
         }
@@ -676,11 +687,7 @@ mod tests {
     fn large_pictures_are_shrunk_first_and_still_read() {
         for image in &mnist()[..5] {
             // A 400-pixel digit on a 2000 x 1500 page: 102 pixels once the page is shrunk.
-            let mut large = imageops::resize(image, 400, 400, FilterType::Triangle);
-            imageops::invert(&mut large);
-            let mut page = GrayImage::from_pixel(2000, 1500, Luma([230]));
-            imageops::replace(&mut page, &large, 900, 300);
-            let x = read_digit(page);
+            let x = read_digit(on_page(image, 400, (2000, 1500), (900, 300)));
             let error = shifted_error(&x, &values(image));
             assert!(error < 0.06, "{error}");
         }
