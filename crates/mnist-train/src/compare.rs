@@ -11,6 +11,7 @@ use std::sync::{Mutex, Once};
 use anyhow::{anyhow, Context, Result};
 use image::codecs::png::PngEncoder;
 use image::{ExtendedColorType, ImageEncoder};
+use plotters::chart::MeshStyle;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
@@ -551,6 +552,45 @@ fn clip_below(points: &[(f64, f64)], lo: f64) -> Vec<Vec<(f64, f64)>> {
     pieces
 }
 
+/// A panel's chart: `caption` above, room for the axes' labels.
+fn panel<'a, 'b, DB: DrawingBackend>(
+    area: &'a DrawingArea<DB, Shift>,
+    caption: &str,
+) -> ChartBuilder<'a, 'b, DB> {
+    let mut chart = ChartBuilder::on(area);
+    chart
+        .caption(caption, ("sans-serif", 24))
+        .margin(16)
+        .x_label_area_size(56)
+        .y_label_area_size(80);
+    chart
+}
+
+/// The panels' mesh: `axis` described along x, their fonts and grid colour.
+fn mesh_style<'m, 'a, 'b, X: Ranged, Y: Ranged, DB: DrawingBackend>(
+    mesh: &'m mut MeshStyle<'a, 'b, X, Y, DB>,
+    axis: Axis,
+) -> &'m mut MeshStyle<'a, 'b, X, Y, DB> {
+    mesh.x_desc(axis.desc())
+        .label_style(("sans-serif", 16))
+        .axis_desc_style(("sans-serif", 18))
+        .light_line_style(RGBColor(235, 235, 235))
+}
+
+/// The panels' legend, at `position`.
+fn draw_legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    position: SeriesLabelPosition,
+) -> DrawResult<DB> {
+    chart
+        .configure_series_labels()
+        .position(position)
+        .label_font(("sans-serif", 20))
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK.mix(0.4))
+        .draw()
+}
+
 fn accuracy_panel<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     report: &Report,
@@ -561,21 +601,11 @@ fn accuracy_panel<DB: DrawingBackend>(
         Axis::Seconds => "Test accuracy vs wall time",
         Axis::Examples => "Test accuracy vs examples seen",
     };
-    let mut chart = ChartBuilder::on(area)
-        .caption(caption, ("sans-serif", 24))
-        .margin(16)
-        .x_label_area_size(56)
-        .y_label_area_size(80)
-        .build_cartesian_2d(0.0..axis.max(report), lo..1.0)?;
-    chart
-        .configure_mesh()
-        .x_desc(axis.desc())
+    let mut chart = panel(area, caption).build_cartesian_2d(0.0..axis.max(report), lo..1.0)?;
+    mesh_style(&mut chart.configure_mesh(), axis)
         .y_desc("test accuracy (averaged parameters)")
         .x_label_formatter(&|v| axis.label(*v))
         .y_label_formatter(&|v| format!("{v:.2}"))
-        .label_style(("sans-serif", 16))
-        .axis_desc_style(("sans-serif", 18))
-        .light_line_style(RGBColor(235, 235, 235))
         .draw()?;
     for (run, colour) in report.runs.iter().zip(COLOURS) {
         let points: Vec<(f64, f64)> = run
@@ -599,13 +629,7 @@ fn accuracy_panel<DB: DrawingBackend>(
                 .map(|&p| Circle::new(p, 4, colour.filled())),
         )?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .label_font(("sans-serif", 20))
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK.mix(0.4))
-        .draw()
+    draw_legend(&mut chart, SeriesLabelPosition::LowerRight)
 }
 
 /// Ticks of a log axis: 1, 2, 3 and 5 times each power of ten in `min..=max` (plotters'
@@ -668,24 +692,14 @@ fn loss_panel<DB: DrawingBackend>(
     } else {
         (0.01, 10.0)
     };
-    let mut chart = ChartBuilder::on(area)
-        .caption(caption, ("sans-serif", 24))
-        .margin(16)
-        .x_label_area_size(56)
-        .y_label_area_size(80)
-        .build_cartesian_2d(
-            0.0..axis.max(report),
-            (min..max).log_scale().with_key_points(log_ticks(min, max)),
-        )?;
-    chart
-        .configure_mesh()
-        .x_desc(axis.desc())
+    let mut chart = panel(area, caption).build_cartesian_2d(
+        0.0..axis.max(report),
+        (min..max).log_scale().with_key_points(log_ticks(min, max)),
+    )?;
+    mesh_style(&mut chart.configure_mesh(), axis)
         .y_desc("training loss (log scale)")
         .x_label_formatter(&|v| axis.label(*v))
         .y_label_formatter(&|v| short(*v))
-        .label_style(("sans-serif", 16))
-        .axis_desc_style(("sans-serif", 18))
-        .light_line_style(RGBColor(235, 235, 235))
         .draw()?;
     for (run, colour) in report.runs.iter().zip(COLOURS) {
         let points: Vec<(f64, f64)> = run
@@ -701,13 +715,7 @@ fn loss_panel<DB: DrawingBackend>(
             });
         chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, colour.filled())))?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .label_font(("sans-serif", 20))
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK.mix(0.4))
-        .draw()
+    draw_legend(&mut chart, SeriesLabelPosition::UpperRight)
 }
 
 #[cfg(test)]
