@@ -47,11 +47,18 @@ macro_rules! api {
     )*};
 }
 
+/// `CUDA_ERROR_INVALID_VALUE` for a null `pointer`.
+fn non_null<T>(pointer: *const T) -> Result<(), CUresult> {
+    if pointer.is_null() {
+        Err(CUDA_ERROR_INVALID_VALUE)
+    } else {
+        Ok(())
+    }
+}
+
 /// Writes `value` through `out`, which the caller must pass non-null.
 unsafe fn put<T>(out: *mut T, value: T) -> Result<(), CUresult> {
-    if out.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
+    non_null(out)?;
     out.write(value);
     Ok(())
 }
@@ -186,9 +193,7 @@ unsafe fn htod(
     if len == 0 {
         return Ok(0);
     }
-    if src.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
+    non_null(src)?;
     check_range(driver, dst, len)?;
     let source = if driver.pinned.contains(src as usize, len) {
         HostSource::Pinned(src as usize)
@@ -217,9 +222,7 @@ unsafe fn dtoh(
     if len == 0 {
         return Ok(());
     }
-    if dst.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
+    non_null(dst)?;
     check_range(driver, src, len)?;
     let pinned = driver.pinned.contains(dst as usize, len);
     if !pinned && stream.capturing() {
@@ -311,9 +314,7 @@ unsafe fn load_module(
 ) -> Result<u64, CUresult> {
     let driver = driver()?;
     let (ctx, _) = driver.current()?;
-    if image.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
+    non_null(image)?;
     let bytes = CStr::from_ptr(image as *const c_char).to_bytes();
     let report = |message: &str| {
         eprintln!("tandem-cuda-emu: {message}");
@@ -416,9 +417,7 @@ unsafe fn pack_params(
         let mut buffer = vec![0u8; bytes];
         for (i, param) in kernel.params().iter().enumerate() {
             let value = *params.add(i);
-            if value.is_null() {
-                return Err(CUDA_ERROR_INVALID_VALUE);
-            }
+            non_null(value)?;
             let slot = buffer
                 .get_mut(param.offset..param.offset + param.size)
                 .ok_or(CUDA_ERROR_INVALID_VALUE)?;
@@ -435,9 +434,7 @@ unsafe fn pack_params(
                 1 => pointer = *extra.add(i + 1) as *const u8,
                 2 => {
                     let p = *extra.add(i + 1) as *const usize;
-                    if p.is_null() {
-                        return Err(CUDA_ERROR_INVALID_VALUE);
-                    }
+                    non_null(p)?;
                     size = Some(*p);
                 }
                 _ => return Err(CUDA_ERROR_INVALID_VALUE),
@@ -570,9 +567,7 @@ api! {
     fn cuDevicePrimaryCtxRetain(ctx: *mut Handle, device: CUdevice) {
         let driver = driver()?;
         let d = driver.device(device)?;
-        if ctx.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
+        non_null(ctx)?;
         let mut tables = driver.tables();
         let id = match tables.primary[d].ctx {
             Some(id) => id,
@@ -642,9 +637,7 @@ api! {
     fn cuCtxCreate_v2(ctx: *mut Handle, _flags: c_uint, device: CUdevice) {
         let driver = driver()?;
         let d = driver.device(device)?;
-        if ctx.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
+        non_null(ctx)?;
         let id = driver.create_context(&mut driver.tables(), d)?;
         state::push_current(id);
         put(ctx, handle(id))
@@ -785,9 +778,7 @@ api! {
     fn cuStreamCreate(stream: *mut Handle, _flags: c_uint) {
         let driver = driver()?;
         let (ctx, _) = driver.current()?;
-        if stream.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
+        non_null(stream)?;
         let id = driver.id();
         let created = Stream::start(id, ctx, driver.runner())?;
         driver.tables().streams.insert(id, created);
@@ -856,9 +847,7 @@ api! {
     fn cuStreamEndCapture(stream: Handle, graph: *mut Handle) {
         let driver = driver()?;
         let stream = driver.stream(key(stream))?;
-        if graph.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
+        non_null(graph)?;
         let items = stream.end_capture()?;
         let id = driver.id();
         driver.tables().graphs.insert(id, GraphEntry { ctx: stream.ctx.id, items: Arc::new(items) });
@@ -910,9 +899,7 @@ api! {
     fn cuEventCreate(event: *mut Handle, flags: c_uint) {
         let driver = driver()?;
         let (ctx, _) = driver.current()?;
-        if event.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
+        non_null(event)?;
         let id = driver.id();
         driver.tables().events.insert(id, Arc::new(Event::new(id, ctx.id, flags & 2 != 0)));
         put(event, handle(id))
@@ -984,9 +971,7 @@ api! {
 
     /// Loads a PTX module.
     fn cuModuleLoadData(module: *mut Handle, image: *const c_void) {
-        if module.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
+        non_null(module)?;
         let id = load_module(image, None)?;
         put(module, handle(id))
     }
@@ -1028,9 +1013,7 @@ api! {
     fn cuModuleGetGlobal_v2(pointer: *mut CUdeviceptr, bytes: *mut usize, module: Handle, name: *const c_char) {
         let driver = driver()?;
         driver.current()?;
-        if name.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
+        non_null(name)?;
         let name = CStr::from_ptr(name).to_str().map_err(|_| CUDA_ERROR_NOT_FOUND)?;
         let tables = driver.tables();
         let entry = tables.modules.get(&key(module)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
@@ -1131,9 +1114,7 @@ api! {
     fn cuMemAlloc_v2(pointer: *mut CUdeviceptr, bytes: usize) {
         let driver = driver()?;
         let (ctx, _) = driver.current()?;
-        if pointer.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
+        non_null(pointer)?;
         let base = driver.memory.allocate(ctx.device, ctx.id, bytes as u64)?;
         stats::with(|s| {
             s.allocations += 1;
@@ -1167,9 +1148,7 @@ api! {
     fn cuMemAllocHost_v2(pointer: *mut *mut c_void, bytes: usize) {
         let driver = driver()?;
         driver.current()?;
-        if pointer.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
+        non_null(pointer)?;
         let p = driver.pinned.allocate(bytes)?;
         put(pointer, p as *mut c_void)
     }
@@ -1342,9 +1321,7 @@ api! {
     /// `CUDA_ERROR_INVALID_VALUE`).
     fn cuGetErrorName(code: CUresult, name: *mut *const c_char) {
         let found = ALL_C.iter().find(|(value, _, _)| *value == code);
-        if name.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
+        non_null(name)?;
         *name = found.map_or(std::ptr::null(), |(_, n, _)| n.as_ptr() as *const c_char);
         found.map(|_| ()).ok_or(CUDA_ERROR_INVALID_VALUE)
     }
@@ -1353,9 +1330,7 @@ api! {
     /// `CUDA_ERROR_INVALID_VALUE`).
     fn cuGetErrorString(code: CUresult, text: *mut *const c_char) {
         let found = ALL_C.iter().find(|(value, _, _)| *value == code);
-        if text.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
+        non_null(text)?;
         *text = found.map_or(std::ptr::null(), |(_, _, t)| t.as_ptr() as *const c_char);
         found.map(|_| ()).ok_or(CUDA_ERROR_INVALID_VALUE)
     }
