@@ -501,6 +501,23 @@ def histogram(s, rng, report):
                              np.bincount(data, minlength=256).astype(np.uint32)))
 
 
+def f64_terms(s, rng, report, name, terms_of):
+    """Runs f64 kernel `name` on 20,000 x in [0, 10] (with 0, 1e-300, 0.5, 1 and 10 first),
+    a = 1.25 and b = -0.5, and compares its y with the sum of `terms_of(x, a, b)` to 1e-14
+    times the sum of the terms' magnitudes (fma(a, x, b)'s product counted on its own)."""
+    fn = s.function(name, name)
+    n = 20_000
+    x = np.concatenate([[0.0, 1e-300, 0.5, 1.0, 10.0], rng.uniform(0, 10, n - 5)])
+    a, b = 1.25, -0.5
+    dx, dy = s.to_device(x), s.zeros(n, np.float64)
+    s.launch(fn, (20,), (128,), [dx, dy, c_int(n), ctypes.c_double(a), ctypes.c_double(b)])
+    terms = terms_of(x, a, b)
+    want = sum(terms)
+    scale = sum(np.abs(t) for t in terms) + np.abs(a * x) + abs(b)
+    report(f"n={n} (|err| <= 1e-14 * sum of |terms|)",
+           compare_abs(s.from_device(dy, np.float64), want, 1e-14 * scale))
+
+
 @check
 def f64_math(s, rng, report):
     """y = sqrt(x) exp(x/10) + log1p(x) + fma(a, x, b) + sin(x) cos(x) in f64.
@@ -511,17 +528,8 @@ def f64_math(s, rng, report):
     times the sum of the terms' magnitudes (about 45 ulps of it; a wrong term is off by far
     more).
     """
-    fn = s.function("f64_math", "f64_math")
-    n = 20_000
-    x = np.concatenate([[0.0, 1e-300, 0.5, 1.0, 10.0], rng.uniform(0, 10, n - 5)])
-    a, b = 1.25, -0.5
-    dx, dy = s.to_device(x), s.zeros(n, np.float64)
-    s.launch(fn, (20,), (128,), [dx, dy, c_int(n), ctypes.c_double(a), ctypes.c_double(b)])
-    terms = [np.sqrt(x) * np.exp(x / 10), np.log1p(x), a * x + b, np.sin(x) * np.cos(x)]
-    want = sum(terms)
-    scale = sum(np.abs(t) for t in terms) + np.abs(a * x) + abs(b)
-    report(f"n={n} (|err| <= 1e-14 * sum of |terms|)",
-           compare_abs(s.from_device(dy, np.float64), want, 1e-14 * scale))
+    f64_terms(s, rng, report, "f64_math", lambda x, a, b: [
+        np.sqrt(x) * np.exp(x / 10), np.log1p(x), a * x + b, np.sin(x) * np.cos(x)])
 
 
 @check
@@ -531,18 +539,9 @@ def f64_explog(s, rng, report):
     exp, log1p, log, cbrt, tanh are within 1 ulp and pow within 2 (CUDA C++ Programming Guide);
     compared to 1e-14 times the sum of the terms' magnitudes, as f64_math.
     """
-    fn = s.function("f64_explog", "f64_explog")
-    n = 20_000
-    x = np.concatenate([[0.0, 1e-300, 0.5, 1.0, 10.0], rng.uniform(0, 10, n - 5)])
-    a, b = 1.25, -0.5
-    dx, dy = s.to_device(x), s.zeros(n, np.float64)
-    s.launch(fn, (20,), (128,), [dx, dy, c_int(n), ctypes.c_double(a), ctypes.c_double(b)])
-    terms = [np.sqrt(x) * np.exp(x / 10), np.log1p(x), a * x + b, np.power(x, 1.5) / 8,
-             np.tanh(x - 5), np.cbrt(x), np.log(x + 2)]
-    want = sum(terms)
-    scale = sum(np.abs(t) for t in terms) + np.abs(a * x) + abs(b)
-    report(f"n={n} (|err| <= 1e-14 * sum of |terms|)",
-           compare_abs(s.from_device(dy, np.float64), want, 1e-14 * scale))
+    f64_terms(s, rng, report, "f64_explog", lambda x, a, b: [
+        np.sqrt(x) * np.exp(x / 10), np.log1p(x), a * x + b, np.power(x, 1.5) / 8,
+        np.tanh(x - 5), np.cbrt(x), np.log(x + 2)])
 
 
 def _spread(rng, n, lo, hi, dtype):
