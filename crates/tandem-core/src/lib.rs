@@ -1,12 +1,27 @@
-//! What a model and a data-parallel training strategy agree on, and nothing else: the
-//! parameter layout ([`ParamSpan`]), the [`Replica`] trait a model implements to be trained,
-//! and the [`TrainState`] a strategy reads and leaves behind.
+//! What a model, an optimiser and a data-parallel training strategy agree on, and nothing
+//! else: the parameter layout ([`ParamSpan`]), the [`Replica`] trait a model implements to be
+//! trained, the [`Optimizer`] trait that turns gradients into updates, and the [`TrainState`] a
+//! strategy reads and leaves behind (parameters and the optimiser's named state).
 //!
 //! The crate knows no threads, devices or CUDA: a model crate depends on it (and on its tensor
 //! layer) without pulling in a worker pool, and a strategy drives any model through it.
 //!
 //! ```
-//! use tandem_core::{ParamSpan, Replica, ReplicaError, TrainState};
+//! use tandem_core::{Optimizer, ParamSpan, Piece, Replica, ReplicaError, TrainState};
+//!
+//! /// Plain gradient descent, no state.
+//! struct Descent;
+//! impl Optimizer for Descent {
+//!     fn state_names(&self) -> &[&'static str] { &[] }
+//!     fn initial_state(&self, _: &str, _: &[f32]) -> Vec<f32> { Vec::new() }
+//!     fn update(&self, piece: Piece<'_, '_>, _step: u64, _epoch: f64) {
+//!         let n = piece.grads.len() as f32;
+//!         for (i, p) in piece.params.iter_mut().enumerate() {
+//!             *p -= 0.1 * piece.grads.iter().map(|g| g[i]).sum::<f32>() / n;
+//!         }
+//!     }
+//!     fn learning_rate(&self, _: f64) -> f32 { 0.1 }
+//! }
 //!
 //! /// y = w . x on a data set where example i is x = i, fitted to y = 3x.
 //! struct Scalar { layout: Vec<ParamSpan>, w: f32, grad: f32 }
@@ -33,17 +48,22 @@
 //! }
 //!
 //! let layout = vec![ParamSpan { name: "w".into(), shape: vec![1], weight_decay: false }];
-//! let state = TrainState::new(vec![1.0]);
+//! let state = TrainState::new(vec![1.0], &Descent);
 //! let mut replica = Scalar { layout, w: 0.0, grad: 0.0 };
 //! replica.set_params(&mut |p| p.copy_from_slice(&state.params)).unwrap();
 //! // (1 - 3) * 2 at x = 2: loss 8, gradient -8.
 //! assert_eq!(replica.compute_gradients(&[2]).unwrap(), 8.0);
 //! replica.read_gradients(&mut |g| assert_eq!(g, [-8.0])).unwrap();
+//! let mut w = [1.0];
+//! Descent.update(Piece { params: &mut w, state: &mut [], grads: &[&[-8.0]], weight_decay: false }, 0, 0.0);
+//! assert_eq!(w, [1.8]);
 //! ```
 #![warn(missing_docs)]
 
+mod optimizer;
 mod replica;
 mod state;
 
+pub use optimizer::{Optimizer, Piece};
 pub use replica::{ParamSpan, Replica, ReplicaError};
-pub use state::TrainState;
+pub use state::{Slot, TrainState};

@@ -17,29 +17,33 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
-use tandem_core::{Replica, TrainState};
+use tandem_core::{Optimizer, Replica, TrainState};
 use tandem_pool::{FailurePolicy, RunWatch, WorkerContext, WorkerPool};
 
 use crate::common::{check_loss, validate, watchdog};
-use crate::store::ParamStore;
-use crate::{EpochOrder, Epochs, Hyper, Observer, Staleness, StepReport, TrainError, TrainReport};
+use crate::hyper::reports;
+use crate::store::{HostStore, ParamStore};
+use crate::{
+    Batches, EpochOrder, Epochs, Observer, Staleness, StepReport, TrainError, TrainReport,
+};
 
-/// Trains from `state` until `state.step == end_step` updates have been applied (or the
-/// observer stops it), leaving the final parameters, moving average and step in `state`.
-/// Every update uses one worker's batch of `batch_size` examples.
-pub fn train<R: Replica>(
+/// Trains from `state` with `optimizer` until `state.step == end_step` updates have been
+/// applied (or the observer stops it), leaving the final parameters, optimiser state and step
+/// in `state`. Every update uses one worker's batch of `batches.batch_size` examples.
+pub fn train<R: Replica, O: Optimizer + ?Sized>(
     pool: &mut WorkerPool<R>,
     state: &mut TrainState,
-    hyper: &Hyper,
+    optimizer: &O,
+    batches: &Batches,
     end_step: u64,
     observer: &dyn Observer,
 ) -> Result<TrainReport, TrainError> {
-    let examples = validate(pool, state, hyper)?;
+    let examples = validate(pool, state, optimizer, batches)?;
     let workers = pool.len();
-    let batch_size = hyper.batch_size as u64;
+    let batch_size = batches.batch_size as u64;
     let epochs = Epochs::new(examples, batch_size);
-    let store = ParamStore::new(state, pool.replicas()[0].layout());
-    let shards = store.shard_count();
+    let store = HostStore::new(state, pool.replicas()[0].layout(), optimizer, 0);
+    let log_every = observer.log_every();
     // Tickets hand out batches; `applied` counts updates begun and is the store's version;
     // `completed` counts updates whose every shard is written.
     let tickets = AtomicU64::new(state.step);
@@ -54,7 +58,7 @@ pub fn train<R: Replica>(
     // that an update that begins after it makes the two differ, or changes `applied` by the
     // second look.
     let snapshot = |_: &RunWatch<'_>| {
-        store.consistent_copy(|| {
+        ParamStore::<R>::consistent_copy(&store, &|| {
             let done = completed.load(Ordering::Acquire);
             let begun = applied.load(Ordering::Acquire);
             (done == begun).then_some(begun)
@@ -62,10 +66,8 @@ pub fn train<R: Replica>(
     };
     let work = |ctx: &WorkerContext<'_>, replica: &mut R| {
         replica.bind_thread()?;
-        let mut order = EpochOrder::new(hyper.seed, examples);
-        let mut batch = vec![0u32; hyper.batch_size];
-        // Workers start their update at different shards so they rarely queue on one lock.
-        let first_shard = ctx.worker() * shards / workers;
+        let mut order = EpochOrder::new(batches.seed, examples);
+        let mut batch = vec![0u32; batches.batch_size];
         let (mut staleness_sum, mut staleness_max, mut updates) = (0u64, 0u64, 0u64);
         loop {
             if stop.load(Ordering::Relaxed) {
@@ -77,19 +79,17 @@ pub fn train<R: Replica>(
             }
             ctx.set_step(ticket + 1);
             let read_version = applied.load(Ordering::Acquire);
-            replica.set_params(&mut |p| store.copy_params(p))?;
+            store.load(replica)?;
             order.fill(epochs.position(ticket), &mut batch);
             let loss = check_loss(replica.compute_gradients(&batch)?)?;
-            let mut step = 0;
-            replica.read_gradients(&mut |g| {
+            let (mut step, mut epoch) = (0, 0.0);
+            store.apply((ctx.worker(), workers), replica, &mut || {
                 step = applied.fetch_add(1, Ordering::AcqRel);
-                let lr = hyper.learning_rate(epochs.epoch_at(step));
-                for shard in (first_shard..shards).chain(0..first_shard) {
-                    store.update(shard, &[g], hyper, lr, hyper.ema_decay(step));
-                }
-                // Release: whoever sees the count sees every shard this update wrote.
-                completed.fetch_add(1, Ordering::Release);
+                epoch = epochs.epoch_at(step);
+                (step, epoch)
             })?;
+            // Release: whoever sees the count sees every shard this update wrote.
+            completed.fetch_add(1, Ordering::Release);
             let staleness = step - read_version;
             staleness_sum += staleness;
             staleness_max = staleness_max.max(staleness);
@@ -97,11 +97,11 @@ pub fn train<R: Replica>(
             if observer.should_stop() {
                 stop.store(true, Ordering::Relaxed);
             }
-            if hyper.reports(step + 1) {
+            if reports(log_every, step + 1) {
                 observer.on_log(&StepReport {
                     step: step + 1,
-                    loss: loss + store.l2_loss(hyper.weight_decay),
-                    learning_rate: hyper.learning_rate(epochs.epoch_at(step)),
+                    loss: loss + ParamStore::<R>::l2_loss(&store, optimizer.weight_decay()),
+                    learning_rate: optimizer.learning_rate(epoch),
                     examples: (step + 1 - start_step) * batch_size,
                     elapsed: started.elapsed(),
                     staleness: Some(staleness),
@@ -126,7 +126,7 @@ pub fn train<R: Replica>(
         .fold((0, 0, 0), |(s, m, n), &(ws, wm, wn)| {
             (s + ws, m.max(wm), n + wn)
         });
-    store.save_into(state);
+    ParamStore::<R>::save_into(&store, state);
     state.step = applied.load(Ordering::Acquire);
     // Counted from the store's version: a failed worker's earlier updates count too.
     let steps = state.step - start_step;

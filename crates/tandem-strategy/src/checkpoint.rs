@@ -1,8 +1,10 @@
 //! Checkpoints of a [`TrainState`] in the safetensors format.
 //!
-//! A checkpoint holds two tensors per parameter span, `params/NAME` and `ema/NAME` (f32, the
-//! span's shape), and string metadata: `step` plus whatever the caller adds (hyper-parameters,
-//! mode, device count...). The same state and metadata always give the same bytes.
+//! A checkpoint holds one tensor per parameter span, `params/NAME`, and one per span and
+//! optimiser state vector, `SLOT/NAME` (f32, the span's shape; SGD's moving average is
+//! `ema/NAME`), and string metadata: `step`, `optimizer_state` (the state vectors' names, in
+//! the optimiser's order) plus whatever the caller adds (hyper-parameters, mode, device
+//! count...). The same state and metadata always give the same bytes.
 //!
 //! A run writes into a [`CheckpointDir`], which it holds alone (a lock file) from before its
 //! first step: opening it proves the directory writable and sweeps the temporary files a killed
@@ -21,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use safetensors::tensor::{Dtype, Metadata, SafeTensors, TensorView};
-use tandem_core::{ParamSpan, TrainState};
+use tandem_core::{ParamSpan, Slot, TrainState};
 
 /// File names are `step-<decimal step>.safetensors`, zero-padded to 10 digits when written.
 const PREFIX: &str = "step-";
@@ -36,6 +38,13 @@ const MAX_HEADER: u64 = 100_000_000;
 const N_LEN: u64 = 8;
 /// The metadata key of the step.
 const STEP: &str = "step";
+/// The metadata key of the optimiser state's names, comma-separated in the optimiser's order.
+const SLOTS: &str = "optimizer_state";
+/// What a checkpoint without [`SLOTS`] holds: written before the optimiser seam, by SGD with a
+/// moving average.
+const SLOTS_BEFORE_THE_OPTIMISER_SEAM: &str = "ema";
+/// The most optimiser state vectors a checkpoint may name (Adam has two).
+const MAX_SLOTS: usize = 8;
 /// The metadata key that a resumed run may change: not part of `save_in_dir`'s identity.
 const END_STEP: &str = "end_step";
 
@@ -87,9 +96,10 @@ pub enum CheckpointError {
 /// A loaded checkpoint.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Checkpoint {
-    /// Parameters, moving average and step.
+    /// Parameters, optimiser state and step.
     pub state: TrainState,
-    /// The metadata the writer stored (without `step`, which is in `state`).
+    /// The metadata the writer stored (without `step` and `optimizer_state`, which are in
+    /// `state`).
     pub metadata: BTreeMap<String, String>,
 }
 
@@ -151,7 +161,7 @@ pub fn to_bytes(
     metadata: &BTreeMap<String, String>,
 ) -> Result<Vec<u8>, safetensors::SafeTensorError> {
     let total = layout_len(layout);
-    for values in [&state.params, &state.ema] {
+    for values in tensors_of(state).map(|(_, values)| values) {
         if values.len() != total {
             return Err(safetensors::SafeTensorError::InvalidTensorView(
                 Dtype::F32,
@@ -164,16 +174,13 @@ pub fn to_bytes(
     let mut offset = 0;
     for span in layout {
         let range = offset..offset + span.len();
-        bytes.push((
-            format!("params/{}", span.name),
-            span.shape.clone(),
-            le_bytes(&state.params[range.clone()]),
-        ));
-        bytes.push((
-            format!("ema/{}", span.name),
-            span.shape.clone(),
-            le_bytes(&state.ema[range]),
-        ));
+        for (prefix, values) in tensors_of(state) {
+            bytes.push((
+                format!("{prefix}/{}", span.name),
+                span.shape.clone(),
+                le_bytes(&values[range.clone()]),
+            ));
+        }
         offset += span.len();
     }
     let views = bytes
@@ -191,11 +198,13 @@ pub fn to_bytes(
     let (n, header) = SafeTensors::read_metadata(&plain)?;
     let data = &plain[N_LEN as usize + n..];
     let step = state.step.to_string();
+    let slots = slot_names(state).join(",");
     let mut info: BTreeMap<&str, &str> = metadata
         .iter()
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
     info.insert(STEP, &step);
+    info.insert(SLOTS, &slots);
     // BTreeMaps serialise in key order whatever serde_json's features are.
     let mut json = BTreeMap::new();
     json.insert("__metadata__".to_string(), serde_json::to_value(info)?);
@@ -214,9 +223,60 @@ pub fn to_bytes(
     Ok(out)
 }
 
+/// `params` and each optimiser state vector, as the tensor name prefixes.
+fn tensors_of(state: &TrainState) -> impl Iterator<Item = (&str, &Vec<f32>)> {
+    std::iter::once(("params", &state.params)).chain(
+        state
+            .slots
+            .iter()
+            .map(|slot| (slot.name.as_str(), &slot.values)),
+    )
+}
+
+fn slot_names(state: &TrainState) -> Vec<&str> {
+    state.slots.iter().map(|s| s.name.as_str()).collect()
+}
+
+/// Whether `name` may name an optimiser state vector: a short lower-case identifier, not
+/// `params`.
+fn valid_slot_name(name: &str) -> bool {
+    (1..=32).contains(&name.len())
+        && name != "params"
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+}
+
+/// The optimiser state's names as `metadata` lists them (removed from it), checked.
+fn take_slots(
+    metadata: &mut BTreeMap<String, String>,
+    path: &Path,
+) -> Result<Vec<String>, CheckpointError> {
+    let text = metadata
+        .remove(SLOTS)
+        .unwrap_or_else(|| SLOTS_BEFORE_THE_OPTIMISER_SEAM.to_string());
+    let names: Vec<String> = if text.is_empty() {
+        Vec::new()
+    } else {
+        text.split(',').map(str::to_string).collect()
+    };
+    let distinct: std::collections::BTreeSet<&String> = names.iter().collect();
+    if names.len() > MAX_SLOTS
+        || distinct.len() != names.len()
+        || !names.iter().all(|n| valid_slot_name(n))
+    {
+        return Err(corrupt(
+            path,
+            format!("its {SLOTS} {text:?} is not a list of up to {MAX_SLOTS} distinct names"),
+        ));
+    }
+    Ok(names)
+}
+
 /// A checkpoint's header, its size checked against the file's.
 struct Header {
     step: u64,
+    slots: Vec<String>,
     metadata: BTreeMap<String, String>,
     tensors: Metadata,
 }
@@ -288,15 +348,17 @@ fn read_header_of(file: &mut File, path: &Path) -> Result<Header, CheckpointErro
         .ok_or_else(|| corrupt(path, "no step in its metadata"))?;
     let step = parse_step(&step)
         .ok_or_else(|| corrupt(path, format!("its step {step:?} is not a u64")))?;
+    let slots = take_slots(&mut metadata, path)?;
     Ok(Header {
         step,
+        slots,
         metadata,
         tensors,
     })
 }
 
 /// Reads only the header of the checkpoint at `path` and checks it and the file's size: its
-/// step and metadata (without `step`). Cheap whatever the file's size; the tensors are not read
+/// step and metadata (without `step` and `optimizer_state`). Cheap whatever the file's size; the tensors are not read
 /// (use [`load`] for that).
 pub fn read_header(path: &Path) -> Result<(u64, BTreeMap<String, String>), CheckpointError> {
     let mut file = File::open(path).map_err(io(path))?;
@@ -310,7 +372,8 @@ pub fn load(path: &Path, layout: &[ParamSpan]) -> Result<Checkpoint, CheckpointE
     let mut file = File::open(path).map_err(io(path))?;
     let header = read_header_of(&mut file, path)?;
     let tensors = &header.tensors;
-    let expected = 2 * layout.len();
+    let per_span = 1 + header.slots.len();
+    let expected = per_span * layout.len();
     let found = tensors.tensors().len();
     if found != expected {
         return Err(mismatch(
@@ -319,8 +382,11 @@ pub fn load(path: &Path, layout: &[ParamSpan]) -> Result<Checkpoint, CheckpointE
         ));
     }
     let mut ranges = Vec::with_capacity(expected);
+    let prefixes: Vec<&str> = std::iter::once("params")
+        .chain(header.slots.iter().map(String::as_str))
+        .collect();
     for span in layout {
-        for prefix in ["params", "ema"] {
+        for (which, prefix) in prefixes.iter().enumerate() {
             let name = format!("{prefix}/{}", span.name);
             let info = tensors
                 .info(&name)
@@ -334,11 +400,11 @@ pub fn load(path: &Path, layout: &[ParamSpan]) -> Result<Checkpoint, CheckpointE
                     ),
                 ));
             }
-            ranges.push((name, info.data_offsets));
+            ranges.push((which, name, info.data_offsets));
         }
     }
     // Follows from the checks above; said outright because it bounds the read below.
-    let needed = 2 * 4 * layout_len(layout);
+    let needed = per_span * 4 * layout_len(layout);
     if tensors.data_len() != needed {
         return Err(mismatch(
             path,
@@ -351,12 +417,8 @@ pub fn load(path: &Path, layout: &[ParamSpan]) -> Result<Checkpoint, CheckpointE
     let mut data = vec![0; needed];
     read_all(&mut file, &mut data, path, "tensors")?;
     let total = layout_len(layout);
-    let mut state = TrainState {
-        params: Vec::with_capacity(total),
-        ema: Vec::with_capacity(total),
-        step: header.step,
-    };
-    for (name, (start, end)) in ranges {
+    let mut values_of: Vec<Vec<f32>> = vec![Vec::with_capacity(total); per_span];
+    for (which, name, (start, end)) in ranges {
         let bytes = data
             .get(start..end)
             .ok_or_else(|| corrupt(path, format!("damaged: {name} lies outside the file")))?;
@@ -370,12 +432,19 @@ pub fn load(path: &Path, layout: &[ParamSpan]) -> Result<Checkpoint, CheckpointE
                 format!("damaged: tensor {name} holds a non-finite value"),
             ));
         }
-        if name.starts_with("params/") {
-            state.params.extend(values);
-        } else {
-            state.ema.extend(values);
-        }
+        values_of[which].extend(values);
     }
+    let mut values_of = values_of.into_iter();
+    let state = TrainState {
+        params: values_of.next().unwrap_or_default(),
+        slots: header
+            .slots
+            .into_iter()
+            .zip(values_of)
+            .map(|(name, values)| Slot { name, values })
+            .collect(),
+        step: header.step,
+    };
     Ok(Checkpoint {
         state,
         metadata: header.metadata,
@@ -591,20 +660,25 @@ impl CheckpointDir {
     ) -> Result<PathBuf, CheckpointError> {
         let path = self.dir.join(file_name(state.step));
         let total = layout_len(layout);
-        if state.params.len() != total || state.ema.len() != total {
+        if let Some((prefix, values)) = tensors_of(state).find(|(_, v)| v.len() != total) {
             return Err(mismatch(
                 &path,
                 format!(
-                    "the state has {} parameters and {} averages, the layout {total}",
-                    state.params.len(),
-                    state.ema.len()
+                    "the state's {prefix} has {} values, the layout {total}",
+                    values.len()
                 ),
+            ));
+        }
+        if let Some(name) = slot_names(state).into_iter().find(|n| !valid_slot_name(n)) {
+            return Err(mismatch(
+                &path,
+                format!("the optimiser state {name:?} needs a lower-case name other than params"),
             ));
         }
         let mut offset = 0;
         for span in layout {
             let range = offset..offset + span.len();
-            for (prefix, values) in [("params", &state.params), ("ema", &state.ema)] {
+            for (prefix, values) in tensors_of(state) {
                 if values[range.clone()].iter().any(|v| !v.is_finite()) {
                     return Err(corrupt(
                         &path,

@@ -3,10 +3,10 @@
 
 use std::time::{Duration, Instant};
 
-use tandem_core::{Replica, ReplicaError, TrainState};
+use tandem_core::{Optimizer, Replica, ReplicaError, TrainState};
 use tandem_pool::{RunWatch, WorkerActivity, WorkerPool};
 
-use crate::{Hyper, NonFiniteLoss, Observer, Stall, TrainError};
+use crate::{Batches, NonFiniteLoss, Observer, Stall, TrainError};
 
 /// How often the watchdog looks at the workers: a stall or an abandon is reported within this
 /// of its deadline, and a wake-up this rare costs nothing next to training.
@@ -14,10 +14,11 @@ const WATCH_EVERY: Duration = Duration::from_millis(50);
 
 /// Checks the state and configuration against the pool's replicas; returns the number of
 /// training examples.
-pub(crate) fn validate<R: Replica>(
+pub(crate) fn validate<R: Replica, O: Optimizer + ?Sized>(
     pool: &WorkerPool<R>,
     state: &TrainState,
-    hyper: &Hyper,
+    optimizer: &O,
+    batches: &Batches,
 ) -> Result<usize, TrainError> {
     let first = pool
         .replicas()
@@ -31,13 +32,21 @@ pub(crate) fn validate<R: Replica>(
         }
     }
     let model: usize = first.layout().iter().map(|s| s.len()).sum();
-    if state.params.len() != model || state.ema.len() != model {
+    if state.params.len() != model {
         return Err(TrainError::StateMismatch {
             state: state.params.len(),
             model,
         });
     }
-    if hyper.batch_size == 0 {
+    if !state.fits(optimizer) {
+        return Err(TrainError::Config(format!(
+            "the training state's optimiser state ({}) is not the optimiser's ({}), each as \
+             long as the parameters",
+            names(state.slots.iter().map(|s| s.name.as_str())),
+            names(optimizer.state_names().iter().copied())
+        )));
+    }
+    if batches.batch_size == 0 {
         return Err(TrainError::Config(
             "the batch size must be at least 1".into(),
         ));
@@ -47,6 +56,16 @@ pub(crate) fn validate<R: Replica>(
         return Err(TrainError::Config("the training set is empty".into()));
     }
     Ok(examples)
+}
+
+/// `a, b` or `none`.
+fn names<'n>(names: impl Iterator<Item = &'n str>) -> String {
+    let list: Vec<&str> = names.collect();
+    if list.is_empty() {
+        "none".into()
+    } else {
+        list.join(", ")
+    }
 }
 
 /// Fails the step when its loss is not finite, before any update is applied (the worker's

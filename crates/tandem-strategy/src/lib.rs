@@ -7,17 +7,18 @@
 //!   computes gradients on its own batch and applies its update at once, without waiting for the
 //!   others (parameter-server style; updates can be stale, and staleness is measured).
 //!
-//! Both share everything else: the [`Hyper`] parameters and their [schedules](Hyper::learning_rate),
-//! the one definition of an epoch ([`Epochs`]), the sharded parameter store, the data order
-//! ([`EpochOrder`]), the optimiser step
-//! ([`tandem_tensor::cpu::sgd_ema_update`]), [`Observer`] callbacks and the [`TrainReport`].
-//! Neither knows anything of the model beyond the [`tandem_core::Replica`] trait; both train a
+//! Both share everything else: the one definition of an epoch ([`Epochs`]), the data order
+//! ([`Batches`], [`EpochOrder`]), the store of the parameters of record ([`ParamStore`]; in host
+//! memory, [`HostStore`]), [`Observer`] callbacks and the [`TrainReport`]. Neither knows
+//! anything of the model beyond the [`tandem_core::Replica`] trait, nor of the optimiser
+//! beyond [`tandem_core::Optimizer`] (tandem's is [`Sgd`]: SGD with exponential decay, L2 and a
+//! moving average, the TensorFlow multi-GPU MNIST example's); both train a
 //! [`tandem_core::TrainState`] in place.
 //!
 //! ```
 //! use tandem_core::{ParamSpan, Replica, ReplicaError, TrainState};
 //! use tandem_pool::{Device, WorkerPool};
-//! use tandem_strategy::{sync, Hyper, NoObserver};
+//! use tandem_strategy::{sync, Batches, NoObserver, Sgd};
 //!
 //! /// Fits y = w . x to a target w* = 3 on a data set where example i is x = i.
 //! struct Scalar { layout: Vec<ParamSpan>, w: f32, grad: f32 }
@@ -49,9 +50,10 @@
 //! let mut pool = WorkerPool::new(devices, |_| {
 //!     Ok::<_, ReplicaError>(Scalar { layout: layout.clone(), w: 0.0, grad: 0.0 })
 //! }).unwrap();
-//! let hyper = Hyper { batch_size: 5, learning_rate: 0.5, ..Hyper::default() };
-//! let mut state = TrainState::new(vec![0.0]);
-//! sync::train(&mut pool, &mut state, &hyper, 200, &NoObserver).unwrap();
+//! let sgd = Sgd { learning_rate: 0.5, ..Sgd::default() };
+//! let batches = Batches { batch_size: 5, seed: 1 };
+//! let mut state = TrainState::new(vec![0.0], &sgd);
+//! sync::train(&mut pool, &mut state, &sgd, &batches, 200, &NoObserver).unwrap();
 //! assert!((state.params[0] - 3.0).abs() < 1e-3);
 //! ```
 #![warn(missing_docs)]
@@ -66,15 +68,16 @@ mod store;
 pub mod sync;
 
 pub use epochs::Epochs;
-pub use hyper::Hyper;
+pub use hyper::{Batches, Sgd};
 pub use order::EpochOrder;
+pub use store::{HostStore, ParamStore};
 
 use std::time::Duration;
 
 use tandem_core::TrainState;
 use tandem_pool::WorkerFailure;
 
-/// What a strategy tells its observer every `log_every` steps.
+/// What a strategy tells its observer every [`Observer::log_every`] steps.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepReport {
     /// The global step just completed (1-based: updates applied so far).
@@ -110,7 +113,13 @@ pub struct Stall {
 /// the run's watchdog thread, which watches the workers for as long as a strategy's `train`
 /// runs them.
 pub trait Observer: Sync {
-    /// Called after every `log_every`-th global step.
+    /// How often to call [`on_log`](Self::on_log): after every this many global steps (0, the
+    /// default: never).
+    fn log_every(&self) -> u64 {
+        0
+    }
+
+    /// Called after every [`log_every`](Self::log_every)-th global step.
     fn on_log(&self, report: &StepReport) {
         let _ = report;
     }

@@ -1,11 +1,12 @@
+//! Where the parameters of record live while a strategy trains: the [`ParamStore`] seam, and
+//! [`HostStore`], the store in host memory.
+
 use std::ops::Range;
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
-use tandem_core::{ParamSpan, TrainState};
-use tandem_tensor::cpu::{self, UpdateStep};
-
-use crate::Hyper;
+use tandem_core::{Optimizer, ParamSpan, Piece, Replica, ReplicaError, Slot, TrainState};
+use tandem_tensor::cpu;
 
 /// Parameters per shard: small enough that workers updating different shards rarely wait for
 /// each other, large enough that locking costs nothing next to the arithmetic.
@@ -14,30 +15,104 @@ const SHARD_LEN: usize = 16 * 1024;
 /// How many times [`ParamStore::consistent_copy`] tries before it gives up, a millisecond apart.
 const COPY_TRIES: usize = 200;
 
-/// One contiguous piece of the parameters and their moving average.
-pub(crate) struct Shard {
+/// The parameters of record and the optimiser's state, as the strategies use them. Every
+/// operation names the replica (or the worker) it serves rather than handing out host memory,
+/// so that a store may keep everything where the replicas compute: [`HostStore`] in host
+/// memory for CPU workers; a store in device memory moves the same data between device
+/// buffers, and the strategies stay as they are.
+pub trait ParamStore<R: Replica>: Sync {
+    /// Gives `replica` the current parameters.
+    fn load(&self, replica: &mut R) -> Result<(), ReplicaError>;
+
+    /// Synchronous: makes `worker`'s gradients of its last step available to
+    /// [`update_share`](Self::update_share).
+    fn publish(&self, worker: usize, replica: &mut R) -> Result<(), ReplicaError>;
+
+    /// Synchronous: applies update `step` (at `epoch`) to `worker`'s share of the parameters
+    /// (the shares of all workers cover them once), with the mean of every worker's published
+    /// gradients, summed in worker order.
+    fn update_share(&self, worker: usize, step: u64, epoch: f64);
+
+    /// Asynchronous: applies `replica`'s gradients of its last step as one update, at once
+    /// for this worker (`worker_of`: the worker and how many there are), while others may update too (each piece under
+    /// its own lock, each worker starting at its own piece so that workers rarely queue). `begin` is called once, just before the
+    /// first piece is written, and returns the update's step and epoch.
+    fn apply(
+        &self,
+        worker_of: (usize, usize),
+        replica: &mut R,
+        begin: &mut dyn FnMut() -> (u64, f64),
+    ) -> Result<(), ReplicaError>;
+
+    /// `weight_decay / 2 * sum of w^2` over the regularised parameters (the L2 term of the
+    /// reported loss).
+    fn l2_loss(&self, weight_decay: f32) -> f32;
+
+    /// Writes the parameters and optimiser state into `state` (its step is the caller's).
+    fn save_into(&self, state: &mut TrainState);
+
+    /// A copy of the parameters and optimiser state that no update straddles, as a state whose
+    /// step is the one `version` gives. `version` names the step the store holds, or `None`
+    /// while an update is under way; writers must change it before they touch the store and
+    /// keep it changed until they are done (a seqlock). A copy counts only if the version is
+    /// the same before and after it. `None` if no quiet moment came in a while (200 tries a
+    /// millisecond apart). Meant for rare use (a run being abandoned): it retries rather than
+    /// making writers wait.
+    fn consistent_copy(&self, version: &dyn Fn() -> Option<u64>) -> Option<TrainState> {
+        for _ in 0..COPY_TRIES {
+            if let Some(step) = version() {
+                let mut state = self.empty_state(step);
+                self.save_into(&mut state);
+                if version() == Some(step) {
+                    return Some(state);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        None
+    }
+
+    /// A state of the store's shape (zeros) at `step`, for [`save_into`](Self::save_into).
+    fn empty_state(&self, step: u64) -> TrainState;
+}
+
+/// One contiguous piece of the parameters and their optimiser state.
+struct Shard {
     offset: usize,
     weight_decay: bool,
     params: Vec<f32>,
-    ema: Vec<f32>,
+    state: Vec<Vec<f32>>,
 }
 
 impl Shard {
     fn range(&self) -> Range<usize> {
         self.offset..self.offset + self.params.len()
     }
-}
 
-/// The parameters of record, split into shards that are locked one at a time, so that workers
-/// can read and update different parts at once. Shards never straddle two parameter spans, so
-/// each one is either regularised or not.
-pub(crate) struct ParamStore {
-    shards: Vec<RwLock<Shard>>,
-    len: usize,
+    /// Applies `optimizer`'s update with `grads` (whole flat vectors, one per replica).
+    fn update<O: Optimizer + ?Sized>(
+        &mut self,
+        optimizer: &O,
+        grads: &[&[f32]],
+        step: u64,
+        epoch: f64,
+    ) {
+        let range = self.range();
+        let parts: Vec<&[f32]> = grads.iter().map(|g| &g[range.clone()]).collect();
+        let mut state: Vec<&mut [f32]> = self.state.iter_mut().map(Vec::as_mut_slice).collect();
+        let piece = Piece {
+            params: &mut self.params,
+            state: &mut state,
+            grads: &parts,
+            weight_decay: self.weight_decay,
+        };
+        optimizer.update(piece, step, epoch);
+    }
 }
 
 fn read(shard: &RwLock<Shard>) -> RwLockReadGuard<'_, Shard> {
-    // Shards are only written by `sgd_ema_update`, which cannot panic half-way.
+    // A poisoned shard was being updated by a worker that panicked in the optimiser; the run
+    // fails with that worker's panic, and what the shard holds is still saved as it is.
     shard.read().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -45,8 +120,23 @@ fn write(shard: &RwLock<Shard>) -> RwLockWriteGuard<'_, Shard> {
     shard.write().unwrap_or_else(|p| p.into_inner())
 }
 
-impl ParamStore {
-    pub fn new(state: &TrainState, layout: &[ParamSpan]) -> Self {
+/// The parameters of record in host memory, split into shards that are locked one at a time,
+/// so that workers can read and update different parts at once. Shards never straddle two
+/// parameter spans, so each one is either regularised or not. For synchronous training it
+/// also holds one gradient buffer per worker.
+pub struct HostStore<'o, O: Optimizer + ?Sized> {
+    optimizer: &'o O,
+    shards: Vec<RwLock<Shard>>,
+    slot_names: Vec<String>,
+    len: usize,
+    grads: Vec<RwLock<Vec<f32>>>,
+}
+
+impl<'o, O: Optimizer + ?Sized> HostStore<'o, O> {
+    /// A store holding `state`'s parameters and optimiser state in `layout`'s spans, with
+    /// gradient buffers for `workers` synchronous workers (0 for asynchronous training).
+    /// `state` must fit `layout` and `optimizer` (the strategies check it first).
+    pub fn new(state: &TrainState, layout: &[ParamSpan], optimizer: &'o O, workers: usize) -> Self {
         let mut shards = Vec::new();
         let mut offset = 0;
         for span in layout {
@@ -57,24 +147,29 @@ impl ParamStore {
                     offset: start,
                     weight_decay: span.weight_decay,
                     params: state.params[range.clone()].to_vec(),
-                    ema: state.ema[range].to_vec(),
+                    state: state
+                        .slots
+                        .iter()
+                        .map(|s| s.values[range.clone()].to_vec())
+                        .collect(),
                 }));
             }
             offset = end;
         }
         Self {
+            optimizer,
             shards,
+            slot_names: state.slots.iter().map(|s| s.name.clone()).collect(),
             len: offset,
+            grads: (0..workers)
+                .map(|_| RwLock::new(vec![0.0; offset]))
+                .collect(),
         }
-    }
-
-    pub fn shard_count(&self) -> usize {
-        self.shards.len()
     }
 
     /// Shards `first..last` that worker `worker` of `workers` owns in a synchronous step:
     /// contiguous, with about the same number of parameters each.
-    pub fn owned_by(&self, worker: usize, workers: usize) -> Range<usize> {
+    fn owned_by(&self, worker: usize, workers: usize) -> Range<usize> {
         let boundary = |w: usize| {
             let target = self.len * w / workers;
             self.shards
@@ -89,36 +184,58 @@ impl ParamStore {
         }
     }
 
-    /// Copies the current parameters into `dst` (the whole flat vector), shard by shard.
-    pub fn copy_params(&self, dst: &mut [f32]) {
-        for shard in &self.shards {
-            let shard = read(shard);
-            dst[shard.range()].copy_from_slice(&shard.params);
+    /// Applies one update to shard `index` with `grads` (whole flat vectors).
+    fn update(&self, index: usize, grads: &[&[f32]], step: u64, epoch: f64) {
+        write(&self.shards[index]).update(self.optimizer, grads, step, epoch);
+    }
+}
+
+impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for HostStore<'_, O> {
+    fn load(&self, replica: &mut R) -> Result<(), ReplicaError> {
+        replica.set_params(&mut |dst| {
+            for shard in &self.shards {
+                let shard = read(shard);
+                dst[shard.range()].copy_from_slice(&shard.params);
+            }
+        })
+    }
+
+    fn publish(&self, worker: usize, replica: &mut R) -> Result<(), ReplicaError> {
+        let mut mine = self.grads[worker]
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
+        replica.read_gradients(&mut |g| mine.copy_from_slice(g))
+    }
+
+    fn update_share(&self, worker: usize, step: u64, epoch: f64) {
+        let all: Vec<_> = self
+            .grads
+            .iter()
+            .map(|g| g.read().unwrap_or_else(|p| p.into_inner()))
+            .collect();
+        let all: Vec<&[f32]> = all.iter().map(|g| g.as_slice()).collect();
+        for shard in self.owned_by(worker, self.grads.len()) {
+            self.update(shard, &all, step, epoch);
         }
     }
 
-    /// Applies one optimiser step to shard `index`, with the gradient averaged over `grads`
-    /// (whole flat vectors) in their order.
-    pub fn update(&self, index: usize, grads: &[&[f32]], hyper: &Hyper, lr: f32, ema_decay: f32) {
-        let mut guard = write(&self.shards[index]);
-        let shard = &mut *guard;
-        let range = shard.range();
-        let parts: Vec<&[f32]> = grads.iter().map(|g| &g[range.clone()]).collect();
-        let weight_decay = if shard.weight_decay {
-            hyper.weight_decay
-        } else {
-            0.0
-        };
-        let step = UpdateStep {
-            learning_rate: lr,
-            weight_decay,
-            ema_decay,
-        };
-        cpu::sgd_ema_update(&mut shard.params, &mut shard.ema, &parts, step);
+    fn apply(
+        &self,
+        (worker, workers): (usize, usize),
+        replica: &mut R,
+        begin: &mut dyn FnMut() -> (u64, f64),
+    ) -> Result<(), ReplicaError> {
+        let shards = self.shards.len();
+        let first = worker * shards / workers.max(1);
+        replica.read_gradients(&mut |g| {
+            let (step, epoch) = begin();
+            for shard in (first..shards).chain(0..first) {
+                self.update(shard, &[g], step, epoch);
+            }
+        })
     }
 
-    /// `weight_decay / 2 * sum of w^2` over the regularised parameters.
-    pub fn l2_loss(&self, weight_decay: f32) -> f32 {
+    fn l2_loss(&self, weight_decay: f32) -> f32 {
         let sum: f64 = self
             .shards
             .iter()
@@ -129,39 +246,29 @@ impl ParamStore {
         (f64::from(weight_decay) / 2.0 * sum) as f32
     }
 
-    /// Writes the parameters and moving average back into `state`.
-    pub fn save_into(&self, state: &mut TrainState) {
+    fn save_into(&self, state: &mut TrainState) {
         for shard in &self.shards {
             let shard = read(shard);
             state.params[shard.range()].copy_from_slice(&shard.params);
-            state.ema[shard.range()].copy_from_slice(&shard.ema);
+            for (slot, values) in state.slots.iter_mut().zip(&shard.state) {
+                slot.values[shard.range()].copy_from_slice(values);
+            }
         }
     }
 
-    /// A copy of the parameters and moving average that no update straddles, as a state whose
-    /// step is the one `version` gives. `version` names the step the store holds, or `None`
-    /// while an update is under way; writers must change it before they touch a shard and
-    /// keep it changed until they are done (a seqlock). A copy counts only if the version is
-    /// the same before and after it: a shard changed meanwhile changed the version first, and
-    /// the shard's lock makes that visible here. `None` if no quiet moment came in
-    /// [`COPY_TRIES`] attempts. Meant for rare use (a run being abandoned): it retries rather
-    /// than making writers wait.
-    pub fn consistent_copy(&self, version: impl Fn() -> Option<u64>) -> Option<TrainState> {
-        for _ in 0..COPY_TRIES {
-            if let Some(step) = version() {
-                let mut state = TrainState {
-                    params: vec![0.0; self.len],
-                    ema: vec![0.0; self.len],
-                    step,
-                };
-                self.save_into(&mut state);
-                if version() == Some(step) {
-                    return Some(state);
-                }
-            }
-            std::thread::sleep(Duration::from_millis(1));
+    fn empty_state(&self, step: u64) -> TrainState {
+        TrainState {
+            params: vec![0.0; self.len],
+            slots: self
+                .slot_names
+                .iter()
+                .map(|name| Slot {
+                    name: name.clone(),
+                    values: vec![0.0; self.len],
+                })
+                .collect(),
+            step,
         }
-        None
     }
 }
 
@@ -170,6 +277,7 @@ mod tests {
     use std::sync::atomic::{AtomicU64, Ordering};
 
     use super::*;
+    use crate::Sgd;
 
     /// The asynchronous protocol (begin, write every shard, complete) against copies taken at
     /// the same time: a copy never holds part of an update, and its step is the updates it holds.
@@ -181,25 +289,30 @@ mod tests {
             weight_decay: false,
         };
         let layout = [span("a"), span("b")];
-        let store = ParamStore::new(&TrainState::new(vec![0.0; 40_000]), &layout);
-        assert!(store.shard_count() > 2);
-        let hyper = Hyper {
+        let sgd = Sgd {
+            learning_rate: 1.0,
+            lr_decay: 1.0,
             weight_decay: 0.0,
-            ..Hyper::default()
+            ema_decay: 0.5,
         };
+        // From step 8 on the warm-up no longer lowers the average's decay.
+        const STEP: u64 = 100;
+        let store = HostStore::new(&TrainState::new(vec![0.0; 40_000], &sgd), &layout, &sgd, 0);
+        let shards = store.shards.len();
+        assert!(shards > 2);
         let ones = vec![1.0f32; 40_000];
         const UPDATES: u64 = 2_000;
         // Every value follows the same sequence: after k updates, `expected[k]`.
         let mut expected = vec![(0.0f32, 0.0f32)];
-        let (mut p, mut e) = ([0.0f32], [0.0f32]);
+        let mut one = Shard {
+            offset: 0,
+            weight_decay: false,
+            params: vec![0.0],
+            state: vec![vec![0.0]],
+        };
         for _ in 0..UPDATES {
-            let step = UpdateStep {
-                learning_rate: 1.0,
-                weight_decay: 0.0,
-                ema_decay: 0.5,
-            };
-            cpu::sgd_ema_update(&mut p, &mut e, &[&[1.0]], step);
-            expected.push((p[0], e[0]));
+            one.update(&sgd, &[&[1.0]], STEP, 0.0);
+            expected.push((one.params[0], one.state[0][0]));
         }
         let (begun, done) = (AtomicU64::new(0), AtomicU64::new(0));
         let version = || {
@@ -207,10 +320,15 @@ mod tests {
             let started = begun.load(Ordering::Acquire);
             (completed == started).then_some(started)
         };
+        let copy = || ParamStore::<Box<dyn Replica>>::consistent_copy(&store, &version);
         let check = |copy: &TrainState| {
             let (p, e) = expected[copy.step as usize];
             assert!(copy.params.iter().all(|&v| v == p), "step {}", copy.step);
-            assert!(copy.ema.iter().all(|&v| v == e), "step {}", copy.step);
+            assert!(
+                copy.slots[0].values.iter().all(|&v| v == e),
+                "step {}",
+                copy.step
+            );
         };
         std::thread::scope(|scope| {
             scope.spawn(|| {
@@ -218,8 +336,8 @@ mod tests {
                     begun.fetch_add(1, Ordering::AcqRel);
                     // Last shard first (asynchronous workers start at different shards): an
                     // update that begins during a copy writes ahead of it.
-                    for shard in (0..store.shard_count()).rev() {
-                        store.update(shard, &[&ones], &hyper, 1.0, 0.5);
+                    for shard in (0..shards).rev() {
+                        store.update(shard, &[&ones], STEP, 0.0);
                         // Leaves the update half-applied for a while, as a preempted worker
                         // would, so that copies meet it.
                         std::thread::yield_now();
@@ -230,12 +348,12 @@ mod tests {
                 }
             });
             while done.load(Ordering::Acquire) < UPDATES {
-                if let Some(copy) = store.consistent_copy(version) {
+                if let Some(copy) = copy() {
                     check(&copy);
                 }
             }
         });
-        let last = store.consistent_copy(version).expect("no update under way");
+        let last = copy().expect("no update under way");
         assert_eq!(last.step, UPDATES);
         check(&last);
     }

@@ -17,39 +17,37 @@
 //! completed (see [`Observer::on_abandon`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::RwLock;
 use std::time::Instant;
 
-use tandem_core::{Replica, TrainState};
+use tandem_core::{Optimizer, Replica, TrainState};
 use tandem_pool::{FailurePolicy, RunWatch, WorkerContext, WorkerPool};
 
 use crate::common::{check_loss, validate, watchdog};
-use crate::store::ParamStore;
-use crate::{EpochOrder, Epochs, Hyper, Observer, StepReport, TrainError, TrainReport};
+use crate::hyper::reports;
+use crate::store::{HostStore, ParamStore};
+use crate::{Batches, EpochOrder, Epochs, Observer, StepReport, TrainError, TrainReport};
 
-/// Trains from `state` until `state.step == end_step` (or the observer stops it), leaving the
-/// final parameters, moving average and step in `state`.
-pub fn train<R: Replica>(
+/// Trains from `state` with `optimizer` on `batches` until `state.step == end_step` (or the
+/// observer stops it), leaving the final parameters, optimiser state and step in `state`.
+pub fn train<R: Replica, O: Optimizer + ?Sized>(
     pool: &mut WorkerPool<R>,
     state: &mut TrainState,
-    hyper: &Hyper,
+    optimizer: &O,
+    batches: &Batches,
     end_step: u64,
     observer: &dyn Observer,
 ) -> Result<TrainReport, TrainError> {
-    let examples = validate(pool, state, hyper)?;
+    let examples = validate(pool, state, optimizer, batches)?;
     // The global batch and the split of the update are the whole pool's: without a retired
     // worker this would silently be another run, so its failure ends this one too.
     if let Some(failure) = pool.retired().first() {
         return Err(failure.clone().into());
     }
     let workers = pool.len();
-    let global_batch = (workers * hyper.batch_size) as u64;
+    let global_batch = (workers * batches.batch_size) as u64;
     let epochs = Epochs::new(examples, global_batch);
-    let store = ParamStore::new(state, pool.replicas()[0].layout());
-    let num_params = state.params.len();
-    let grads: Vec<RwLock<Vec<f32>>> = (0..workers)
-        .map(|_| RwLock::new(vec![0.0; num_params]))
-        .collect();
+    let store = HostStore::new(state, pool.replicas()[0].layout(), optimizer, workers);
+    let log_every = observer.log_every();
     let losses: Vec<AtomicU32> = (0..workers).map(|_| AtomicU32::new(0)).collect();
     let stop = AtomicBool::new(false);
     let start_step = state.step;
@@ -59,31 +57,27 @@ pub fn train<R: Replica>(
     // barriers means no worker is updating, and half of it is the number of completed steps:
     // the version of `ParamStore::consistent_copy`.
     let snapshot = |run: &RunWatch<'_>| {
-        store.consistent_copy(|| {
+        ParamStore::<R>::consistent_copy(&store, &|| {
             let passed = run.barriers_passed();
             passed.is_multiple_of(2).then_some(start_step + passed / 2)
         })
     };
     let work = |ctx: &WorkerContext<'_>, replica: &mut R| {
         let me = ctx.worker();
-        let owned = store.owned_by(me, workers);
         replica.bind_thread()?;
-        let mut order = EpochOrder::new(hyper.seed, examples);
-        let mut batch = vec![0u32; hyper.batch_size];
+        let mut order = EpochOrder::new(batches.seed, examples);
+        let mut batch = vec![0u32; batches.batch_size];
         let mut done = start_step;
         for step in start_step..end_step {
             ctx.set_step(step + 1);
-            replica.set_params(&mut |p| store.copy_params(p))?;
+            store.load(replica)?;
             order.fill(
-                epochs.position(step) + (me * hyper.batch_size) as u64,
+                epochs.position(step) + (me * batches.batch_size) as u64,
                 &mut batch,
             );
             let loss = check_loss(replica.compute_gradients(&batch)?)?;
             losses[me].store(loss.to_bits(), Ordering::Relaxed);
-            {
-                let mut mine = grads[me].write().unwrap_or_else(|p| p.into_inner());
-                replica.read_gradients(&mut |g| mine.copy_from_slice(g))?;
-            }
+            store.publish(me, replica)?;
             ctx.barrier()?;
             // Read between the barriers: every worker has stored this step's loss, and nobody
             // stores the next one before the second barrier.
@@ -93,17 +87,8 @@ pub fn train<R: Replica>(
                 .sum::<f32>()
                 / workers as f32;
 
-            let lr = hyper.learning_rate(epochs.epoch_at(step));
-            {
-                let all: Vec<_> = grads
-                    .iter()
-                    .map(|g| g.read().unwrap_or_else(|p| p.into_inner()))
-                    .collect();
-                let all: Vec<&[f32]> = all.iter().map(|g| g.as_slice()).collect();
-                for shard in owned.clone() {
-                    store.update(shard, &all, hyper, lr, hyper.ema_decay(step));
-                }
-            }
+            let epoch = epochs.epoch_at(step);
+            ParamStore::<R>::update_share(&store, me, step, epoch);
             // Worker 0 decides for everyone, before the barrier, so all stop after the same step.
             if me == 0 && observer.should_stop() {
                 stop.store(true, Ordering::Relaxed);
@@ -111,11 +96,11 @@ pub fn train<R: Replica>(
             ctx.barrier()?;
             done = step + 1;
 
-            if me == 0 && hyper.reports(done) {
+            if me == 0 && reports(log_every, done) {
                 observer.on_log(&StepReport {
                     step: done,
-                    loss: data_loss + store.l2_loss(hyper.weight_decay),
-                    learning_rate: lr,
+                    loss: data_loss + ParamStore::<R>::l2_loss(&store, optimizer.weight_decay()),
+                    learning_rate: optimizer.learning_rate(epoch),
                     examples: (done - start_step) * global_batch,
                     elapsed: started.elapsed(),
                     staleness: None,
@@ -133,7 +118,7 @@ pub fn train<R: Replica>(
     let elapsed = started.elapsed();
     let finished = outcome.into_results()?;
     let reached = finished.first().copied().unwrap_or(start_step);
-    store.save_into(state);
+    ParamStore::<R>::save_into(&store, state);
     state.step = reached;
     let steps = reached - start_step;
     Ok(TrainReport {

@@ -1,0 +1,40 @@
+/// One contiguous piece of the parameters, as an [`Optimizer`] updates it.
+pub struct Piece<'p, 's> {
+    /// The parameters of the piece.
+    pub params: &'p mut [f32],
+    /// The optimiser's state for the same piece, one slice per [`Optimizer::state_names`]
+    /// entry, in that order.
+    pub state: &'p mut [&'s mut [f32]],
+    /// The step's gradients for the piece, one per contributing replica; the update uses their
+    /// mean, summed in this order (which makes a synchronous step reproducible).
+    pub grads: &'p [&'s [f32]],
+    /// Whether the piece lies in a span that L2 regularisation applies to
+    /// ([`ParamSpan::weight_decay`](crate::ParamSpan::weight_decay)).
+    pub weight_decay: bool,
+}
+
+/// Turns gradients into updates of the parameters of record. The strategies call it on pieces
+/// of the parameters (a worker's share in a synchronous step, a shard at a time in an
+/// asynchronous one), so an update must treat every parameter on its own: element-wise, with
+/// per-parameter state of the same length as the parameters.
+pub trait Optimizer: Sync {
+    /// The per-parameter state vectors it keeps beside the parameters (SGD with a moving
+    /// average: `["ema"]`; momentum would add a velocity). Checkpoints store each under its name.
+    fn state_names(&self) -> &[&'static str];
+
+    /// The initial value of the state vector `name` for a fresh run from `params`.
+    fn initial_state(&self, name: &str, params: &[f32]) -> Vec<f32>;
+
+    /// Applies update number `step` (0-based: updates applied before it) to `piece`; `epoch` is
+    /// the step's position in passes over the training set, for schedules.
+    fn update(&self, piece: Piece<'_, '_>, step: u64, epoch: f64);
+
+    /// The learning rate at `epoch`, as progress reports show it.
+    fn learning_rate(&self, epoch: f64) -> f32;
+
+    /// The L2 coefficient on regularised spans: the reported loss adds
+    /// `weight_decay / 2 * sum w^2` over them (0: none).
+    fn weight_decay(&self) -> f32 {
+        0.0
+    }
+}
