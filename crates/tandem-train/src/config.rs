@@ -1,0 +1,360 @@
+//! What defines a run, and how it is written into checkpoint metadata and read back from it.
+
+use std::collections::BTreeMap;
+use std::ops::RangeInclusive;
+
+use tandem_pool::MAX_REPLICAS;
+use tandem_strategy::{Batches, Epochs, Sgd};
+
+use crate::{Mode, RunError};
+
+/// The largest step a run may reach (and a checkpoint may hold).
+pub const MAX_STEPS: u64 = 1_000_000_000_000;
+
+/// What a checkpoint must have been written for: the caller's file format and model, recorded
+/// as the metadata keys `format` and `model`. A resume refuses checkpoints of any other.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelId {
+    /// The checkpoint format, e.g. `"tandem-mlp-v1"`.
+    pub format: String,
+    /// The model, e.g. `"784-500-10"`.
+    pub model: String,
+}
+
+/// An optimiser whose configuration a checkpoint records, so that a resumed run continues
+/// with the same one.
+pub trait RecordedOptimizer: tandem_core::Optimizer + Clone + PartialEq + Sized {
+    /// Its metadata keys, in [`values`](Self::values)' order; part of a run's identity.
+    const KEYS: &'static [&'static str];
+
+    /// Its configuration as text, one value per key of [`KEYS`](Self::KEYS).
+    fn values(&self) -> Vec<String>;
+
+    /// Reads and checks its configuration: `value(key)` gives the recorded text of each key.
+    /// An error says which key and why.
+    fn from_values(value: &dyn Fn(&str) -> Option<String>) -> Result<Self, String>;
+}
+
+/// Parses a finite `f32` and checks it with `allowed`; `rule` says what is allowed.
+fn finite(text: &str, allowed: impl Fn(f32) -> bool, rule: &str) -> Result<f32, String> {
+    let value: f32 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number"))?;
+    if !value.is_finite() {
+        return Err(format!("{text} is not finite"));
+    }
+    if !allowed(value) {
+        return Err(format!("{value} is out of range: {rule}"));
+    }
+    Ok(value)
+}
+
+/// The checks of [`Sgd`]'s values, one per field, for command lines and metadata alike.
+pub mod sgd {
+    use super::finite;
+
+    /// The learning rate: finite and positive.
+    pub fn learning_rate(text: &str) -> Result<f32, String> {
+        finite(
+            text,
+            |v| v > 0.0,
+            "the learning rate must be > 0 (a negative one climbs the loss)",
+        )
+    }
+
+    /// The learning-rate decay factor: in (0, 1].
+    pub fn lr_decay(text: &str) -> Result<f32, String> {
+        finite(
+            text,
+            |v| v > 0.0 && v <= 1.0,
+            "the decay factor must be in (0, 1]: 1 keeps the rate constant",
+        )
+    }
+
+    /// The L2 coefficient: finite and not negative.
+    pub fn weight_decay(text: &str) -> Result<f32, String> {
+        finite(
+            text,
+            |v| v >= 0.0,
+            "the L2 coefficient must be >= 0 (0 turns L2 off)",
+        )
+    }
+
+    /// The moving-average decay: in [0, 1).
+    pub fn ema_decay(text: &str) -> Result<f32, String> {
+        finite(
+            text,
+            |v| (0.0..1.0).contains(&v),
+            "the moving-average decay must be in [0, 1): 1 would never move",
+        )
+    }
+}
+
+impl RecordedOptimizer for Sgd {
+    const KEYS: &'static [&'static str] =
+        &["learning_rate", "lr_decay", "weight_decay", "ema_decay"];
+
+    fn values(&self) -> Vec<String> {
+        [
+            self.learning_rate,
+            self.lr_decay,
+            self.weight_decay,
+            self.ema_decay,
+        ]
+        .iter()
+        .map(f32::to_string)
+        .collect()
+    }
+
+    fn from_values(value: &dyn Fn(&str) -> Option<String>) -> Result<Self, String> {
+        let read = |key: &str, check: fn(&str) -> Result<f32, String>| {
+            let text = value(key).ok_or_else(|| format!("its metadata has no {key}"))?;
+            check(&text).map_err(|e| format!("its metadata {key} = {text:?}: {e}"))
+        };
+        Ok(Sgd {
+            learning_rate: read("learning_rate", sgd::learning_rate)?,
+            lr_decay: read("lr_decay", sgd::lr_decay)?,
+            weight_decay: read("weight_decay", sgd::weight_decay)?,
+            ema_decay: read("ema_decay", sgd::ema_decay)?,
+        })
+    }
+}
+
+/// Everything that defines a run, as stored in checkpoint metadata.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunConfig<O> {
+    /// Sync or async.
+    pub mode: Mode,
+    /// How many workers the run trains on (sync: part of its identity).
+    pub workers: usize,
+    /// The optimiser and its configuration.
+    pub optimizer: O,
+    /// The data order: batch size per worker and seed.
+    pub batches: Batches,
+    /// The global step the run ends at.
+    pub end_step: u64,
+    /// Steps between checkpoints; `None`: once per epoch ([`Epochs::steps_per_epoch`]).
+    /// Fresh runs always record it.
+    pub save_every: Option<u64>,
+}
+
+/// The keys of a run's identity before the optimiser's: what a resume keeps fixed.
+const RUN_KEYS: &[&str] = &["format", "model", "mode", "batch_size", "seed"];
+
+impl<O: RecordedOptimizer> RunConfig<O> {
+    /// Training examples per global step: sync, every worker's batch; async, one.
+    pub fn examples_per_step(&self) -> u64 {
+        let batch = self.batches.batch_size as u64;
+        match self.mode {
+            Mode::Sync => batch * self.workers as u64,
+            Mode::Async => batch,
+        }
+    }
+
+    /// Epochs of `examples` training examples at this run's examples per step: every
+    /// conversion between steps and epochs goes through it.
+    pub fn epochs(&self, examples: usize) -> Epochs {
+        Epochs::new(examples, self.examples_per_step())
+    }
+
+    /// The global step that ends `epochs` passes over `examples` ([`Epochs::end_step`]),
+    /// within [`MAX_STEPS`].
+    pub fn steps_for_epochs(&self, epochs: u64, examples: usize) -> Result<u64, RunError> {
+        self.epochs(examples)
+            .end_step(epochs)
+            .filter(|&n| n <= MAX_STEPS)
+            .ok_or_else(|| {
+                RunError::Config(format!("{epochs} epochs is more than {MAX_STEPS} steps"))
+            })
+    }
+
+    /// The run as checkpoint metadata, with `model`'s format and name.
+    pub fn to_metadata(&self, model: &ModelId) -> BTreeMap<String, String> {
+        let run = [
+            ("format", model.format.clone()),
+            ("model", model.model.clone()),
+            ("mode", self.mode.name().to_string()),
+            ("workers", self.workers.to_string()),
+            ("end_step", self.end_step.to_string()),
+            ("batch_size", self.batches.batch_size.to_string()),
+            ("seed", self.batches.seed.to_string()),
+        ];
+        let optimizer = O::KEYS.iter().copied().zip(self.optimizer.values());
+        run.into_iter()
+            .chain(optimizer)
+            .chain(self.save_every.map(|n| ("save_every", n.to_string())))
+            .map(|(k, v)| (k.to_string(), v))
+            .collect()
+    }
+
+    /// The metadata keys whose values make checkpoints one run's: what a resume keeps fixed,
+    /// and what rotation compares (it deletes only checkpoints that agree on all of them). A
+    /// sync run resumes only on the same number of workers, an async one on any.
+    pub fn identity_keys(&self) -> Vec<&'static str> {
+        let mut keys: Vec<&'static str> = RUN_KEYS.iter().chain(O::KEYS).copied().collect();
+        if self.mode == Mode::Sync {
+            keys.push("workers");
+        }
+        keys
+    }
+
+    /// Reads and checks checkpoint metadata written for `model`: every field must be present
+    /// and in range, so that a file cannot make a run divide by zero or allocate without
+    /// bound. `max_batch` bounds the batch size.
+    pub fn from_metadata(
+        meta: &BTreeMap<String, String>,
+        model: &ModelId,
+        max_batch: u64,
+    ) -> Result<Self, String> {
+        let text = |key: &str| {
+            meta.get(key)
+                .map(String::as_str)
+                .ok_or_else(|| format!("its metadata has no {key}"))
+        };
+        let integer = |key: &str, range: RangeInclusive<u64>| -> Result<u64, String> {
+            let value = text(key)?;
+            let n: u64 = value
+                .parse()
+                .map_err(|e| format!("its metadata {key} = {value:?}: {e}"))?;
+            if range.contains(&n) {
+                Ok(n)
+            } else {
+                Err(format!(
+                    "its metadata {key} = {value:?}: out of range {}..={}",
+                    range.start(),
+                    range.end()
+                ))
+            }
+        };
+        for (key, expected) in [("format", &model.format), ("model", &model.model)] {
+            let found = text(key)?;
+            if found != expected {
+                return Err(format!("its {key} is {found:?}, not {expected:?}"));
+            }
+        }
+        let mode = match text("mode")? {
+            "sync" => Mode::Sync,
+            "async" => Mode::Async,
+            other => return Err(format!("its metadata mode = {other:?}: unknown mode")),
+        };
+        let save_every = match meta.get("save_every") {
+            // Written by versions that did not record the cadence: the default, once an epoch
+            // (`Epochs::steps_per_epoch`, the same as theirs when the global batch divides the
+            // training set; otherwise one step more, which moves checkpoints, not training).
+            None => None,
+            Some(_) => Some(integer("save_every", 1..=MAX_STEPS)?),
+        };
+        Ok(Self {
+            mode,
+            workers: integer("workers", 1..=MAX_REPLICAS as u64)? as usize,
+            optimizer: O::from_values(&|key| meta.get(key).cloned())?,
+            batches: Batches {
+                batch_size: integer("batch_size", 1..=max_batch)? as usize,
+                seed: integer("seed", 0..=u64::MAX)?,
+            },
+            end_step: integer("end_step", 1..=MAX_STEPS)?,
+            save_every,
+        })
+    }
+
+    /// Checks a loaded checkpoint's step against its own metadata: within the run.
+    pub fn check_step(&self, step: u64) -> Result<(), String> {
+        if step > self.end_step {
+            return Err(format!(
+                "its step {step} is past its end_step {}",
+                self.end_step
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model() -> ModelId {
+        ModelId {
+            format: "test-v1".into(),
+            model: "2-1".into(),
+        }
+    }
+
+    fn config(mode: Mode) -> RunConfig<Sgd> {
+        RunConfig {
+            mode,
+            workers: 3,
+            optimizer: Sgd {
+                learning_rate: 0.25,
+                ..Sgd::DEFAULT
+            },
+            batches: Batches {
+                batch_size: 7,
+                seed: 9,
+            },
+            end_step: 100,
+            save_every: Some(10),
+        }
+    }
+
+    #[test]
+    fn metadata_round_trips_and_names_the_model() {
+        for mode in [Mode::Sync, Mode::Async] {
+            let meta = config(mode).to_metadata(&model());
+            assert_eq!(meta["format"], "test-v1");
+            assert_eq!(meta["learning_rate"], "0.25");
+            let back = RunConfig::<Sgd>::from_metadata(&meta, &model(), 100).unwrap();
+            assert_eq!(back, config(mode));
+        }
+        let other = ModelId {
+            model: "3-1".into(),
+            ..model()
+        };
+        let err =
+            RunConfig::<Sgd>::from_metadata(&config(Mode::Sync).to_metadata(&model()), &other, 100)
+                .unwrap_err();
+        assert!(err.contains("its model is \"2-1\", not \"3-1\""), "{err}");
+    }
+
+    #[test]
+    fn every_value_from_a_file_is_checked() {
+        let good = config(Mode::Sync).to_metadata(&model());
+        for (key, bad, says) in [
+            ("workers", "0", "out of range"),
+            ("workers", "100000", "out of range"),
+            ("batch_size", "101", "out of range"),
+            ("end_step", "0", "out of range"),
+            ("save_every", "-1", "invalid digit"),
+            ("learning_rate", "NaN", "not finite"),
+            ("lr_decay", "1.5", "out of range"),
+            ("ema_decay", "1", "out of range"),
+            ("mode", "both", "unknown mode"),
+        ] {
+            let mut meta = good.clone();
+            meta.insert(key.into(), bad.into());
+            let err = RunConfig::<Sgd>::from_metadata(&meta, &model(), 100).unwrap_err();
+            assert!(
+                err.contains(key) && err.contains(says),
+                "{key}={bad}: {err}"
+            );
+        }
+        let mut missing = good;
+        missing.remove("seed");
+        let err = RunConfig::<Sgd>::from_metadata(&missing, &model(), 100).unwrap_err();
+        assert_eq!(err, "its metadata has no seed");
+    }
+
+    #[test]
+    fn a_sync_runs_identity_includes_its_workers_and_the_optimisers_keys() {
+        let sync = config(Mode::Sync).identity_keys();
+        let asynchronous = config(Mode::Async).identity_keys();
+        assert!(sync.contains(&"workers") && !asynchronous.contains(&"workers"));
+        for key in Sgd::KEYS
+            .iter()
+            .chain(&["format", "model", "mode", "batch_size", "seed"])
+        {
+            assert!(sync.contains(key) && asynchronous.contains(key), "{key}");
+        }
+    }
+}

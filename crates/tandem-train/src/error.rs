@@ -1,0 +1,119 @@
+use std::path::PathBuf;
+
+use tandem_pool::DeviceError;
+use tandem_strategy::checkpoint::CheckpointError;
+use tandem_strategy::TrainError;
+
+/// A flag or setting given for a resumed run that disagrees with the run's checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Conflict {
+    /// How the user gave it, e.g. `--lr`.
+    pub label: String,
+    /// The value given.
+    pub given: String,
+    /// The run's value.
+    pub saved: String,
+}
+
+/// Why a run could not start, go on or end as asked. Every variant says what to do about it
+/// where there is something to do.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The run's configuration is not possible.
+    #[error("{0}")]
+    Config(String),
+    /// `--devices` (or the caller's device list) cannot be used.
+    #[error(transparent)]
+    Devices(#[from] DeviceError),
+    /// A replica could not be opened on its device.
+    #[error("cannot open a replica on {device}: {source}")]
+    Replica {
+        /// The device.
+        device: String,
+        /// Why.
+        source: tandem_core::ReplicaError,
+    },
+    /// Reading, writing or finding checkpoints failed.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// A checkpoint could not be saved; the ones already there are intact.
+    #[error("cannot save the checkpoint of step {step} in {dir} (the checkpoints already there are intact): {source}")]
+    Save {
+        /// The step.
+        step: u64,
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// Why.
+        source: CheckpointError,
+    },
+    /// A fresh run would start a second lineage in a directory that holds a run's
+    /// checkpoints.
+    #[error(
+        "{dir} already holds checkpoints of a run (the newest: {newest}, step {step}); continue \
+         that run with --resume {dir}, or choose another --checkpoint-dir"
+    )]
+    OtherRun {
+        /// The directory.
+        dir: PathBuf,
+        /// Its newest checkpoint.
+        newest: PathBuf,
+        /// That checkpoint's step.
+        step: u64,
+    },
+    /// The resume directory does not exist.
+    #[error("--resume {0}: no such directory")]
+    NoResumeDir(PathBuf),
+    /// A resume was asked to change what defines the run.
+    #[error(
+        "--resume {dir} continues the run as it was configured, but the command line changes \
+         it: {}; drop these flags, or start a fresh run in another directory",
+        .conflicts.iter().map(|c| format!("{} {} (the run has {})", c.label, c.given, c.saved)).collect::<Vec<_>>().join(", ")
+    )]
+    Conflicts {
+        /// The resume directory.
+        dir: PathBuf,
+        /// What differs.
+        conflicts: Vec<Conflict>,
+    },
+    /// A sync run resumed on another number of workers: its data order and reduction would be
+    /// another run's.
+    #[error(
+        "{checkpoint}: written by a sync run on {saved} worker(s), but the devices give {now}; a \
+         sync run resumes exactly only on the same number (e.g. --devices cpu:{saved})"
+    )]
+    SyncWorkers {
+        /// The checkpoint.
+        checkpoint: PathBuf,
+        /// Its run's workers.
+        saved: usize,
+        /// The workers the devices give now.
+        now: usize,
+    },
+    /// The run is already at or past the step it was asked to reach.
+    #[error("nothing to train: the run is at step {step} of {end}; pass --steps or --epochs to go further")]
+    NothingToTrain {
+        /// Where the run is.
+        step: u64,
+        /// Where it would end.
+        end: u64,
+    },
+    /// Training failed.
+    #[error(transparent)]
+    Train(#[from] TrainError),
+    /// The caller's evaluation failed.
+    #[error("evaluation at step {step} failed: {source}")]
+    Evaluate {
+        /// The step.
+        step: u64,
+        /// Why.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The metrics file cannot be opened.
+    #[error("cannot open the metrics file {path}: {source}")]
+    Metrics {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
