@@ -10,10 +10,12 @@ mod common;
 
 use std::time::Duration;
 
-use common::{pool_of, weights_and_bias, within, Loss, Model, TestReplica};
+use common::{ema, pool_of, weights_and_bias, within, Loss, Model, TestReplica};
 use tandem_core::{ParamSpan, TrainState};
 use tandem_pool::WorkerPool;
-use tandem_strategy::{asynchronous, sync, Hyper, NoObserver, Observer, TrainError, TrainReport};
+use tandem_strategy::{
+    asynchronous, sync, Batches, NoObserver, Observer, Sgd, TrainError, TrainReport,
+};
 
 /// The learning rate, and so the step of every parameter: 2^-10.
 const LR: f32 = 1.0 / 1024.0;
@@ -34,6 +36,7 @@ fn initial_state() -> TrainState {
         (0..num_params())
             .map(|i| ((i * 37) % 64) as f32 / 8.0 - 4.0)
             .collect(),
+        &sgd(),
     )
 }
 
@@ -68,15 +71,19 @@ fn pool(workers: usize, poisoned: Option<(usize, u64)>) -> WorkerPool<TestReplic
 }
 
 /// A constant learning rate of [`LR`], no L2.
-fn hyper() -> Hyper {
-    Hyper {
-        batch_size: 2,
+fn sgd() -> Sgd {
+    Sgd {
         learning_rate: LR,
         lr_decay: 1.0,
         weight_decay: 0.0,
         ema_decay: 0.99,
+    }
+}
+
+fn batches() -> Batches {
+    Batches {
+        batch_size: 2,
         seed: 3,
-        log_every: 0,
     }
 }
 
@@ -97,14 +104,15 @@ fn assert_moved_by(what: &str, state: &TrainState, updates: u64) {
             );
         }
     }
-    assert!(state.ema.iter().all(|e| e.is_finite()), "{what}: ema");
+    assert!(ema(state).iter().all(|e| e.is_finite()), "{what}: ema");
 }
 
 /// A strategy's `train`.
 type Train = fn(
     &mut WorkerPool<TestReplica<Constant>>,
     &mut TrainState,
-    &Hyper,
+    &Sgd,
+    &Batches,
     u64,
     &dyn Observer,
 ) -> Result<TrainReport, TrainError>;
@@ -121,7 +129,7 @@ fn run(
     within(what, move || {
         let mut pool = pool(workers, poisoned);
         let mut state = initial_state();
-        let result = train(&mut pool, &mut state, &hyper(), end, &NoObserver);
+        let result = train(&mut pool, &mut state, &sgd(), &batches(), end, &NoObserver);
         (state, result)
     })
 }
@@ -141,7 +149,7 @@ fn fails_on_nan(
         "{result:?}"
     );
     assert!(state.params.iter().all(|p| p.is_finite()));
-    assert!(state.ema.iter().all(|e| e.is_finite()));
+    assert!(ema(&state).iter().all(|e| e.is_finite()));
     state
 }
 
@@ -166,9 +174,10 @@ fn async_segments_lose_no_update() {
         let mut state = initial_state();
         let mut steps = 0;
         for end in [30, 31, 90] {
-            steps += asynchronous::train(&mut pool, &mut state, &hyper(), end, &NoObserver)
-                .unwrap()
-                .steps;
+            steps +=
+                asynchronous::train(&mut pool, &mut state, &sgd(), &batches(), end, &NoObserver)
+                    .unwrap()
+                    .steps;
         }
         (state, steps)
     });

@@ -12,7 +12,7 @@ mod common;
 
 use common::checkpoints::{file_with_metadata, layout};
 use safetensors::Dtype;
-use tandem_core::{ParamSpan, TrainState};
+use tandem_core::{ParamSpan, Slot, TrainState};
 use tandem_strategy::checkpoint::{
     self, read_header, save_in_dir, to_bytes, CheckpointDir, CheckpointError,
 };
@@ -22,7 +22,10 @@ fn state(step: u64) -> TrainState {
         .map(|i| i as f32 * 0.37 - 1.0 + step as f32)
         .collect();
     TrainState {
-        ema: params.iter().map(|p| p * 0.5).collect(),
+        slots: vec![Slot {
+            name: "ema".into(),
+            values: params.iter().map(|p| p * 0.5).collect(),
+        }],
         params,
         step,
     }
@@ -369,7 +372,7 @@ fn a_non_finite_value_anywhere_makes_the_file_damaged() {
     }
     // A damaged state is not written at all.
     let mut bad = state(4);
-    bad.ema[8] = f32::NAN;
+    bad.slots[0].values[8] = f32::NAN;
     let err = dir
         .save(&bad, &layout(), &meta("run"), 1, IDENTITY)
         .unwrap_err();
@@ -532,7 +535,10 @@ fn round_trip_is_bitwise() {
     assert_eq!(loaded.state, state(42));
     assert_eq!(loaded.metadata, meta("run"));
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    assert_eq!(bits(&loaded.state.ema), bits(&state(42).ema));
+    assert_eq!(
+        bits(loaded.state.slot("ema").unwrap()),
+        bits(state(42).slot("ema").unwrap())
+    );
     assert_eq!(read_header(&path).unwrap(), (42, meta("run")));
 }
 
@@ -631,7 +637,10 @@ fn child_writer() {
         let values = vec![step as f32; layout[0].len()];
         let state = TrainState {
             params: values.clone(),
-            ema: values,
+            slots: vec![Slot {
+                name: "ema".into(),
+                values,
+            }],
             step,
         };
         dir.save(&state, &layout, &meta("child"), 3, IDENTITY)
@@ -724,7 +733,7 @@ fn a_state_that_does_not_fit_the_layout_is_not_saved() {
     let mut short_params = state(1);
     short_params.params.pop();
     let mut short_ema = state(1);
-    short_ema.ema.pop();
+    short_ema.slots[0].values.pop();
     for bad in [short_params, short_ema] {
         let err = dir
             .save(&bad, &layout(), &meta("run"), 3, IDENTITY)

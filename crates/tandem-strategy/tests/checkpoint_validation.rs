@@ -59,7 +59,7 @@ fn a_tensor_of_another_dtype_is_a_mismatch_even_when_sizes_agree() {
         let err = match checkpoint::load(&path, &layout()) {
             Ok(loaded) => panic!(
                 "{case}: loaded as {:?} / {:?}",
-                loaded.state.params, loaded.state.ema
+                loaded.state.params, loaded.state.slots
             ),
             Err(err) => err,
         };
@@ -205,7 +205,10 @@ fn serialising_a_state_of_the_wrong_size_says_its_size() {
     for (params, ema) in [(8, 9), (9, 11)] {
         let state = tandem_core::TrainState {
             params: vec![0.5; params],
-            ema: vec![0.5; ema],
+            slots: vec![tandem_core::Slot {
+                name: "ema".into(),
+                values: vec![0.5; ema],
+            }],
             step: 1,
         };
         let wrong = if params != 9 { params } else { ema };

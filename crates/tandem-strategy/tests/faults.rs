@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{hyper, LeastSquares, Quirks};
-use tandem_core::{ReplicaError, TrainState};
+use common::{batches, sgd, LeastSquares, Quirks};
+use tandem_core::{ReplicaError, Slot, TrainState};
 use tandem_pool::WorkerPool;
-use tandem_strategy::{asynchronous, sync, Hyper, NoObserver, Observer, StepReport, TrainError};
+use tandem_strategy::{asynchronous, sync, NoObserver, Observer, Sgd, StepReport, TrainError};
 
 #[derive(Clone, Copy)]
 enum Fault {
@@ -90,13 +90,14 @@ fn assert_fitted(state: &TrainState) {
 #[test]
 fn sync_stops_promptly_naming_the_failed_worker_and_step() {
     for fault in [Fault::Error, Fault::Panic] {
-        let mut state = TrainState::new(vec![0.0; 2]);
+        let mut state = TrainState::new(vec![0.0; 2], &sgd());
         let before = state.clone();
         let started = Instant::now();
         let err = sync::train(
             &mut pool(3, 1, fault, 7),
             &mut state,
-            &hyper(),
+            &sgd(),
+            &batches(),
             1_000_000,
             &NoObserver,
         )
@@ -122,11 +123,12 @@ fn sync_stops_promptly_naming_the_failed_worker_and_step() {
 #[test]
 fn async_carries_on_without_the_failed_worker_and_reports_it() {
     for fault in [Fault::Error, Fault::Panic] {
-        let mut state = TrainState::new(vec![0.0; 2]);
+        let mut state = TrainState::new(vec![0.0; 2], &sgd());
         let report = asynchronous::train(
             &mut pool(2, 0, fault, 1),
             &mut state,
-            &hyper(),
+            &sgd(),
+            &batches(),
             300,
             &NoObserver,
         )
@@ -142,11 +144,12 @@ fn async_carries_on_without_the_failed_worker_and_reports_it() {
 
 #[test]
 fn async_fails_when_every_worker_fails() {
-    let mut state = TrainState::new(vec![0.0; 2]);
+    let mut state = TrainState::new(vec![0.0; 2], &sgd());
     let err = asynchronous::train(
         &mut pool(1, 0, Fault::Error, 3),
         &mut state,
-        &hyper(),
+        &sgd(),
+        &batches(),
         100,
         &NoObserver,
     )
@@ -159,11 +162,12 @@ fn async_fails_when_every_worker_fails() {
 
 #[test]
 fn a_non_finite_loss_stops_the_run_naming_the_step() {
-    let mut state = TrainState::new(vec![0.0; 2]);
+    let mut state = TrainState::new(vec![0.0; 2], &sgd());
     let err = sync::train(
         &mut pool(2, 0, Fault::NanLoss, 4),
         &mut state,
-        &hyper(),
+        &sgd(),
+        &batches(),
         100,
         &NoObserver,
     )
@@ -176,13 +180,17 @@ fn a_non_finite_loss_stops_the_run_naming_the_step() {
     assert_eq!(state.step, 0);
 }
 
-/// Asks to stop once `after` steps have been logged.
+/// Hears of every `every`-th step and asks to stop once `after` steps have been logged.
 struct StopAfter {
     logged: AtomicU64,
     after: u64,
+    every: u64,
 }
 
 impl Observer for StopAfter {
+    fn log_every(&self) -> u64 {
+        self.every
+    }
     fn on_log(&self, _: &StepReport) {
         self.logged.fetch_add(1, Ordering::SeqCst);
     }
@@ -193,19 +201,17 @@ impl Observer for StopAfter {
 
 #[test]
 fn an_observer_stops_every_sync_worker_after_the_same_step() {
-    let mut state = TrainState::new(vec![0.0; 2]);
+    let mut state = TrainState::new(vec![0.0; 2], &sgd());
     let observer = StopAfter {
         logged: AtomicU64::new(0),
         after: 3,
-    };
-    let hyper = Hyper {
-        log_every: 5,
-        ..hyper()
+        every: 5,
     };
     let report = sync::train(
         &mut pool(3, 9, Fault::None, 0),
         &mut state,
-        &hyper,
+        &sgd(),
+        &batches(),
         1000,
         &observer,
     )
@@ -222,12 +228,13 @@ fn an_async_worker_that_failed_stays_out_of_later_segments() {
     for replica in pool.replicas_mut() {
         replica.model.quirks.gate = Some(gate.clone());
     }
-    let mut state = TrainState::new(vec![0.0; 2]);
+    let mut state = TrainState::new(vec![0.0; 2], &sgd());
     let mut reported = Vec::new();
     // Three segments on one pool, as the binary trains between checkpoints.
     for (segment, end) in [100, 200, 300].into_iter().enumerate() {
         let report =
-            asynchronous::train(&mut pool, &mut state, &hyper(), end, &NoObserver).unwrap();
+            asynchronous::train(&mut pool, &mut state, &sgd(), &batches(), end, &NoObserver)
+                .unwrap();
         reported.extend(report.failures.iter().cloned());
         assert_eq!(
             pool.replicas()[0].calls,
@@ -249,9 +256,11 @@ fn an_async_worker_that_failed_stays_out_of_later_segments() {
 #[test]
 fn async_fails_at_once_when_every_worker_is_retired() {
     let mut pool = pool(1, 0, Fault::Error, 3);
-    let mut state = TrainState::new(vec![0.0; 2]);
-    let first = asynchronous::train(&mut pool, &mut state, &hyper(), 100, &NoObserver).unwrap_err();
-    let again = asynchronous::train(&mut pool, &mut state, &hyper(), 200, &NoObserver).unwrap_err();
+    let mut state = TrainState::new(vec![0.0; 2], &sgd());
+    let first = asynchronous::train(&mut pool, &mut state, &sgd(), &batches(), 100, &NoObserver)
+        .unwrap_err();
+    let again = asynchronous::train(&mut pool, &mut state, &sgd(), &batches(), 200, &NoObserver)
+        .unwrap_err();
     assert_eq!(first.to_string(), again.to_string());
     assert!(
         again
@@ -269,11 +278,11 @@ fn async_fails_at_once_when_every_worker_is_retired() {
 #[test]
 fn sync_refuses_a_pool_with_a_retired_worker() {
     let mut pool = pool(2, 1, Fault::Error, 1);
-    let mut state = TrainState::new(vec![0.0; 2]);
-    asynchronous::train(&mut pool, &mut state, &hyper(), 50, &NoObserver).unwrap();
+    let mut state = TrainState::new(vec![0.0; 2], &sgd());
+    asynchronous::train(&mut pool, &mut state, &sgd(), &batches(), 50, &NoObserver).unwrap();
     assert_eq!(pool.retired().len(), 1);
     let before = state.clone();
-    let err = sync::train(&mut pool, &mut state, &hyper(), 100, &NoObserver).unwrap_err();
+    let err = sync::train(&mut pool, &mut state, &sgd(), &batches(), 100, &NoObserver).unwrap_err();
     assert!(err.to_string().contains("worker 1 (cpu:1) failed"), "{err}");
     assert_eq!(state, before);
 }
@@ -281,33 +290,43 @@ fn sync_refuses_a_pool_with_a_retired_worker() {
 #[test]
 fn a_state_that_does_not_fit_the_model_is_refused_before_any_work() {
     // The fit has 2 parameters: too few or too many of either the parameters or their average.
+    // Parameters that do not fit the model are a mismatch; an average that does not fit the
+    // parameters is a state that is not the optimiser's.
     for (params, ema) in [(3, 2), (2, 3), (1, 2), (2, 1)] {
         let fresh = || TrainState {
             params: vec![0.0; params],
-            ema: vec![0.0; ema],
+            slots: vec![Slot {
+                name: Sgd::AVERAGE.into(),
+                values: vec![0.0; ema],
+            }],
             step: 0,
         };
         let mut state = fresh();
         let synchronous = sync::train(
             &mut pool(2, 9, Fault::None, 0),
             &mut state,
-            &hyper(),
+            &sgd(),
+            &batches(),
             5,
             &NoObserver,
         );
+        assert_eq!(state, fresh(), "the state was touched");
         let mut state = fresh();
         let asynchronous = asynchronous::train(
             &mut pool(2, 9, Fault::None, 0),
             &mut state,
-            &hyper(),
+            &sgd(),
+            &batches(),
             5,
             &NoObserver,
         );
         for result in [synchronous.map(|_| ()), asynchronous.map(|_| ())] {
-            assert!(
-                matches!(result, Err(TrainError::StateMismatch { model: 2, .. })),
-                "{params} parameters, {ema} averages: {result:?}"
-            );
+            let refused = if params != 2 {
+                matches!(result, Err(TrainError::StateMismatch { model: 2, .. }))
+            } else {
+                matches!(&result, Err(TrainError::Config(m)) if m.contains("optimiser state"))
+            };
+            assert!(refused, "{params} parameters, {ema} averages: {result:?}");
         }
         assert_eq!(state, fresh(), "the state was touched");
     }
@@ -316,15 +335,17 @@ fn a_state_that_does_not_fit_the_model_is_refused_before_any_work() {
 #[test]
 fn a_lone_sync_worker_stops_when_asked() {
     for (end, stopped) in [(5, true), (1, false)] {
-        let mut state = TrainState::new(vec![0.0; 2]);
+        let mut state = TrainState::new(vec![0.0; 2], &sgd());
         let stop_now = StopAfter {
             logged: AtomicU64::new(0),
             after: 0,
+            every: 0,
         };
         let report = sync::train(
             &mut pool(1, 9, Fault::None, 0),
             &mut state,
-            &hyper(),
+            &sgd(),
+            &batches(),
             end,
             &stop_now,
         )

@@ -13,10 +13,10 @@ mod common;
 
 use std::sync::Mutex;
 
-use common::{pool_of, weights_and_bias, within, Loss, Model, TestReplica};
+use common::{ema, pool_of, weights_and_bias, within, Loss, Model, TestReplica};
 use tandem_core::TrainState;
 use tandem_pool::WorkerPool;
-use tandem_strategy::{asynchronous, sync, EpochOrder, Hyper, Observer, StepReport};
+use tandem_strategy::{asynchronous, sync, Batches, EpochOrder, Observer, Sgd, StepReport};
 
 const EXAMPLES: usize = 40;
 const FEATURES: usize = 3;
@@ -62,23 +62,28 @@ fn pool(workers: usize) -> WorkerPool<TestReplica<Linear>> {
     pool_of(workers, layout, EXAMPLES, |_| Linear)
 }
 
-fn hyper(ema_decay: f32) -> Hyper {
-    Hyper {
-        batch_size: 4,
+fn sgd(ema_decay: f32) -> Sgd {
+    Sgd {
         learning_rate: 0.3,
         lr_decay: 0.6,
         weight_decay: 0.05,
         ema_decay,
-        seed: 11,
-        log_every: 1,
     }
 }
+
+const BATCHES: Batches = Batches {
+    batch_size: 4,
+    seed: 11,
+};
 
 /// Collects every report.
 #[derive(Default)]
 struct Reports(Mutex<Vec<StepReport>>);
 
 impl Observer for Reports {
+    fn log_every(&self) -> u64 {
+        1
+    }
     fn on_log(&self, report: &StepReport) {
         self.0.lock().unwrap().push(report.clone());
     }
@@ -101,13 +106,13 @@ struct RefStep {
 /// The trajectory of `steps` steps from [`INITIAL`], in f64. Each step's global batch is
 /// stream positions `step * G .. (step + 1) * G` of the data order, `G` the examples per
 /// update (sync: its workers' batches side by side; async: one worker's batch).
-fn reference(hyper: &Hyper, examples_per_update: usize, steps: u64) -> Vec<RefStep> {
+fn reference(sgd: &Sgd, examples_per_update: usize, steps: u64) -> Vec<RefStep> {
     let steps_per_epoch = EXAMPLES as f64 / examples_per_update as f64;
-    let mut order = EpochOrder::new(hyper.seed, EXAMPLES);
+    let mut order = EpochOrder::new(BATCHES.seed, EXAMPLES);
     let mut batch = vec![0u32; examples_per_update];
     let mut p = INITIAL.map(f64::from);
     let mut ema = p;
-    let wd = f64::from(hyper.weight_decay);
+    let wd = f64::from(sgd.weight_decay);
     let mut out = Vec::new();
     for step in 0..steps {
         order.fill(step * examples_per_update as u64, &mut batch);
@@ -123,15 +128,15 @@ fn reference(hyper: &Hyper, examples_per_update: usize, steps: u64) -> Vec<RefSt
             }
             g[FEATURES] += err / n;
         }
-        let lr = f64::from(hyper.learning_rate)
-            * f64::from(hyper.lr_decay).powf(step as f64 / steps_per_epoch);
+        let lr = f64::from(sgd.learning_rate)
+            * f64::from(sgd.lr_decay).powf(step as f64 / steps_per_epoch);
         // L2 on the weights only.
         for j in 0..FEATURES {
             p[j] -= lr * (g[j] + wd * p[j]);
         }
         p[FEATURES] -= lr * g[FEATURES];
         let warmup = (1.0 + step as f64) / (10.0 + step as f64);
-        let d = warmup.min(f64::from(hyper.ema_decay));
+        let d = warmup.min(f64::from(sgd.ema_decay));
         for j in 0..=FEATURES {
             ema[j] = d * ema[j] + (1.0 - d) * p[j];
         }
@@ -154,8 +159,8 @@ fn close(found: f32, expected: f64) -> bool {
 
 fn check_state(what: &str, state: &TrainState, expected: &RefStep) {
     for (name, found, exp) in [
-        ("params", &state.params, &expected.params),
-        ("ema", &state.ema, &expected.ema),
+        ("params", state.params.as_slice(), &expected.params),
+        ("ema", ema(state), &expected.ema),
     ] {
         for (j, (&f, &e)) in found.iter().zip(exp).enumerate() {
             assert!(
@@ -169,20 +174,24 @@ fn check_state(what: &str, state: &TrainState, expected: &RefStep) {
 /// Trains `mode` to step `split`, then on to `steps`, and checks the state at both ends and
 /// every step's report against the reference.
 fn check(mode: Mode, ema_decay: f32, split: u64, steps: u64) {
-    let hyper = hyper(ema_decay);
+    let sgd = sgd(ema_decay);
     let (examples_per_update, workers) = match mode {
-        Mode::Sync { workers } => (workers * hyper.batch_size, workers),
-        Mode::Async => (hyper.batch_size, 1),
+        Mode::Sync { workers } => (workers * BATCHES.batch_size, workers),
+        Mode::Async => (BATCHES.batch_size, 1),
     };
     let what = format!("{mode:?}, ema_decay {ema_decay}");
-    let expected = reference(&hyper, examples_per_update, steps);
+    let expected = reference(&sgd, examples_per_update, steps);
     let (middle, last, reports) = within(&what, move || {
         let mut pool = pool(workers);
-        let mut state = TrainState::new(INITIAL.to_vec());
+        let mut state = TrainState::new(INITIAL.to_vec(), &sgd);
         let reports = Reports::default();
         let mut segment = |state: &mut TrainState, end: u64| match mode {
-            Mode::Sync { .. } => sync::train(&mut pool, state, &hyper, end, &reports).unwrap(),
-            Mode::Async => asynchronous::train(&mut pool, state, &hyper, end, &reports).unwrap(),
+            Mode::Sync { .. } => {
+                sync::train(&mut pool, state, &sgd, &BATCHES, end, &reports).unwrap()
+            }
+            Mode::Async => {
+                asynchronous::train(&mut pool, state, &sgd, &BATCHES, end, &reports).unwrap()
+            }
         };
         segment(&mut state, split);
         let middle = state.clone();
@@ -232,10 +241,10 @@ fn check(mode: Mode, ema_decay: f32, split: u64, steps: u64) {
 /// decay would leave it.
 #[test]
 fn the_reference_is_sensitive_to_what_it_checks() {
-    let hyper = hyper(0.99);
-    let reference = reference(&hyper, 4, 36);
+    let sgd = sgd(0.99);
+    let reference = reference(&sgd, 4, 36);
     let last = reference.last().unwrap();
-    assert!(last.learning_rate < 0.3 * f64::from(hyper.learning_rate));
+    assert!(last.learning_rate < 0.3 * f64::from(sgd.learning_rate));
     let l2 = last.params[..FEATURES].iter().map(|w| w * w).sum::<f64>() * 0.025;
     assert!(l2 > 1e-2, "L2 term {l2}");
     // The average has followed the parameters away from the start: the warm-up's decay is 0.1

@@ -10,15 +10,23 @@ use std::time::Duration;
 use tandem_core::{ReplicaError, TrainState};
 use tandem_strategy::{asynchronous, sync, Observer, StepReport, TrainReport};
 
-use common::{hyper, pool, within, Quirks};
+use common::{batches, pool, sgd, within, Quirks};
 
-/// Keeps every report the run logs.
-#[derive(Default)]
-struct Log(Mutex<Vec<StepReport>>);
+/// Asks for a report every `.0` steps and keeps every report the run logs.
+struct Log(u64, Mutex<Vec<StepReport>>);
+
+impl Log {
+    fn every(log_every: u64) -> Self {
+        Self(log_every, Mutex::default())
+    }
+}
 
 impl Observer for Log {
+    fn log_every(&self) -> u64 {
+        self.0
+    }
     fn on_log(&self, report: &StepReport) {
-        self.0.lock().unwrap().push(report.clone());
+        self.1.lock().unwrap().push(report.clone());
     }
 }
 
@@ -64,15 +72,12 @@ fn train_async<Q: Quirks + 'static>(
 ) -> (TrainReport, Vec<StepReport>, TrainState) {
     within("async training", move || {
         let mut pool = pool(workers, quirks);
-        let hyper = tandem_strategy::Hyper {
-            log_every,
-            ..hyper()
-        };
-        let mut state = TrainState::new(vec![0.0, 0.0]);
+        let mut state = TrainState::new(vec![0.0, 0.0], &sgd());
         state.step = start;
-        let log = Log::default();
-        let report = asynchronous::train(&mut pool, &mut state, &hyper, end, &log).unwrap();
-        (report, log.0.into_inner().unwrap(), state)
+        let log = Log::every(log_every);
+        let report =
+            asynchronous::train(&mut pool, &mut state, &sgd(), &batches(), end, &log).unwrap();
+        (report, log.1.into_inner().unwrap(), state)
     })
 }
 
@@ -150,9 +155,10 @@ fn a_run_stopped_before_its_end_says_so_and_one_that_reached_it_does_not() {
     for (end, stopped) in [(5, true), (1, false)] {
         let report = within("async training", move || {
             let mut pool = pool(1, |_| Plain);
-            let mut state = TrainState::new(vec![0.0, 0.0]);
+            let mut state = TrainState::new(vec![0.0, 0.0], &sgd());
             let report =
-                asynchronous::train(&mut pool, &mut state, &hyper(), end, &StopAtOnce).unwrap();
+                asynchronous::train(&mut pool, &mut state, &sgd(), &batches(), end, &StopAtOnce)
+                    .unwrap();
             // The one worker finishes the update it began, then stops.
             assert_eq!(state.step, 1);
             report
@@ -166,15 +172,11 @@ fn a_run_stopped_before_its_end_says_so_and_one_that_reached_it_does_not() {
 fn sync_logs_every_nth_step_of_a_resumed_run_with_the_global_batchs_examples() {
     let (report, logged) = within("sync training", || {
         let mut pool = pool(2, |_| Plain);
-        let hyper = tandem_strategy::Hyper {
-            log_every: 3,
-            ..hyper()
-        };
-        let mut state = TrainState::new(vec![0.0, 0.0]);
+        let mut state = TrainState::new(vec![0.0, 0.0], &sgd());
         state.step = 30;
-        let log = Log::default();
-        let report = sync::train(&mut pool, &mut state, &hyper, 60, &log).unwrap();
-        (report, log.0.into_inner().unwrap())
+        let log = Log::every(3);
+        let report = sync::train(&mut pool, &mut state, &sgd(), &batches(), 60, &log).unwrap();
+        (report, log.1.into_inner().unwrap())
     });
     let steps: Vec<u64> = logged.iter().map(|r| r.step).collect();
     assert_eq!(steps, (11..=20).map(|i| i * 3).collect::<Vec<_>>());

@@ -12,10 +12,10 @@ mod common;
 use std::ops::Range;
 use std::time::Duration;
 
-use common::{pool_of, weights_and_bias, within, Loss, Model, TestReplica};
+use common::{ema, pool_of, weights_and_bias, within, Loss, Model, TestReplica};
 use tandem_core::{ParamSpan, TrainState};
 use tandem_pool::WorkerPool;
-use tandem_strategy::{asynchronous, sync, EpochOrder, Hyper, NoObserver};
+use tandem_strategy::{asynchronous, sync, Batches, EpochOrder, NoObserver, Sgd};
 use tandem_tensor::cpu::{sgd_ema_update, UpdateStep};
 
 /// Training examples the batch indices address.
@@ -97,15 +97,19 @@ fn pool(workers: usize, jitter: bool) -> WorkerPool<TestReplica<Noisy>> {
     pool_of(workers, layout(), EXAMPLES, |_| Noisy { jitter })
 }
 
-fn hyper() -> Hyper {
-    Hyper {
-        batch_size: 3,
+fn sgd() -> Sgd {
+    Sgd {
         learning_rate: 0.05,
         lr_decay: 0.9,
         weight_decay: 0.01,
         ema_decay: 0.99,
+    }
+}
+
+fn batches() -> Batches {
+    Batches {
+        batch_size: 3,
         seed: 7,
-        log_every: 0,
     }
 }
 
@@ -114,36 +118,47 @@ fn initial_state() -> TrainState {
         (0..num_params())
             .map(|i| (mix(i as u64) % 2001) as f32 / 1000.0 - 1.0)
             .collect(),
+        &sgd(),
     )
+}
+
+/// The parameters and the moving average of `state`, to update together.
+fn params_and_ema(state: &mut TrainState) -> (&mut [f32], &mut [f32]) {
+    let TrainState { params, slots, .. } = state;
+    let ema = slots
+        .iter_mut()
+        .find(|s| s.name == "ema")
+        .expect("the state has a moving average");
+    (params, &mut ema.values)
 }
 
 /// The learning rate of `step`, as documented: `learning_rate * lr_decay ^ (step /
 /// steps_per_epoch)`, computed in f64 and rounded once.
-fn learning_rate(hyper: &Hyper, step: u64, steps_per_epoch: f64) -> f32 {
-    (f64::from(hyper.learning_rate) * f64::from(hyper.lr_decay).powf(step as f64 / steps_per_epoch))
+fn learning_rate(sgd: &Sgd, step: u64, steps_per_epoch: f64) -> f32 {
+    (f64::from(sgd.learning_rate) * f64::from(sgd.lr_decay).powf(step as f64 / steps_per_epoch))
         as f32
 }
 
 /// The moving-average decay of `step`: `min(ema_decay, (1 + step) / (10 + step))`.
-fn ema_decay(hyper: &Hyper, step: u64) -> f32 {
-    (((1 + step) as f64 / (10 + step) as f64) as f32).min(hyper.ema_decay)
+fn ema_decay(sgd: &Sgd, step: u64) -> f32 {
+    (((1 + step) as f64 / (10 + step) as f64) as f32).min(sgd.ema_decay)
 }
 
 /// What `workers` synchronous workers must compute in `steps` steps from `state`: at each step,
 /// every worker's gradients at the current parameters on its part of the global batch, then one
 /// fused update per span with the gradients in worker order.
 fn expected_sync(state: &TrainState, workers: usize, steps: u64) -> TrainState {
-    let hyper = hyper();
-    let global = (workers * hyper.batch_size) as u64;
+    let (sgd, batches) = (sgd(), batches());
+    let global = (workers * batches.batch_size) as u64;
     let steps_per_epoch = EXAMPLES as f64 / global as f64;
-    let mut order = EpochOrder::new(hyper.seed, EXAMPLES);
+    let mut order = EpochOrder::new(batches.seed, EXAMPLES);
     let mut state = state.clone();
     let mut grads = vec![vec![0.0f32; num_params()]; workers];
-    let mut batch = vec![0u32; hyper.batch_size];
+    let mut batch = vec![0u32; batches.batch_size];
     for step in state.step..state.step + steps {
         for (worker, g) in grads.iter_mut().enumerate() {
             order.fill(
-                step * global + (worker * hyper.batch_size) as u64,
+                step * global + (worker * batches.batch_size) as u64,
                 &mut batch,
             );
             noisy_gradients(&batch, &state.params, g);
@@ -151,16 +166,12 @@ fn expected_sync(state: &TrainState, workers: usize, steps: u64) -> TrainState {
         for (range, decayed) in spans(&layout()) {
             let parts: Vec<&[f32]> = grads.iter().map(|g| &g[range.clone()]).collect();
             let update = UpdateStep {
-                learning_rate: learning_rate(&hyper, step, steps_per_epoch),
-                weight_decay: if decayed { hyper.weight_decay } else { 0.0 },
-                ema_decay: ema_decay(&hyper, step),
+                learning_rate: learning_rate(&sgd, step, steps_per_epoch),
+                weight_decay: if decayed { sgd.weight_decay } else { 0.0 },
+                ema_decay: ema_decay(&sgd, step),
             };
-            sgd_ema_update(
-                &mut state.params[range.clone()],
-                &mut state.ema[range],
-                &parts,
-                update,
-            );
+            let (params, ema) = params_and_ema(&mut state);
+            sgd_ema_update(&mut params[range.clone()], &mut ema[range], &parts, update);
         }
     }
     state.step += steps;
@@ -174,9 +185,15 @@ fn bits(values: &[f32]) -> Vec<u32> {
 /// Fails naming the first value whose bits differ.
 fn assert_bitwise(what: &str, found: &TrainState, expected: &TrainState) {
     assert_eq!(found.step, expected.step, "{what}: step");
+    let names = |s: &TrainState| s.slots.iter().map(|s| s.name.clone()).collect::<Vec<_>>();
+    assert_eq!(names(found), names(expected), "{what}: optimiser state");
     for (name, f, e) in [
-        ("params", &found.params, &expected.params),
-        ("ema", &found.ema, &expected.ema),
+        (
+            "params",
+            found.params.as_slice(),
+            expected.params.as_slice(),
+        ),
+        ("ema", ema(found), ema(expected)),
     ] {
         if let Some(i) = (0..e.len()).find(|&i| f[i].to_bits() != e[i].to_bits()) {
             panic!(
@@ -195,7 +212,15 @@ fn train_sync(workers: usize, jitter: bool, steps: u64) -> TrainState {
         move || {
             let mut pool = pool(workers, jitter);
             let mut state = initial_state();
-            let report = sync::train(&mut pool, &mut state, &hyper(), steps, &NoObserver).unwrap();
+            let report = sync::train(
+                &mut pool,
+                &mut state,
+                &sgd(),
+                &batches(),
+                steps,
+                &NoObserver,
+            )
+            .unwrap();
             assert_eq!(report.steps, steps);
             state
         },
@@ -221,7 +246,8 @@ fn the_order_of_the_gradients_shows_in_the_update() {
             weight_decay: 0.0,
             ema_decay: 0.5,
         };
-        sgd_ema_update(&mut state.params, &mut state.ema, grads, step);
+        let (params, ema) = params_and_ema(&mut state);
+        sgd_ema_update(params, ema, grads, step);
         bits(&state.params)
     };
     for n in [3, 4] {
@@ -270,8 +296,8 @@ fn sync_in_two_segments_equals_the_trajectory() {
     let found = within("sync training in two segments", || {
         let mut pool = pool(3, false);
         let mut state = initial_state();
-        sync::train(&mut pool, &mut state, &hyper(), 8, &NoObserver).unwrap();
-        sync::train(&mut pool, &mut state, &hyper(), 20, &NoObserver).unwrap();
+        sync::train(&mut pool, &mut state, &sgd(), &batches(), 8, &NoObserver).unwrap();
+        sync::train(&mut pool, &mut state, &sgd(), &batches(), 20, &NoObserver).unwrap();
         state
     });
     assert_bitwise("3 workers, 8 + 12 steps", &found, &expected);
@@ -285,8 +311,15 @@ fn async_with_one_worker_equals_sync_with_one_worker_bitwise() {
     let found = within("async training with one worker", || {
         let mut pool = pool(1, false);
         let mut state = initial_state();
-        let report =
-            asynchronous::train(&mut pool, &mut state, &hyper(), STEPS, &NoObserver).unwrap();
+        let report = asynchronous::train(
+            &mut pool,
+            &mut state,
+            &sgd(),
+            &batches(),
+            STEPS,
+            &NoObserver,
+        )
+        .unwrap();
         assert_eq!(report.steps, STEPS);
         assert!(report.failures.is_empty(), "{:?}", report.failures);
         state

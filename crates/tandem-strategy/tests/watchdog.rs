@@ -9,11 +9,11 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{hyper, LeastSquares, Quirks, EXAMPLES};
-use tandem_core::{ReplicaError, TrainState};
+use common::{batches, ema, sgd, LeastSquares, Quirks, EXAMPLES};
+use tandem_core::{Optimizer, ReplicaError, TrainState};
 use tandem_pool::{Device, WorkerPool};
 use tandem_strategy::{
-    asynchronous, sync, Epochs, Hyper, Observer, Stall, TrainError, TrainReport,
+    asynchronous, sync, Batches, Epochs, Observer, Sgd, Stall, TrainError, TrainReport,
 };
 use tandem_tensor::cpu::{sgd_ema_update, UpdateStep};
 
@@ -150,7 +150,8 @@ impl Observer for Watcher {
 type Train = fn(
     &mut WorkerPool<Hanging>,
     &mut TrainState,
-    &Hyper,
+    &Sgd,
+    &Batches,
     u64,
     &dyn Observer,
 ) -> Result<TrainReport, TrainError>;
@@ -164,8 +165,15 @@ fn start(
 ) -> Receiver<Ended> {
     let (done, result) = channel();
     std::thread::spawn(move || {
-        let mut state = TrainState::new(vec![0.0; 2]);
-        let report = train(&mut pool, &mut state, &hyper(), end_step, &*observer);
+        let mut state = TrainState::new(vec![0.0; 2], &sgd());
+        let report = train(
+            &mut pool,
+            &mut state,
+            &sgd(),
+            &batches(),
+            end_step,
+            &*observer,
+        );
         let _ = done.send((report, state, pool));
     });
     result
@@ -232,18 +240,19 @@ fn sync_hang_is_reported_and_abandoned_with_the_last_completed_step() {
 
     // What an uninterrupted 4-step run gives, bit for bit.
     let (mut healthy, _, _) = hanging_pool(2, None, Duration::ZERO);
-    let mut reference = TrainState::new(vec![0.0; 2]);
+    let mut reference = TrainState::new(vec![0.0; 2], &sgd());
     sync::train(
         &mut healthy,
         &mut reference,
-        &hyper(),
+        &sgd(),
+        &batches(),
         4,
         &tandem_strategy::NoObserver,
     )
     .unwrap();
     assert_eq!(abandon_state.step, 4);
     assert_eq!(bits(&abandon_state.params), bits(&reference.params));
-    assert_eq!(bits(&abandon_state.ema), bits(&reference.ema));
+    assert_eq!(bits(ema(abandon_state)), bits(ema(&reference)));
 
     // Released, the hung worker finishes step 5, and the stop ends the run after it.
     let report = report.unwrap();
@@ -282,20 +291,20 @@ fn async_hang_is_reported_and_abandoned_with_every_applied_update() {
 
     // Replay the updates in the order they were applied: parameters and moving average match
     // bit for bit, so the state holds each of them whole and none other.
-    let hyper = hyper();
-    let epochs = Epochs::new(EXAMPLES, hyper.batch_size as u64);
-    let (mut params, mut ema) = (vec![0.0f32; 2], vec![0.0f32; 2]);
+    let sgd = sgd();
+    let epochs = Epochs::new(EXAMPLES, batches().batch_size as u64);
+    let (mut params, mut average) = (vec![0.0f32; 2], vec![0.0f32; 2]);
     for (step, grad) in applied_at_abandon.iter().enumerate() {
         let step = step as u64;
         let update = UpdateStep {
-            learning_rate: hyper.learning_rate(epochs.epoch_at(step)),
-            weight_decay: hyper.weight_decay,
-            ema_decay: hyper.ema_decay(step),
+            learning_rate: sgd.learning_rate(epochs.epoch_at(step)),
+            weight_decay: sgd.weight_decay,
+            ema_decay: sgd.ema_decay(step),
         };
-        sgd_ema_update(&mut params, &mut ema, &[grad.as_slice()], update);
+        sgd_ema_update(&mut params, &mut average, &[grad.as_slice()], update);
     }
     assert_eq!(bits(&abandon_state.params), bits(&params));
-    assert_eq!(bits(&abandon_state.ema), bits(&ema));
+    assert_eq!(bits(ema(abandon_state)), bits(&average));
 
     // Released, the hung worker applies its update and stops.
     let report = report.unwrap();

@@ -8,9 +8,9 @@ pub mod checkpoints;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use tandem_core::{ParamSpan, Replica, ReplicaError};
+use tandem_core::{ParamSpan, Replica, ReplicaError, TrainState};
 use tandem_pool::{Device, WorkerPool};
-use tandem_strategy::Hyper;
+use tandem_strategy::{Batches, Sgd};
 
 /// A run that takes longer than this hangs: the test fails rather than waits forever.
 pub const DEADLINE: Duration = Duration::from_secs(120);
@@ -183,11 +183,25 @@ pub fn pool<Q: Quirks>(
     })
 }
 
-/// The least-squares fit's hyperparameters.
-pub fn hyper() -> Hyper {
-    Hyper {
-        batch_size: 10,
+/// The least-squares fit's optimiser.
+pub fn sgd() -> Sgd {
+    Sgd {
         learning_rate: 0.5,
-        ..Hyper::default()
+        ..Sgd::default()
     }
+}
+
+/// The least-squares fit's batches.
+pub fn batches() -> Batches {
+    Batches {
+        batch_size: 10,
+        ..Batches::default()
+    }
+}
+
+/// The moving average of the parameters, [`Sgd::AVERAGE`]: a state trained by [`Sgd`] has it.
+pub fn ema(state: &TrainState) -> &[f32] {
+    state
+        .slot(Sgd::AVERAGE)
+        .expect("a state trained by Sgd holds its moving average")
 }
