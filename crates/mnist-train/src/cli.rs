@@ -2,9 +2,9 @@ use std::path::PathBuf;
 
 use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
 use tandem_pool::DeviceSpec;
-use tandem_strategy::Hyper;
-
-use crate::session::Mode;
+use tandem_strategy::Batches;
+use tandem_train::sgd::{ema_decay, learning_rate, lr_decay, weight_decay};
+use tandem_train::{Display, Mode, DEFAULT_LOG_EVERY, MAX_STEPS};
 
 /// Train the TensorFlow multi-GPU MNIST example's network (784-500-10 ReLU, SGD with
 /// exponential decay, L2 regularisation, a moving average of the weights) data-parallel across
@@ -107,11 +107,11 @@ pub struct CompareArgs {
     pub epochs: u64,
 
     /// Examples per worker per step.
-    #[arg(long, default_value_t = Hyper::DEFAULT.batch_size as u64, value_parser = clap::value_parser!(u64).range(1..=MAX_BATCH))]
+    #[arg(long, default_value_t = Batches::DEFAULT.batch_size as u64, value_parser = clap::value_parser!(u64).range(1..=MAX_BATCH))]
     pub batch_size: u64,
 
     /// Seed of the initial weights and the data order (the same for both modes).
-    #[arg(long, default_value_t = Hyper::DEFAULT.seed)]
+    #[arg(long, default_value_t = Batches::DEFAULT.seed)]
     pub seed: u64,
 
     /// Test-accuracy evaluations per epoch (points on each curve).
@@ -133,10 +133,19 @@ pub enum LogFormat {
     Plain,
 }
 
+impl From<LogFormat> for Display {
+    fn from(format: LogFormat) -> Self {
+        match format {
+            LogFormat::Auto => Display::Auto,
+            LogFormat::Plain => Display::Plain,
+        }
+    }
+}
+
 /// How to train.
 ///
 /// The hyper-parameter flags are options without a stored default: a fresh run takes
-/// `tandem_strategy::Hyper::DEFAULT`'s values for those not given (their help states them, and a
+/// `tandem_strategy::Sgd::DEFAULT`'s and `Batches::DEFAULT`'s values for those not given (their help states them, and a
 /// test holds the help and the README to them), and a resumed run takes the checkpoint's,
 /// so that a flag given with `--resume` can be told apart from a default (and refused when it
 /// disagrees with the run being resumed).
@@ -204,7 +213,7 @@ pub struct TrainArgs {
     pub data_dir: Option<PathBuf>,
 
     /// Print a progress line (and write a metrics record) every this many steps (0: never).
-    #[arg(long, default_value_t = Hyper::DEFAULT.log_every)]
+    #[arg(long, default_value_t = DEFAULT_LOG_EVERY)]
     pub log_every: u64,
 
     /// Progress display.
@@ -248,65 +257,12 @@ pub struct TrainArgs {
 
 /// The longest run `--epochs` may ask for.
 pub const MAX_EPOCHS: u64 = 100_000;
-/// The largest step `--steps` may ask for (and a checkpoint may hold).
-pub const MAX_STEPS: u64 = 1_000_000_000_000;
 /// The largest per-worker batch: the training set has 55,000 examples.
 pub const MAX_BATCH: u64 = 60_000;
 
-/// Parses a finite `f32` and checks it with `allowed`; `rule` says what is allowed.
-fn finite(text: &str, allowed: impl Fn(f32) -> bool, rule: &str) -> Result<f32, String> {
-    let value: f32 = text
-        .trim()
-        .parse()
-        .map_err(|_| format!("{text:?} is not a number"))?;
-    if !value.is_finite() {
-        return Err(format!("{text} is not finite"));
-    }
-    if !allowed(value) {
-        return Err(format!("{value} is out of range: {rule}"));
-    }
-    Ok(value)
-}
-
-/// `--lr`: finite and positive.
-pub fn learning_rate(text: &str) -> Result<f32, String> {
-    finite(
-        text,
-        |v| v > 0.0,
-        "the learning rate must be > 0 (a negative one climbs the loss)",
-    )
-}
-
-/// `--lr-decay`: in (0, 1].
-pub fn lr_decay(text: &str) -> Result<f32, String> {
-    finite(
-        text,
-        |v| v > 0.0 && v <= 1.0,
-        "the decay factor must be in (0, 1]: 1 keeps the rate constant",
-    )
-}
-
-/// `--weight-decay`: finite and not negative.
-pub fn weight_decay(text: &str) -> Result<f32, String> {
-    finite(
-        text,
-        |v| v >= 0.0,
-        "the L2 coefficient must be >= 0 (0 turns L2 off)",
-    )
-}
-
-/// `--ema-decay`: in [0, 1).
-pub fn ema_decay(text: &str) -> Result<f32, String> {
-    finite(
-        text,
-        |v| (0.0..1.0).contains(&v),
-        "the moving-average decay must be in [0, 1): 1 would never move",
-    )
-}
-
 /// `--init-stddev`: in (0, 10].
 pub fn init_stddev(text: &str) -> Result<f32, String> {
-    finite(
+    tandem_train::parse_finite(
         text,
         |v| v > 0.0 && v <= 10.0,
         "the initial standard deviation must be in (0, 10]",
@@ -334,27 +290,29 @@ impl TrainArgs {
     }
 }
 
-/// The defaults the help and the README state are the ones the code uses: [`Hyper::DEFAULT`],
+/// The defaults the help and the README state are the ones the code uses: [`Sgd::DEFAULT`],
+/// [`Batches::DEFAULT`],
 /// [`DEFAULT_EPOCHS`], [`DEFAULT_INIT_STDDEV`] and clap's own defaults.
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory;
+    use tandem_strategy::Sgd;
 
     use super::*;
 
     /// What each option without a stored default takes when not given, as its help and the
     /// README write it.
     fn stated_defaults() -> Vec<(&'static str, String)> {
-        let h = Hyper::DEFAULT;
+        let (h, b) = (Sgd::DEFAULT, Batches::DEFAULT);
         vec![
             ("epochs", DEFAULT_EPOCHS.to_string()),
-            ("batch-size", h.batch_size.to_string()),
+            ("batch-size", b.batch_size.to_string()),
             ("lr", h.learning_rate.to_string()),
             ("lr-decay", h.lr_decay.to_string()),
             ("weight-decay", h.weight_decay.to_string()),
             ("ema-decay", h.ema_decay.to_string()),
             ("init-stddev", DEFAULT_INIT_STDDEV.to_string()),
-            ("seed", h.seed.to_string()),
+            ("seed", b.seed.to_string()),
         ]
     }
 
@@ -387,10 +345,13 @@ mod tests {
                 .unwrap_or_else(|| panic!("no --{flag}"));
             arg.get_default_values()[0].to_string_lossy().into_owned()
         };
-        let h = Hyper::DEFAULT;
-        assert_eq!(default_of(compare, "batch-size"), h.batch_size.to_string());
-        assert_eq!(default_of(compare, "seed"), h.seed.to_string());
-        assert_eq!(default_of(&command, "log-every"), h.log_every.to_string());
+        let b = Batches::DEFAULT;
+        assert_eq!(default_of(compare, "batch-size"), b.batch_size.to_string());
+        assert_eq!(default_of(compare, "seed"), b.seed.to_string());
+        assert_eq!(
+            default_of(&command, "log-every"),
+            DEFAULT_LOG_EVERY.to_string()
+        );
     }
 
     /// Every default in the README's flag table and its summary of the model is the code's.
@@ -433,7 +394,7 @@ mod tests {
                 "the README's default of --{flag}"
             );
         }
-        let h = Hyper::DEFAULT;
+        let h = Sgd::DEFAULT;
         let summary = format!(
             "(stddev {DEFAULT_INIT_STDDEV}), SGD with learning rate {} x {}^epoch, L2 \
              regularisation ",

@@ -3,9 +3,13 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use tandem_core::TrainState;
 use tandem_mnist::{Mnist, Split};
 use tandem_model::Mlp;
 use tandem_tensor::{CpuBackend, ExampleSet};
+use tandem_train::out;
+
+use crate::model::averaged;
 
 /// The reference's three splits (55,000 training, 5,000 validation, 10,000 test).
 pub struct Data {
@@ -61,10 +65,11 @@ pub struct Accuracy {
     pub raw: f64,
 }
 
-pub fn accuracy(params: &[f32], ema: &[f32], examples: &ExampleSet) -> Result<Accuracy> {
+/// The accuracies of `state` on `examples`.
+pub fn accuracy(state: &TrainState, examples: &ExampleSet) -> Result<Accuracy> {
     Ok(Accuracy {
-        averaged: Mlp::MNIST.evaluate(&CpuBackend, ema, examples)?,
-        raw: Mlp::MNIST.evaluate(&CpuBackend, params, examples)?,
+        averaged: Mlp::MNIST.evaluate(&CpuBackend, averaged(state)?, examples)?,
+        raw: Mlp::MNIST.evaluate(&CpuBackend, &state.params, examples)?,
     })
 }
 

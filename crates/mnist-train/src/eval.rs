@@ -2,42 +2,24 @@
 //! confusion matrix on the test set.
 
 use std::fmt::Write as _;
-use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use tandem_model::Mlp;
-use tandem_strategy::checkpoint::{self, Checkpoint};
 use tandem_tensor::CpuBackend;
+use tandem_train::out;
 
 use crate::cli::EvalArgs;
 use crate::data;
-use crate::session::RunConfig;
-use crate::train::check_checkpoint;
-
-/// Loads a checkpoint of the MNIST model and checks it whole (tensors, metadata, step); every
-/// failure names the file.
-pub fn load_checkpoint(path: &Path) -> Result<Checkpoint> {
-    load_with_config(path).map(|(checkpoint, _)| checkpoint)
-}
-
-/// [`load_checkpoint`], with the run configuration its metadata holds.
-fn load_with_config(path: &Path) -> Result<(Checkpoint, RunConfig)> {
-    // The checkpoint error already starts with the path; the context says what we were doing.
-    let checkpoint =
-        checkpoint::load(path, &Mlp::MNIST.layout()).context("cannot load the checkpoint")?;
-    let config = check_checkpoint(&checkpoint)
-        .with_context(|| format!("{}: not a valid checkpoint of this model", path.display()))?;
-    Ok((checkpoint, config))
-}
+use crate::model::{averaged, load_checkpoint};
 
 /// `mnist-train eval`: prints the accuracies and the test set's confusion matrix.
 pub fn run(args: &EvalArgs) -> Result<()> {
     // The checkpoint first: a bad file should fail before the data are read.
-    let (saved, config) = load_with_config(&args.checkpoint)?;
+    let (saved, config) = load_checkpoint(&args.checkpoint)?;
     let data = data::load(args.data_dir.as_deref())?;
     let state = &saved.state;
-    let validation = data::accuracy(&state.params, &state.ema, &data.validation)?;
-    let test = data::accuracy(&state.params, &state.ema, &data.test)?;
+    let validation = data::accuracy(state, &data.validation)?;
+    let test = data::accuracy(state, &data.test)?;
 
     out!("checkpoint:          {}", args.checkpoint.display());
     out!(
@@ -46,11 +28,11 @@ pub fn run(args: &EvalArgs) -> Result<()> {
         config.end_step,
         config.mode.name(),
         config.workers,
-        config.hyper.batch_size
+        config.batches.batch_size
     );
     data::print_accuracy(validation, test);
 
-    let predictions = Mlp::MNIST.predictions(&CpuBackend, &state.ema, &data.test)?;
+    let predictions = Mlp::MNIST.predictions(&CpuBackend, averaged(state)?, &data.test)?;
     let matrix = Confusion::new(Mlp::MNIST.classes, data.test.labels(), &predictions);
     out!();
     out!(

@@ -2,19 +2,17 @@
 //! data-parallel, and evaluates, uses and compares what it trained. `--help` explains every
 //! flag.
 
-#[macro_use]
-mod output;
 mod cli;
 mod compare;
 mod data;
 mod eval;
+mod model;
 mod predict;
-mod progress;
-mod session;
 mod train;
 
 use anyhow::Result;
 use clap::Parser;
+use tandem_train::output;
 
 use cli::{Cli, Command};
 

@@ -5,29 +5,26 @@
 //! it.
 
 use std::fmt::Write as _;
-use std::io::{self, Write as _};
 use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
 use tandem_mnist::image::digit_from_file;
 use tandem_model::Mlp;
+use tandem_train::{out, output};
 
 use crate::cli::PredictArgs;
-use crate::eval::load_checkpoint;
-
-/// The exit status of a program whose output pipe was closed, as a shell reports a process
-/// killed by SIGPIPE (128 + 13).
-const BROKEN_PIPE_STATUS: i32 = 141;
+use crate::model::{averaged, load_checkpoint};
 
 /// `mnist-train predict`: prints `PATH: DIGIT (p = PROBABILITY)` for each image, or
 /// `PATH: no digit found` for a blank one.
 pub fn run(args: &PredictArgs) -> Result<()> {
-    let saved = load_checkpoint(&args.checkpoint)?;
+    let (saved, _) = load_checkpoint(&args.checkpoint)?;
+    let params = averaged(&saved.state)?;
     // Every image gets its line or its error: one unreadable file should not hide the answers
     // for the others, but it must still fail the command.
     let mut failures = Vec::new();
     for path in &args.images {
-        let answer = match classify(&saved.state.ema, path) {
+        let answer = match classify(params, path) {
             Ok(Some((digit, p))) => format!("{digit} (p = {p:.3})"),
             Ok(None) => "no digit found".to_owned(),
             Err(e) => {
@@ -35,14 +32,10 @@ pub fn run(args: &PredictArgs) -> Result<()> {
                 continue;
             }
         };
-        // Locked and written by hand rather than with println!, which panics when the reader
-        // has gone away (`predict ... | head -1`).
-        if let Err(e) = writeln!(io::stdout().lock(), "{}: {answer}", path.display()) {
-            if e.kind() == io::ErrorKind::BrokenPipe {
-                // Nobody reads the rest: stop quietly, as a filter killed by SIGPIPE would.
-                std::process::exit(BROKEN_PIPE_STATUS);
-            }
-            return Err(e).context("cannot write to standard output");
+        out!("{}: {answer}", path.display());
+        if output::closed() {
+            // Nobody reads the rest (`predict ... | head -1`): main ends as SIGPIPE would.
+            return Ok(());
         }
     }
     if !failures.is_empty() {

@@ -1,0 +1,166 @@
+//! The MNIST model as the trainer sees it: its replicas on CPU workers or CUDA GPUs, its
+//! identity in checkpoints, its initial parameters.
+
+use anyhow::Result;
+use rand::SeedableRng;
+use tandem_core::{ParamSpan, Replica, ReplicaError};
+use tandem_model::{Mlp, MlpReplica};
+use tandem_pool::{Device, GpuCount};
+use tandem_strategy::checkpoint::{self, Checkpoint};
+use tandem_strategy::Sgd;
+use tandem_tensor::{CpuBackend, ExampleSet};
+use tandem_train::{ModelId, RunConfig, Setup};
+
+use crate::cli::MAX_BATCH;
+
+/// The checkpoint format this binary writes and reads.
+pub const FORMAT: &str = "tandem-mlp-v1";
+
+/// The model a checkpoint must hold, as its metadata names it.
+pub fn id() -> ModelId {
+    let m = Mlp::MNIST;
+    ModelId {
+        format: FORMAT.to_string(),
+        model: format!("{}-{}-{}", m.inputs, m.hidden, m.classes),
+    }
+}
+
+/// The initial parameters of a fresh run: truncated normal weights, zero biases.
+pub fn initial_params(init_stddev: f32, seed: u64) -> Vec<f32> {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    Mlp::MNIST.init(init_stddev, &mut rng)
+}
+
+/// How many CUDA GPUs this machine has, for resolving `--devices` (the pool knows no CUDA):
+/// the driver's answer in a build with the `cuda` feature, "no CUDA" otherwise.
+pub fn gpu_count() -> GpuCount {
+    #[cfg(feature = "cuda")]
+    return GpuCount::Driver(tandem_kernels::device_count().map_err(|e| e.to_string()));
+    #[cfg(not(feature = "cuda"))]
+    GpuCount::NoCuda
+}
+
+/// Where replicas go: `devices`, with this build's GPUs.
+pub fn setup(devices: &tandem_pool::DeviceSpec) -> Setup {
+    Setup {
+        devices: devices.clone(),
+        gpus: gpu_count,
+        max_batch: MAX_BATCH,
+    }
+}
+
+/// The 784-500-10 network on the MNIST training split.
+pub struct Mnist<'data> {
+    /// The training split.
+    pub train: &'data ExampleSet,
+}
+
+impl tandem_train::Model for Mnist<'_> {
+    type Replica = Box<dyn Replica>;
+
+    fn id(&self) -> ModelId {
+        id()
+    }
+
+    fn layout(&self) -> Vec<ParamSpan> {
+        Mlp::MNIST.layout()
+    }
+
+    fn training_examples(&self) -> usize {
+        self.train.len()
+    }
+
+    fn open(&self, device: &Device, batch: usize) -> Result<Box<dyn Replica>, ReplicaError> {
+        let (mlp, train) = (Mlp::MNIST, self.train);
+        match device {
+            Device::Cpu { .. } => Ok(Box::new(MlpReplica::new(mlp, CpuBackend, train, batch)?)),
+            #[cfg(feature = "cuda")]
+            Device::Cuda { ordinal } => {
+                let backend = tandem_kernels::CudaBackend::new(*ordinal)?;
+                Ok(Box::new(MlpReplica::new(mlp, backend, train, batch)?))
+            }
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda { .. } => {
+                Err(format!("{device} needs a build with `--features cuda`").into())
+            }
+        }
+    }
+}
+
+/// Loads a checkpoint of the MNIST model and checks it whole (tensors, metadata, step,
+/// optimiser state); every failure names the file.
+pub fn load_checkpoint(path: &std::path::Path) -> Result<(Checkpoint, RunConfig<Sgd>)> {
+    // The checkpoint error already starts with the path.
+    let checkpoint = checkpoint::load(path, &Mlp::MNIST.layout())
+        .map_err(|e| anyhow::anyhow!("cannot load the checkpoint: {e}"))?;
+    let config =
+        tandem_train::check_checkpoint::<Sgd>(&checkpoint, &id(), MAX_BATCH).map_err(|e| {
+            anyhow::anyhow!(
+                "{}: not a valid checkpoint of this model: {e}",
+                path.display()
+            )
+        })?;
+    Ok((checkpoint, config))
+}
+
+/// The moving average of the parameters in a state: what evaluation and prediction use.
+pub fn averaged(state: &tandem_core::TrainState) -> Result<&[f32]> {
+    state
+        .slot(Sgd::AVERAGE)
+        .ok_or_else(|| anyhow::anyhow!("the state has no moving average ({})", Sgd::AVERAGE))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tandem_pool::DeviceSpec;
+
+    /// Where there are GPUs, `auto` and `cuda` resolve to them, without a note. Without one the
+    /// test says `SKIPPED`, or fails where a device is required (`TANDEM_REQUIRE_GPU=1`: CI
+    /// against the driver stand-in, a GPU machine).
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn auto_finds_the_gpus_where_there_are_some() {
+        match tandem_kernels::device_count() {
+            Ok(count) if count > 0 => {}
+            outcome => {
+                assert!(
+                    std::env::var_os("TANDEM_REQUIRE_GPU").is_none_or(|v| v != "1"),
+                    "TANDEM_REQUIRE_GPU=1 but no CUDA device: {outcome:?}"
+                );
+                use std::io::Write;
+                let line = format!(
+                    "SKIPPED: auto_finds_the_gpus_where_there_are_some: no CUDA device \
+                     ({outcome:?})\n"
+                );
+                let _ = std::io::stderr().write_all(line.as_bytes());
+                return;
+            }
+        }
+        let mut note = None;
+        let auto = DeviceSpec::Auto
+            .resolve_noting(gpu_count, |n| note = Some(n.to_owned()))
+            .unwrap();
+        assert_eq!(note, None);
+        assert!(!auto.is_empty());
+        assert!(auto.iter().all(|d| matches!(d, Device::Cuda { .. })));
+        assert_eq!(DeviceSpec::Cuda(vec![]).resolve(gpu_count).unwrap(), auto);
+    }
+
+    /// A build without CUDA answers `cuda` specifications with "built without CUDA", and `auto`
+    /// with CPU workers.
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn without_cuda_cuda_specs_say_so_and_auto_means_cpu_workers() {
+        assert_eq!(gpu_count(), GpuCount::NoCuda);
+        let err = "cuda:0x4"
+            .parse::<DeviceSpec>()
+            .unwrap()
+            .resolve(gpu_count)
+            .unwrap_err();
+        assert!(err.to_string().contains("built without CUDA"), "{err}");
+        let auto = DeviceSpec::Auto.resolve(gpu_count).unwrap();
+        assert!(!auto.is_empty());
+        assert!(auto.iter().all(|d| matches!(d, Device::Cpu { .. })));
+    }
+}
