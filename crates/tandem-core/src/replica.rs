@@ -10,6 +10,15 @@ pub struct ParamSpan {
 }
 
 impl ParamSpan {
+    /// The span `name` of `shape`, regularised when `weight_decay` says so.
+    pub fn new(name: impl Into<String>, shape: impl Into<Vec<usize>>, weight_decay: bool) -> Self {
+        Self {
+            name: name.into(),
+            shape: shape.into(),
+            weight_decay,
+        }
+    }
+
     /// The number of parameters in the span.
     pub fn len(&self) -> usize {
         self.shape.iter().product()

@@ -21,6 +21,16 @@ pub struct ModelId {
     pub model: String,
 }
 
+impl ModelId {
+    /// The format `format` and model `model`.
+    pub fn new(format: impl Into<String>, model: impl Into<String>) -> Self {
+        Self {
+            format: format.into(),
+            model: model.into(),
+        }
+    }
+}
+
 /// An optimiser whose configuration a checkpoint records, so that a resumed run continues
 /// with the same one.
 pub trait RecordedOptimizer: tandem_core::Optimizer + Clone + PartialEq + Sized {
@@ -35,8 +45,9 @@ pub trait RecordedOptimizer: tandem_core::Optimizer + Clone + PartialEq + Sized 
     fn from_values(value: &dyn Fn(&str) -> Option<String>) -> Result<Self, String>;
 }
 
-/// Parses a finite `f32` and checks it with `allowed`; `rule` says what is allowed.
-fn finite(text: &str, allowed: impl Fn(f32) -> bool, rule: &str) -> Result<f32, String> {
+/// Parses a finite `f32` (a flag or a metadata value) and checks it with `allowed`; `rule`
+/// says what is allowed, for the error.
+pub fn parse_finite(text: &str, allowed: impl Fn(f32) -> bool, rule: &str) -> Result<f32, String> {
     let value: f32 = text
         .trim()
         .parse()
@@ -52,7 +63,7 @@ fn finite(text: &str, allowed: impl Fn(f32) -> bool, rule: &str) -> Result<f32, 
 
 /// The checks of [`Sgd`]'s values, one per field, for command lines and metadata alike.
 pub mod sgd {
-    use super::finite;
+    use super::parse_finite as finite;
 
     /// The learning rate: finite and positive.
     pub fn learning_rate(text: &str) -> Result<f32, String> {

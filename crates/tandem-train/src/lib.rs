@@ -29,7 +29,7 @@ mod progress;
 pub mod report;
 mod trainer;
 
-pub use config::{sgd, ModelId, RecordedOptimizer, RunConfig, MAX_STEPS};
+pub use config::{parse_finite, sgd, ModelId, RecordedOptimizer, RunConfig, MAX_STEPS};
 pub use error::{Conflict, RunError};
 pub use interrupt::Interrupt;
 pub use plan::Plan;

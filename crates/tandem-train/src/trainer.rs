@@ -88,6 +88,18 @@ pub struct Resume {
     pub save_every: Option<u64>,
 }
 
+impl Resume {
+    /// A resume of the run in `dir` as it was configured, to its own end.
+    pub fn from(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            requested: Vec::new(),
+            length: None,
+            save_every: None,
+        }
+    }
+}
+
 /// How a run starts.
 #[derive(Debug, Clone)]
 pub enum Start<O> {
@@ -106,6 +118,21 @@ pub struct Setup {
     pub gpus: fn() -> GpuCount,
     /// The largest batch size a checkpoint may record.
     pub max_batch: u64,
+}
+
+impl Setup {
+    /// Replicas on `devices`, in a build without CUDA (GPU specifications are refused), with
+    /// batches of at most [`Setup::MAX_BATCH`].
+    pub fn new(devices: DeviceSpec) -> Self {
+        Self {
+            devices,
+            gpus: || GpuCount::NoCuda,
+            max_batch: Self::MAX_BATCH,
+        }
+    }
+
+    /// The largest batch [`Setup::new`] allows a checkpoint to record.
+    pub const MAX_BATCH: u64 = 1 << 20;
 }
 
 /// The checkpoint directory a run writes into, held by it alone.
@@ -191,6 +218,19 @@ pub struct Watch<'a> {
     /// stopped), after the last consistent state was saved, with what happened; typically
     /// prints it and ends the process. `None`: the message is printed and the run waits.
     pub on_abandon: Option<fn(&str) -> !>,
+}
+
+impl<'a> Watch<'a> {
+    /// Nothing shown, no stall watch; `interrupt` still stops the run.
+    pub fn quiet(interrupt: &'a Interrupt) -> Self {
+        Self {
+            progress: None,
+            log_every: 0,
+            interrupt,
+            stall_timeout: None,
+            on_abandon: None,
+        }
+    }
 }
 
 /// One finished segment, as the evaluation hook sees it.
