@@ -698,3 +698,323 @@ fn abandon(saver: Option<&Saver<'_>>, stalled: &[Stall], state: Option<&TrainSta
         names.join(", ")
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::LazyLock;
+
+    use tandem_pool::Device;
+    use tandem_strategy::Sgd;
+
+    use super::*;
+
+    const EXAMPLES: usize = 40;
+    static LAYOUT: LazyLock<Vec<ParamSpan>> =
+        LazyLock::new(|| vec![ParamSpan::new("w", [1], true)]);
+
+    /// Fits `w` to 3 on examples `x = i / 10`.
+    #[derive(Default)]
+    struct Scalar {
+        w: f32,
+        grad: f32,
+    }
+
+    impl Replica for Scalar {
+        fn layout(&self) -> &[ParamSpan] {
+            &LAYOUT
+        }
+        fn set_params(&mut self, fill: &mut dyn FnMut(&mut [f32])) -> Result<(), ReplicaError> {
+            let mut p = [0.0];
+            fill(&mut p);
+            self.w = p[0];
+            Ok(())
+        }
+        fn compute_gradients(&mut self, batch: &[u32]) -> Result<f32, ReplicaError> {
+            let n = batch.len() as f32;
+            let (mut loss, mut grad) = (0.0, 0.0);
+            for &i in batch {
+                let x = i as f32 / 10.0;
+                let err = (self.w - 3.0) * x;
+                loss += 0.5 * err * err / n;
+                grad += err * x / n;
+            }
+            self.grad = grad;
+            Ok(loss)
+        }
+        fn read_gradients(&mut self, read: &mut dyn FnMut(&[f32])) -> Result<(), ReplicaError> {
+            read(&[self.grad]);
+            Ok(())
+        }
+        fn training_examples(&self) -> usize {
+            EXAMPLES
+        }
+    }
+
+    struct ScalarModel;
+
+    impl Model for ScalarModel {
+        type Replica = Scalar;
+        fn id(&self) -> ModelId {
+            ModelId::new("scalar-test-v1", "1")
+        }
+        fn layout(&self) -> Vec<ParamSpan> {
+            LAYOUT.clone()
+        }
+        fn training_examples(&self) -> usize {
+            EXAMPLES
+        }
+        fn open(&self, _: &Device, _: usize) -> Result<Scalar, ReplicaError> {
+            Ok(Scalar::default())
+        }
+    }
+
+    fn fresh(mode: Mode, steps: u64) -> Start<Sgd> {
+        Start::Fresh(Fresh {
+            mode,
+            optimizer: Sgd {
+                learning_rate: 0.5,
+                ..Sgd::DEFAULT
+            },
+            batches: Batches {
+                batch_size: 5,
+                seed: 1,
+            },
+            length: Length::Steps(steps),
+            save_every: Some(4),
+            params: vec![0.0],
+        })
+    }
+
+    /// Opens a trainer on `workers` CPU workers with checkpoints in `dir` (resuming from it
+    /// when `start` is a resume) and trains it to its end.
+    fn run(
+        start: Start<Sgd>,
+        dir: &Path,
+        workers: usize,
+    ) -> Result<Trainer<ScalarModel, Sgd>, RunError> {
+        let resume = matches!(start, Start::Resume(_)).then_some(dir);
+        let checkpoints = Checkpoints::take(Some(dir), resume, 0)?;
+        let setup = Setup::new(DeviceSpec::Cpu(workers));
+        let mut trainer = Trainer::open(ScalarModel, start, &setup, checkpoints)?;
+        let interrupt = Interrupt::new();
+        let plan = trainer.plan(0);
+        trainer.train(&plan, &Watch::quiet(&interrupt), &mut |_| Ok(()))?;
+        Ok(trainer)
+    }
+
+    fn file_name(step: u64) -> String {
+        format!("step-{step:010}.safetensors")
+    }
+
+    /// The steps of the checkpoints in `dir` (read without taking the directory).
+    fn steps_in(dir: &Path) -> Vec<u64> {
+        let mut steps: Vec<u64> = std::fs::read_dir(dir)
+            .unwrap()
+            .filter_map(|entry| {
+                let name = entry.unwrap().file_name().into_string().unwrap();
+                name.strip_prefix("step-")?
+                    .strip_suffix(".safetensors")?
+                    .parse()
+                    .ok()
+            })
+            .collect();
+        steps.sort();
+        steps
+    }
+
+    #[test]
+    fn a_resumed_sync_run_ends_where_an_uninterrupted_one_does() {
+        let tmp = tempfile::tempdir().unwrap();
+        let whole = run(fresh(Mode::Sync, 10), &tmp.path().join("whole"), 2).unwrap();
+        let split = tmp.path().join("split");
+        run(fresh(Mode::Sync, 6), &split, 2).unwrap();
+        assert_eq!(steps_in(&split), [4, 6]);
+        let resume = Resume {
+            length: Some(Length::Steps(10)),
+            ..Resume::from(&split)
+        };
+        let resumed = run(Start::Resume(resume), &split, 2).unwrap();
+        assert_eq!(
+            resumed.resumed_from(),
+            Some(split.join("step-0000000006.safetensors").as_path())
+        );
+        assert_eq!(steps_in(&split), [4, 6, 8, 10]);
+        assert_eq!(resumed.state, whole.state);
+        drop(resumed);
+        // A finished run has nothing left to train.
+        let err = run(Start::Resume(Resume::from(&split)), &split, 2)
+            .err()
+            .unwrap();
+        assert!(
+            matches!(err, RunError::NothingToTrain { step: 10, end: 10 }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_resume_keeps_the_runs_configuration_and_names_what_a_flag_would_change() {
+        let tmp = tempfile::tempdir().unwrap();
+        run(fresh(Mode::Sync, 4), tmp.path(), 2).unwrap();
+        let requested = |key, label, value: &str| Requested {
+            key,
+            label,
+            value: value.into(),
+        };
+        let resume = Resume {
+            requested: vec![
+                requested("learning_rate", "--lr", "0.5"),
+                requested("mode", "--async", "async"),
+                requested("seed", "--seed", "2"),
+            ],
+            length: Some(Length::Steps(8)),
+            ..Resume::from(tmp.path())
+        };
+        let err = run(Start::Resume(resume), tmp.path(), 2).err().unwrap();
+        let RunError::Conflicts { conflicts, .. } = &err else {
+            panic!("{err}")
+        };
+        let labels: Vec<&str> = conflicts.iter().map(|c| c.label.as_str()).collect();
+        assert_eq!(labels, ["--async", "--seed"]);
+        assert!(
+            err.to_string()
+                .contains("--async async (the run has sync), --seed 2 (the run has 1)"),
+            "{err}"
+        );
+        // Sync resumes only on its own number of workers; async on any.
+        let on_three = run(
+            Start::Resume(Resume {
+                length: Some(Length::Steps(8)),
+                ..Resume::from(tmp.path())
+            }),
+            tmp.path(),
+            3,
+        );
+        assert!(matches!(
+            on_three.err().unwrap(),
+            RunError::SyncWorkers {
+                saved: 2,
+                now: 3,
+                ..
+            }
+        ));
+        let other = tmp.path().join("async");
+        run(fresh(Mode::Async, 4), &other, 2).unwrap();
+        let resumed = run(
+            Start::Resume(Resume {
+                length: Some(Length::Steps(8)),
+                ..Resume::from(&other)
+            }),
+            &other,
+            1,
+        )
+        .unwrap();
+        assert_eq!((resumed.state.step, resumed.config.workers), (8, 1));
+    }
+
+    #[test]
+    fn a_fresh_run_refuses_a_directory_with_a_runs_checkpoints() {
+        let tmp = tempfile::tempdir().unwrap();
+        run(fresh(Mode::Sync, 4), tmp.path(), 1).unwrap();
+        let err = run(fresh(Mode::Sync, 4), tmp.path(), 1).err().unwrap();
+        assert!(matches!(err, RunError::OtherRun { step: 4, .. }), "{err}");
+        let missing = tmp.path().join("missing");
+        let err = Checkpoints::take(None, Some(&missing), 0).err().unwrap();
+        assert!(matches!(err, RunError::NoResumeDir(_)), "{err}");
+        assert!(!missing.exists());
+    }
+
+    #[test]
+    fn a_resume_skips_damaged_checkpoints_and_takes_the_newest_valid_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        run(fresh(Mode::Sync, 8), tmp.path(), 1).unwrap();
+        std::fs::write(
+            tmp.path().join("step-0000000008.safetensors"),
+            b"not a checkpoint",
+        )
+        .unwrap();
+        let resume = Resume {
+            length: Some(Length::Steps(9)),
+            ..Resume::from(tmp.path())
+        };
+        let resumed = run(Start::Resume(resume), tmp.path(), 1).unwrap();
+        assert_eq!(
+            resumed.resumed_from(),
+            Some(tmp.path().join("step-0000000004.safetensors").as_path())
+        );
+        assert_eq!(resumed.state.step, 9);
+    }
+
+    #[test]
+    fn an_interrupt_stops_the_run_with_a_checkpoint_and_evaluations_follow_the_plan() {
+        let tmp = tempfile::tempdir().unwrap();
+        let checkpoints = Checkpoints::take(Some(tmp.path()), None, 0).unwrap();
+        let setup = Setup::new(DeviceSpec::Cpu(1));
+        let mut trainer =
+            Trainer::open(ScalarModel, fresh(Mode::Async, 1_000), &setup, checkpoints).unwrap();
+        let interrupt = Interrupt::new();
+        let mut evaluated = Vec::new();
+        let plan = Plan {
+            evaluate_every: 3,
+            ..trainer.plan(0)
+        };
+        let summary = trainer
+            .train(&plan, &Watch::quiet(&interrupt), &mut |segment| {
+                evaluated.push(segment.state.step);
+                if segment.state.step == 9 {
+                    interrupt.request();
+                }
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(evaluated, [3, 6, 9]);
+        assert!(summary.stopped);
+        // The run stops after the step under way when the request came: at or just after 9.
+        let step = trainer.state.step;
+        assert!((10..=12).contains(&step), "{step}");
+        assert_eq!(
+            summary.last_checkpoint,
+            Some(tmp.path().join(file_name(step)))
+        );
+        assert_eq!(summary.totals.examples, step * 5);
+    }
+
+    #[test]
+    fn a_run_given_up_on_a_hung_worker_saves_its_consistent_state() {
+        let tmp = tempfile::tempdir().unwrap();
+        let checkpoints = Checkpoints::take(Some(tmp.path()), None, 3)
+            .unwrap()
+            .unwrap();
+        let saver = Saver {
+            checkpoints: &checkpoints,
+            layout: LAYOUT.clone(),
+            metadata: BTreeMap::new(),
+            identity: vec![],
+        };
+        let stalled = [Stall {
+            worker: 1,
+            device: Device::Cpu { worker: 1 },
+            step: Some(8),
+            idle: Duration::from_secs(400),
+        }];
+        let mut state = TrainState::new(vec![0.5], &Sgd::DEFAULT);
+        state.step = 7;
+
+        let said = abandon(Some(&saver), &stalled, Some(&state));
+        let path = tmp.path().join(file_name(7));
+        assert_eq!(checkpoint::load(&path, &LAYOUT).unwrap().state, state);
+        assert!(
+            said.starts_with("stopped while worker 1 (cpu:1) made no progress"),
+            "{said}"
+        );
+        assert!(
+            said.contains(&format!("step 7 written to {}", path.display())),
+            "{said}"
+        );
+
+        let said = abandon(Some(&saver), &stalled, None);
+        assert!(said.contains("no consistent state"), "{said}");
+        let said = abandon(None, &stalled, Some(&state));
+        assert!(said.contains("nothing saved"), "{said}");
+        assert_eq!(steps_in(tmp.path()), [7]);
+    }
+}
