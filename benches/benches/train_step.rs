@@ -7,7 +7,7 @@ use tandem_benches::mnist_train;
 use tandem_core::{Replica, TrainState};
 use tandem_model::{Mlp, MlpReplica};
 use tandem_pool::{Device, WorkerPool};
-use tandem_strategy::{sync, Hyper, NoObserver};
+use tandem_strategy::{sync, Batches, NoObserver, Sgd};
 use tandem_tensor::CpuBackend;
 
 fn step(c: &mut Criterion) {
@@ -30,16 +30,14 @@ fn step(c: &mut Criterion) {
         MlpReplica::new(Mlp::MNIST, CpuBackend, &train, 100)
     })
     .expect("pool");
-    let hyper = Hyper {
-        log_every: 0,
-        ..Hyper::default()
-    };
-    let mut state = TrainState::new(params);
+    // NoObserver asks for no reports (its log_every is 0).
+    let (sgd, batches) = (Sgd::default(), Batches::default());
+    let mut state = TrainState::new(params, &sgd);
     group.throughput(Throughput::Elements(200 * 10));
     group.bench_function("sync, 2 workers x batch 100, 10 steps", |b| {
         b.iter(|| {
             let end = state.step + 10;
-            sync::train(&mut pool, &mut state, &hyper, end, &NoObserver).expect("train")
+            sync::train(&mut pool, &mut state, &sgd, &batches, end, &NoObserver).expect("train")
         })
     });
     group.finish();

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use common::{arg, data_dir, succeed};
 use tandem_model::Mlp;
-use tandem_strategy::checkpoint;
+use tandem_strategy::{checkpoint, Sgd};
 
 /// Steps and examples per replica of every run here.
 const STEPS: &str = "4";
@@ -60,8 +60,15 @@ fn max_relative_difference(a: &Path, b: &Path) -> f64 {
         checkpoint::load(a, &layout).unwrap(),
         checkpoint::load(b, &layout).unwrap(),
     );
+    let ema = |c: &checkpoint::Checkpoint| {
+        c.state
+            .slot(Sgd::AVERAGE)
+            .expect("SGD's moving average")
+            .to_vec()
+    };
     let pairs = a.state.params.iter().zip(&b.state.params);
-    let pairs = pairs.chain(a.state.ema.iter().zip(&b.state.ema));
+    let (ema_a, ema_b) = (ema(&a), ema(&b));
+    let pairs = pairs.chain(ema_a.iter().zip(&ema_b));
     pairs
         .map(|(&x, &y)| (f64::from(x) - f64::from(y)).abs() / f64::from(y).abs().max(1e-3))
         .fold(0.0, f64::max)

@@ -5,7 +5,7 @@
 mod common;
 
 use common::{cpu_pool, initial_state, test_accuracy};
-use tandem_strategy::{asynchronous, Hyper, NoObserver};
+use tandem_strategy::{asynchronous, Batches, NoObserver, Sgd};
 
 #[test]
 fn async_with_two_workers_reaches_97_percent_in_two_epochs_with_stale_updates() {
@@ -14,9 +14,17 @@ fn async_with_two_workers_reaches_97_percent_in_two_epochs_with_stale_updates() 
     let mut accuracies: Vec<f64> = (2..7)
         .map(|seed| {
             let mut state = initial_state(seed);
-            let hyper = Hyper { seed, ..Hyper::default() };
+            let batches = Batches { seed, ..Batches::default() };
             // Two epochs: 1,100 updates of 100 examples.
-            let report = asynchronous::train(&mut cpu_pool(2, 100), &mut state, &hyper, 1100, &NoObserver).unwrap();
+            let report = asynchronous::train(
+                &mut cpu_pool(2, 100),
+                &mut state,
+                &Sgd::default(),
+                &batches,
+                1100,
+                &NoObserver,
+            )
+            .unwrap();
             let (ema, raw) = test_accuracy(&state);
             let staleness = report.staleness.unwrap();
             eprintln!("async, 2 epochs, seed {seed}: {ema:.4} averaged, {raw:.4} raw; staleness {staleness:?}");

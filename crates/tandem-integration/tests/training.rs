@@ -2,9 +2,9 @@
 
 mod common;
 
-use common::{cpu_pool, initial_state, test_accuracy};
+use common::{cpu_pool, ema, initial_state, test_accuracy};
 use tandem_model::Mlp;
-use tandem_strategy::{sync, Hyper, NoObserver};
+use tandem_strategy::{sync, Batches, NoObserver, Sgd};
 
 fn max_relative_difference(a: &[f32], b: &[f32]) -> f64 {
     let scale = b.iter().fold(0.0f64, |m, &v| m.max(f64::from(v).abs()));
@@ -19,14 +19,15 @@ fn sync_with_n_workers_equals_one_worker_with_an_n_times_larger_batch() {
     let steps = 20;
     let run = |workers: usize, batch: usize| {
         let mut state = initial_state(5);
-        let hyper = Hyper {
+        let batches = Batches {
             batch_size: batch,
-            ..Hyper::default()
+            ..Batches::default()
         };
         sync::train(
             &mut cpu_pool(workers, batch),
             &mut state,
-            &hyper,
+            &Sgd::default(),
+            &batches,
             steps,
             &NoObserver,
         )
@@ -44,7 +45,7 @@ fn sync_with_n_workers_equals_one_worker_with_an_n_times_larger_batch() {
             "the parameters barely moved ({moved}): the comparison would prove nothing"
         );
         let params = max_relative_difference(&parallel.params, &single.params);
-        let ema = max_relative_difference(&parallel.ema, &single.ema);
+        let ema = max_relative_difference(ema(&parallel), ema(&single));
         eprintln!("{workers} workers vs 1: params {params:.2e}, ema {ema:.2e} (moved {moved:.2e})");
         assert!(
             params <= 1e-5 && ema <= 1e-5,
@@ -57,35 +58,52 @@ fn sync_with_n_workers_equals_one_worker_with_an_n_times_larger_batch() {
 fn the_same_sync_run_twice_is_bitwise_identical() {
     let run = || {
         let mut state = initial_state(3);
-        let hyper = Hyper::default();
-        sync::train(&mut cpu_pool(2, 100), &mut state, &hyper, 60, &NoObserver).unwrap();
+        sync::train(
+            &mut cpu_pool(2, 100),
+            &mut state,
+            &Sgd::default(),
+            &Batches::default(),
+            60,
+            &NoObserver,
+        )
+        .unwrap();
         state
     };
     let (a, b) = (run(), run());
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(&a.params), bits(&b.params));
-    assert_eq!(bits(&a.ema), bits(&b.ema));
+    assert_eq!(bits(ema(&a)), bits(ema(&b)));
     assert_ne!(bits(&a.params), bits(&initial_state(3).params));
 }
 
 #[test]
 fn a_short_sync_run_on_real_data_reaches_95_percent() {
     let mut state = initial_state(1);
-    let hyper = Hyper::default();
     // One epoch of 55,000 examples at 2 x 100 per step.
-    sync::train(&mut cpu_pool(2, 100), &mut state, &hyper, 275, &NoObserver).unwrap();
+    sync::train(
+        &mut cpu_pool(2, 100),
+        &mut state,
+        &Sgd::default(),
+        &Batches::default(),
+        275,
+        &NoObserver,
+    )
+    .unwrap();
     let (ema, raw) = test_accuracy(&state);
     eprintln!("sync, 1 epoch: test accuracy {ema:.4} averaged, {raw:.4} raw");
     assert!(ema >= 0.95, "averaged {ema}");
 }
 
-/// Asks to stop once the strategy has reported step `at`.
+/// Hears of every step and asks to stop once the strategy has reported step `at`.
 struct StopAt {
     at: u64,
     seen: std::sync::atomic::AtomicU64,
 }
 
 impl tandem_strategy::Observer for StopAt {
+    fn log_every(&self) -> u64 {
+        1
+    }
     fn on_log(&self, report: &tandem_strategy::StepReport) {
         self.seen
             .fetch_max(report.step, std::sync::atomic::Ordering::SeqCst);
@@ -98,16 +116,14 @@ impl tandem_strategy::Observer for StopAt {
 #[test]
 fn a_sync_run_stopped_checkpointed_and_resumed_equals_the_uninterrupted_run_bitwise() {
     use tandem_strategy::checkpoint;
-    let hyper = Hyper {
-        log_every: 1,
-        ..Hyper::default()
-    };
+    let (sgd, batches) = (Sgd::default(), Batches::default());
     let end = 50;
     let mut straight = initial_state(8);
     sync::train(
         &mut cpu_pool(2, 100),
         &mut straight,
-        &hyper,
+        &sgd,
+        &batches,
         end,
         &NoObserver,
     )
@@ -118,7 +134,15 @@ fn a_sync_run_stopped_checkpointed_and_resumed_equals_the_uninterrupted_run_bitw
         at: 17,
         seen: Default::default(),
     };
-    let report = sync::train(&mut cpu_pool(2, 100), &mut first, &hyper, end, &stop).unwrap();
+    let report = sync::train(
+        &mut cpu_pool(2, 100),
+        &mut first,
+        &sgd,
+        &batches,
+        end,
+        &stop,
+    )
+    .unwrap();
     assert!(report.stopped);
     // The stop is seen while step 18 runs, which completes.
     assert_eq!(first.step, 18);
@@ -132,7 +156,8 @@ fn a_sync_run_stopped_checkpointed_and_resumed_equals_the_uninterrupted_run_bitw
     sync::train(
         &mut cpu_pool(2, 100),
         &mut resumed,
-        &hyper,
+        &sgd,
+        &batches,
         end,
         &NoObserver,
     )
@@ -140,5 +165,5 @@ fn a_sync_run_stopped_checkpointed_and_resumed_equals_the_uninterrupted_run_bitw
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert_eq!(resumed.step, end);
     assert_eq!(bits(&resumed.params), bits(&straight.params));
-    assert_eq!(bits(&resumed.ema), bits(&straight.ema));
+    assert_eq!(bits(ema(&resumed)), bits(ema(&straight)));
 }

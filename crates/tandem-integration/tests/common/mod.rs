@@ -7,6 +7,7 @@ use tandem_core::TrainState;
 use tandem_mnist::Mnist;
 use tandem_model::{Mlp, MlpReplica};
 use tandem_pool::{Device, WorkerPool};
+use tandem_strategy::Sgd;
 use tandem_tensor::{CpuBackend, ExampleSet};
 
 pub struct Data {
@@ -36,8 +37,19 @@ pub fn cpu_pool(workers: usize, batch: usize) -> WorkerPool<MlpReplica<CpuBacken
     .unwrap()
 }
 
+/// A fresh run of [`Sgd`] from the model's initialisation with `seed`.
 pub fn initial_state(seed: u64) -> TrainState {
-    TrainState::new(Mlp::MNIST.init(0.1, &mut rand_chacha::ChaCha8Rng::seed_from_u64(seed)))
+    TrainState::new(
+        Mlp::MNIST.init(0.1, &mut rand_chacha::ChaCha8Rng::seed_from_u64(seed)),
+        &Sgd::default(),
+    )
+}
+
+/// The moving average of the parameters ([`Sgd::AVERAGE`]) of a state trained by [`Sgd`].
+pub fn ema(state: &TrainState) -> &[f32] {
+    state
+        .slot(Sgd::AVERAGE)
+        .expect("a state trained by Sgd holds its moving average")
 }
 
 /// Test accuracy of the averaged and the raw parameters.
@@ -47,5 +59,5 @@ pub fn test_accuracy(state: &TrainState) -> (f64, f64) {
             .evaluate(&CpuBackend, params, &mnist().test)
             .unwrap()
     };
-    (evaluate(&state.ema), evaluate(&state.params))
+    (evaluate(ema(state)), evaluate(&state.params))
 }
