@@ -265,9 +265,15 @@ fn take_slots(
         || distinct.len() != names.len()
         || !names.iter().all(|n| valid_slot_name(n))
     {
+        // A hostile file's text may be long: say enough of it to recognise.
+        let shown: String = text.chars().take(60).collect();
+        let more = if shown.len() < text.len() { "..." } else { "" };
         return Err(corrupt(
             path,
-            format!("its {SLOTS} {text:?} is not a list of up to {MAX_SLOTS} distinct names"),
+            format!(
+                "its {SLOTS} {shown:?}{more} is not a list of up to {MAX_SLOTS} distinct \
+                 lower-case names other than params"
+            ),
         ));
     }
     Ok(names)
