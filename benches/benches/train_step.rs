@@ -7,7 +7,7 @@ use tandem_benches::mnist_train;
 use tandem_core::{Replica, TrainState};
 use tandem_model::{Mlp, MlpReplica};
 use tandem_pool::{Device, WorkerPool};
-use tandem_strategy::{sync, Batches, NoObserver, Sgd};
+use tandem_strategy::{Batches, Mode, NoObserver, Sgd};
 use tandem_tensor::CpuBackend;
 
 fn step(c: &mut Criterion) {
@@ -37,7 +37,16 @@ fn step(c: &mut Criterion) {
     group.bench_function("sync, 2 workers x batch 100, 10 steps", |b| {
         b.iter(|| {
             let end = state.step + 10;
-            sync::train(&mut pool, &mut state, &sgd, &batches, end, &NoObserver).expect("train")
+            tandem_strategy::train(
+                Mode::Sync,
+                &mut pool,
+                &mut state,
+                &sgd,
+                &batches,
+                end,
+                &NoObserver,
+            )
+            .expect("train")
         })
     });
     group.finish();

@@ -5,7 +5,7 @@
 mod common;
 
 use common::{cpu_pool, initial_state, test_accuracy};
-use tandem_strategy::{asynchronous, Batches, NoObserver, Sgd};
+use tandem_strategy::{train, Batches, Mode, NoObserver, Sgd};
 
 #[test]
 fn async_with_two_workers_reaches_97_percent_in_two_epochs_with_stale_updates() {
@@ -16,8 +16,8 @@ fn async_with_two_workers_reaches_97_percent_in_two_epochs_with_stale_updates() 
             let mut state = initial_state(seed);
             let batches = Batches { seed, ..Batches::default() };
             // Two epochs: 1,100 updates of 100 examples.
-            let report = asynchronous::train(
-                &mut cpu_pool(2, 100),
+            let report = train(
+ Mode::Async, &mut cpu_pool(2, 100),
                 &mut state,
                 &Sgd::default(),
                 &batches,

@@ -9,7 +9,7 @@ use tandem_kernels::{CudaBackend, KernelError};
 use tandem_mnist::Mnist;
 use tandem_model::{Mlp, MlpReplica};
 use tandem_pool::{Device, WorkerPool};
-use tandem_strategy::{sync, Batches, NoObserver, Sgd};
+use tandem_strategy::{train, Batches, Mode, NoObserver, Sgd};
 use tandem_tensor::{CpuBackend, ExampleSet};
 
 /// `count` replicas on GPU 0, or `None` after saying on stderr that the test is skipped.
@@ -76,7 +76,8 @@ fn sync_run(replicas: Vec<MlpReplica<CudaBackend>>, batch: usize, steps: u64) ->
         batch_size: batch,
         ..Batches::default()
     };
-    sync::train(
+    train(
+        Mode::Sync,
         &mut pool,
         &mut state,
         &Sgd::default(),

@@ -4,7 +4,7 @@ mod common;
 
 use common::{cpu_pool, ema, initial_state, test_accuracy};
 use tandem_model::Mlp;
-use tandem_strategy::{sync, Batches, NoObserver, Sgd};
+use tandem_strategy::{train, Batches, Mode, NoObserver, Sgd};
 
 fn max_relative_difference(a: &[f32], b: &[f32]) -> f64 {
     let scale = b.iter().fold(0.0f64, |m, &v| m.max(f64::from(v).abs()));
@@ -23,7 +23,8 @@ fn sync_with_n_workers_equals_one_worker_with_an_n_times_larger_batch() {
             batch_size: batch,
             ..Batches::default()
         };
-        sync::train(
+        train(
+            Mode::Sync,
             &mut cpu_pool(workers, batch),
             &mut state,
             &Sgd::default(),
@@ -58,7 +59,8 @@ fn sync_with_n_workers_equals_one_worker_with_an_n_times_larger_batch() {
 fn the_same_sync_run_twice_is_bitwise_identical() {
     let run = || {
         let mut state = initial_state(3);
-        sync::train(
+        train(
+            Mode::Sync,
             &mut cpu_pool(2, 100),
             &mut state,
             &Sgd::default(),
@@ -80,7 +82,8 @@ fn the_same_sync_run_twice_is_bitwise_identical() {
 fn a_short_sync_run_on_real_data_reaches_95_percent() {
     let mut state = initial_state(1);
     // One epoch of 55,000 examples at 2 x 100 per step.
-    sync::train(
+    train(
+        Mode::Sync,
         &mut cpu_pool(2, 100),
         &mut state,
         &Sgd::default(),
@@ -119,7 +122,8 @@ fn a_sync_run_stopped_checkpointed_and_resumed_equals_the_uninterrupted_run_bitw
     let (sgd, batches) = (Sgd::default(), Batches::default());
     let end = 50;
     let mut straight = initial_state(8);
-    sync::train(
+    train(
+        Mode::Sync,
         &mut cpu_pool(2, 100),
         &mut straight,
         &sgd,
@@ -134,7 +138,8 @@ fn a_sync_run_stopped_checkpointed_and_resumed_equals_the_uninterrupted_run_bitw
         at: 17,
         seen: Default::default(),
     };
-    let report = sync::train(
+    let report = train(
+        Mode::Sync,
         &mut cpu_pool(2, 100),
         &mut first,
         &sgd,
@@ -153,7 +158,8 @@ fn a_sync_run_stopped_checkpointed_and_resumed_equals_the_uninterrupted_run_bitw
 
     // A new process would start from the file with fresh replicas.
     let mut resumed = checkpoint::load(&path, &layout).unwrap().state;
-    sync::train(
+    train(
+        Mode::Sync,
         &mut cpu_pool(2, 100),
         &mut resumed,
         &sgd,

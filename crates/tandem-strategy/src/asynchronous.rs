@@ -17,28 +17,27 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
-use tandem_core::{Optimizer, Replica, TrainState};
-use tandem_pool::{FailurePolicy, RunWatch, WorkerContext, WorkerPool};
+use tandem_core::{Optimizer, Replica};
+use tandem_pool::{FailurePolicy, RunWatch, WorkerContext};
 
-use crate::common::{check_loss, validate, watchdog};
+use crate::common::{check_loss, watchdog, Job};
 use crate::hyper::reports;
 use crate::store::{HostStore, ParamStore};
-use crate::{
-    Batches, EpochOrder, Epochs, Observer, Staleness, StepReport, TrainError, TrainReport,
-};
+use crate::{EpochOrder, Epochs, Staleness, StepReport, TrainError, TrainReport};
 
-/// Trains from `state` with `optimizer` until `state.step == end_step` updates have been
-/// applied (or the observer stops it), leaving the final parameters, optimiser state and step
-/// in `state`. Every update uses one worker's batch of `batches.batch_size` examples.
-pub fn train<R: Replica, O: Optimizer + ?Sized>(
-    pool: &mut WorkerPool<R>,
-    state: &mut TrainState,
-    optimizer: &O,
-    batches: &Batches,
-    end_step: u64,
-    observer: &dyn Observer,
+/// [`crate::train`] in this mode, on a validated job.
+pub(crate) fn run<R: Replica, O: Optimizer + ?Sized>(
+    job: Job<'_, R, O>,
 ) -> Result<TrainReport, TrainError> {
-    let examples = validate(pool, state, optimizer, batches)?;
+    let Job {
+        pool,
+        state,
+        optimizer,
+        batches,
+        end_step,
+        observer,
+        examples,
+    } = job;
     let workers = pool.len();
     let batch_size = batches.batch_size as u64;
     let epochs = Epochs::new(examples, batch_size);

@@ -12,6 +12,18 @@ use crate::{Batches, NonFiniteLoss, Observer, Stall, TrainError};
 /// of its deadline, and a wake-up this rare costs nothing next to training.
 const WATCH_EVERY: Duration = Duration::from_millis(50);
 
+/// A validated training job, as [`crate::train`] hands it to a strategy.
+pub(crate) struct Job<'a, R, O: ?Sized> {
+    pub pool: &'a mut WorkerPool<R>,
+    pub state: &'a mut TrainState,
+    pub optimizer: &'a O,
+    pub batches: &'a Batches,
+    pub end_step: u64,
+    pub observer: &'a dyn Observer,
+    /// The replicas' number of training examples.
+    pub examples: usize,
+}
+
 /// Checks the state and configuration against the pool's replicas; returns the number of
 /// training examples.
 pub(crate) fn validate<R: Replica, O: Optimizer + ?Sized>(

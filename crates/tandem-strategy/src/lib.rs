@@ -1,9 +1,11 @@
 //! Data-parallel training strategies over a [`tandem_pool::WorkerPool`] of replicas.
 //!
-//! * [`sync::train`]: every replica starts each step from the same parameters, computes
+//! [`train`] in one of two [`Mode`]s:
+//!
+//! * [`sync`]: every replica starts each step from the same parameters, computes
 //!   gradients on its own shard of the global batch; the gradients are averaged in a fixed order
 //!   and one identical update is applied (bitwise reproducible for a seed and worker count).
-//! * [`asynchronous::train`]: each worker reads the latest parameters from a shared store,
+//! * [`asynchronous`]: each worker reads the latest parameters from a shared store,
 //!   computes gradients on its own batch and applies its update at once, without waiting for the
 //!   others (parameter-server style; updates can be stale, and staleness is measured).
 //!
@@ -18,7 +20,7 @@
 //! ```
 //! use tandem_core::{ParamSpan, Replica, ReplicaError, TrainState};
 //! use tandem_pool::{Device, WorkerPool};
-//! use tandem_strategy::{sync, Batches, NoObserver, Sgd};
+//! use tandem_strategy::{train, Batches, Mode, NoObserver, Sgd};
 //!
 //! /// Fits y = w . x to a target w* = 3 on a data set where example i is x = i.
 //! struct Scalar { layout: Vec<ParamSpan>, w: f32, grad: f32 }
@@ -53,7 +55,7 @@
 //! let sgd = Sgd { learning_rate: 0.5, ..Sgd::default() };
 //! let batches = Batches { batch_size: 5, seed: 1 };
 //! let mut state = TrainState::new(vec![0.0], &sgd);
-//! sync::train(&mut pool, &mut state, &sgd, &batches, 200, &NoObserver).unwrap();
+//! train(Mode::Sync, &mut pool, &mut state, &sgd, &batches, 200, &NoObserver).unwrap();
 //! assert!((state.params[0] - 3.0).abs() < 1e-3);
 //! ```
 #![warn(missing_docs)]
@@ -74,8 +76,56 @@ pub use store::{HostStore, ParamStore};
 
 use std::time::Duration;
 
-use tandem_core::TrainState;
-use tandem_pool::WorkerFailure;
+use tandem_core::{Optimizer, Replica, TrainState};
+use tandem_pool::{WorkerFailure, WorkerPool};
+
+/// Synchronous or asynchronous data parallelism.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// Averaged gradients, one identical update per step ([`sync`]).
+    Sync,
+    /// Each worker updates the shared parameters on its own ([`asynchronous`]).
+    Async,
+}
+
+impl Mode {
+    /// `"sync"` or `"async"`, as flags, metadata and reports spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Sync => "sync",
+            Mode::Async => "async",
+        }
+    }
+}
+
+/// Trains the replicas of `pool` from `state` with `optimizer` on `batches`, in `mode`, until
+/// `state.step == end_step` (or the observer stops it), leaving the final parameters,
+/// optimiser state and step in `state`. A sync step trains on every worker's batch; an async
+/// step is one worker's update. [`sync`] and [`asynchronous`] say how each mode works.
+pub fn train<R: Replica, O: Optimizer + ?Sized>(
+    mode: Mode,
+    pool: &mut WorkerPool<R>,
+    state: &mut TrainState,
+    optimizer: &O,
+    batches: &Batches,
+    end_step: u64,
+    observer: &dyn Observer,
+) -> Result<TrainReport, TrainError> {
+    let examples = common::validate(pool, state, optimizer, batches)?;
+    let job = common::Job {
+        pool,
+        state,
+        optimizer,
+        batches,
+        end_step,
+        observer,
+        examples,
+    };
+    match mode {
+        Mode::Sync => sync::run(job),
+        Mode::Async => asynchronous::run(job),
+    }
+}
 
 /// What a strategy tells its observer every [`Observer::log_every`] steps.
 #[derive(Debug, Clone, PartialEq)]

@@ -19,25 +19,27 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Instant;
 
-use tandem_core::{Optimizer, Replica, TrainState};
-use tandem_pool::{FailurePolicy, RunWatch, WorkerContext, WorkerPool};
+use tandem_core::{Optimizer, Replica};
+use tandem_pool::{FailurePolicy, RunWatch, WorkerContext};
 
-use crate::common::{check_loss, validate, watchdog};
+use crate::common::{check_loss, watchdog, Job};
 use crate::hyper::reports;
 use crate::store::{HostStore, ParamStore};
-use crate::{Batches, EpochOrder, Epochs, Observer, StepReport, TrainError, TrainReport};
+use crate::{EpochOrder, Epochs, StepReport, TrainError, TrainReport};
 
-/// Trains from `state` with `optimizer` on `batches` until `state.step == end_step` (or the
-/// observer stops it), leaving the final parameters, optimiser state and step in `state`.
-pub fn train<R: Replica, O: Optimizer + ?Sized>(
-    pool: &mut WorkerPool<R>,
-    state: &mut TrainState,
-    optimizer: &O,
-    batches: &Batches,
-    end_step: u64,
-    observer: &dyn Observer,
+/// [`crate::train`] in this mode, on a validated job.
+pub(crate) fn run<R: Replica, O: Optimizer + ?Sized>(
+    job: Job<'_, R, O>,
 ) -> Result<TrainReport, TrainError> {
-    let examples = validate(pool, state, optimizer, batches)?;
+    let Job {
+        pool,
+        state,
+        optimizer,
+        batches,
+        end_step,
+        observer,
+        examples,
+    } = job;
     // The global batch and the split of the update are the whole pool's: without a retired
     // worker this would silently be another run, so its failure ends this one too.
     if let Some(failure) = pool.retired().first() {

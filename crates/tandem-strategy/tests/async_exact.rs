@@ -8,14 +8,14 @@
 
 mod common;
 
+use common::{async_train, sync_train};
+
 use std::time::Duration;
 
 use common::{ema, pool_of, weights_and_bias, within, Loss, Model, TestReplica};
 use tandem_core::{ParamSpan, TrainState};
 use tandem_pool::WorkerPool;
-use tandem_strategy::{
-    asynchronous, sync, Batches, NoObserver, Observer, Sgd, TrainError, TrainReport,
-};
+use tandem_strategy::{Batches, NoObserver, Observer, Sgd, TrainError, TrainReport};
 
 /// The learning rate, and so the step of every parameter: 2^-10.
 const LR: f32 = 1.0 / 1024.0;
@@ -158,7 +158,7 @@ fn every_async_update_reaches_every_shard_exactly_once() {
     const UPDATES: u64 = 120;
     for workers in [2, 3, 4] {
         let what = format!("async, {workers} workers");
-        let (state, report) = run(&what, asynchronous::train, workers, None, UPDATES);
+        let (state, report) = run(&what, async_train, workers, None, UPDATES);
         let report = report.unwrap();
         assert!(report.failures.is_empty(), "{what}: {:?}", report.failures);
         assert_eq!((report.steps, state.step), (UPDATES, UPDATES), "{what}");
@@ -174,10 +174,9 @@ fn async_segments_lose_no_update() {
         let mut state = initial_state();
         let mut steps = 0;
         for end in [30, 31, 90] {
-            steps +=
-                asynchronous::train(&mut pool, &mut state, &sgd(), &batches(), end, &NoObserver)
-                    .unwrap()
-                    .steps;
+            steps += async_train(&mut pool, &mut state, &sgd(), &batches(), end, &NoObserver)
+                .unwrap()
+                .steps;
         }
         (state, steps)
     });
@@ -189,7 +188,7 @@ fn async_segments_lose_no_update() {
 fn an_async_nan_loss_never_reaches_the_stored_parameters() {
     const UPDATES: u64 = 60;
     let what = "async with a NaN loss";
-    let (state, report) = run(what, asynchronous::train, 3, Some((1, 4)), UPDATES);
+    let (state, report) = run(what, async_train, 3, Some((1, 4)), UPDATES);
     let report = report.unwrap();
     assert_eq!(report.failures.len(), 1, "{:?}", report.failures);
     assert_eq!(report.failures[0].worker, 1, "{:?}", report.failures);
@@ -210,12 +209,12 @@ fn an_async_nan_loss_never_reaches_the_stored_parameters() {
 
     // With one worker the run fails, and the state it leaves holds no NaN either.
     let what = "async with one worker and a NaN loss";
-    fails_on_nan(what, asynchronous::train, 1, (0, 5), UPDATES);
+    fails_on_nan(what, async_train, 1, (0, 5), UPDATES);
 }
 
 #[test]
 fn a_sync_nan_loss_never_reaches_the_stored_parameters() {
-    let state = fails_on_nan("sync with a NaN loss", sync::train, 3, (2, 6), 40);
+    let state = fails_on_nan("sync with a NaN loss", sync_train, 3, (2, 6), 40);
     // Whatever the state holds, it is a whole number of the steps before the failure.
     let moved = (initial_state().params[0] - state.params[0]) / LR;
     assert!(moved <= 5.0, "{moved}");

@@ -3,6 +3,8 @@
 
 mod common;
 
+use common::{async_train, sync_train};
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -10,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::{batches, sgd, LeastSquares, Quirks};
 use tandem_core::{ReplicaError, Slot, TrainState};
 use tandem_pool::WorkerPool;
-use tandem_strategy::{asynchronous, sync, NoObserver, Observer, Sgd, StepReport, TrainError};
+use tandem_strategy::{NoObserver, Observer, Sgd, StepReport, TrainError};
 
 #[derive(Clone, Copy)]
 enum Fault {
@@ -93,7 +95,7 @@ fn sync_stops_promptly_naming_the_failed_worker_and_step() {
         let mut state = TrainState::new(vec![0.0; 2], &sgd());
         let before = state.clone();
         let started = Instant::now();
-        let err = sync::train(
+        let err = sync_train(
             &mut pool(3, 1, fault, 7),
             &mut state,
             &sgd(),
@@ -124,7 +126,7 @@ fn sync_stops_promptly_naming_the_failed_worker_and_step() {
 fn async_carries_on_without_the_failed_worker_and_reports_it() {
     for fault in [Fault::Error, Fault::Panic] {
         let mut state = TrainState::new(vec![0.0; 2], &sgd());
-        let report = asynchronous::train(
+        let report = async_train(
             &mut pool(2, 0, fault, 1),
             &mut state,
             &sgd(),
@@ -145,7 +147,7 @@ fn async_carries_on_without_the_failed_worker_and_reports_it() {
 #[test]
 fn async_fails_when_every_worker_fails() {
     let mut state = TrainState::new(vec![0.0; 2], &sgd());
-    let err = asynchronous::train(
+    let err = async_train(
         &mut pool(1, 0, Fault::Error, 3),
         &mut state,
         &sgd(),
@@ -163,7 +165,7 @@ fn async_fails_when_every_worker_fails() {
 #[test]
 fn a_non_finite_loss_stops_the_run_naming_the_step() {
     let mut state = TrainState::new(vec![0.0; 2], &sgd());
-    let err = sync::train(
+    let err = sync_train(
         &mut pool(2, 0, Fault::NanLoss, 4),
         &mut state,
         &sgd(),
@@ -207,7 +209,7 @@ fn an_observer_stops_every_sync_worker_after_the_same_step() {
         after: 3,
         every: 5,
     };
-    let report = sync::train(
+    let report = sync_train(
         &mut pool(3, 9, Fault::None, 0),
         &mut state,
         &sgd(),
@@ -233,8 +235,7 @@ fn an_async_worker_that_failed_stays_out_of_later_segments() {
     // Three segments on one pool, as the binary trains between checkpoints.
     for (segment, end) in [100, 200, 300].into_iter().enumerate() {
         let report =
-            asynchronous::train(&mut pool, &mut state, &sgd(), &batches(), end, &NoObserver)
-                .unwrap();
+            async_train(&mut pool, &mut state, &sgd(), &batches(), end, &NoObserver).unwrap();
         reported.extend(report.failures.iter().cloned());
         assert_eq!(
             pool.replicas()[0].calls,
@@ -257,10 +258,10 @@ fn an_async_worker_that_failed_stays_out_of_later_segments() {
 fn async_fails_at_once_when_every_worker_is_retired() {
     let mut pool = pool(1, 0, Fault::Error, 3);
     let mut state = TrainState::new(vec![0.0; 2], &sgd());
-    let first = asynchronous::train(&mut pool, &mut state, &sgd(), &batches(), 100, &NoObserver)
-        .unwrap_err();
-    let again = asynchronous::train(&mut pool, &mut state, &sgd(), &batches(), 200, &NoObserver)
-        .unwrap_err();
+    let first =
+        async_train(&mut pool, &mut state, &sgd(), &batches(), 100, &NoObserver).unwrap_err();
+    let again =
+        async_train(&mut pool, &mut state, &sgd(), &batches(), 200, &NoObserver).unwrap_err();
     assert_eq!(first.to_string(), again.to_string());
     assert!(
         again
@@ -279,10 +280,10 @@ fn async_fails_at_once_when_every_worker_is_retired() {
 fn sync_refuses_a_pool_with_a_retired_worker() {
     let mut pool = pool(2, 1, Fault::Error, 1);
     let mut state = TrainState::new(vec![0.0; 2], &sgd());
-    asynchronous::train(&mut pool, &mut state, &sgd(), &batches(), 50, &NoObserver).unwrap();
+    async_train(&mut pool, &mut state, &sgd(), &batches(), 50, &NoObserver).unwrap();
     assert_eq!(pool.retired().len(), 1);
     let before = state.clone();
-    let err = sync::train(&mut pool, &mut state, &sgd(), &batches(), 100, &NoObserver).unwrap_err();
+    let err = sync_train(&mut pool, &mut state, &sgd(), &batches(), 100, &NoObserver).unwrap_err();
     assert!(err.to_string().contains("worker 1 (cpu:1) failed"), "{err}");
     assert_eq!(state, before);
 }
@@ -302,7 +303,7 @@ fn a_state_that_does_not_fit_the_model_is_refused_before_any_work() {
             step: 0,
         };
         let mut state = fresh();
-        let synchronous = sync::train(
+        let synchronous = sync_train(
             &mut pool(2, 9, Fault::None, 0),
             &mut state,
             &sgd(),
@@ -312,7 +313,7 @@ fn a_state_that_does_not_fit_the_model_is_refused_before_any_work() {
         );
         assert_eq!(state, fresh(), "the state was touched");
         let mut state = fresh();
-        let asynchronous = asynchronous::train(
+        let asynchronous = async_train(
             &mut pool(2, 9, Fault::None, 0),
             &mut state,
             &sgd(),
@@ -341,7 +342,7 @@ fn a_lone_sync_worker_stops_when_asked() {
             after: 0,
             every: 0,
         };
-        let report = sync::train(
+        let report = sync_train(
             &mut pool(1, 9, Fault::None, 0),
             &mut state,
             &sgd(),

@@ -11,12 +11,14 @@
 
 mod common;
 
+use common::{async_train, sync_train};
+
 use std::sync::Mutex;
 
 use common::{ema, pool_of, weights_and_bias, within, Loss, Model, TestReplica};
 use tandem_core::TrainState;
 use tandem_pool::WorkerPool;
-use tandem_strategy::{asynchronous, sync, Batches, EpochOrder, Observer, Sgd, StepReport};
+use tandem_strategy::{Batches, EpochOrder, Observer, Sgd, StepReport};
 
 const EXAMPLES: usize = 40;
 const FEATURES: usize = 3;
@@ -187,11 +189,9 @@ fn check(mode: Mode, ema_decay: f32, split: u64, steps: u64) {
         let reports = Reports::default();
         let mut segment = |state: &mut TrainState, end: u64| match mode {
             Mode::Sync { .. } => {
-                sync::train(&mut pool, state, &sgd, &BATCHES, end, &reports).unwrap()
+                sync_train(&mut pool, state, &sgd, &BATCHES, end, &reports).unwrap()
             }
-            Mode::Async => {
-                asynchronous::train(&mut pool, state, &sgd, &BATCHES, end, &reports).unwrap()
-            }
+            Mode::Async => async_train(&mut pool, state, &sgd, &BATCHES, end, &reports).unwrap(),
         };
         segment(&mut state, split);
         let middle = state.clone();

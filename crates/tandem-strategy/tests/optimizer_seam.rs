@@ -7,6 +7,8 @@
 
 mod common;
 
+use common::{async_train, sync_train};
+
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -20,8 +22,7 @@ use tandem_core::{Optimizer, ParamSpan, Piece, Replica, ReplicaError, Slot, Trai
 use tandem_pool::WorkerPool;
 use tandem_strategy::checkpoint::{self, CheckpointDir, CheckpointError};
 use tandem_strategy::{
-    asynchronous, sync, Batches, EpochOrder, NoObserver, Observer, Sgd, StepReport, TrainError,
-    TrainReport,
+    Batches, EpochOrder, NoObserver, Observer, Sgd, StepReport, TrainError, TrainReport,
 };
 
 /// The schedule both optimisers here share: `learning_rate * lr_decay ^ epoch`, and L2 with
@@ -297,8 +298,8 @@ impl Mode {
     }
     fn train<O: Optimizer>(self) -> Train<O> {
         match self {
-            Mode::Sync { .. } => sync::train,
-            Mode::Async => asynchronous::train,
+            Mode::Sync { .. } => sync_train,
+            Mode::Async => async_train,
         }
     }
 }
@@ -531,7 +532,7 @@ fn momentum_in_async_with_several_workers_updates_every_value_with_its_own_veloc
             let mut state = TrainState::new(initial, &momentum);
             // Two segments on the same pool: the second goes on with the first's velocity.
             for end in [UPDATES / 3, UPDATES] {
-                let report = asynchronous::train(
+                let report = async_train(
                     &mut pool,
                     &mut state,
                     &momentum,
@@ -784,10 +785,7 @@ fn hostile_optimizer_state_is_refused_as_damage() {
 /// a configuration error before any work, leaving the state as it was.
 #[track_caller]
 fn refused<O: Optimizer>(what: &str, optimizer: &O, state: &TrainState) {
-    for (strategy, train) in [
-        ("sync", sync::train as Train<O>),
-        ("async", asynchronous::train),
-    ] {
+    for (strategy, train) in [("sync", sync_train as Train<O>), ("async", async_train)] {
         let mut pool = pool(2);
         let mut trained = state.clone();
         let outcome = catch_unwind(AssertUnwindSafe(|| {
@@ -889,7 +887,7 @@ fn a_state_that_does_not_fit_the_optimiser_is_refused_before_any_work() {
     refused("one of two slots", &TwoSlots, &with_slots(&[("m", 2)]));
     // The controls: the same optimisers on states that fit them train.
     let mut fits = with_slots(&[("m", 2), ("v", 2)]);
-    sync::train(
+    sync_train(
         &mut pool(2),
         &mut fits,
         &TwoSlots,
@@ -899,7 +897,7 @@ fn a_state_that_does_not_fit_the_optimiser_is_refused_before_any_work() {
     )
     .unwrap();
     let mut fits = with_slots(&[("velocity", 2)]);
-    asynchronous::train(
+    async_train(
         &mut pool(2),
         &mut fits,
         &MOMENTUM,

@@ -4,11 +4,13 @@
 
 mod common;
 
+use common::{async_train, sync_train};
+
 use std::sync::{Arc, Barrier, Condvar, Mutex};
 use std::time::Duration;
 
 use tandem_core::{ReplicaError, TrainState};
-use tandem_strategy::{asynchronous, sync, Observer, StepReport, TrainReport};
+use tandem_strategy::{Observer, StepReport, TrainReport};
 
 use common::{batches, pool, sgd, within, Quirks};
 
@@ -75,8 +77,7 @@ fn train_async<Q: Quirks + 'static>(
         let mut state = TrainState::new(vec![0.0, 0.0], &sgd());
         state.step = start;
         let log = Log::every(log_every);
-        let report =
-            asynchronous::train(&mut pool, &mut state, &sgd(), &batches(), end, &log).unwrap();
+        let report = async_train(&mut pool, &mut state, &sgd(), &batches(), end, &log).unwrap();
         (report, log.1.into_inner().unwrap(), state)
     })
 }
@@ -157,8 +158,7 @@ fn a_run_stopped_before_its_end_says_so_and_one_that_reached_it_does_not() {
             let mut pool = pool(1, |_| Plain);
             let mut state = TrainState::new(vec![0.0, 0.0], &sgd());
             let report =
-                asynchronous::train(&mut pool, &mut state, &sgd(), &batches(), end, &StopAtOnce)
-                    .unwrap();
+                async_train(&mut pool, &mut state, &sgd(), &batches(), end, &StopAtOnce).unwrap();
             // The one worker finishes the update it began, then stops.
             assert_eq!(state.step, 1);
             report
@@ -175,7 +175,7 @@ fn sync_logs_every_nth_step_of_a_resumed_run_with_the_global_batchs_examples() {
         let mut state = TrainState::new(vec![0.0, 0.0], &sgd());
         state.step = 30;
         let log = Log::every(3);
-        let report = sync::train(&mut pool, &mut state, &sgd(), &batches(), 60, &log).unwrap();
+        let report = sync_train(&mut pool, &mut state, &sgd(), &batches(), 60, &log).unwrap();
         (report, log.1.into_inner().unwrap())
     });
     let steps: Vec<u64> = logged.iter().map(|r| r.step).collect();

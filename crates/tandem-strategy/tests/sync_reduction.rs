@@ -9,13 +9,15 @@
 
 mod common;
 
+use common::{async_train, sync_train};
+
 use std::ops::Range;
 use std::time::Duration;
 
 use common::{ema, pool_of, weights_and_bias, within, Loss, Model, TestReplica};
 use tandem_core::{ParamSpan, TrainState};
 use tandem_pool::WorkerPool;
-use tandem_strategy::{asynchronous, sync, Batches, EpochOrder, NoObserver, Sgd};
+use tandem_strategy::{Batches, EpochOrder, NoObserver, Sgd};
 use tandem_tensor::cpu::{sgd_ema_update, UpdateStep};
 
 /// Training examples the batch indices address.
@@ -212,7 +214,7 @@ fn train_sync(workers: usize, jitter: bool, steps: u64) -> TrainState {
         move || {
             let mut pool = pool(workers, jitter);
             let mut state = initial_state();
-            let report = sync::train(
+            let report = sync_train(
                 &mut pool,
                 &mut state,
                 &sgd(),
@@ -296,8 +298,8 @@ fn sync_in_two_segments_equals_the_trajectory() {
     let found = within("sync training in two segments", || {
         let mut pool = pool(3, false);
         let mut state = initial_state();
-        sync::train(&mut pool, &mut state, &sgd(), &batches(), 8, &NoObserver).unwrap();
-        sync::train(&mut pool, &mut state, &sgd(), &batches(), 20, &NoObserver).unwrap();
+        sync_train(&mut pool, &mut state, &sgd(), &batches(), 8, &NoObserver).unwrap();
+        sync_train(&mut pool, &mut state, &sgd(), &batches(), 20, &NoObserver).unwrap();
         state
     });
     assert_bitwise("3 workers, 8 + 12 steps", &found, &expected);
@@ -311,7 +313,7 @@ fn async_with_one_worker_equals_sync_with_one_worker_bitwise() {
     let found = within("async training with one worker", || {
         let mut pool = pool(1, false);
         let mut state = initial_state();
-        let report = asynchronous::train(
+        let report = async_train(
             &mut pool,
             &mut state,
             &sgd(),

@@ -4,6 +4,8 @@
 
 mod common;
 
+use common::{async_train, sync_train};
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
@@ -12,9 +14,7 @@ use std::time::{Duration, Instant};
 use common::{batches, ema, sgd, LeastSquares, Quirks, EXAMPLES};
 use tandem_core::{Optimizer, ReplicaError, TrainState};
 use tandem_pool::{Device, WorkerPool};
-use tandem_strategy::{
-    asynchronous, sync, Batches, Epochs, Observer, Sgd, Stall, TrainError, TrainReport,
-};
+use tandem_strategy::{Batches, Epochs, Observer, Sgd, Stall, TrainError, TrainReport};
 use tandem_tensor::cpu::{sgd_ema_update, UpdateStep};
 
 /// Long enough for any machine; only reached when the code under test hangs.
@@ -216,7 +216,7 @@ fn bits(values: &[f32]) -> Vec<u32> {
 #[test]
 fn sync_hang_is_reported_and_abandoned_with_the_last_completed_step() {
     // Worker 1 hangs in its 5th gradient computation: global step 5.
-    let (result, release, _, watcher) = abandoned(sync::train, 5, Duration::ZERO);
+    let (result, release, _, watcher) = abandoned(sync_train, 5, Duration::ZERO);
     release.send(()).expect("the hung replica is gone");
     let (report, state, _) = result
         .recv_timeout(LIMIT)
@@ -241,7 +241,7 @@ fn sync_hang_is_reported_and_abandoned_with_the_last_completed_step() {
     // What an uninterrupted 4-step run gives, bit for bit.
     let (mut healthy, _, _) = hanging_pool(2, None, Duration::ZERO);
     let mut reference = TrainState::new(vec![0.0; 2], &sgd());
-    sync::train(
+    sync_train(
         &mut healthy,
         &mut reference,
         &sgd(),
@@ -263,8 +263,7 @@ fn sync_hang_is_reported_and_abandoned_with_the_last_completed_step() {
 #[test]
 fn async_hang_is_reported_and_abandoned_with_every_applied_update() {
     // Worker 1 hangs in its 3rd gradient computation; worker 0 goes on until the stop.
-    let (result, release, applied, watcher) =
-        abandoned(asynchronous::train, 3, Duration::from_micros(200));
+    let (result, release, applied, watcher) = abandoned(async_train, 3, Duration::from_micros(200));
     // Worker 0 stopped before the abandon, and worker 1 is stuck: the log is complete.
     let applied_at_abandon = applied.lock().unwrap().clone();
     release.send(()).expect("the hung replica is gone");
@@ -314,7 +313,7 @@ fn async_hang_is_reported_and_abandoned_with_every_applied_update() {
 
 #[test]
 fn a_healthy_run_is_never_reported_as_stalled() {
-    for train in [sync::train as Train, asynchronous::train] {
+    for train in [sync_train as Train, async_train] {
         let (pool, _release, _) = hanging_pool(2, None, Duration::from_micros(100));
         let (watcher, _abandoned) = Watcher::new(Some(Duration::from_secs(30)), LIMIT);
         let (report, state, _) = start(train, pool, 300, watcher.clone())
@@ -329,7 +328,7 @@ fn a_healthy_run_is_never_reported_as_stalled() {
 
 #[test]
 fn a_healthy_run_that_is_asked_to_stop_is_not_abandoned() {
-    for train in [sync::train as Train, asynchronous::train] {
+    for train in [sync_train as Train, async_train] {
         let (pool, _release, _) = hanging_pool(2, None, Duration::from_micros(100));
         let (watcher, _abandoned) = Watcher::new(None, LIMIT);
         watcher.stop.store(true, Ordering::SeqCst);

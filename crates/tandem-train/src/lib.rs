@@ -34,26 +34,8 @@ pub use error::{Conflict, RunError};
 pub use interrupt::Interrupt;
 pub use plan::Plan;
 pub use progress::{Display, Progress, DEFAULT_LOG_EVERY};
+pub use tandem_strategy::Mode;
 pub use trainer::{
     check_checkpoint, Checkpoints, EvaluateError, Fresh, Length, Model, Requested, Resume, Segment,
     Setup, Start, Summary, Totals, Trainer, Watch,
 };
-
-/// Synchronous or asynchronous data parallelism.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Mode {
-    /// Averaged gradients, one identical update per step ([`tandem_strategy::sync`]).
-    Sync,
-    /// Each worker updates the shared parameters on its own ([`tandem_strategy::asynchronous`]).
-    Async,
-}
-
-impl Mode {
-    /// `"sync"` or `"async"`, as flags, metadata and reports spell it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::Sync => "sync",
-            Mode::Async => "async",
-        }
-    }
-}

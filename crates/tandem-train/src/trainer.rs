@@ -9,9 +9,7 @@ use std::time::Duration;
 use tandem_core::{ParamSpan, Replica, ReplicaError, TrainState};
 use tandem_pool::{Device, DeviceSpec, GpuCount, WorkerPool};
 use tandem_strategy::checkpoint::{self, Checkpoint, CheckpointDir};
-use tandem_strategy::{
-    asynchronous, sync, Batches, Observer, Staleness, Stall, StepReport, TrainReport,
-};
+use tandem_strategy::{Batches, Observer, Staleness, Stall, StepReport, TrainReport};
 
 use crate::config::{ModelId, RecordedOptimizer, RunConfig};
 use crate::error::Conflict;
@@ -570,15 +568,13 @@ fn advance<R: Replica, O: RecordedOptimizer>(
     to: u64,
     observer: &dyn Observer,
 ) -> Result<TrainReport, RunError> {
-    let train = match config.mode {
-        Mode::Sync => sync::train::<R, O>,
-        Mode::Async => asynchronous::train::<R, O>,
-    };
-    Ok(train(
+    let (optimizer, batches) = (&config.optimizer, &config.batches);
+    Ok(tandem_strategy::train(
+        config.mode,
         pool,
         state,
-        &config.optimizer,
-        &config.batches,
+        optimizer,
+        batches,
         to,
         observer,
     )?)

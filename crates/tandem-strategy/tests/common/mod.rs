@@ -205,3 +205,29 @@ pub fn ema(state: &TrainState) -> &[f32] {
         .slot(Sgd::AVERAGE)
         .expect("a state trained by Sgd holds its moving average")
 }
+
+/// [`tandem_strategy::train`] in sync mode, as a function the tests can pass around.
+pub fn sync_train<R: Replica, O: tandem_core::Optimizer + ?Sized>(
+    pool: &mut WorkerPool<R>,
+    state: &mut TrainState,
+    optimizer: &O,
+    batches: &Batches,
+    end_step: u64,
+    observer: &dyn tandem_strategy::Observer,
+) -> Result<tandem_strategy::TrainReport, tandem_strategy::TrainError> {
+    let mode = tandem_strategy::Mode::Sync;
+    tandem_strategy::train(mode, pool, state, optimizer, batches, end_step, observer)
+}
+
+/// [`tandem_strategy::train`] in async mode, as a function the tests can pass around.
+pub fn async_train<R: Replica, O: tandem_core::Optimizer + ?Sized>(
+    pool: &mut WorkerPool<R>,
+    state: &mut TrainState,
+    optimizer: &O,
+    batches: &Batches,
+    end_step: u64,
+    observer: &dyn tandem_strategy::Observer,
+) -> Result<tandem_strategy::TrainReport, tandem_strategy::TrainError> {
+    let mode = tandem_strategy::Mode::Async;
+    tandem_strategy::train(mode, pool, state, optimizer, batches, end_step, observer)
+}
