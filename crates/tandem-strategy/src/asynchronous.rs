@@ -29,21 +29,13 @@ use crate::{EpochOrder, Epochs, Staleness, StepReport, TrainError, TrainReport};
 pub(crate) fn run<R: Replica, O: Optimizer + ?Sized>(
     job: Job<'_, R, O>,
 ) -> Result<TrainReport, TrainError> {
-    let Job {
-        pool,
-        state,
-        optimizer,
-        batches,
-        end_step,
-        observer,
-        examples,
-    } = job;
+    let (pool, state) = (job.pool, job.state);
     let workers = pool.len();
-    let batch_size = batches.batch_size as u64;
-    let epochs = Epochs::new(examples, batch_size);
-    let store = HostStore::new(state, pool.replicas()[0].layout(), optimizer, 0);
-    let log_every = observer.log_every();
-    // Tickets hand out batches; `applied` counts updates begun and is the store's version;
+    let batch_size = job.batches.batch_size as u64;
+    let epochs = Epochs::new(job.examples, batch_size);
+    let store = HostStore::new(state, pool.replicas()[0].layout(), job.optimizer, 0);
+    let log_every = job.observer.log_every();
+    // Tickets hand out job.batches; `applied` counts updates begun and is the store's version;
     // `completed` counts updates whose every shard is written.
     let tickets = AtomicU64::new(state.step);
     let applied = AtomicU64::new(state.step);
@@ -65,15 +57,15 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized>(
     };
     let work = |ctx: &WorkerContext<'_>, replica: &mut R| {
         replica.bind_thread()?;
-        let mut order = EpochOrder::new(batches.seed, examples);
-        let mut batch = vec![0u32; batches.batch_size];
+        let mut order = EpochOrder::new(job.batches.seed, job.examples);
+        let mut batch = vec![0u32; job.batches.batch_size];
         let (mut staleness_sum, mut staleness_max, mut updates) = (0u64, 0u64, 0u64);
         loop {
             if stop.load(Ordering::Relaxed) {
                 break;
             }
             let ticket = tickets.fetch_add(1, Ordering::Relaxed);
-            if ticket >= end_step {
+            if ticket >= job.end_step {
                 break;
             }
             ctx.set_step(ticket + 1);
@@ -93,14 +85,14 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized>(
             staleness_sum += staleness;
             staleness_max = staleness_max.max(staleness);
             updates += 1;
-            if observer.should_stop() {
+            if job.observer.should_stop() {
                 stop.store(true, Ordering::Relaxed);
             }
             if reports(log_every, step + 1) {
-                observer.on_log(&StepReport {
+                job.observer.on_log(&StepReport {
                     step: step + 1,
-                    loss: loss + ParamStore::<R>::l2_loss(&store, optimizer.weight_decay()),
-                    learning_rate: optimizer.learning_rate(epoch),
+                    loss: loss + ParamStore::<R>::l2_loss(&store, job.optimizer.weight_decay()),
+                    learning_rate: job.optimizer.learning_rate(epoch),
                     examples: (step + 1 - start_step) * batch_size,
                     elapsed: started.elapsed(),
                     staleness: Some(staleness),
@@ -110,7 +102,7 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized>(
         Ok((staleness_sum, staleness_max, updates))
     };
     let outcome = pool.run_watched(FailurePolicy::Continue, work, |run| {
-        watchdog(observer, run, snapshot)
+        watchdog(job.observer, run, snapshot)
     });
     let elapsed = started.elapsed();
     if outcome.results.iter().all(Option::is_none) {
@@ -138,6 +130,6 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized>(
             max,
         }),
         failures: outcome.failures,
-        stopped: state.step < end_step && stop.load(Ordering::Relaxed),
+        stopped: state.step < job.end_step && stop.load(Ordering::Relaxed),
     })
 }

@@ -31,25 +31,17 @@ use crate::{EpochOrder, Epochs, StepReport, TrainError, TrainReport};
 pub(crate) fn run<R: Replica, O: Optimizer + ?Sized>(
     job: Job<'_, R, O>,
 ) -> Result<TrainReport, TrainError> {
-    let Job {
-        pool,
-        state,
-        optimizer,
-        batches,
-        end_step,
-        observer,
-        examples,
-    } = job;
+    let (pool, state) = (job.pool, job.state);
     // The global batch and the split of the update are the whole pool's: without a retired
     // worker this would silently be another run, so its failure ends this one too.
     if let Some(failure) = pool.retired().first() {
         return Err(failure.clone().into());
     }
     let workers = pool.len();
-    let global_batch = (workers * batches.batch_size) as u64;
-    let epochs = Epochs::new(examples, global_batch);
-    let store = HostStore::new(state, pool.replicas()[0].layout(), optimizer, workers);
-    let log_every = observer.log_every();
+    let global_batch = (workers * job.batches.batch_size) as u64;
+    let epochs = Epochs::new(job.examples, global_batch);
+    let store = HostStore::new(state, pool.replicas()[0].layout(), job.optimizer, workers);
+    let log_every = job.observer.log_every();
     let losses: Vec<AtomicU32> = (0..workers).map(|_| AtomicU32::new(0)).collect();
     let stop = AtomicBool::new(false);
     let start_step = state.step;
@@ -67,14 +59,14 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized>(
     let work = |ctx: &WorkerContext<'_>, replica: &mut R| {
         let me = ctx.worker();
         replica.bind_thread()?;
-        let mut order = EpochOrder::new(batches.seed, examples);
-        let mut batch = vec![0u32; batches.batch_size];
+        let mut order = EpochOrder::new(job.batches.seed, job.examples);
+        let mut batch = vec![0u32; job.batches.batch_size];
         let mut done = start_step;
-        for step in start_step..end_step {
+        for step in start_step..job.end_step {
             ctx.set_step(step + 1);
             store.load(replica)?;
             order.fill(
-                epochs.position(step) + (me * batches.batch_size) as u64,
+                epochs.position(step) + (me * job.batches.batch_size) as u64,
                 &mut batch,
             );
             let loss = check_loss(replica.compute_gradients(&batch)?)?;
@@ -92,17 +84,18 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized>(
             let epoch = epochs.epoch_at(step);
             ParamStore::<R>::update_share(&store, me, step, epoch);
             // Worker 0 decides for everyone, before the barrier, so all stop after the same step.
-            if me == 0 && observer.should_stop() {
+            if me == 0 && job.observer.should_stop() {
                 stop.store(true, Ordering::Relaxed);
             }
             ctx.barrier()?;
             done = step + 1;
 
             if me == 0 && reports(log_every, done) {
-                observer.on_log(&StepReport {
+                job.observer.on_log(&StepReport {
                     step: done,
-                    loss: data_loss + ParamStore::<R>::l2_loss(&store, optimizer.weight_decay()),
-                    learning_rate: optimizer.learning_rate(epoch),
+                    loss: data_loss
+                        + ParamStore::<R>::l2_loss(&store, job.optimizer.weight_decay()),
+                    learning_rate: job.optimizer.learning_rate(epoch),
                     examples: (done - start_step) * global_batch,
                     elapsed: started.elapsed(),
                     staleness: None,
@@ -115,7 +108,7 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized>(
         Ok(done)
     };
     let outcome = pool.run_watched(FailurePolicy::StopAll, work, |run| {
-        watchdog(observer, run, snapshot)
+        watchdog(job.observer, run, snapshot)
     });
     let elapsed = started.elapsed();
     let finished = outcome.into_results()?;
@@ -129,6 +122,6 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized>(
         elapsed,
         staleness: None,
         failures: Vec::new(),
-        stopped: reached < end_step,
+        stopped: reached < job.end_step,
     })
 }
