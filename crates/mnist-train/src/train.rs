@@ -7,7 +7,7 @@ use anyhow::{bail, Result};
 use serde_json::json;
 use tandem_strategy::{Batches, Sgd};
 use tandem_train::{
-    out, output, Checkpoints, Fresh, Interrupt, Length, Progress, Requested, Resume, Start,
+    out, output, Checkpoints, Fresh, Interrupt, Length, Mode, Progress, Requested, Resume, Start,
     Summary, Trainer, Watch,
 };
 
@@ -30,7 +30,7 @@ fn start(args: &TrainArgs) -> Result<Start<Sgd>> {
             seed: args.seed.unwrap_or(batches.seed),
         };
         return Ok(Start::Fresh(Fresh {
-            mode: args.mode().unwrap_or(tandem_train::Mode::Sync),
+            mode: args.mode().unwrap_or(Mode::Sync),
             optimizer: Sgd {
                 learning_rate: args.learning_rate.unwrap_or(sgd.learning_rate),
                 lr_decay: args.lr_decay.unwrap_or(sgd.lr_decay),
@@ -54,40 +54,14 @@ fn start(args: &TrainArgs) -> Result<Start<Sgd>> {
             dir.display()
         );
     }
-    let given =
-        |key, label, value: Option<String>| value.map(|value| Requested { key, label, value });
     let requested = [
-        given(
-            "mode",
-            "--sync/--async",
-            args.mode().map(|m| m.name().to_string()),
-        ),
-        given(
-            "batch_size",
-            "--batch-size",
-            args.batch_size.map(|v| v.to_string()),
-        ),
-        given(
-            "learning_rate",
-            "--lr",
-            args.learning_rate.map(|v| v.to_string()),
-        ),
-        given(
-            "lr_decay",
-            "--lr-decay",
-            args.lr_decay.map(|v| v.to_string()),
-        ),
-        given(
-            "weight_decay",
-            "--weight-decay",
-            args.weight_decay.map(|v| v.to_string()),
-        ),
-        given(
-            "ema_decay",
-            "--ema-decay",
-            args.ema_decay.map(|v| v.to_string()),
-        ),
-        given("seed", "--seed", args.seed.map(|v| v.to_string())),
+        given("mode", "--sync/--async", args.mode().map(Mode::name)),
+        given("batch_size", "--batch-size", args.batch_size),
+        given("learning_rate", "--lr", args.learning_rate),
+        given("lr_decay", "--lr-decay", args.lr_decay),
+        given("weight_decay", "--weight-decay", args.weight_decay),
+        given("ema_decay", "--ema-decay", args.ema_decay),
+        given("seed", "--seed", args.seed),
     ];
     Ok(Start::Resume(Resume {
         dir: dir.clone(),
@@ -95,6 +69,19 @@ fn start(args: &TrainArgs) -> Result<Start<Sgd>> {
         length,
         save_every: args.save_every,
     }))
+}
+
+/// A flag given for a resumed run, as the metadata key it would set.
+fn given(
+    key: &'static str,
+    label: &'static str,
+    value: Option<impl ToString>,
+) -> Option<Requested> {
+    value.map(|value| Requested {
+        key,
+        label,
+        value: value.to_string(),
+    })
 }
 
 /// Says why the run was given up on its hung workers (after saving what was consistent) and

@@ -17,12 +17,6 @@ pub struct Sgd {
     pub ema_decay: f32,
 }
 
-impl Default for Sgd {
-    fn default() -> Self {
-        Self::DEFAULT
-    }
-}
-
 impl Sgd {
     /// The TensorFlow multi-GPU MNIST example's values, and the one place tandem writes them:
     /// the CLI's flags, `compare` and the README take them from here.
@@ -92,11 +86,18 @@ pub struct Batches {
     pub seed: u64,
 }
 
-impl Default for Batches {
-    fn default() -> Self {
-        Self::DEFAULT
-    }
+/// `Default` is the type's `DEFAULT`: the reference's values.
+macro_rules! default_is_the_reference {
+    ($($name:ty),*) => {
+        $(impl Default for $name {
+            fn default() -> Self {
+                Self::DEFAULT
+            }
+        })*
+    };
 }
+
+default_is_the_reference!(Sgd, Batches);
 
 impl Batches {
     /// Batches of 100, seed 1.
