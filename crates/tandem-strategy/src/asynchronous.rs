@@ -22,20 +22,20 @@ use tandem_pool::{FailurePolicy, RunWatch, WorkerContext};
 
 use crate::common::{check_loss, watchdog, Job};
 use crate::hyper::reports;
-use crate::store::{HostStore, ParamStore};
+use crate::store::ParamStore;
 use crate::{EpochOrder, Epochs, Staleness, StepReport, TrainError, TrainReport};
 
 /// [`crate::train`] in this mode, on a validated job.
-pub(crate) fn run<R: Replica, O: Optimizer + ?Sized>(
-    job: Job<'_, R, O>,
+pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R>>(
+    job: Job<'_, R, O, S>,
 ) -> Result<TrainReport, TrainError> {
     let (pool, state) = (job.pool, job.state);
     let workers = pool.len();
     let batch_size = job.batches.batch_size as u64;
     let epochs = Epochs::new(job.examples, batch_size);
-    let store = HostStore::new(state, pool.replicas()[0].layout(), job.optimizer, 0);
+    let store = job.store;
     let log_every = job.observer.log_every();
-    // Tickets hand out job.batches; `applied` counts updates begun and is the store's version;
+    // Tickets hand out batches; `applied` counts updates begun and is the store's version;
     // `completed` counts updates whose every shard is written.
     let tickets = AtomicU64::new(state.step);
     let applied = AtomicU64::new(state.step);
@@ -49,7 +49,7 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized>(
     // that an update that begins after it makes the two differ, or changes `applied` by the
     // second look.
     let snapshot = |_: &RunWatch<'_>| {
-        ParamStore::<R>::consistent_copy(&store, &|| {
+        store.consistent_copy(&|| {
             let done = completed.load(Ordering::Acquire);
             let begun = applied.load(Ordering::Acquire);
             (done == begun).then_some(begun)
@@ -91,7 +91,7 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized>(
             if reports(log_every, step + 1) {
                 job.observer.on_log(&StepReport {
                     step: step + 1,
-                    loss: loss + ParamStore::<R>::l2_loss(&store, job.optimizer.weight_decay()),
+                    loss: loss + store.l2_loss(job.optimizer.weight_decay()),
                     learning_rate: job.optimizer.learning_rate(epoch),
                     examples: (step + 1 - start_step) * batch_size,
                     elapsed: started.elapsed(),
@@ -117,7 +117,7 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized>(
         .fold((0, 0, 0), |(s, m, n), &(ws, wm, wn)| {
             (s + ws, m.max(wm), n + wn)
         });
-    ParamStore::<R>::save_into(&store, state);
+    store.save_into(state);
     state.step = applied.load(Ordering::Acquire);
     // Counted from the store's version: a failed worker's earlier updates count too.
     let steps = state.step - start_step;

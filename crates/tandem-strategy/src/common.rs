@@ -13,7 +13,7 @@ use crate::{Batches, NonFiniteLoss, Observer, Stall, TrainError};
 const WATCH_EVERY: Duration = Duration::from_millis(50);
 
 /// A validated training job, as [`crate::train`] hands it to a strategy.
-pub(crate) struct Job<'a, R, O: ?Sized> {
+pub(crate) struct Job<'a, R, O: ?Sized, S> {
     pub pool: &'a mut WorkerPool<R>,
     pub state: &'a mut TrainState,
     pub optimizer: &'a O,
@@ -22,6 +22,8 @@ pub(crate) struct Job<'a, R, O: ?Sized> {
     pub observer: &'a dyn Observer,
     /// The replicas' number of training examples.
     pub examples: usize,
+    /// The parameters of record, loaded from `state`; the strategy saves them back into it.
+    pub store: &'a S,
 }
 
 /// Checks the state and configuration against the pool's replicas; returns the number of

@@ -112,6 +112,13 @@ pub fn train<R: Replica, O: Optimizer + ?Sized>(
     observer: &dyn Observer,
 ) -> Result<TrainReport, TrainError> {
     let examples = common::validate(pool, state, optimizer, batches)?;
+    // Sync publishes every worker's gradients into the store; async applies them at once.
+    let gradient_slots = match mode {
+        Mode::Sync => pool.len(),
+        Mode::Async => 0,
+    };
+    let layout = pool.replicas()[0].layout();
+    let store = HostStore::new(state, layout, optimizer, gradient_slots);
     let job = common::Job {
         pool,
         state,
@@ -120,6 +127,7 @@ pub fn train<R: Replica, O: Optimizer + ?Sized>(
         end_step,
         observer,
         examples,
+        store: &store,
     };
     match mode {
         Mode::Sync => sync::run(job),

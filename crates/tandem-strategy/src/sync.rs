@@ -24,12 +24,12 @@ use tandem_pool::{FailurePolicy, RunWatch, WorkerContext};
 
 use crate::common::{check_loss, watchdog, Job};
 use crate::hyper::reports;
-use crate::store::{HostStore, ParamStore};
+use crate::store::ParamStore;
 use crate::{EpochOrder, Epochs, StepReport, TrainError, TrainReport};
 
 /// [`crate::train`] in this mode, on a validated job.
-pub(crate) fn run<R: Replica, O: Optimizer + ?Sized>(
-    job: Job<'_, R, O>,
+pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R>>(
+    job: Job<'_, R, O, S>,
 ) -> Result<TrainReport, TrainError> {
     let (pool, state) = (job.pool, job.state);
     // The global batch and the split of the update are the whole pool's: without a retired
@@ -40,7 +40,7 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized>(
     let workers = pool.len();
     let global_batch = (workers * job.batches.batch_size) as u64;
     let epochs = Epochs::new(job.examples, global_batch);
-    let store = HostStore::new(state, pool.replicas()[0].layout(), job.optimizer, workers);
+    let store = job.store;
     let log_every = job.observer.log_every();
     let losses: Vec<AtomicU32> = (0..workers).map(|_| AtomicU32::new(0)).collect();
     let stop = AtomicBool::new(false);
@@ -51,7 +51,7 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized>(
     // barriers means no worker is updating, and half of it is the number of completed steps:
     // the version of `ParamStore::consistent_copy`.
     let snapshot = |run: &RunWatch<'_>| {
-        ParamStore::<R>::consistent_copy(&store, &|| {
+        store.consistent_copy(&|| {
             let passed = run.barriers_passed();
             passed.is_multiple_of(2).then_some(start_step + passed / 2)
         })
@@ -82,7 +82,7 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized>(
                 / workers as f32;
 
             let epoch = epochs.epoch_at(step);
-            ParamStore::<R>::update_share(&store, me, step, epoch);
+            store.update_share(me, step, epoch);
             // Worker 0 decides for everyone, before the barrier, so all stop after the same step.
             if me == 0 && job.observer.should_stop() {
                 stop.store(true, Ordering::Relaxed);
@@ -93,8 +93,7 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized>(
             if me == 0 && reports(log_every, done) {
                 job.observer.on_log(&StepReport {
                     step: done,
-                    loss: data_loss
-                        + ParamStore::<R>::l2_loss(&store, job.optimizer.weight_decay()),
+                    loss: data_loss + store.l2_loss(job.optimizer.weight_decay()),
                     learning_rate: job.optimizer.learning_rate(epoch),
                     examples: (done - start_step) * global_batch,
                     elapsed: started.elapsed(),
@@ -113,7 +112,7 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized>(
     let elapsed = started.elapsed();
     let finished = outcome.into_results()?;
     let reached = finished.first().copied().unwrap_or(start_step);
-    ParamStore::<R>::save_into(&store, state);
+    store.save_into(state);
     state.step = reached;
     let steps = reached - start_step;
     Ok(TrainReport {
