@@ -1041,23 +1041,18 @@ fn ld_st(p: &mut Parser, st: bool, m: &mut Mods, ops: &[Raw], line: usize) -> R 
             return done(Op::LdShared32 { d: slots[0], addr });
         }
     }
-    if st {
-        done(Op::St {
-            space,
-            ty,
-            n: n as u8,
-            s: slots,
-            addr,
-        })
+    let at = Access {
+        space,
+        ty,
+        n: n as u8,
+        base: addr.base,
+        off: addr.off,
+    };
+    done(if st {
+        Op::St { at, s: slots }
     } else {
-        done(Op::Ld {
-            space,
-            ty,
-            n: n as u8,
-            d: slots,
-            addr,
-        })
-    }
+        Op::Ld { at, d: slots }
+    })
 }
 
 fn atom(p: &mut Parser, red: bool, m: &mut Mods, ops: &[Raw], line: usize) -> R {

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 
 use crate::float::*;
 use crate::ir::*;
-use crate::parse::{FPARAM_BASE, SINK};
+use crate::parse::{CARRY, FPARAM_BASE, SINK};
 use crate::race::{Kind, RaceState};
 use crate::{
     Dim3, ExecError, GlobalMemory, Kernel, Launch, GENERIC_LOCAL_BASE, GENERIC_SHARED_BASE,
@@ -206,6 +206,42 @@ impl BlockMem<'_> {
         }
     }
 
+    /// Where the `kind` access of `size` bytes at `addr` in `space` lands: [`classify_aligned`],
+    /// and a global address resolved to host memory.
+    #[inline(always)]
+    fn place(
+        &mut self,
+        mem: &dyn GlobalMemory,
+        space: Space,
+        addr: u64,
+        size: usize,
+        kind: Kind,
+    ) -> Result<Place, MemErr> {
+        let (space, addr) = classify_aligned(space, addr, size, kind.name())?;
+        Ok(match space {
+            Space::Global => {
+                Place::Global(self.cache.resolve(mem, addr, size, kind != Kind::Load)?)
+            }
+            _ => Place::Block(space, addr),
+        })
+    }
+
+    /// The bytes of thread `t`'s `kind` access to the block's own memory, a shared one
+    /// recorded for the race check.
+    fn block_bytes(
+        &mut self,
+        space: Space,
+        addr: u64,
+        size: usize,
+        kind: Kind,
+        t: usize,
+    ) -> Result<&mut [u8], MemErr> {
+        if space == Space::Shared {
+            self.race_access(t, addr, size, kind)?;
+        }
+        self.bytes(space, addr, size, kind != Kind::Load, t)
+    }
+
     fn load(
         &mut self,
         mem: &dyn GlobalMemory,
@@ -214,15 +250,11 @@ impl BlockMem<'_> {
         size: usize,
         t: usize,
     ) -> Result<u64, MemErr> {
-        let (space, addr) = classify_aligned(space, addr, size, "load")?;
-        match space {
-            Space::Global => {
-                let p = self.cache.resolve(mem, addr, size, false)?;
-                // SAFETY: `resolve` vouches for `size` bytes at `p` for the launch; other host
-                // threads may access them concurrently, hence atomic accesses when aligned.
-                unsafe { Ok(load_ptr(p, size)) }
-            }
-            Space::Param if addr < FPARAM_BASE => {
+        match self.place(mem, space, addr, size, Kind::Load)? {
+            // SAFETY: `resolve` vouches for `size` bytes at `p` for the launch; other host
+            // threads may access them concurrently, hence atomic accesses when aligned.
+            Place::Global(p) => unsafe { Ok(load_ptr(p, size)) },
+            Place::Block(Space::Param, addr) if addr < FPARAM_BASE => {
                 let end = addr
                     .checked_add(size as u64)
                     .filter(|&e| e <= self.params.len() as u64);
@@ -233,11 +265,9 @@ impl BlockMem<'_> {
                     ))),
                 }
             }
-            _ => {
-                if space == Space::Shared {
-                    self.race_access(t, addr, size, Kind::Load)?;
-                }
-                Ok(read_le(self.bytes(space, addr, size, false, t)?))
+            Place::Block(space, addr) => {
+                let b = self.block_bytes(space, addr, size, Kind::Load, t)?;
+                Ok(read_le(b))
             }
         }
     }
@@ -260,22 +290,14 @@ impl BlockMem<'_> {
         v: u64,
         t: usize,
     ) -> Result<(), MemErr> {
-        let (space, addr) = classify_aligned(space, addr, size, "store")?;
-        match space {
-            Space::Global => {
-                let p = self.cache.resolve(mem, addr, size, true)?;
-                // SAFETY: as in `load`.
-                unsafe { store_ptr(p, size, v) };
-                Ok(())
-            }
-            _ => {
-                if space == Space::Shared {
-                    self.race_access(t, addr, size, Kind::Store)?;
-                }
-                write_le(self.bytes(space, addr, size, true, t)?, v);
-                Ok(())
+        match self.place(mem, space, addr, size, Kind::Store)? {
+            // SAFETY: as in `load`.
+            Place::Global(p) => unsafe { store_ptr(p, size, v) },
+            Place::Block(space, addr) => {
+                write_le(self.block_bytes(space, addr, size, Kind::Store, t)?, v)
             }
         }
+        Ok(())
     }
 
     fn atom(
@@ -287,10 +309,8 @@ impl BlockMem<'_> {
         size: usize,
         t: usize,
     ) -> Result<u64, MemErr> {
-        let (space, addr) = classify_aligned(space, addr, size, "atomic")?;
-        match space {
-            Space::Global => {
-                let p = self.cache.resolve(mem, addr, size, true)?;
+        match self.place(mem, space, addr, size, Kind::Atomic)? {
+            Place::Global(p) => {
                 if !(p as usize).is_multiple_of(size) {
                     return Err(MemErr::Misaligned(format!(
                         "atomic at {addr:#x}: host memory misaligned"
@@ -311,36 +331,33 @@ impl BlockMem<'_> {
                     }
                 }
             }
-            Space::Shared => {
-                self.race_access(t, addr, size, Kind::Atomic)?;
-                let b = self.bytes(space, addr, size, true, t)?;
+            Place::Block(Space::Shared, addr) => {
+                let b = self.block_bytes(Space::Shared, addr, size, Kind::Atomic, t)?;
                 let old = read_le(b);
                 write_le(b, f(old));
                 Ok(old)
             }
-            _ => Err(MemErr::Illegal(format!(
+            Place::Block(space, addr) => Err(MemErr::Illegal(format!(
                 "atomic on {space:?} address {addr:#x}"
             ))),
         }
     }
 }
 
-/// The element addresses of an `n`-element vector `what` (load or store) of `size`-byte
-/// elements at `addr`, which must be aligned to the whole vector outside the parameter space.
+/// Where an access lands: global memory (the host pointer to its bytes), or the block's own
+/// memory in `space` (at the window-relative address).
+enum Place {
+    Global(*mut u8),
+    Block(Space, u64),
+}
+
+/// The element addresses of the vector `what` (load or store) `at`, which must be aligned to
+/// the whole vector outside the parameter space.
 #[inline(always)]
-fn vector_addrs(
-    r: &[u64],
-    addr: &Addr,
-    space: Space,
-    size: usize,
-    n: u8,
-    what: &str,
-) -> Result<impl Iterator<Item = u64>, MemErr> {
-    let (base, n) = (
-        r[addr.base as usize].wrapping_add(addr.off as u64),
-        n as usize,
-    );
-    if n > 1 && !base.is_multiple_of((size * n) as u64) && space != Space::Param {
+fn vector_addrs(r: &[u64], at: &Access, what: &str) -> Result<impl Iterator<Item = u64>, MemErr> {
+    let (size, n) = (at.ty.bytes(), at.n as usize);
+    let base = r[at.base as usize].wrapping_add(at.off as u64);
+    if n > 1 && !base.is_multiple_of((size * n) as u64) && at.space != Space::Param {
         return Err(MemErr::Misaligned(format!(
             "{}-byte vector {what} at {base:#x}",
             size * n
@@ -363,10 +380,29 @@ fn clamp_or_wrap(n: u32, clamp: bool) -> u32 {
 #[inline]
 fn carry_in_bit(r: &[u64], on: bool) -> u128 {
     if on {
-        r[crate::parse::CARRY as usize] as u128 & 1
+        r[CARRY as usize] as u128 & 1
     } else {
         0
     }
+}
+
+/// The extended-precision addition of `add.cc`/`addc` (`sub.cc`/`subc` with `sub`) and of
+/// `mad.cc`/`madc` (whose `x` is the product): `x + y + cin` on `ty`'s bits (with `sub`,
+/// `x - y - cin`, `cin` a borrow), and the carry (borrow) out.
+#[inline(always)]
+fn add_cc(ty: Ty, (x, y): (u64, u64), cin: u128, sub: bool) -> (u64, u64) {
+    let bits = ty.bits();
+    let m = mask_of(bits);
+    let (x, y) = ((x & m) as u128, (y & m) as u128);
+    let (v, carry) = if sub {
+        // Borrow semantics: d = x - y - borrow; the flag holds the borrow.
+        let v = x.wrapping_sub(y).wrapping_sub(cin);
+        (v, (x < y + cin) as u64)
+    } else {
+        let v = x + y + cin;
+        (v, (v >> bits) as u64 & 1)
+    };
+    (v as u64 & m, carry)
 }
 
 /// The aligned, in-bounds 32-bit shared load at `a`, or None (the general path then reports
@@ -554,37 +590,37 @@ fn iun(op: IUn, ty: Ty, a: u64) -> u64 {
     }
 }
 
+/// A binary floating-point operation of `a` and `b` at the width of `$f`, whose correctly
+/// rounded add, multiply and divide are `$add`, `$mul` and `$div`: what `fbin32` and `fbin64`
+/// share.
+macro_rules! fbin {
+    ($f:ident, $add:ident, $mul:ident, $div:ident, $op:expr, $rnd:expr, $a:expr, $b:expr) => {{
+        let (op, rnd, a, b): (FOp, Rnd, $f, $f) = ($op, $rnd, $a, $b);
+        match op {
+            FOp::Add => $add(a, b, rnd),
+            FOp::Sub => $add(a, -b, rnd),
+            FOp::Mul => $mul(a, b, rnd),
+            FOp::Div => $div(a, b, rnd),
+            FOp::Min => a.min(b),
+            FOp::Max => a.max(b),
+            FOp::MinNan if a.is_nan() || b.is_nan() => $f::NAN,
+            FOp::MaxNan if a.is_nan() || b.is_nan() => $f::NAN,
+            FOp::MinNan => a.min(b),
+            FOp::MaxNan => a.max(b),
+            FOp::Copysign => b.copysign(a),
+        }
+    }};
+}
+
 fn fbin32(op: FOp, rnd: Rnd, approx: bool, a: f32, b: f32) -> f32 {
-    match op {
-        FOp::Add => add32(a, b, rnd),
-        FOp::Sub => add32(a, -b, rnd),
-        FOp::Mul => mul32(a, b, rnd),
-        FOp::Div if approx => ((a as f64) / (b as f64)) as f32,
-        FOp::Div => div32(a, b, rnd),
-        FOp::Min => a.min(b),
-        FOp::Max => a.max(b),
-        FOp::MinNan if a.is_nan() || b.is_nan() => f32::NAN,
-        FOp::MaxNan if a.is_nan() || b.is_nan() => f32::NAN,
-        FOp::MinNan => a.min(b),
-        FOp::MaxNan => a.max(b),
-        FOp::Copysign => b.copysign(a),
+    if approx && op == FOp::Div {
+        return ((a as f64) / (b as f64)) as f32;
     }
+    fbin!(f32, add32, mul32, div32, op, rnd, a, b)
 }
 
 fn fbin64(op: FOp, rnd: Rnd, a: f64, b: f64) -> f64 {
-    match op {
-        FOp::Add => add64(a, b, rnd),
-        FOp::Sub => add64(a, -b, rnd),
-        FOp::Mul => mul64(a, b, rnd),
-        FOp::Div => div64(a, b, rnd),
-        FOp::Min => a.min(b),
-        FOp::Max => a.max(b),
-        FOp::MinNan if a.is_nan() || b.is_nan() => f64::NAN,
-        FOp::MaxNan if a.is_nan() || b.is_nan() => f64::NAN,
-        FOp::MinNan => a.min(b),
-        FOp::MaxNan => a.max(b),
-        FOp::Copysign => b.copysign(a),
-    }
+    fbin!(f64, add64, mul64, div64, op, rnd, a, b)
 }
 
 fn fun64(op: FUn, rnd: Rnd, a: f64) -> f64 {
@@ -1019,21 +1055,11 @@ impl Ctx<'_> {
                     a,
                     b,
                 } => {
-                    let bits = ty.bits();
-                    let m = mask_of(bits);
-                    let (x, y) = ((r[a as usize] & m) as u128, (r[b as usize] & m) as u128);
                     let cin = carry_in_bit(r, carry_in);
-                    let (v, carry) = if sub {
-                        // Borrow semantics: d = a - b - borrow; the flag holds the borrow.
-                        let v = x.wrapping_sub(y).wrapping_sub(cin);
-                        (v, (x < y + cin) as u64)
-                    } else {
-                        let v = x + y + cin;
-                        (v, (v >> bits) as u64 & 1)
-                    };
-                    r[d as usize] = v as u64 & m;
+                    let (v, carry) = add_cc(ty, (r[a as usize], r[b as usize]), cin, sub);
+                    r[d as usize] = v;
                     if carry_out {
-                        r[crate::parse::CARRY as usize] = carry;
+                        r[CARRY as usize] = carry;
                     }
                 }
                 &Op::IUn { op, ty, d, a } => r[d as usize] = iun(op, ty, r[a as usize]),
@@ -1070,15 +1096,13 @@ impl Ctx<'_> {
                     b,
                     c,
                 } => {
-                    let bits = ty.bits();
-                    let m = mask_of(bits);
                     let op = if hi { IOp::MulHi } else { IOp::MulLo };
-                    let p = ibin(op, ty, r[a as usize], r[b as usize]) as u128;
+                    let p = ibin(op, ty, r[a as usize], r[b as usize]);
                     let cin = carry_in_bit(r, carry_in);
-                    let v = p + (r[c as usize] & m) as u128 + cin;
-                    r[d as usize] = v as u64 & m;
+                    let (v, carry) = add_cc(ty, (p, r[c as usize]), cin, false);
+                    r[d as usize] = v;
                     if carry_out {
-                        r[crate::parse::CARRY as usize] = (v >> bits) as u64 & 1;
+                        r[CARRY as usize] = carry;
                     }
                 }
                 &Op::Bfe { ty, d, a, b, c } => {
@@ -1470,17 +1494,10 @@ impl Ctx<'_> {
                     };
                     r[d as usize] = if bits32 { out & 0xffff_ffff } else { out };
                 }
-                Op::Ld {
-                    space,
-                    ty,
-                    n,
-                    d,
-                    addr,
-                } => {
-                    let size = ty.bytes();
-                    let addrs = or_fail!(vector_addrs(r, addr, *space, size, *n, "load"));
-                    for (a, dst) in addrs.zip(d) {
-                        let v = or_fail!(bm.load(self.mem, *space, a, size, t));
+                Op::Ld { at, d } => {
+                    let (ty, size) = (at.ty, at.ty.bytes());
+                    for (a, dst) in or_fail!(vector_addrs(r, at, "load")).zip(d) {
+                        let v = or_fail!(bm.load(self.mem, at.space, a, size, t));
                         r[*dst as usize] = if ty.signed() {
                             sx(v, ty.bits()) as u64
                         } else {
@@ -1488,17 +1505,10 @@ impl Ctx<'_> {
                         };
                     }
                 }
-                Op::St {
-                    space,
-                    ty,
-                    n,
-                    s,
-                    addr,
-                } => {
-                    let size = ty.bytes();
-                    let addrs = or_fail!(vector_addrs(r, addr, *space, size, *n, "store"));
-                    for (a, src) in addrs.zip(s) {
-                        or_fail!(bm.store(self.mem, *space, a, size, r[*src as usize], t));
+                Op::St { at, s } => {
+                    let size = at.ty.bytes();
+                    for (a, src) in or_fail!(vector_addrs(r, at, "store")).zip(s) {
+                        or_fail!(bm.store(self.mem, at.space, a, size, r[*src as usize], t));
                     }
                 }
                 &Op::Atom {

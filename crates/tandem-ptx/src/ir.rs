@@ -240,6 +240,18 @@ pub(crate) struct Addr {
     pub off: i64,
 }
 
+/// The memory a (vector) `ld` or `st` accesses: `n` values of `ty` in `space` from
+/// `regs[base] + off` on. An [`Addr`]'s two fields rather than an `Addr`: the other three then
+/// fill what would be its padding, and an instruction stays 56 bytes (64 with an `Addr`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Access {
+    pub space: Space,
+    pub ty: Ty,
+    pub n: u8,
+    pub base: Slot,
+    pub off: i64,
+}
+
 /// Bytes copied between param areas around a `call`: (from, to, len) in func-param space.
 pub(crate) type ParamCopy = (u32, u32, u32);
 
@@ -530,19 +542,15 @@ pub(crate) enum Op {
         d: Slot,
         a: Slot,
     },
+    /// `ld` (not [`Op::LdShared32`]): `at.n` values into `d`.
     Ld {
-        space: Space,
-        ty: Ty,
-        n: u8,
+        at: Access,
         d: [Slot; 4],
-        addr: Addr,
     },
+    /// `st` (not [`Op::StShared32`]): `at.n` values from `s`.
     St {
-        space: Space,
-        ty: Ty,
-        n: u8,
+        at: Access,
         s: [Slot; 4],
-        addr: Addr,
     },
     Atom {
         space: Space,

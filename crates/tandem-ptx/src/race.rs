@@ -22,7 +22,8 @@ pub(crate) enum Kind {
 }
 
 impl Kind {
-    fn name(self) -> &'static str {
+    /// How messages name it: "load", "store", "atomic".
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Kind::Load => "load",
             Kind::Store => "store",
