@@ -9,7 +9,7 @@
 
 use std::alloc::Layout;
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use tandem_ptx::{Fault, GlobalMemory};
 
@@ -23,6 +23,22 @@ pub const DEVICE_SPAN: u64 = 1 << 44;
 const ALIGN: u64 = 256;
 /// The smallest gap after an allocation.
 const MIN_GAP: u64 = 1 << 20;
+
+/// `m`'s guard, also after a thread panicked holding it: the driver goes on answering (a panic
+/// in an entry point is its `CUDA_ERROR_UNKNOWN`, see [`crate::guard`]).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// [`lock`] for reading an `RwLock`.
+fn read<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// [`lock`] for writing an `RwLock`.
+fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// One live device allocation.
 #[derive(Debug)]
@@ -89,7 +105,7 @@ impl Memory {
         if size == 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let mut devices = self.devices.lock().unwrap_or_else(|p| p.into_inner());
+        let mut devices = lock(&self.devices);
         let (next, used) = devices.get_mut(device).ok_or(CUDA_ERROR_INVALID_DEVICE)?;
         if used.saturating_add(size) > self.limit {
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
@@ -120,29 +136,23 @@ impl Memory {
             ptr,
             layout,
         };
-        self.live
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(base, Arc::new(allocation));
+        write(&self.live).insert(base, Arc::new(allocation));
         Ok(base)
     }
 
     /// The live allocation starting at `base` (`CUDA_ERROR_INVALID_VALUE` for anything else:
     /// freed, never allocated, or inside an allocation).
     pub fn get_base(&self, base: u64) -> Result<Arc<Allocation>, CUresult> {
-        let live = self.live.read().unwrap_or_else(|p| p.into_inner());
+        let live = read(&self.live);
         live.get(&base).cloned().ok_or(CUDA_ERROR_INVALID_VALUE)
     }
 
     /// Removes the allocation at `base` (its memory goes when the last user lets go).
     pub fn free(&self, base: u64) -> Result<(), CUresult> {
-        let removed = self
-            .live
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
+        let removed = write(&self.live)
             .remove(&base)
             .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        let mut devices = self.devices.lock().unwrap_or_else(|p| p.into_inner());
+        let mut devices = lock(&self.devices);
         if let Some((_, used)) = devices.get_mut(removed.device) {
             *used -= removed.size;
         }
@@ -152,7 +162,7 @@ impl Memory {
     /// Frees every allocation of context `ctx` (when it is destroyed).
     pub fn free_context(&self, ctx: u64) {
         let bases: Vec<u64> = {
-            let live = self.live.read().unwrap_or_else(|p| p.into_inner());
+            let live = read(&self.live);
             live.values()
                 .filter(|a| a.ctx == ctx)
                 .map(|a| a.base)
@@ -165,7 +175,7 @@ impl Memory {
 
     /// The live allocation holding all of `[addr, addr + len)`, if any.
     pub fn find(&self, addr: u64, len: u64) -> Option<Arc<Allocation>> {
-        let live = self.live.read().unwrap_or_else(|p| p.into_inner());
+        let live = read(&self.live);
         let (_, allocation) = live.range(..=addr).next_back()?;
         let end = addr.checked_add(len)?;
         (end <= allocation.base + allocation.size).then(|| allocation.clone())
@@ -173,13 +183,13 @@ impl Memory {
 
     /// Bytes in use and the total of `device`.
     pub fn info(&self, device: usize) -> (u64, u64) {
-        let devices = self.devices.lock().unwrap_or_else(|p| p.into_inner());
+        let devices = lock(&self.devices);
         (devices.get(device).map_or(0, |d| d.1), self.limit)
     }
 
     /// The allocations a launch may use (those `allowed` accepts), as they are now.
     pub fn view(&self, allowed: impl Fn(&Allocation) -> bool) -> LaunchMemory {
-        let live = self.live.read().unwrap_or_else(|p| p.into_inner());
+        let live = read(&self.live);
         LaunchMemory {
             allocations: live.values().filter(|a| allowed(a)).cloned().collect(),
         }
@@ -226,19 +236,13 @@ impl Pinned {
         if ptr.is_null() {
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         }
-        self.blocks
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(ptr as usize, layout);
+        lock(&self.blocks).insert(ptr as usize, layout);
         Ok(ptr)
     }
 
     /// Frees the block at `ptr` (`CUDA_ERROR_INVALID_VALUE` if it is not one).
     pub fn free(&self, ptr: usize) -> Result<(), CUresult> {
-        let layout = self
-            .blocks
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        let layout = lock(&self.blocks)
             .remove(&ptr)
             .ok_or(CUDA_ERROR_INVALID_VALUE)?;
         // SAFETY: allocated in `allocate` with this layout.
@@ -248,7 +252,7 @@ impl Pinned {
 
     /// Whether `[ptr, ptr + len)` lies inside one pinned block.
     pub fn contains(&self, ptr: usize, len: usize) -> bool {
-        let blocks = self.blocks.lock().unwrap_or_else(|p| p.into_inner());
+        let blocks = lock(&self.blocks);
         blocks
             .range(..=ptr)
             .next_back()
