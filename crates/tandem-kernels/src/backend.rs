@@ -425,33 +425,6 @@ impl CudaBackend {
         }
     }
 
-    /// `bias_add`, with the ReLU or without.
-    fn bias(
-        &self,
-        x: &mut DeviceBuffer<f32>,
-        bias: (&DeviceBuffer<f32>, usize),
-        rows: usize,
-        cols: usize,
-        relu: bool,
-    ) -> Result<(), KernelError> {
-        check::bias_add(x.len(), operand(&bias), rows, cols)?;
-        let len = rows.saturating_mul(cols); // no saturation: checked against x.len()
-        let bias = span(bias);
-        let x = span_mut((x, 0));
-        let cols = dim("bias: cols", cols)?;
-        let relu = i32::from(relu);
-        // SAFETY: the arguments follow `bias_add`'s parameters; x covers len = rows*cols values
-        // and bias cols values.
-        unsafe {
-            self.launch(
-                Kernel::BiasAdd,
-                stride_grid(len),
-                BLOCK,
-                args![x, bias, len, cols, relu],
-            )
-        }
-    }
-
     /// Copies `src` into `dst` from `offset` on, for operation `op`.
     fn copy_in<T: DeviceCopy>(
         &self,
@@ -460,16 +433,13 @@ impl CudaBackend {
         dst: &mut DeviceBuffer<T>,
         offset: usize,
     ) -> Result<(), KernelError> {
-        ShapeError::check(op, "dst", offset.saturating_add(src.len()), dst.len())?;
-        if src.is_empty() {
-            return Ok(());
-        }
-        let span = span_mut((dst, offset));
-        // SAFETY: `dst` holds `src.len()` values from `offset` on (checked above); `src` stays
-        // borrowed until the synchronize below has seen the copy through, even where it is
-        // pinned memory that the driver would read later.
-        unsafe { self.stream.copy_in(span, src) }.map_err(cuda("copying to the device"))?;
-        self.synchronize()
+        let device = ("dst", dst.len(), offset);
+        self.transfer(op, device, src.len(), "copying to the device", || {
+            // SAFETY: `transfer` runs this once it has checked that `dst` holds `src.len()`
+            // values from `offset` on, and keeps `src` borrowed until the copy is through, even
+            // where it is pinned memory that the driver would read later.
+            unsafe { self.stream.copy_in(span_mut((dst, offset)), src) }
+        })
     }
 
     /// Copies `dst.len()` values of `src` from `offset` on to the host, for operation `op`.
@@ -480,15 +450,31 @@ impl CudaBackend {
         offset: usize,
         dst: &mut [T],
     ) -> Result<(), KernelError> {
-        ShapeError::check(op, "src", offset.saturating_add(dst.len()), src.len())?;
-        if dst.is_empty() {
+        let device = ("src", src.len(), offset);
+        self.transfer(op, device, dst.len(), "copying to the host", || {
+            // SAFETY: `transfer` runs this once it has checked that `src` holds `dst.len()`
+            // values from `offset` on, and keeps `dst` borrowed until the copy has landed (the
+            // driver may return early when `dst` is pinned).
+            unsafe { self.stream.copy_out(dst, span((src, offset))) }
+        })
+    }
+
+    /// What [`copy_in`](Self::copy_in) and [`copy_out`](Self::copy_out) share: checks that the
+    /// device buffer `name` of operation `op` (`buf_len` values) holds `len` values from
+    /// `offset` on; then, unless there are none, queues the copy (`copy`) and waits for it.
+    fn transfer(
+        &self,
+        op: &'static str,
+        (name, buf_len, offset): (&'static str, usize, usize),
+        len: usize,
+        during: &'static str,
+        copy: impl FnOnce() -> Result<(), Code>,
+    ) -> Result<(), KernelError> {
+        ShapeError::check(op, name, offset.saturating_add(len), buf_len)?;
+        if len == 0 {
             return Ok(());
         }
-        let span = span((src, offset));
-        // SAFETY: `src` holds `dst.len()` values from `offset` on (checked above); the
-        // synchronize below keeps `dst` borrowed until the copy has landed (the driver may
-        // return early when `dst` is pinned).
-        unsafe { self.stream.copy_out(dst, span) }.map_err(cuda("copying to the host"))?;
+        copy().map_err(cuda(during))?;
         self.synchronize()
     }
 
@@ -834,7 +820,22 @@ impl Backend for CudaBackend {
         cols: usize,
         activation: Activation,
     ) -> Result<(), KernelError> {
-        self.bias(x, bias, rows, cols, activation == Activation::Relu)
+        check::bias_add(x.len(), operand(&bias), rows, cols)?;
+        let len = rows.saturating_mul(cols); // no saturation: checked against x.len()
+        let bias = span(bias);
+        let x = span_mut((x, 0));
+        let cols = dim("bias: cols", cols)?;
+        let relu = i32::from(activation == Activation::Relu);
+        // SAFETY: the arguments follow `bias_add`'s parameters; x covers len = rows*cols values
+        // and bias cols values.
+        unsafe {
+            self.launch(
+                Kernel::BiasAdd,
+                stride_grid(len),
+                BLOCK,
+                args![x, bias, len, cols, relu],
+            )
+        }
     }
 
     fn relu_backward(
