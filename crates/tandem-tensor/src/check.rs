@@ -145,11 +145,13 @@ pub fn softmax_cross_entropy(
     dlogits: usize,
 ) -> Result<(), ShapeError> {
     let op = "softmax_cross_entropy";
-    let len = rows.saturating_mul(classes);
-    positive(op, "classes", classes)?;
-    span(op, "logits", Operand::whole(logits), len)?;
-    span(op, "labels", Operand::whole(labels), rows)?;
-    span(op, "dlogits", Operand::whole(dlogits), len)
+    scores(op, logits, labels, rows, classes)?;
+    span(
+        op,
+        "dlogits",
+        Operand::whole(dlogits),
+        rows.saturating_mul(classes),
+    )
 }
 
 /// [`Backend::column_sum`](crate::Backend::column_sum) over the first `rows x cols` values of
@@ -169,7 +171,18 @@ pub fn count_correct(
     rows: usize,
     classes: usize,
 ) -> Result<(), ShapeError> {
-    let op = "count_correct";
+    scores("count_correct", logits, labels, rows, classes)
+}
+
+/// What [`softmax_cross_entropy`] and [`count_correct`] check first: `rows x classes` logits
+/// (at least one class) and `rows` labels.
+fn scores(
+    op: &'static str,
+    logits: usize,
+    labels: usize,
+    rows: usize,
+    classes: usize,
+) -> Result<(), ShapeError> {
     positive(op, "classes", classes)?;
     span(
         op,
