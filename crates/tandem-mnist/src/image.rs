@@ -554,19 +554,18 @@ mod tests {
         assert!(error < 0.06, "{error}");
     }
 
-    /// `image` scaled to `size` pixels square, inverted to dark ink and placed with its corner
-    /// at `at` on a light gray `width x height` page.
-    fn on_page(
-        image: &GrayImage,
-        size: u32,
-        (width, height): (u32, u32),
-        at: (i64, i64),
-    ) -> GrayImage {
-        let mut digit = imageops::resize(image, size, size, FilterType::Triangle);
-        imageops::invert(&mut digit);
-        let mut page = GrayImage::from_pixel(width, height, Luma([230]));
-        imageops::replace(&mut page, &digit, at.0, at.1);
-        page
+    /// Asserts that each of the first `count` MNIST images reads as itself when scaled to `size`
+    /// pixels square, inverted to dark ink and placed with its corner at `at` on a light gray
+    /// `width x height` page.
+    #[track_caller]
+    fn assert_found_on_page(count: usize, size: u32, (width, height): (u32, u32), at: (i64, i64)) {
+        for image in &mnist()[..count] {
+            let mut digit = imageops::resize(image, size, size, FilterType::Triangle);
+            imageops::invert(&mut digit);
+            let mut page = GrayImage::from_pixel(width, height, Luma([230]));
+            imageops::replace(&mut page, &digit, at.0, at.1);
+            assert_reads_as(page, image);
+        }
     }
 
     /// The mean error of `a` against `b` shifted by at most one pixel either way: a resampled
@@ -635,9 +634,7 @@ mod tests {
 
     #[test]
     fn a_small_digit_in_a_large_picture_is_found() {
-        for image in &mnist()[..20] {
-            assert_reads_as(on_page(image, 56, (300, 200), (30, 120)), image);
-        }
+        assert_found_on_page(20, 56, (300, 200), (30, 120));
     }
 
     #[test]
@@ -688,10 +685,8 @@ mod tests {
 
     #[test]
     fn large_pictures_are_shrunk_first_and_still_read() {
-        for image in &mnist()[..5] {
-            // A 400-pixel digit on a 2000 x 1500 page: 102 pixels once the page is shrunk.
-            assert_reads_as(on_page(image, 400, (2000, 1500), (900, 300)), image);
-        }
+        // A 400-pixel digit on a 2000 x 1500 page: 102 pixels once the page is shrunk.
+        assert_found_on_page(5, 400, (2000, 1500), (900, 300));
     }
 
     #[test]
