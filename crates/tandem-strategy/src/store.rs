@@ -130,6 +130,31 @@ pub struct HostStore<'o, O: Optimizer + ?Sized> {
     slot_names: Vec<String>,
     len: usize,
     grads: Vec<RwLock<Vec<f32>>>,
+    /// The shards each synchronous worker updates, computed once: a step must not lock shards
+    /// that other workers are updating just to find its own.
+    shares: Vec<Range<usize>>,
+}
+
+/// Shards `first..last` for each of `workers` workers in a synchronous step, from the shards'
+/// first parameters (`starts`) over `len` parameters: contiguous, with about the same number of
+/// parameters each.
+fn shares(starts: &[usize], len: usize, workers: usize) -> Vec<Range<usize>> {
+    let boundary = |w: usize| {
+        let target = len * w / workers;
+        starts
+            .iter()
+            .position(|&offset| offset >= target)
+            .unwrap_or(starts.len())
+    };
+    (0..workers)
+        .map(|w| {
+            boundary(w)..if w + 1 == workers {
+                starts.len()
+            } else {
+                boundary(w + 1)
+            }
+        })
+        .collect()
 }
 
 impl<'o, O: Optimizer + ?Sized> HostStore<'o, O> {
@@ -138,11 +163,13 @@ impl<'o, O: Optimizer + ?Sized> HostStore<'o, O> {
     /// `state` must fit `layout` and `optimizer` (the strategies check it first).
     pub fn new(state: &TrainState, layout: &[ParamSpan], optimizer: &'o O, workers: usize) -> Self {
         let mut shards = Vec::new();
+        let mut starts = Vec::new();
         let mut offset = 0;
         for span in layout {
             let end = offset + span.len();
             for start in (offset..end).step_by(SHARD_LEN) {
                 let range = start..(start + SHARD_LEN).min(end);
+                starts.push(start);
                 shards.push(RwLock::new(Shard {
                     offset: start,
                     weight_decay: span.weight_decay,
@@ -164,23 +191,7 @@ impl<'o, O: Optimizer + ?Sized> HostStore<'o, O> {
             grads: (0..workers)
                 .map(|_| RwLock::new(vec![0.0; offset]))
                 .collect(),
-        }
-    }
-
-    /// Shards `first..last` that worker `worker` of `workers` owns in a synchronous step:
-    /// contiguous, with about the same number of parameters each.
-    fn owned_by(&self, worker: usize, workers: usize) -> Range<usize> {
-        let boundary = |w: usize| {
-            let target = self.len * w / workers;
-            self.shards
-                .iter()
-                .position(|s| read(s).offset >= target)
-                .unwrap_or(self.shards.len())
-        };
-        boundary(worker)..if worker + 1 == workers {
-            self.shards.len()
-        } else {
-            boundary(worker + 1)
+            shares: shares(&starts, offset, workers),
         }
     }
 
@@ -214,7 +225,7 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for HostStore<'_, O> {
             .map(|g| g.read().unwrap_or_else(|p| p.into_inner()))
             .collect();
         let all: Vec<&[f32]> = all.iter().map(|g| g.as_slice()).collect();
-        for shard in self.owned_by(worker, self.grads.len()) {
+        for shard in self.shares[worker].clone() {
             self.update(shard, &all, step, epoch);
         }
     }
