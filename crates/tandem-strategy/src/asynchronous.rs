@@ -12,7 +12,7 @@
 //!
 //! A watchdog beside the workers reports stalls to the observer and, when a stop cannot be
 //! honoured because a worker hangs, hands it the store with every update it holds applied in
-//! full (see [`Observer::on_abandon`]).
+//! full (see [`Observer::on_abandon`](crate::Observer::on_abandon)).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;

@@ -14,7 +14,7 @@
 //!
 //! A watchdog beside the workers reports stalls to the observer and, when a stop cannot be
 //! honoured because a worker hangs, hands it the state after the last step every worker
-//! completed (see [`Observer::on_abandon`]).
+//! completed (see [`Observer::on_abandon`](crate::Observer::on_abandon)).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Instant;
