@@ -11,7 +11,9 @@
 #     and its strictness answers as the real driver's do (kernels/conformance/check.py); no
 #     kernel races on shared memory (TANDEM_EMU_RACECHECK=1);
 #  5. no test binary records the stand-in's folder (RPATH/RUNPATH): on a GPU machine the real
-#     driver must load.
+#     driver must load;
+#  6. with nothing but a libcuda.so.1 (no toolkit, no CUDA_LIBRARY_PATH), mnist-train builds
+#     with `cuda` and trains on the GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$SECONDS
@@ -79,4 +81,19 @@ for binary in $binaries; do
     fi
 done
 [ "$needs_driver" = 1 ] || { echo "cuda.sh: no test binary needs libcuda.so.1" >&2; exit 1; }
+# A machine with only the NVIDIA driver: no toolkit, nothing set, just libcuda.so.1 where the
+# linker and the loader look (here the stand-in's copy, alone in a folder on LIBRARY_PATH, as
+# the driver's is in /usr/lib). The README's GPU command must build and run there.
+driver_only=$(mktemp -d)
+cp target/cuda-emu/lib64/libcuda.so.1 "$driver_only/"
+env -u CUDA_LIBRARY_PATH LIBRARY_PATH="$driver_only" \
+    cargo build -q -p mnist-train --features cuda
+readelf -d target/debug/mnist-train | grep -q 'NEEDED.*\[libcuda.so.1\]' ||
+    { echo "cuda.sh: the driver-only build does not ask for libcuda.so.1" >&2; exit 1; }
+trained=$(LD_LIBRARY_PATH="$driver_only" target/debug/mnist-train --devices cuda:0 --steps 3 \
+    --log-format plain --log-every 1)
+grep -q '^== summary ==' <<<"$trained" ||
+    { echo "cuda.sh: the driver-only build does not train on cuda:0:" >&2; echo "$trained" >&2; exit 1; }
+rm -rf "$driver_only"
+echo "cuda.sh: the GPU binary builds and trains with only the driver's libcuda.so.1"
 echo "cuda.sh: ok in $((SECONDS - start)) s"
