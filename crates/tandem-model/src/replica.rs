@@ -13,15 +13,35 @@ pub struct MlpReplica<B: Backend> {
     params: B::Buffer,
     grads: B::Buffer,
     capacity: usize,
+    batch: BatchBuffers<B>,
+    /// Declared last so that it is dropped last: a device backend's buffers must be freed while
+    /// its context is still alive.
+    backend: B,
+}
+
+/// What one batch of examples needs on the backend: inputs and labels, the activations and
+/// the gradients of the loss with respect to them.
+struct BatchBuffers<B: Backend> {
     x: B::Buffer,
     labels: B::Labels,
     hidden: B::Buffer,
     logits: B::Buffer,
     dlogits: B::Buffer,
     dhidden: B::Buffer,
-    /// Declared last so that it is dropped last: a device backend's buffers must be freed while
-    /// its context is still alive.
-    backend: B,
+}
+
+impl<B: Backend> BatchBuffers<B> {
+    /// Buffers for batches of up to `rows` examples of `mlp`.
+    fn new(backend: &B, mlp: &Mlp, rows: usize) -> Result<Self, B::Error> {
+        Ok(Self {
+            x: backend.zeros(rows * mlp.inputs)?,
+            labels: backend.zero_labels(rows)?,
+            hidden: backend.zeros(rows * mlp.hidden)?,
+            logits: backend.zeros(rows * mlp.classes)?,
+            dlogits: backend.zeros(rows * mlp.classes)?,
+            dhidden: backend.zeros(rows * mlp.hidden)?,
+        })
+    }
 }
 
 impl<B: Backend> MlpReplica<B> {
@@ -41,12 +61,7 @@ impl<B: Backend> MlpReplica<B> {
             params: backend.zeros(mlp.num_params())?,
             grads: backend.zeros(mlp.num_params())?,
             capacity,
-            x: backend.zeros(capacity * mlp.inputs)?,
-            labels: backend.zero_labels(capacity)?,
-            hidden: backend.zeros(capacity * mlp.hidden)?,
-            logits: backend.zeros(capacity * mlp.classes)?,
-            dlogits: backend.zeros(capacity * mlp.classes)?,
-            dhidden: backend.zeros(capacity * mlp.hidden)?,
+            batch: BatchBuffers::new(&backend, &mlp, capacity)?,
             mlp,
             backend,
         })
@@ -58,13 +73,7 @@ impl<B: Backend> MlpReplica<B> {
     }
 
     fn grow(&mut self, rows: usize) -> Result<(), B::Error> {
-        let (b, m) = (&self.backend, &self.mlp);
-        self.x = b.zeros(rows * m.inputs)?;
-        self.labels = b.zero_labels(rows)?;
-        self.hidden = b.zeros(rows * m.hidden)?;
-        self.logits = b.zeros(rows * m.classes)?;
-        self.dlogits = b.zeros(rows * m.classes)?;
-        self.dhidden = b.zeros(rows * m.hidden)?;
+        self.batch = BatchBuffers::new(&self.backend, &self.mlp, rows)?;
         self.capacity = rows;
         Ok(())
     }
@@ -82,38 +91,48 @@ impl<B: Backend> MlpReplica<B> {
         } = self.mlp;
         let o = self.mlp.offsets();
         let b = &self.backend;
-        b.gather(&self.examples, batch, &mut self.x, &mut self.labels)?;
+        b.gather(
+            &self.examples,
+            batch,
+            &mut self.batch.x,
+            &mut self.batch.labels,
+        )?;
         self.mlp.forward(
             b,
             &self.params,
-            &self.x,
+            &self.batch.x,
             rows,
-            &mut self.hidden,
-            &mut self.logits,
+            &mut self.batch.hidden,
+            &mut self.batch.logits,
         )?;
-        let loss =
-            b.softmax_cross_entropy(&self.logits, &self.labels, rows, classes, &mut self.dlogits)?;
+        let loss = b.softmax_cross_entropy(
+            &self.batch.logits,
+            &self.batch.labels,
+            rows,
+            classes,
+            &mut self.batch.dlogits,
+        )?;
         // Layer 2: dW2 = H^T . dL, db2 = colsum(dL), dH = dL . W2^T masked by the ReLU.
         dense_grads(
             b,
-            (&self.hidden, hidden),
-            (&self.dlogits, classes),
+            (&self.batch.hidden, hidden),
+            (&self.batch.dlogits, classes),
             rows,
             (&mut self.grads, o.w2, o.b2),
         )?;
         let dh = Gemm::nt(rows, hidden, classes);
         b.matmul(
             dh,
-            (&self.dlogits, 0),
+            (&self.batch.dlogits, 0),
             (&self.params, o.w2),
-            (&mut self.dhidden, 0),
+            (&mut self.batch.dhidden, 0),
         )?;
-        b.relu_backward(&mut self.dhidden, &self.hidden, rows * hidden)?;
+        b.relu_backward(&mut self.batch.dhidden, &self.batch.hidden, rows * hidden)?;
         // Layer 1: dW1 = X^T . dH, db1 = colsum(dH). The input gradient is never needed.
         dense_grads(
             b,
-            (&self.x, inputs),
-            (&self.dhidden, hidden),
+            (&self.batch.x, inputs),
+            (&self.batch.dhidden, hidden),
             rows,
             (&mut self.grads, o.w1, o.b1),
         )?;
