@@ -134,3 +134,55 @@ fn sync_across_two_gpus_equals_two_replicas_on_one() {
     let difference = max_relative_difference(&two_gpus, &one_gpu);
     assert!(difference <= 1e-6, "{difference}");
 }
+
+/// The lines of `text` that start with `label` (the summary's and `eval`'s accuracy lines).
+fn line<'t>(text: &'t str, label: &str) -> &'t str {
+    text.lines()
+        .find(|l| l.starts_with(label))
+        .unwrap_or_else(|| panic!("no {label:?} line in\n{text}"))
+}
+
+#[test]
+fn a_gpu_checkpoint_evaluates_on_the_cpu_with_the_accuracy_the_run_printed() {
+    if !gpu_present() {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let (last, out) = train(root.path(), "--sync", "cuda:0x2");
+    let eval = succeed(&[
+        "eval",
+        "--checkpoint",
+        arg(&last),
+        "--data-dir",
+        arg(&data_dir()),
+    ]);
+    for label in ["validation accuracy:", "test accuracy:"] {
+        assert_eq!(line(&eval, label), line(&out, label), "{eval}\n{out}");
+    }
+}
+
+#[test]
+fn a_resumed_gpu_sync_run_equals_the_uninterrupted_one() {
+    if !gpu_present() {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let (whole, _) = train(root.path(), "--sync", "cuda:0x2");
+    let (split, data) = (root.path().join("split"), data_dir());
+    let run = |start: [&str; 4]| {
+        let common = [
+            "--devices",
+            "cuda:0x2",
+            "--batch-size",
+            BATCH,
+            "--data-dir",
+            arg(&data),
+        ];
+        succeed(&[&start[..], &common[..]].concat())
+    };
+    run(["--steps", "2", "--checkpoint-dir", arg(&split)]);
+    let out = run(["--steps", STEPS, "--resume", arg(&split)]);
+    assert!(out.contains("resumed from"), "{out}");
+    let resumed = split.join(format!("step-{:010}.safetensors", 4));
+    assert_eq!(max_relative_difference(&resumed, &whole), 0.0);
+}
