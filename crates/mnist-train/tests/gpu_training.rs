@@ -186,3 +186,48 @@ fn a_resumed_gpu_sync_run_equals_the_uninterrupted_one() {
     let resumed = split.join(format!("step-{:010}.safetensors", 4));
     assert_eq!(max_relative_difference(&resumed, &whole), 0.0);
 }
+
+#[test]
+fn a_diverging_gpu_run_stops_naming_the_worker_and_step_with_no_checkpoint_after_it() {
+    if !gpu_present() {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let (dir, data) = (root.path().join("run"), data_dir());
+    let message = common::fail(&[
+        "--lr",
+        "1e6",
+        "--steps",
+        "20",
+        "--save-every",
+        "1",
+        "--devices",
+        "cuda:0x2",
+        "--batch-size",
+        BATCH,
+        "--data-dir",
+        arg(&data),
+        "--checkpoint-dir",
+        arg(&dir),
+    ]);
+    assert!(message.contains("training diverged"), "{message}");
+    assert!(message.contains("(cuda:0)"), "{message}");
+    let failed: u64 = message
+        .split("failed at step ")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|step| step.parse().ok())
+        .unwrap_or_else(|| panic!("no failing step named in {message}"));
+    let saved = checkpoint::CheckpointDir::open(&dir)
+        .unwrap()
+        .checkpoints()
+        .unwrap();
+    assert!(!saved.is_empty(), "{message}");
+    for (step, path) in saved {
+        assert!(
+            step < failed,
+            "checkpoint of step {step}, the run failed at {failed}"
+        );
+        checkpoint::load(&path, &Mlp::MNIST.layout()).unwrap();
+    }
+}
