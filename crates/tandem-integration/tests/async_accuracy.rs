@@ -4,8 +4,8 @@
 
 mod common;
 
-use common::{cpu_pool, initial_state, test_accuracy};
-use tandem_strategy::{train, Batches, Mode, NoObserver, Sgd};
+use common::{initial_state, test_accuracy, train_on_two_cpus};
+use tandem_strategy::{Batches, Mode, NoObserver};
 
 #[test]
 fn async_with_two_workers_reaches_97_percent_in_two_epochs_with_stale_updates() {
@@ -16,15 +16,7 @@ fn async_with_two_workers_reaches_97_percent_in_two_epochs_with_stale_updates() 
             let mut state = initial_state(seed);
             let batches = Batches { seed, ..Batches::default() };
             // Two epochs: 1,100 updates of 100 examples.
-            let report = train(
- Mode::Async, &mut cpu_pool(2, 100),
-                &mut state,
-                &Sgd::default(),
-                &batches,
-                1100,
-                &NoObserver,
-            )
-            .unwrap();
+            let report = train_on_two_cpus(Mode::Async, &mut state, &batches, 1100, &NoObserver);
             let (ema, raw) = test_accuracy(&state);
             let staleness = report.staleness.unwrap();
             eprintln!("async, 2 epochs, seed {seed}: {ema:.4} averaged, {raw:.4} raw; staleness {staleness:?}");

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{cpu_pool, ema, initial_state, test_accuracy};
+use common::{cpu_pool, ema, initial_state, test_accuracy, train_on_two_cpus};
 use tandem_model::Mlp;
 use tandem_strategy::{train, Batches, Mode, NoObserver, Sgd};
 
@@ -59,16 +59,7 @@ fn sync_with_n_workers_equals_one_worker_with_an_n_times_larger_batch() {
 fn the_same_sync_run_twice_is_bitwise_identical() {
     let run = || {
         let mut state = initial_state(3);
-        train(
-            Mode::Sync,
-            &mut cpu_pool(2, 100),
-            &mut state,
-            &Sgd::default(),
-            &Batches::default(),
-            60,
-            &NoObserver,
-        )
-        .unwrap();
+        train_on_two_cpus(Mode::Sync, &mut state, &Batches::default(), 60, &NoObserver);
         state
     };
     let (a, b) = (run(), run());
@@ -82,16 +73,13 @@ fn the_same_sync_run_twice_is_bitwise_identical() {
 fn a_short_sync_run_on_real_data_reaches_95_percent() {
     let mut state = initial_state(1);
     // One epoch of 55,000 examples at 2 x 100 per step.
-    train(
+    train_on_two_cpus(
         Mode::Sync,
-        &mut cpu_pool(2, 100),
         &mut state,
-        &Sgd::default(),
         &Batches::default(),
         275,
         &NoObserver,
-    )
-    .unwrap();
+    );
     let (ema, raw) = test_accuracy(&state);
     eprintln!("sync, 1 epoch: test accuracy {ema:.4} averaged, {raw:.4} raw");
     assert!(ema >= 0.95, "averaged {ema}");
@@ -119,35 +107,17 @@ impl tandem_strategy::Observer for StopAt {
 #[test]
 fn a_sync_run_stopped_checkpointed_and_resumed_equals_the_uninterrupted_run_bitwise() {
     use tandem_strategy::checkpoint;
-    let (sgd, batches) = (Sgd::default(), Batches::default());
+    let batches = Batches::default();
     let end = 50;
     let mut straight = initial_state(8);
-    train(
-        Mode::Sync,
-        &mut cpu_pool(2, 100),
-        &mut straight,
-        &sgd,
-        &batches,
-        end,
-        &NoObserver,
-    )
-    .unwrap();
+    train_on_two_cpus(Mode::Sync, &mut straight, &batches, end, &NoObserver);
 
     let mut first = initial_state(8);
     let stop = StopAt {
         at: 17,
         seen: Default::default(),
     };
-    let report = train(
-        Mode::Sync,
-        &mut cpu_pool(2, 100),
-        &mut first,
-        &sgd,
-        &batches,
-        end,
-        &stop,
-    )
-    .unwrap();
+    let report = train_on_two_cpus(Mode::Sync, &mut first, &batches, end, &stop);
     assert!(report.stopped);
     // The stop is seen while step 18 runs, which completes.
     assert_eq!(first.step, 18);
@@ -158,16 +128,7 @@ fn a_sync_run_stopped_checkpointed_and_resumed_equals_the_uninterrupted_run_bitw
 
     // A new process would start from the file with fresh replicas.
     let mut resumed = checkpoint::load(&path, &layout).unwrap().state;
-    train(
-        Mode::Sync,
-        &mut cpu_pool(2, 100),
-        &mut resumed,
-        &sgd,
-        &batches,
-        end,
-        &NoObserver,
-    )
-    .unwrap();
+    train_on_two_cpus(Mode::Sync, &mut resumed, &batches, end, &NoObserver);
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert_eq!(resumed.step, end);
     assert_eq!(bits(&resumed.params), bits(&straight.params));

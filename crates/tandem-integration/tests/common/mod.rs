@@ -61,3 +61,25 @@ pub fn test_accuracy(state: &TrainState) -> (f64, f64) {
     };
     (evaluate(ema(state)), evaluate(&state.params))
 }
+
+/// Trains `state` in `mode` on two fresh CPU workers of batches of 100 with the reference's
+/// optimiser, in `batches`' order, until `end_step` (or until `observer` stops it).
+pub fn train_on_two_cpus(
+    mode: tandem_strategy::Mode,
+    state: &mut TrainState,
+    batches: &tandem_strategy::Batches,
+    end_step: u64,
+    observer: &dyn tandem_strategy::Observer,
+) -> tandem_strategy::TrainReport {
+    let mut pool = cpu_pool(2, 100);
+    tandem_strategy::train(
+        mode,
+        &mut pool,
+        state,
+        &Sgd::default(),
+        batches,
+        end_step,
+        observer,
+    )
+    .expect("training")
+}
