@@ -14,7 +14,9 @@
 #define MAX_GRADS 16
 
 // Up to MAX_GRADS gradient buffers, passed by value among the kernel's parameters (so no
-// pointer array has to be uploaded each step). Slots past n are unused.
+// pointer array has to be uploaded each step), as __grid_constant__: threads read the table
+// where the launch put it, instead of each copying it to local memory to index it at run time.
+// Slots past n are unused.
 struct Grads {
     const float *ptr[MAX_GRADS];
 };
@@ -34,8 +36,8 @@ __device__ float mean_gradient(const Grads &grads, unsigned n, size_t i) {
 
 // The fused SGD + L2 + moving-average update of len parameters from n gradient buffers.
 extern "C" __global__ void sgd_ema_update(float *__restrict__ p, float *__restrict__ e,
-                                          Grads grads, unsigned n, size_t len, float lr,
-                                          float wd, float d) {
+                                          const __grid_constant__ Grads grads, unsigned n,
+                                          size_t len, float lr, float wd, float d) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < len;
          i += (size_t)gridDim.x * blockDim.x) {
         const float g = mean_gradient(grads, n, i);
@@ -48,7 +50,8 @@ extern "C" __global__ void sgd_ema_update(float *__restrict__ p, float *__restri
 // out[i] = the mean of the n gradient buffers at i (the sync strategy's all-reduce on one
 // device). out may be one of the gradient buffers: each i is read before it is written, by the
 // same thread.
-extern "C" __global__ void mean_gradients(float *out, Grads grads, unsigned n, size_t len) {
+extern "C" __global__ void mean_gradients(float *out, const __grid_constant__ Grads grads,
+                                          unsigned n, size_t len) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < len;
          i += (size_t)gridDim.x * blockDim.x) {
         out[i] = mean_gradient(grads, n, i);

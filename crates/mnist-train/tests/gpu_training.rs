@@ -33,7 +33,7 @@ fn gpu_present() -> bool {
 /// and what the run printed.
 fn train(root: &Path, mode: &str, devices: &str) -> (PathBuf, String) {
     let dir = root.join(format!("{mode}-{}", devices.replace([':', ','], "-")));
-    let out = succeed(&[
+    let flags = [
         mode,
         "--devices",
         devices,
@@ -41,16 +41,25 @@ fn train(root: &Path, mode: &str, devices: &str) -> (PathBuf, String) {
         STEPS,
         "--batch-size",
         BATCH,
+    ];
+    let out = train_into(&dir, &flags);
+    (dir.join(format!("step-{:010}.safetensors", 4)), out)
+}
+
+/// Trains with `flags` into `dir`, logging every step as plain lines; what the run printed.
+fn train_into(dir: &Path, flags: &[&str]) -> String {
+    let data = data_dir();
+    let common = [
         "--log-every",
         "1",
         "--log-format",
         "plain",
         "--data-dir",
-        arg(&data_dir()),
+        arg(&data),
         "--checkpoint-dir",
-        arg(&dir),
-    ]);
-    (dir.join(format!("step-{:010}.safetensors", 4)), out)
+        arg(dir),
+    ];
+    succeed(&[flags, &common[..]].concat())
 }
 
 /// The largest |a - b| / max(|b|, 1e-3) over two checkpoints' parameters and moving averages.
@@ -120,6 +129,46 @@ fn async_on_gpu_replicas_trains_and_reports_staleness() {
             "{devices}: no staleness line:\n{out}"
         );
     }
+    // Longer, with the parameters of record on the device (one GPU): the loss falls, and
+    // updates land while other workers compute (logging every step makes each worker wait for
+    // its device once a step, so the two interleave).
+    // Gentler than the default 0.8, which makes batches of 16 overshoot for a while.
+    let longer = [
+        "--async",
+        "--devices",
+        "cuda:0x2",
+        "--steps",
+        "16",
+        "--batch-size",
+        "16",
+    ];
+    let out = train_into(
+        &root.path().join("longer"),
+        &[&longer[..], &["--lr", "0.1"]].concat(),
+    );
+    let losses: Vec<f32> = out
+        .lines()
+        .filter_map(|l| {
+            l.split("loss = ")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    // A step's line comes from the worker that made it; one that lands after a later step's
+    // is not printed.
+    assert!(losses.len() >= 12, "{out}");
+    let mean = |l: &[f32]| l.iter().sum::<f32>() / l.len() as f32;
+    let (first, last) = (mean(&losses[..4]), mean(&losses[losses.len() - 4..]));
+    assert!(last < first - 0.2, "the loss did not fall: {losses:?}");
+    let staleness: f64 = line(&out, "staleness:")
+        .split("mean ")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no mean staleness in\n{out}"));
+    assert!(staleness > 0.0, "{out}");
 }
 
 #[test]
@@ -133,6 +182,32 @@ fn sync_across_two_gpus_equals_two_replicas_on_one() {
     assert!(out.contains("cuda:1"), "{out}");
     let difference = max_relative_difference(&two_gpus, &one_gpu);
     assert!(difference <= 1e-6, "{difference}");
+}
+
+/// More sync replicas than one update kernel averages (16) keep the parameters of record on the
+/// host, and train.
+#[test]
+fn sync_on_more_replicas_than_one_update_averages_trains() {
+    if !gpu_present() {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("seventeen");
+    let flags = [
+        "--sync",
+        "--devices",
+        "cuda:0x17",
+        "--steps",
+        "2",
+        "--batch-size",
+        "2",
+    ];
+    let out = train_into(&dir, &flags);
+    assert!(out.contains("17 worker(s)"), "{out}");
+    assert!(
+        dir.join(format!("step-{:010}.safetensors", 2)).is_file(),
+        "{out}"
+    );
 }
 
 /// The lines of `text` that start with `label` (the summary's and `eval`'s accuracy lines).

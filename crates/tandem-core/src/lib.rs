@@ -3,11 +3,13 @@
 //! trained, the [`Optimizer`] trait that turns gradients into updates, and the [`TrainState`] a
 //! strategy reads and leaves behind (parameters and the optimiser's named state).
 //!
-//! The crate knows no threads, devices or CUDA: a model crate depends on it (and on its tensor
-//! layer) without pulling in a worker pool, and a strategy drives any model through it.
+//! The crate knows no threads or CUDA: a model crate depends on it (and on its tensor layer)
+//! without pulling in a worker pool, and a strategy drives any model through it. Device memory
+//! appears only as addresses and the [`DeviceQueue`] trait a device backend implements, so that
+//! a store can keep the parameters of record beside replicas that compute on a device.
 //!
 //! ```
-//! use tandem_core::{Optimizer, ParamSpan, Piece, Replica, ReplicaError, TrainState};
+//! use tandem_core::{Optimizer, ParamSpan, Piece, Replica, ReplicaError, StepLoss, TrainState};
 //!
 //! /// Plain gradient descent, no state.
 //! struct Descent;
@@ -30,7 +32,7 @@
 //!     fn set_params(&mut self, fill: &mut dyn FnMut(&mut [f32])) -> Result<(), ReplicaError> {
 //!         let mut p = [0.0]; fill(&mut p); self.w = p[0]; Ok(())
 //!     }
-//!     fn compute_gradients(&mut self, batch: &[u32]) -> Result<f32, ReplicaError> {
+//!     fn compute_gradients(&mut self, batch: &[u32]) -> Result<StepLoss, ReplicaError> {
 //!         let n = batch.len() as f32;
 //!         let (mut loss, mut grad) = (0.0, 0.0);
 //!         for &i in batch {
@@ -39,7 +41,7 @@
 //!             grad += err * i as f32 / n;
 //!         }
 //!         self.grad = grad;
-//!         Ok(loss)
+//!         Ok(StepLoss::Known(loss))
 //!     }
 //!     fn read_gradients(&mut self, read: &mut dyn FnMut(&[f32])) -> Result<(), ReplicaError> {
 //!         read(&[self.grad]); Ok(())
@@ -52,7 +54,7 @@
 //! let mut replica = Scalar { layout, w: 0.0, grad: 0.0 };
 //! replica.set_params(&mut |p| p.copy_from_slice(&state.params)).unwrap();
 //! // (1 - 3) * 2 at x = 2: loss 8, gradient -8.
-//! assert_eq!(replica.compute_gradients(&[2]).unwrap(), 8.0);
+//! assert_eq!(replica.compute_gradients(&[2]).unwrap(), StepLoss::Known(8.0));
 //! replica.read_gradients(&mut |g| assert_eq!(g, [-8.0])).unwrap();
 //! let mut w = [1.0];
 //! Descent.update(Piece { params: &mut w, state: &mut [], grads: &[&[-8.0]], weight_decay: false }, 0, 0.0);
@@ -60,10 +62,12 @@
 //! ```
 #![warn(missing_docs)]
 
+mod device;
 mod optimizer;
 mod replica;
 mod state;
 
+pub use device::{DeviceAlloc, DeviceEvent, DeviceQueue, FusedSgd, Residence, StepLoss};
 pub use optimizer::{Optimizer, Piece};
 pub use replica::{ParamSpan, Replica, ReplicaError};
 pub use state::{Slot, TrainState};

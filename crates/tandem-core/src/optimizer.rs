@@ -1,3 +1,5 @@
+use crate::FusedSgd;
+
 /// One contiguous piece of the parameters, as an [`Optimizer`] updates it.
 pub struct Piece<'p, 's> {
     /// The parameters of the piece.
@@ -31,6 +33,15 @@ pub trait Optimizer: Sync {
 
     /// The learning rate at `epoch`, as progress reports show it.
     fn learning_rate(&self, epoch: f64) -> f32;
+
+    /// Update `step` at `epoch` of a piece (regularised where `weight_decay` says so) as the
+    /// fused SGD kernel computes it, if this optimiser's arithmetic is that kernel's: SGD with
+    /// L2 and a moving average of the parameters as its only state vector. A store in device
+    /// memory needs it; `None` (the default) keeps the parameters of record on the host.
+    fn fused_sgd(&self, step: u64, epoch: f64, weight_decay: bool) -> Option<FusedSgd> {
+        let _ = (step, epoch, weight_decay);
+        None
+    }
 
     /// The L2 coefficient on regularised spans: the reported loss adds
     /// `weight_decay / 2 * sum w^2` over them (0: none).

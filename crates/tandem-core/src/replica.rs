@@ -1,3 +1,5 @@
+use crate::{Residence, StepLoss};
+
 /// A named, contiguous span of a model's flat parameter vector.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParamSpan {
@@ -52,8 +54,24 @@ pub trait Replica: Send {
     fn set_params(&mut self, fill: &mut dyn FnMut(&mut [f32])) -> Result<(), ReplicaError>;
 
     /// Computes the gradients of the mean data loss over the examples `batch` (indices into the
-    /// replica's training set) and returns that loss. Regularisation is the strategy's.
-    fn compute_gradients(&mut self, batch: &[u32]) -> Result<f32, ReplicaError>;
+    /// replica's training set) and returns that loss, or says that it stays on the device until
+    /// [`take_losses`](Self::take_losses). Regularisation is the strategy's.
+    fn compute_gradients(&mut self, batch: &[u32]) -> Result<StepLoss, ReplicaError>;
+
+    /// Appends to `losses` the losses that [`compute_gradients`](Self::compute_gradients) left
+    /// on the device since the last call, oldest first (waiting for the device). A replica
+    /// whose losses are always [`StepLoss::Known`] has none.
+    fn take_losses(&mut self, losses: &mut Vec<f32>) -> Result<(), ReplicaError> {
+        let _ = losses;
+        Ok(())
+    }
+
+    /// Where the replica's parameters and gradients live, when they are in device memory that
+    /// a store may keep the parameters of record beside (`None`: only through
+    /// [`set_params`](Self::set_params) and [`read_gradients`](Self::read_gradients)).
+    fn residence(&self) -> Option<Residence> {
+        None
+    }
 
     /// Hands the gradients of the last [`Replica::compute_gradients`] to `read`, flat.
     fn read_gradients(&mut self, read: &mut dyn FnMut(&[f32])) -> Result<(), ReplicaError>;
@@ -76,8 +94,16 @@ impl<R: Replica + ?Sized> Replica for Box<R> {
         (**self).set_params(fill)
     }
 
-    fn compute_gradients(&mut self, batch: &[u32]) -> Result<f32, ReplicaError> {
+    fn compute_gradients(&mut self, batch: &[u32]) -> Result<StepLoss, ReplicaError> {
         (**self).compute_gradients(batch)
+    }
+
+    fn take_losses(&mut self, losses: &mut Vec<f32>) -> Result<(), ReplicaError> {
+        (**self).take_losses(losses)
+    }
+
+    fn residence(&self) -> Option<Residence> {
+        (**self).residence()
     }
 
     fn read_gradients(&mut self, read: &mut dyn FnMut(&[f32])) -> Result<(), ReplicaError> {

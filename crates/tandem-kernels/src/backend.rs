@@ -1,6 +1,7 @@
 //! [`CudaBackend`]: tandem's [`Backend`] on one GPU, through the CUDA driver API.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Arc;
 
@@ -9,8 +10,8 @@ use tandem_tensor::cpu::UpdateStep;
 use tandem_tensor::{Activation, Backend, ExampleSet, Gemm, ShapeError};
 
 use crate::driver::{
-    self, Code, Context, DeviceBuffer, DeviceCopy, DevicePointer, Dim3, Function, Module,
-    PinnedBuffer, Stream, NO_DEVICE, UNSUPPORTED_PTX_VERSION,
+    self, Code, Context, DeviceBuffer, DeviceCopy, DevicePointer, Dim3, Function, GraphExec,
+    Module, PinnedBuffer, Stream, NO_DEVICE, UNSUPPORTED_PTX_VERSION,
 };
 use crate::error::{cuda, KernelError};
 use crate::ptx::{Kernel, MAX_GRADIENT_BUFFERS, MODULES};
@@ -111,9 +112,29 @@ impl Scratch {
     }
 }
 
+/// A sequence of operations that [`Backend::replay`] has seen under one key.
+enum Replay {
+    /// Run once as it came: its buffers are allocated, so it can be captured.
+    Seen,
+    /// Captured: launched as one graph from now on.
+    Captured(GraphExec),
+}
+
+/// What the backend's operations do with their work, while [`Backend::replay`] runs them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// Check, then queue everything (outside `replay`, and the first run of a key).
+    Direct,
+    /// Check, and queue only what the host provides afresh each time (`gather`'s indices,
+    /// copied before a graph that reads them): the kernels are in the graph.
+    Inputs,
+    /// Check, and queue only kernels and fills, into the graph being captured.
+    Kernels,
+}
+
 /// The kernels' handles, looked up once when their modules are loaded, indexed by
 /// [`Kernel::index`].
-struct Kernels {
+pub(crate) struct Kernels {
     functions: [Function; Kernel::ALL.len()],
     // After the handles, which are valid only while their modules are loaded.
     _modules: Vec<Module>,
@@ -142,7 +163,7 @@ impl Kernels {
         })
     }
 
-    fn get(&self, kernel: Kernel) -> Function {
+    pub(crate) fn get(&self, kernel: Kernel) -> Function {
         self.functions[kernel.index()]
     }
 }
@@ -153,7 +174,9 @@ impl Kernels {
 /// host values (`download`, the loss, `count_correct`) wait for it. Buffers are
 /// [`DeviceBuffer`]s in the device's primary context, which every backend on that device shares,
 /// so several replicas on one GPU can read each other's buffers (see
-/// [`sgd_ema_update`](Self::sgd_ema_update)).
+/// [`sgd_ema_update`](Self::sgd_ema_update)). [`Backend::replay`] captures a fixed sequence of
+/// operations (a training step) as a CUDA graph the second time it sees it, and from then on
+/// launches the graph: one launch for the sequence, the batch's indices copied in before it.
 ///
 /// Threads: the CUDA driver tracks a *current context* per thread. [`CudaBackend::new`] makes
 /// the device's context current on the thread that calls it; any other thread (a worker the
@@ -185,8 +208,12 @@ impl Kernels {
 pub struct CudaBackend {
     ordinal: usize,
     scratch: RefCell<Scratch>,
-    kernels: Kernels,
-    stream: Stream,
+    /// What [`Backend::replay`] knows of each key: run once, or captured.
+    replays: RefCell<HashMap<u64, Replay>>,
+    /// What the operations do now (see [`Pass`]).
+    pass: Cell<Pass>,
+    kernels: Arc<Kernels>,
+    stream: Arc<Stream>,
     // Everything above holds the context too: it is released after the last of them.
     context: Arc<Context>,
 }
@@ -207,8 +234,8 @@ impl CudaBackend {
             Context::retain_primary(ordinal).map_err(cuda("retaining the primary context"))?;
         // Non-blocking: the legacy default stream, which other replicas' libraries may use,
         // never serialises with this one. Nothing here uses the default stream.
-        let stream = Stream::new(&context).map_err(cuda("creating a stream"))?;
-        let kernels = Kernels::load(&context)?;
+        let stream = Arc::new(Stream::new(&context).map_err(cuda("creating a stream"))?);
+        let kernels = Arc::new(Kernels::load(&context)?);
         let scratch = Scratch {
             indices: allocate(&context, 0)?, // grown on first use
             losses: allocate(&context, 0)?,
@@ -219,6 +246,8 @@ impl CudaBackend {
         Ok(CudaBackend {
             ordinal,
             scratch: RefCell::new(scratch),
+            replays: RefCell::default(),
+            pass: Cell::new(Pass::Direct),
             kernels,
             stream,
             context,
@@ -268,19 +297,6 @@ impl CudaBackend {
         self.copy_out("download_labels", src, offset, dst)
     }
 
-    /// `C = max(0, op(A) . op(B) + bias)`: [`Backend::matmul`] and [`Backend::bias_add`] with
-    /// [`Activation::Relu`] in one kernel (the bias is added in the matrix product's epilogue).
-    pub fn matmul_bias_relu(
-        &self,
-        spec: Gemm,
-        a: (&DeviceBuffer<f32>, usize),
-        b: (&DeviceBuffer<f32>, usize),
-        bias: (&DeviceBuffer<f32>, usize),
-        c: (&mut DeviceBuffer<f32>, usize),
-    ) -> Result<(), KernelError> {
-        self.gemm(spec, a, b, Some(bias), c)
-    }
-
     /// The fused optimiser step over `len` parameters, bit for bit
     /// [`cpu::sgd_ema_update`](tandem_tensor::cpu::sgd_ema_update): the gradient is the mean of
     /// the `grads` buffers, summed in their order, then SGD with L2 decay and the moving
@@ -302,23 +318,22 @@ impl CudaBackend {
         let op = "sgd_ema_update";
         check_span(op, "params", &params, len)?;
         check_span(op, "ema", &ema, len)?;
-        let (p, e) = (span_mut(params), span_mut(ema));
-        let (table, n) = gradient_table(op, grads, len)?;
-        let UpdateStep {
-            learning_rate,
-            weight_decay,
-            ema_decay,
-        } = step;
-        // SAFETY: the arguments follow `sgd_ema_update`'s parameters; p, e and the first n
-        // table entries cover len values each (checked above).
-        unsafe {
-            self.launch(
-                Kernel::SgdEmaUpdate,
-                stride_grid(len),
-                BLOCK,
-                args![p, e, table, n, len, learning_rate, weight_decay, ema_decay],
-            )
-        }
+        let (p, e) = (span_mut(params).as_raw(), span_mut(ema).as_raw());
+        let grads = grad_addresses(op, grads, len)?;
+        // SAFETY: p, e and every gradient span cover len values (checked above), in buffers
+        // of this backend's device.
+        unsafe { self.launcher().sgd_update(p, e, &grads, len, step) }
+    }
+
+    /// This backend's stream, kernels and context as a [`tandem_core::DeviceQueue`], for a
+    /// store that keeps the parameters of record beside the backend's buffers.
+    pub fn queue(&self) -> crate::CudaQueue {
+        crate::CudaQueue::new(
+            self.ordinal,
+            Arc::clone(&self.stream),
+            Arc::clone(&self.kernels),
+            Arc::clone(&self.context),
+        )
     }
 
     /// `out[i] = (grads[0][i] + grads[1][i] + ...) / grads.len()` over `len` values, summed in
@@ -347,12 +362,53 @@ impl CudaBackend {
         }
     }
 
-    /// Launches `kernel` on the stream.
+    /// Queues softmax + cross-entropy over `rows` of logits (at least one) and the mean of the
+    /// row losses into `loss`; the label check goes to the scratch counts.
+    fn softmax_loss(
+        &self,
+        logits: &DeviceBuffer<f32>,
+        labels: &DeviceBuffer<u32>,
+        (rows, classes): (usize, usize),
+        dlogits: &mut DeviceBuffer<f32>,
+        loss: DevicePointer<f32>,
+    ) -> Result<(), KernelError> {
+        check::softmax_cross_entropy(logits.len(), labels.len(), rows, classes, dlogits.len())?;
+        let logits = span((logits, 0));
+        let labels = span((labels, 0));
+        let dlogits = span_mut((dlogits, 0));
+        let rows_u32 = dim("softmax_cross_entropy: rows", rows)?;
+        let classes_u32 = dim("softmax_cross_entropy: classes", classes)?;
+        let mut scratch = self.scratch.borrow_mut();
+        self.reserve(&mut scratch.losses, rows)?;
+        self.fill(&scratch.counts, POISON, "poisoning the label check")?;
+        let losses = scratch.losses.as_device_ptr();
+        // mean_loss's label check goes to counts[1..3], where count_correct leaves its own.
+        let status = span((&scratch.counts, 1));
+        // SAFETY: the arguments follow `softmax_cross_entropy`'s and then `mean_loss`'s
+        // parameters; logits and dlogits cover rows*classes values, labels and losses rows,
+        // loss one (the caller's) and status two (of the three counts).
+        unsafe {
+            self.launch(
+                Kernel::SoftmaxCrossEntropy,
+                rows_u32.div_ceil(SOFTMAX_ROWS),
+                32 * SOFTMAX_ROWS,
+                args![logits, labels, dlogits, losses, rows_u32, classes_u32],
+            )?;
+            self.launch(
+                Kernel::MeanLoss,
+                1u32,
+                BLOCK,
+                args![losses, labels, rows_u32, classes_u32, loss, status],
+            )
+        }
+    }
+
+    /// [`Launcher::launch`] on this backend's stream, except while [`Backend::replay`] queues
+    /// inputs only (the kernel is in the captured graph).
     ///
     /// # Safety
     ///
-    /// `args` must point to values of the kernel's parameter types, in order, and every device
-    /// pointer among them must cover what the kernel reads and writes with these arguments.
+    /// As [`Launcher::launch`]'s.
     unsafe fn launch(
         &self,
         kernel: Kernel,
@@ -360,13 +416,27 @@ impl CudaBackend {
         block: impl Into<Dim3>,
         args: &[*mut c_void],
     ) -> Result<(), KernelError> {
-        // SAFETY: the caller's promises; the handle is one of this backend's loaded modules',
-        // in its context, which the thread has current (`make_current`).
-        unsafe {
-            self.stream
-                .launch(self.kernels.get(kernel), grid.into(), block.into(), args)
+        if self.pass.get() == Pass::Inputs {
+            return Ok(()); // the captured graph launches it
         }
-        .map_err(cuda(kernel.entry()))
+        // SAFETY: the caller's promises; the thread has the context current (`make_current`).
+        unsafe { self.launcher().launch(kernel, grid, block, args) }
+    }
+
+    /// This backend's stream and kernels, to launch on.
+    fn launcher(&self) -> Launcher<'_> {
+        Launcher {
+            stream: &self.stream,
+            kernels: &self.kernels,
+        }
+    }
+
+    /// Runs `ops` in `pass`, back in [`Pass::Direct`] afterwards whatever happens.
+    fn in_pass<R>(&self, pass: Pass, ops: impl FnOnce() -> R) -> R {
+        self.pass.set(pass);
+        let outcome = ops();
+        self.pass.set(Pass::Direct);
+        outcome
     }
 
     /// A shared `matmul` launch, with the bias + ReLU epilogue when `bias` is given.
@@ -499,6 +569,9 @@ impl CudaBackend {
         byte: u8,
         during: &'static str,
     ) -> Result<(), KernelError> {
+        if self.pass.get() == Pass::Inputs {
+            return Ok(()); // in the captured graph
+        }
         // SAFETY: the memset covers exactly `buf`, and runs on the stream before anything
         // issued after it, so nothing reads the memory before it is set. `buf` outlives it:
         // its owner synchronises the stream before freeing it (see `reserve` and `Drop`).
@@ -516,6 +589,8 @@ impl CudaBackend {
             // Kernels already issued may still use the old buffer: let them finish first.
             self.synchronize()?;
             *buf = allocate(&self.context, len)?;
+            // Captured graphs name the old buffer: none may run again.
+            self.replays.borrow_mut().clear();
         }
         Ok(())
     }
@@ -670,6 +745,93 @@ fn gradient_table(
     grads: &[(&DeviceBuffer<f32>, usize)],
     len: usize,
 ) -> Result<([u64; MAX_GRADIENT_BUFFERS], u32), KernelError> {
+    address_table(op, &grad_addresses(op, grads, len)?)
+}
+
+/// The device address of each gradient span, checked to hold `len` values.
+fn grad_addresses(
+    op: &'static str,
+    grads: &[(&DeviceBuffer<f32>, usize)],
+    len: usize,
+) -> Result<Vec<u64>, KernelError> {
+    grads
+        .iter()
+        .map(|grad| {
+            check_span(op, "grads", grad, len)?;
+            Ok(span(*grad).as_raw())
+        })
+        .collect()
+}
+
+/// A stream and the kernels loaded in its context: what launches a kernel, for the backend and
+/// for its [`CudaQueue`](crate::CudaQueue).
+pub(crate) struct Launcher<'a> {
+    pub(crate) stream: &'a Stream,
+    pub(crate) kernels: &'a Kernels,
+}
+
+impl Launcher<'_> {
+    /// Launches `kernel` on the stream.
+    ///
+    /// # Safety
+    ///
+    /// `args` must point to values of the kernel's parameter types, in order, and every device
+    /// pointer among them must cover what the kernel reads and writes with these arguments.
+    /// The stream's context must be current.
+    unsafe fn launch(
+        &self,
+        kernel: Kernel,
+        grid: impl Into<Dim3>,
+        block: impl Into<Dim3>,
+        args: &[*mut c_void],
+    ) -> Result<(), KernelError> {
+        // SAFETY: the caller's promises; the handle is one of the stream's context's modules'.
+        unsafe {
+            self.stream
+                .launch(self.kernels.get(kernel), grid.into(), block.into(), args)
+        }
+        .map_err(cuda(kernel.entry()))
+    }
+
+    /// Queues the fused optimiser step (`sgd_ema_update` of `kernels/update.cu`): `len`
+    /// parameters at `p` and their average at `e`, from the mean of the gradients at `grads`.
+    ///
+    /// # Safety
+    ///
+    /// Every address covers `len` values of live device memory that the stream's device can
+    /// read, until the kernel has run; the stream's context is current.
+    pub(crate) unsafe fn sgd_update(
+        &self,
+        p: u64,
+        e: u64,
+        grads: &[u64],
+        len: usize,
+        step: UpdateStep,
+    ) -> Result<(), KernelError> {
+        let (table, n) = address_table("sgd_ema_update", grads)?;
+        let UpdateStep {
+            learning_rate,
+            weight_decay,
+            ema_decay,
+        } = step;
+        // SAFETY: the arguments follow `sgd_ema_update`'s parameters; the caller's promises
+        // cover the memory.
+        unsafe {
+            self.launch(
+                Kernel::SgdEmaUpdate,
+                stride_grid(len),
+                BLOCK,
+                args![p, e, table, n, len, learning_rate, weight_decay, ema_decay],
+            )
+        }
+    }
+}
+
+/// The kernels' `Grads` parameter from device addresses, and the count.
+fn address_table(
+    op: &'static str,
+    grads: &[u64],
+) -> Result<([u64; MAX_GRADIENT_BUFFERS], u32), KernelError> {
     if grads.is_empty() || grads.len() > MAX_GRADIENT_BUFFERS {
         return Err(KernelError::GradientCount {
             op,
@@ -677,10 +839,7 @@ fn gradient_table(
         });
     }
     let mut table = [0u64; MAX_GRADIENT_BUFFERS];
-    for (slot, grad) in table.iter_mut().zip(grads) {
-        check_span(op, "grads", grad, len)?;
-        *slot = span(*grad).as_raw();
-    }
+    table[..grads.len()].copy_from_slice(grads);
     Ok((table, grads.len() as u32))
 }
 
@@ -764,7 +923,6 @@ impl Backend for CudaBackend {
         x: &mut DeviceBuffer<f32>,
         labels: &mut DeviceBuffer<u32>,
     ) -> Result<(), KernelError> {
-        let op = "gather";
         let rows = indices.len();
         let features = examples.features;
         check::gather(examples.len, features, indices, x.len(), labels.len())?;
@@ -785,7 +943,18 @@ impl Backend for CudaBackend {
         let features = dim("gather: features", features)?;
         let mut scratch = self.scratch.borrow_mut();
         self.reserve(&mut scratch.indices, rows)?;
-        self.copy_in(op, indices, &mut scratch.indices, 0)?;
+        // Queued without waiting: the driver takes a copy of pageable host memory (as `indices`
+        // is: a caller's slice) before it returns, so a training step never waits for the
+        // device here. Not while capturing: a replayed graph reads the indices queued before it.
+        if self.pass.get() != Pass::Kernels {
+            // SAFETY: the buffer holds `rows` indices (reserved above); the gather below, on
+            // the same stream, runs after the copy.
+            unsafe {
+                self.stream
+                    .copy_in(span_mut((&mut scratch.indices, 0)), indices)
+            }
+            .map_err(cuda("copying the batch's indices to the device"))?;
+        }
         let values = examples.values.as_device_ptr();
         let example_labels = examples.labels.as_device_ptr();
         let indices = scratch.indices.as_device_ptr();
@@ -810,6 +979,70 @@ impl Backend for CudaBackend {
         c: (&mut DeviceBuffer<f32>, usize),
     ) -> Result<(), KernelError> {
         self.gemm(spec, a, b, None, c)
+    }
+
+    fn matmul_bias_relu(
+        &self,
+        spec: Gemm,
+        a: (&DeviceBuffer<f32>, usize),
+        b: (&DeviceBuffer<f32>, usize),
+        bias: (&DeviceBuffer<f32>, usize),
+        c: (&mut DeviceBuffer<f32>, usize),
+    ) -> Result<(), KernelError> {
+        self.gemm(spec, a, b, Some(bias), c)
+    }
+
+    fn copy(
+        &self,
+        src: (&DeviceBuffer<f32>, usize),
+        dst: (&mut DeviceBuffer<f32>, usize),
+        len: usize,
+    ) -> Result<(), KernelError> {
+        check::copy(operand(&src), operand(&dst), len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let (from, to) = (span(src).as_raw(), span_mut(dst).as_raw());
+        // SAFETY: both spans hold `len` values (checked above) of this device's memory.
+        unsafe { self.stream.copy_device(to, from, 4 * len) }.map_err(cuda("copying on the device"))
+    }
+
+    /// The first run of a key goes as it comes (allocating what it needs); the second is
+    /// captured as a graph; from then on a call queues `ops`' fresh inputs (the batch's indices)
+    /// and launches the graph: one launch for the whole sequence.
+    fn replay(
+        &self,
+        key: u64,
+        ops: &mut dyn FnMut(&Self) -> Result<(), KernelError>,
+    ) -> Result<(), KernelError> {
+        // Taken out while `ops` runs: a scratch buffer it grows forgets every graph (`reserve`).
+        let known = self.replays.borrow_mut().remove(&key);
+        let replay = match known {
+            None => {
+                ops(self)?;
+                Replay::Seen
+            }
+            Some(Replay::Seen) => {
+                self.in_pass(Pass::Inputs, || ops(self))?;
+                let (recorded, graph) = self
+                    .in_pass(Pass::Kernels, || self.stream.capture(|| ops(self)))
+                    .map_err(cuda("capturing a graph"))?;
+                recorded?;
+                self.stream
+                    .launch_graph(&graph)
+                    .map_err(cuda("launching a graph"))?;
+                Replay::Captured(graph)
+            }
+            Some(Replay::Captured(graph)) => {
+                self.in_pass(Pass::Inputs, || ops(self))?;
+                self.stream
+                    .launch_graph(&graph)
+                    .map_err(cuda("launching a graph"))?;
+                Replay::Captured(graph)
+            }
+        };
+        self.replays.borrow_mut().insert(key, replay);
+        Ok(())
     }
 
     fn bias_add(
@@ -870,43 +1103,48 @@ impl Backend for CudaBackend {
         dlogits: &mut DeviceBuffer<f32>,
     ) -> Result<f32, KernelError> {
         let op = "softmax_cross_entropy";
-        check::softmax_cross_entropy(logits.len(), labels.len(), rows, classes, dlogits.len())?;
-        let logits = span((logits, 0));
-        let labels = span((labels, 0));
-        let dlogits = span_mut((dlogits, 0));
         if rows == 0 {
+            check::softmax_cross_entropy(logits.len(), labels.len(), rows, classes, dlogits.len())?;
             return Ok(f32::NAN); // the mean of no losses, as on the CPU
         }
-        let rows_u32 = dim("softmax_cross_entropy: rows", rows)?;
-        let classes_u32 = dim("softmax_cross_entropy: classes", classes)?;
-        let mut scratch = self.scratch.borrow_mut();
-        self.reserve(&mut scratch.losses, rows)?;
-        self.fill(&scratch.loss, POISON, "poisoning the loss")?;
-        self.fill(&scratch.counts, POISON, "poisoning the label check")?;
-        let losses = scratch.losses.as_device_ptr();
-        let loss = scratch.loss.as_device_ptr();
-        // mean_loss's label check goes to counts[1..3], where count_correct leaves its own.
-        let status = span((&scratch.counts, 1));
-        // SAFETY: the arguments follow `softmax_cross_entropy`'s and then `mean_loss`'s
-        // parameters; logits and dlogits cover rows*classes values, labels and losses rows,
-        // loss one and status two (of the three counts).
-        unsafe {
-            self.launch(
-                Kernel::SoftmaxCrossEntropy,
-                rows_u32.div_ceil(SOFTMAX_ROWS),
-                32 * SOFTMAX_ROWS,
-                args![logits, labels, dlogits, losses, rows_u32, classes_u32],
-            )?;
-            self.launch(
-                Kernel::MeanLoss,
-                1u32,
-                BLOCK,
-                args![losses, labels, rows_u32, classes_u32, loss, status],
-            )?;
-        }
+        let loss = {
+            let scratch = self.scratch.borrow();
+            self.fill(&scratch.loss, POISON, "poisoning the loss")?;
+            scratch.loss.as_device_ptr()
+        };
+        self.softmax_loss(logits, labels, (rows, classes), dlogits, loss)?;
+        let scratch = self.scratch.borrow();
         let ([_, bad, first], [loss]) = self.read_results(&scratch.counts, Some(&scratch.loss))?;
         Self::label_check(Kernel::MeanLoss, op, [bad, first], rows, classes)?;
         Ok(loss)
+    }
+
+    fn softmax_cross_entropy_into(
+        &self,
+        logits: &DeviceBuffer<f32>,
+        labels: &DeviceBuffer<u32>,
+        (rows, classes): (usize, usize),
+        dlogits: &mut DeviceBuffer<f32>,
+        loss: (&mut DeviceBuffer<f32>, usize),
+    ) -> Result<(), KernelError> {
+        check_span("softmax_cross_entropy_into", "loss", &loss, 1)?;
+        if rows == 0 {
+            check::softmax_cross_entropy(logits.len(), labels.len(), rows, classes, dlogits.len())?;
+            return self.upload(&[f32::NAN], loss.0, loss.1);
+        }
+        self.softmax_loss(logits, labels, (rows, classes), dlogits, span_mut(loss))
+    }
+
+    fn residence(
+        &self,
+        params: &DeviceBuffer<f32>,
+        grads: &DeviceBuffer<f32>,
+    ) -> Option<tandem_core::Residence> {
+        Some(tandem_core::Residence {
+            queue: Arc::new(self.queue()),
+            params: params.as_device_ptr().as_raw(),
+            grads: grads.as_device_ptr().as_raw(),
+        })
     }
 
     fn column_sum(

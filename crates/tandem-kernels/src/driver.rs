@@ -9,14 +9,17 @@
 //! the program may then do anything, including report success. Here the result is a plain
 //! `u32` ([`Code`]) and every value is defined; [`name`] names the ones tandem cares about.
 //!
-//! **What.** 22 driver functions, with the exact (versioned) symbols cust uses, so that any
+//! **What.** 33 driver functions, with the exact (versioned) symbols cust uses, so that any
 //! libcuda that serves cust serves tandem (NVIDIA's driver or tandem's CPU stand-in,
 //! `cargo xtask cuda-emu`): `cuInit`, `cuDriverGetVersion`, `cuDeviceGetCount`, `cuDeviceGet`,
 //! `cuDevicePrimaryCtxRetain`, `cuDevicePrimaryCtxRelease_v2`, `cuCtxGetCurrent`,
 //! `cuCtxSetCurrent`, `cuStreamCreate`, `cuStreamSynchronize`, `cuStreamDestroy_v2`,
 //! `cuModuleLoadData`, `cuModuleGetFunction`, `cuModuleUnload`, `cuLaunchKernel`,
 //! `cuMemAlloc_v2`, `cuMemFree_v2`, `cuMemAllocHost_v2`, `cuMemFreeHost`,
-//! `cuMemcpyHtoDAsync_v2`, `cuMemcpyDtoHAsync_v2` and `cuMemsetD8Async`.
+//! `cuMemcpyHtoDAsync_v2`, `cuMemcpyDtoHAsync_v2`, `cuMemcpyDtoDAsync_v2`, `cuMemsetD8Async`;
+//! events to order streams (`cuEventCreate`, `cuEventRecord`, `cuStreamWaitEvent`,
+//! `cuEventDestroy_v2`); graphs (`cuStreamBeginCapture_v2`, `cuStreamEndCapture`,
+//! `cuGraphInstantiate_v2`, `cuGraphLaunch`, `cuGraphExecDestroy`, `cuGraphDestroy`).
 //!
 //! **The types.** [`Context`] retains a device's primary context (released on drop). Everything
 //! made in a context keeps an `Arc` of it, and its `Drop` makes that context current first
@@ -109,6 +112,13 @@ type CuStream = *mut c_void;
 type CuModule = *mut c_void;
 type CuFunction = *mut c_void;
 type CuDevicePtr = u64;
+type CuEvent = *mut c_void;
+type CuGraph = *mut c_void;
+type CuGraphExec = *mut c_void;
+
+/// `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL`: other threads (other replicas' workers) may go on
+/// using the driver while one stream is being captured.
+const CAPTURE_THREAD_LOCAL: c_int = 1;
 
 // The `cuda` library is found by cust's build script (see Cargo.toml); these are the driver
 // API's C declarations, each `CUresult` as `c_uint`.
@@ -163,6 +173,28 @@ extern "C" {
         stream: CuStream,
     ) -> Code;
     fn cuMemsetD8Async(dst: CuDevicePtr, value: u8, count: usize, stream: CuStream) -> Code;
+    fn cuMemcpyDtoDAsync_v2(
+        dst: CuDevicePtr,
+        src: CuDevicePtr,
+        bytes: usize,
+        stream: CuStream,
+    ) -> Code;
+    fn cuEventCreate(event: *mut CuEvent, flags: c_uint) -> Code;
+    fn cuEventRecord(event: CuEvent, stream: CuStream) -> Code;
+    fn cuEventDestroy_v2(event: CuEvent) -> Code;
+    fn cuStreamWaitEvent(stream: CuStream, event: CuEvent, flags: c_uint) -> Code;
+    fn cuStreamBeginCapture_v2(stream: CuStream, mode: c_int) -> Code;
+    fn cuStreamEndCapture(stream: CuStream, graph: *mut CuGraph) -> Code;
+    fn cuGraphInstantiate_v2(
+        exec: *mut CuGraphExec,
+        graph: CuGraph,
+        error_node: *mut *mut c_void,
+        log: *mut c_char,
+        log_size: usize,
+    ) -> Code;
+    fn cuGraphLaunch(exec: CuGraphExec, stream: CuStream) -> Code;
+    fn cuGraphExecDestroy(exec: CuGraphExec) -> Code;
+    fn cuGraphDestroy(graph: CuGraph) -> Code;
 }
 
 /// How many releases (frees, unloads, stream destructions, context releases) the driver has
@@ -336,6 +368,14 @@ impl<T> DevicePointer<T> {
         }
     }
 
+    /// The pointer at device address `raw`.
+    pub(crate) fn from_raw(raw: u64) -> Self {
+        DevicePointer {
+            raw,
+            _values: PhantomData,
+        }
+    }
+
     /// The address as an integer.
     pub(crate) fn as_raw(self) -> u64 {
         self.raw
@@ -484,9 +524,67 @@ pub(crate) struct Stream {
     context: Arc<Context>,
 }
 
-// SAFETY: a stream handle may be used from any thread; the backend that owns it issues work
-// on it from one thread at a time.
+// SAFETY: a stream handle may be used from any thread, and the driver's calls on one stream
+// are thread-safe: a store may queue work and waits on a replica's stream from another thread.
 unsafe impl Send for Stream {}
+// SAFETY: as above.
+unsafe impl Sync for Stream {}
+
+/// `CU_EVENT_DISABLE_TIMING`: the events only order work, which makes them cheaper.
+const EVENT_DISABLE_TIMING: c_uint = 2;
+
+/// An executable graph (captured work, launched as one), destroyed in its own context on drop.
+#[derive(Debug)]
+pub(crate) struct GraphExec {
+    raw: CuGraphExec,
+    context: Arc<Context>,
+}
+
+// SAFETY: executable graphs may be launched and destroyed from any thread.
+unsafe impl Send for GraphExec {}
+
+impl Drop for GraphExec {
+    fn drop(&mut self) {
+        let _entered = self.context.enter().map_err(released);
+        // SAFETY: a live executable graph, destroyed once; launches already queued complete.
+        released(unsafe { cuGraphExecDestroy(self.raw) });
+    }
+}
+
+/// An event (a marker in a stream's work), destroyed in its own context on drop.
+#[derive(Debug)]
+pub(crate) struct Event {
+    raw: CuEvent,
+    context: Arc<Context>,
+}
+
+// SAFETY: event handles may be used from any thread; the driver's calls on them are
+// thread-safe.
+unsafe impl Send for Event {}
+// SAFETY: as above.
+unsafe impl Sync for Event {}
+
+impl Event {
+    /// A new event in `context`, without timing.
+    pub(crate) fn new(context: &Arc<Context>) -> Result<Event, Code> {
+        let _entered = context.enter()?;
+        let mut raw = ptr::null_mut();
+        // SAFETY: `raw` is a valid `CUevent` to write.
+        check(unsafe { cuEventCreate(&mut raw, EVENT_DISABLE_TIMING) })?;
+        Ok(Event {
+            raw,
+            context: Arc::clone(context),
+        })
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        let _entered = self.context.enter().map_err(released);
+        // SAFETY: a live event, destroyed once (waits already queued on it still hold).
+        released(unsafe { cuEventDestroy_v2(self.raw) });
+    }
+}
 
 /// A grid or block shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -595,6 +693,65 @@ impl Stream {
         })
     }
 
+    /// Captures the work `record` queues on the stream (and nothing else runs) as a graph, and
+    /// instantiates it; what `record` returned, and the graph once the capture succeeded.
+    /// Capture ends whatever `record` does, so a failure leaves the stream usable.
+    ///
+    /// `record` must only queue work (no waits, no copies from pageable host memory: the
+    /// driver refuses those while capturing). The stream's context must be current.
+    pub(crate) fn capture<R>(&self, record: impl FnOnce() -> R) -> Result<(R, GraphExec), Code> {
+        // SAFETY: a live stream.
+        check(unsafe { cuStreamBeginCapture_v2(self.raw, CAPTURE_THREAD_LOCAL) })?;
+        let recorded = record();
+        let mut graph = ptr::null_mut();
+        // SAFETY: a stream being captured; `graph` is a valid `CUgraph` to write.
+        check(unsafe { cuStreamEndCapture(self.raw, &mut graph) })?;
+        let mut raw = ptr::null_mut();
+        // SAFETY: a graph just captured; no error node or log wanted.
+        let instantiated = check(unsafe {
+            cuGraphInstantiate_v2(&mut raw, graph, ptr::null_mut(), ptr::null_mut(), 0)
+        });
+        // SAFETY: the template is not needed once instantiated (or failed to be).
+        released(unsafe { cuGraphDestroy(graph) });
+        instantiated?;
+        Ok((
+            recorded,
+            GraphExec {
+                raw,
+                context: Arc::clone(&self.context),
+            },
+        ))
+    }
+
+    /// Queues a run of `graph` (one launch for all its work).
+    pub(crate) fn launch_graph(&self, graph: &GraphExec) -> Result<(), Code> {
+        // SAFETY: a live executable graph and stream, of one context.
+        check(unsafe { cuGraphLaunch(graph.raw, self.raw) })
+    }
+
+    /// Queues a copy of `bytes` bytes from device address `src` to `dst`.
+    ///
+    /// # Safety
+    ///
+    /// Both must cover `bytes` bytes of device memory that stays allocated until the stream
+    /// has done it. The stream's context must be current.
+    pub(crate) unsafe fn copy_device(&self, dst: u64, src: u64, bytes: usize) -> Result<(), Code> {
+        // SAFETY: the caller's promises.
+        check(unsafe { cuMemcpyDtoDAsync_v2(dst, src, bytes, self.raw) })
+    }
+
+    /// Marks the end of the work queued so far with `event`.
+    pub(crate) fn record(&self, event: &Event) -> Result<(), Code> {
+        // SAFETY: a live event and stream (of one context, which the caller has current).
+        check(unsafe { cuEventRecord(event.raw, self.raw) })
+    }
+
+    /// Makes the stream's later work wait for the work before `event`'s last record.
+    pub(crate) fn wait(&self, event: &Event) -> Result<(), Code> {
+        // SAFETY: a live event and stream.
+        check(unsafe { cuStreamWaitEvent(self.raw, event.raw, 0) })
+    }
+
     /// Queues setting every byte of `len` values from `dst` on to `byte`.
     ///
     /// # Safety
@@ -634,6 +791,8 @@ pub(crate) struct Module {
 
 // SAFETY: a module handle may be used from any thread.
 unsafe impl Send for Module {}
+// SAFETY: nothing changes a loaded module until it is unloaded on drop.
+unsafe impl Sync for Module {}
 
 /// A kernel's handle: valid while the [`Module`] it was looked up in is loaded.
 #[derive(Debug, Clone, Copy)]
@@ -643,6 +802,8 @@ pub(crate) struct Function {
 
 // SAFETY: a function handle may be used from any thread.
 unsafe impl Send for Function {}
+// SAFETY: launching is thread-safe; the handle itself never changes.
+unsafe impl Sync for Function {}
 
 impl Module {
     /// Loads (JIT-compiles) PTX text in `context`.

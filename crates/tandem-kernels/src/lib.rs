@@ -4,11 +4,13 @@
 //! * [`ptx`]: the PTX of every `kernels/*.cu` file, committed and embedded as constants (always
 //!   available), and [`ptx::Kernel`], the entry points the launch code uses.
 //! * With the `cuda` feature: `CudaBackend`, which runs every [`Backend`](tandem_tensor::Backend)
-//!   operation on one GPU through the CUDA driver API (its own declarations of the ~20 calls
-//!   it makes, each result an integer: see the private `driver` module), its buffers
-//!   (`DeviceBuffer`), plus the fused optimiser step
-//!   (`CudaBackend::sgd_ema_update`) and the gradient reduction
-//!   (`CudaBackend::mean_gradients`) of data-parallel training, and `device_count`.
+//!   operation on one GPU through the CUDA driver API (its own declarations of the ~30 calls
+//!   it makes, each result an integer: see the private `driver` module; a training step
+//!   replayed as one CUDA graph, `Backend::replay`), its buffers (`DeviceBuffer`), plus the
+//!   fused optimiser step (`CudaBackend::sgd_ema_update`) and the gradient reduction
+//!   (`CudaBackend::mean_gradients`) of data-parallel training, and `device_count`;
+//!   `CudaQueue`, a backend's stream as a `tandem_core::DeviceQueue`, for a store that keeps
+//!   the parameters of record in device memory.
 //!
 //! The feature is off by default so that the workspace builds where no CUDA is installed. With
 //! it, linking needs a `libcuda`: the driver's, or on a machine without a GPU tandem's CPU
@@ -37,6 +39,8 @@ mod backend;
 mod driver;
 #[cfg(feature = "cuda")]
 mod error;
+#[cfg(feature = "cuda")]
+mod queue;
 
 #[cfg(feature = "cuda")]
 pub use backend::{device_count, CudaBackend, DeviceExamples};
@@ -44,3 +48,5 @@ pub use backend::{device_count, CudaBackend, DeviceExamples};
 pub use driver::{release_failures, DeviceBuffer};
 #[cfg(feature = "cuda")]
 pub use error::KernelError;
+#[cfg(feature = "cuda")]
+pub use queue::CudaQueue;

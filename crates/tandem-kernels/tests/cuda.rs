@@ -317,6 +317,59 @@ fn gather_matches_cpu() {
 }
 
 /// `n` random gradient buffers of `len` values, each at its own offset.
+/// A replayed sequence (gather, then column sums) gives, on every call, what its CPU twin gives
+/// for that call's indices: run directly, captured, then launched as a graph with fresh indices.
+#[test]
+fn replay_runs_the_captured_sequence_with_each_calls_indices() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng(11);
+    let (features, examples, rows) = (37, 50, 12);
+    let values: Vec<u8> = (0..features * examples).map(|_| rng.random()).collect();
+    let classes: Vec<u8> = (0..examples).map(|_| rng.random_range(0..10)).collect();
+    let set = ExampleSet::new(features, values, classes).expect("a consistent data set");
+    let resident = gpu.upload_examples(&set).expect("upload_examples");
+    let mut x = poisoned(&gpu, rows * features);
+    let mut got_labels = labels(&gpu, &vec![u32::MAX; rows]);
+    let mut sums = poisoned(&gpu, features);
+    let mut wide = (
+        poisoned(&gpu, 4 * rows * features),
+        labels(&gpu, &vec![0; 4 * rows]),
+    );
+    // Calls 0-3 run, capture and replay; call 4, with more rows, grows the backend's index
+    // buffer, which the captured graph names; calls 5-7 must not replay that graph.
+    for call in 0..8 {
+        let rows = if call == 4 { 4 * rows } else { rows };
+        let indices: Vec<u32> = (0..rows)
+            .map(|_| rng.random_range(0..examples as u32))
+            .collect();
+        let (x, got_labels) = match call {
+            4 => (&mut wide.0, &mut wide.1),
+            _ => (&mut x, &mut got_labels),
+        };
+        gpu.replay(rows as u64, &mut |b| {
+            b.gather(&resident, &indices, x, got_labels)?;
+            b.column_sum(x, rows, features, (&mut sums, 0))
+        })
+        .expect("replay");
+        let mut want_x = vec![0.0; rows * features];
+        let mut want_labels = vec![0; rows];
+        cpu::gather(&set, &indices, &mut want_x, &mut want_labels);
+        let mut want_sums = vec![0.0; features];
+        cpu::column_sum(&want_x, &mut want_sums);
+        let what = format!("call {call}");
+        assert_exact(&what, &download(&gpu, &sums, 0, features), &want_sums);
+    }
+    // A shape error inside the sequence is the same error, captured or not.
+    let bad = [examples as u32];
+    let replayed = gpu.replay(rows as u64, &mut |b| {
+        b.gather(&resident, &bad, &mut x, &mut got_labels)
+    });
+    assert!(
+        matches!(replayed, Err(KernelError::Shape(_))),
+        "{replayed:?}"
+    );
+}
+
 fn gradients(
     gpu: &CudaBackend,
     rng: &mut ChaCha8Rng,

@@ -174,14 +174,14 @@ fn cu_kernels(source: &str) -> Vec<(String, Vec<String>)> {
 }
 
 /// The PTX type of one C parameter declaration (`const float *__restrict__ x`, `size_t len`,
-/// `Grads grads`).
+/// `const __grid_constant__ Grads grads`).
 fn c_param_type(source: &str, decl: &str) -> String {
     if decl.contains('*') {
         return ".u64".into();
     }
     let words: Vec<&str> = decl
         .split_whitespace()
-        .filter(|w| !matches!(*w, "const" | "__restrict__"))
+        .filter(|w| !matches!(*w, "const" | "__restrict__" | "__grid_constant__"))
         .collect();
     let (_name, ty) = words.split_last().expect("a declaration");
     match ty.join(" ").as_str() {
@@ -844,8 +844,8 @@ fn the_launch_reader_sees_the_update_launch() {
     assert_eq!(
         rust,
         [
-            "DevicePointer<T>",
-            "DevicePointer<T>",
+            "u64",
+            "u64",
             "[u64; MAX_GRADIENT_BUFFERS]",
             "u32",
             "usize",

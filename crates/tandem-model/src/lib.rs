@@ -11,7 +11,7 @@
 //! ```
 //! use rand::SeedableRng;
 //! use tandem_model::{Mlp, MlpReplica};
-//! use tandem_core::Replica;
+//! use tandem_core::{Replica, StepLoss};
 //! use tandem_tensor::{CpuBackend, ExampleSet};
 //!
 //! let mlp = Mlp { inputs: 4, hidden: 8, classes: 3 };
@@ -19,7 +19,8 @@
 //! let params = mlp.init(0.1, &mut rand::rngs::StdRng::seed_from_u64(1));
 //! let mut replica = MlpReplica::new(mlp, CpuBackend, &examples, 2).unwrap();
 //! replica.set_params(&mut |p| p.copy_from_slice(&params)).unwrap();
-//! let loss = replica.compute_gradients(&[0, 1]).unwrap();
+//! // On the CPU the loss is known at once (a device replica leaves it there: `take_losses`).
+//! let StepLoss::Known(loss) = replica.compute_gradients(&[0, 1]).unwrap() else { panic!() };
 //! assert!(loss > 0.0 && loss.is_finite());
 //! let accuracy = mlp.evaluate(&CpuBackend, &params, &examples).unwrap();
 //! assert!((0.0..=1.0).contains(&accuracy));

@@ -91,8 +91,7 @@ impl Mlp {
     ) -> Result<(), B::Error> {
         let o = self.offsets();
         let first = Gemm::nn(rows, self.hidden, self.inputs);
-        backend.matmul(first, (x, 0), (params, o.w1), (hidden, 0))?;
-        backend.bias_add(hidden, (params, o.b1), rows, self.hidden, Activation::Relu)?;
+        backend.matmul_bias_relu(first, (x, 0), (params, o.w1), (params, o.b1), (hidden, 0))?;
         let second = Gemm::nn(rows, self.classes, self.hidden);
         backend.matmul(second, (hidden, 0), (params, o.w2), (logits, 0))?;
         backend.bias_add(

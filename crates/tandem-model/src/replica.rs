@@ -1,4 +1,4 @@
-use tandem_core::{ParamSpan, Replica, ReplicaError};
+use tandem_core::{ParamSpan, Replica, ReplicaError, Residence, StepLoss};
 use tandem_tensor::{Backend, ExampleSet, Gemm};
 
 use crate::Mlp;
@@ -12,6 +12,10 @@ pub struct MlpReplica<B: Backend> {
     training_examples: usize,
     params: B::Buffer,
     grads: B::Buffer,
+    /// Where the backend computes in device memory: its buffers, for a store on the device.
+    residence: Option<Residence>,
+    /// The losses of the steps not yet taken, on the device (see [`DeviceLosses`]).
+    losses: DeviceLosses<B>,
     capacity: usize,
     batch: BatchBuffers<B>,
     /// Declared last so that it is dropped last: a device backend's buffers must be freed while
@@ -22,6 +26,8 @@ pub struct MlpReplica<B: Backend> {
 /// What one batch of examples needs on the backend: inputs and labels, the activations and
 /// the gradients of the loss with respect to them.
 struct BatchBuffers<B: Backend> {
+    /// The step's mean loss, where a device replica leaves it.
+    loss: B::Buffer,
     x: B::Buffer,
     labels: B::Labels,
     hidden: B::Buffer,
@@ -34,6 +40,7 @@ impl<B: Backend> BatchBuffers<B> {
     /// Buffers for batches of up to `rows` examples of `mlp`.
     fn new(backend: &B, mlp: &Mlp, rows: usize) -> Result<Self, B::Error> {
         Ok(Self {
+            loss: backend.zeros(1)?,
             x: backend.zeros(rows * mlp.inputs)?,
             labels: backend.zero_labels(rows)?,
             hidden: backend.zeros(rows * mlp.hidden)?,
@@ -54,12 +61,21 @@ impl<B: Backend> MlpReplica<B> {
         max_batch: usize,
     ) -> Result<Self, B::Error> {
         let capacity = max_batch.max(1);
+        let params = backend.zeros(mlp.num_params())?;
+        let grads = backend.zeros(mlp.num_params())?;
         Ok(Self {
             layout: mlp.layout(),
             examples: backend.upload_examples(training)?,
             training_examples: training.len(),
-            params: backend.zeros(mlp.num_params())?,
-            grads: backend.zeros(mlp.num_params())?,
+            residence: backend.residence(&params, &grads),
+            losses: DeviceLosses {
+                ring: backend.zeros(LOSS_RING)?,
+                next: 0,
+                pending: 0,
+                spilled: Vec::new(),
+            },
+            params,
+            grads,
             capacity,
             batch: BatchBuffers::new(&backend, &mlp, capacity)?,
             mlp,
@@ -79,7 +95,7 @@ impl<B: Backend> MlpReplica<B> {
     }
 
     /// The forward and backward pass; see [`Replica::compute_gradients`].
-    fn step(&mut self, batch: &[u32]) -> Result<f32, B::Error> {
+    fn step(&mut self, batch: &[u32]) -> Result<StepLoss, B::Error> {
         let rows = batch.len();
         if rows > self.capacity {
             self.grow(rows)?;
@@ -90,53 +106,118 @@ impl<B: Backend> MlpReplica<B> {
             classes,
         } = self.mlp;
         let o = self.mlp.offsets();
-        let b = &self.backend;
-        b.gather(
-            &self.examples,
-            batch,
-            &mut self.batch.x,
-            &mut self.batch.labels,
-        )?;
-        self.mlp.forward(
-            b,
-            &self.params,
-            &self.batch.x,
-            rows,
-            &mut self.batch.hidden,
-            &mut self.batch.logits,
-        )?;
-        let loss = b.softmax_cross_entropy(
-            &self.batch.logits,
-            &self.batch.labels,
-            rows,
-            classes,
-            &mut self.batch.dlogits,
-        )?;
-        // Layer 2: dW2 = H^T . dL, db2 = colsum(dL), dH = dL . W2^T masked by the ReLU.
-        dense_grads(
-            b,
-            (&self.batch.hidden, hidden),
-            (&self.batch.dlogits, classes),
-            rows,
-            (&mut self.grads, o.w2, o.b2),
-        )?;
-        let dh = Gemm::nt(rows, hidden, classes);
-        b.matmul(
-            dh,
-            (&self.batch.dlogits, 0),
-            (&self.params, o.w2),
-            (&mut self.batch.dhidden, 0),
-        )?;
-        b.relu_backward(&mut self.batch.dhidden, &self.batch.hidden, rows * hidden)?;
-        // Layer 1: dW1 = X^T . dH, db1 = colsum(dH). The input gradient is never needed.
-        dense_grads(
-            b,
-            (&self.batch.x, inputs),
-            (&self.batch.dhidden, hidden),
-            rows,
-            (&mut self.grads, o.w1, o.b1),
-        )?;
-        Ok(loss)
+        let resident = self.residence.is_some();
+        let Self {
+            capacity,
+            mlp,
+            examples,
+            params,
+            grads,
+            batch: buffers,
+            losses,
+            backend,
+            ..
+        } = self;
+        // A device replica's loss goes to a fixed place inside the step (which the backend may
+        // replay as one graph) and is copied to its slot after it.
+        let mut known = None;
+        // The sequence is the same for a row count and the buffers of one capacity (growing
+        // them replaces the buffers a captured sequence names).
+        let key = (*capacity as u64) << 32 | rows as u64;
+        backend.replay(key, &mut |b| {
+            b.gather(examples, batch, &mut buffers.x, &mut buffers.labels)?;
+            mlp.forward(
+                b,
+                params,
+                &buffers.x,
+                rows,
+                &mut buffers.hidden,
+                &mut buffers.logits,
+            )?;
+            let (logits, labels) = (&buffers.logits, &buffers.labels);
+            if resident {
+                let dlogits = &mut buffers.dlogits;
+                let loss = (&mut buffers.loss, 0);
+                b.softmax_cross_entropy_into(logits, labels, (rows, classes), dlogits, loss)?;
+            } else {
+                let dlogits = &mut buffers.dlogits;
+                known = Some(b.softmax_cross_entropy(logits, labels, rows, classes, dlogits)?);
+            }
+            // Layer 2: dW2 = H^T . dL, db2 = colsum(dL), dH = dL . W2^T masked by the ReLU.
+            dense_grads(
+                b,
+                (&buffers.hidden, hidden),
+                (&buffers.dlogits, classes),
+                rows,
+                (grads, o.w2, o.b2),
+            )?;
+            let dh = Gemm::nt(rows, hidden, classes);
+            b.matmul(
+                dh,
+                (&buffers.dlogits, 0),
+                (params, o.w2),
+                (&mut buffers.dhidden, 0),
+            )?;
+            b.relu_backward(&mut buffers.dhidden, &buffers.hidden, rows * hidden)?;
+            // Layer 1: dW1 = X^T . dH, db1 = colsum(dH). The input gradient is never needed.
+            dense_grads(
+                b,
+                (&buffers.x, inputs),
+                (&buffers.dhidden, hidden),
+                rows,
+                (grads, o.w1, o.b1),
+            )
+        })?;
+        if let Some(loss) = known {
+            return Ok(StepLoss::Known(loss));
+        }
+        let slot = losses.slot(backend)?;
+        backend.copy((&buffers.loss, 0), (&mut losses.ring, slot), 1)?;
+        Ok(StepLoss::OnDevice)
+    }
+}
+
+/// Losses a device replica keeps: at least as many as a strategy lets wait on the device
+/// before it takes them.
+const LOSS_RING: usize = 1024;
+
+/// The step losses of a replica whose backend computes on a device, left there by each step
+/// and read by [`Replica::take_losses`]: a ring of [`LOSS_RING`] slots, the oldest `pending`
+/// of them untaken. A step that finds the ring full first moves it to the host (`spilled`), so
+/// nothing is lost even if the losses are taken late.
+struct DeviceLosses<B: Backend> {
+    ring: B::Buffer,
+    next: usize,
+    pending: usize,
+    spilled: Vec<f32>,
+}
+
+impl<B: Backend> DeviceLosses<B> {
+    /// The slot for the next step's loss.
+    fn slot(&mut self, backend: &B) -> Result<usize, B::Error> {
+        if self.pending == LOSS_RING {
+            let mut taken = std::mem::take(&mut self.spilled);
+            self.take(backend, &mut taken)?;
+            self.spilled = taken;
+        }
+        let slot = self.next;
+        self.next = (self.next + 1) % LOSS_RING;
+        self.pending += 1;
+        Ok(slot)
+    }
+
+    /// Appends the untaken losses to `out`, oldest first.
+    fn take(&mut self, backend: &B, out: &mut Vec<f32>) -> Result<(), B::Error> {
+        out.append(&mut self.spilled);
+        let first = (self.next + LOSS_RING - self.pending) % LOSS_RING;
+        let start = out.len();
+        out.resize(start + self.pending, 0.0);
+        // At most two pieces: from the oldest to the ring's end, then from its start.
+        let head = self.pending.min(LOSS_RING - first);
+        backend.download(&self.ring, first, &mut out[start..start + head])?;
+        backend.download(&self.ring, 0, &mut out[start + head..])?;
+        self.pending = 0;
+        Ok(())
     }
 }
 
@@ -172,8 +253,16 @@ impl<B: Backend> Replica for MlpReplica<B> {
         Ok(self.backend.write_with(&mut self.params, fill)?)
     }
 
-    fn compute_gradients(&mut self, batch: &[u32]) -> Result<f32, ReplicaError> {
+    fn compute_gradients(&mut self, batch: &[u32]) -> Result<StepLoss, ReplicaError> {
         Ok(self.step(batch)?)
+    }
+
+    fn take_losses(&mut self, losses: &mut Vec<f32>) -> Result<(), ReplicaError> {
+        Ok(self.losses.take(&self.backend, losses)?)
+    }
+
+    fn residence(&self) -> Option<Residence> {
+        self.residence.clone()
     }
 
     fn read_gradients(&mut self, read: &mut dyn FnMut(&[f32])) -> Result<(), ReplicaError> {

@@ -17,16 +17,16 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
-use tandem_core::{Optimizer, Replica};
+use tandem_core::{Optimizer, Replica, ReplicaError};
 use tandem_pool::{FailurePolicy, RunWatch, WorkerContext};
 
-use crate::common::{check_loss, watchdog, Job};
+use crate::common::{watchdog, Job, StepLosses};
 use crate::hyper::reports;
 use crate::store::ParamStore;
 use crate::{EpochOrder, Epochs, Staleness, StepReport, TrainError, TrainReport};
 
 /// [`crate::train`] in this mode, on a validated job.
-pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R>>(
+pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R> + ?Sized>(
     job: Job<'_, R, O, S>,
 ) -> Result<TrainReport, TrainError> {
     let (pool, state) = (job.pool, job.state);
@@ -59,7 +59,11 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R>>(
         replica.bind_thread()?;
         let mut order = EpochOrder::new(job.batches.seed, job.examples);
         let mut batch = vec![0u32; job.batches.batch_size];
-        let (mut staleness_sum, mut staleness_max, mut updates) = (0u64, 0u64, 0u64);
+        // A store that measures staleness where updates land hands it over when the losses are
+        // taken; otherwise it is the updates begun between this worker's load and its own.
+        let measured = store.measures_staleness();
+        let mut tally = Tally::default();
+        let mut step_losses = StepLosses::new(log_every);
         loop {
             if stop.load(Ordering::Relaxed) {
                 break;
@@ -70,9 +74,9 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R>>(
             }
             ctx.set_step(ticket + 1);
             let read_version = applied.load(Ordering::Acquire);
-            store.load(replica)?;
+            store.load(ctx.worker(), replica)?;
             order.fill(epochs.position(ticket), &mut batch);
-            let loss = check_loss(replica.compute_gradients(&batch)?)?;
+            step_losses.record(ticket + 1, replica.compute_gradients(&batch)?)?;
             let (mut step, mut epoch) = (0, 0.0);
             store.apply((ctx.worker(), workers), replica, &mut || {
                 step = applied.fetch_add(1, Ordering::AcqRel);
@@ -81,25 +85,38 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R>>(
             })?;
             // Release: whoever sees the count sees every shard this update wrote.
             completed.fetch_add(1, Ordering::Release);
-            let staleness = step - read_version;
-            staleness_sum += staleness;
-            staleness_max = staleness_max.max(staleness);
-            updates += 1;
+            if !measured {
+                tally.add(step - read_version);
+            }
             if job.observer.should_stop() {
                 stop.store(true, Ordering::Relaxed);
             }
-            if reports(log_every, step + 1) {
+            let logs = reports(log_every, step + 1);
+            if !(logs || step_losses.due()) {
+                continue;
+            }
+            // A loss left on the device is checked after its update: that update may already
+            // have reached the store, but no checkpoint will hold it.
+            let loss = step_losses.settle(replica, ctx)?;
+            if measured {
+                tally.take(store, ctx.worker())?;
+            }
+            if let (true, Some(loss)) = (logs, loss) {
                 job.observer.on_log(&StepReport {
                     step: step + 1,
-                    loss: loss + store.l2_loss(job.optimizer.weight_decay()),
+                    loss: loss + store.l2_loss(ctx.worker(), job.optimizer.weight_decay())?,
                     learning_rate: job.optimizer.learning_rate(epoch),
                     examples: (step + 1 - start_step) * batch_size,
                     elapsed: started.elapsed(),
-                    staleness: Some(staleness),
+                    staleness: tally.last,
                 });
             }
         }
-        Ok((staleness_sum, staleness_max, updates))
+        step_losses.settle(replica, ctx)?;
+        if measured {
+            tally.take(store, ctx.worker())?;
+        }
+        Ok((tally.sum, tally.max, tally.updates))
     };
     let outcome = pool.run_watched(FailurePolicy::Continue, work, |run| {
         watchdog(job.observer, run, snapshot)
@@ -117,7 +134,7 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R>>(
         .fold((0, 0, 0), |(s, m, n), &(ws, wm, wn)| {
             (s + ws, m.max(wm), n + wn)
         });
-    store.save_into(state);
+    store.save_into(state).map_err(TrainError::Device)?;
     state.step = applied.load(Ordering::Acquire);
     // Counted from the store's version: a failed worker's earlier updates count too.
     let steps = state.step - start_step;
@@ -132,4 +149,35 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R>>(
         failures: outcome.failures,
         stopped: state.step < job.end_step && stop.load(Ordering::Relaxed),
     })
+}
+
+/// One worker's staleness so far.
+#[derive(Default)]
+struct Tally {
+    sum: u64,
+    max: u64,
+    updates: u64,
+    /// The staleness of its latest update counted.
+    last: Option<u64>,
+}
+
+impl Tally {
+    fn add(&mut self, staleness: u64) {
+        self.sum += staleness;
+        self.max = self.max.max(staleness);
+        self.updates += 1;
+        self.last = Some(staleness);
+    }
+
+    /// Counts what `store` measured of `worker`'s updates since the last call.
+    fn take<R: Replica, S: ParamStore<R> + ?Sized>(
+        &mut self,
+        store: &S,
+        worker: usize,
+    ) -> Result<(), ReplicaError> {
+        let mut taken = Vec::new();
+        store.take_staleness(worker, &mut taken)?;
+        taken.into_iter().for_each(|s| self.add(s));
+        Ok(())
+    }
 }

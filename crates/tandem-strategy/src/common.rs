@@ -3,8 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use tandem_core::{Optimizer, Replica, ReplicaError, TrainState};
-use tandem_pool::{RunWatch, WorkerActivity, WorkerPool};
+use tandem_core::{Optimizer, Replica, ReplicaError, StepLoss, TrainState};
+use tandem_pool::{RunWatch, WorkerActivity, WorkerContext, WorkerPool};
 
 use crate::{Batches, NonFiniteLoss, Observer, Stall, TrainError};
 
@@ -13,7 +13,7 @@ use crate::{Batches, NonFiniteLoss, Observer, Stall, TrainError};
 const WATCH_EVERY: Duration = Duration::from_millis(50);
 
 /// A validated training job, as [`crate::train`] hands it to a strategy.
-pub(crate) struct Job<'a, R, O: ?Sized, S> {
+pub(crate) struct Job<'a, R, O: ?Sized, S: ?Sized> {
     pub pool: &'a mut WorkerPool<R>,
     pub state: &'a mut TrainState,
     pub optimizer: &'a O,
@@ -82,13 +82,97 @@ fn names<'n>(names: impl Iterator<Item = &'n str>) -> String {
     }
 }
 
-/// Fails the step when its loss is not finite, before any update is applied (the worker's
-/// failure names the step).
-pub(crate) fn check_loss(loss: f32) -> Result<f32, ReplicaError> {
+/// Fails when `loss` is not finite.
+fn check_loss(loss: f32) -> Result<f32, ReplicaError> {
     if loss.is_finite() {
         Ok(loss)
     } else {
         Err(Box::new(NonFiniteLoss { loss }))
+    }
+}
+
+/// At most this many steps' losses wait on a device before they are checked, whatever the
+/// logging interval (a device replica keeps at least this many).
+const MAX_DEFERRED: u64 = 1000;
+
+/// One worker's step losses. A loss known at once is checked at once, so that a non-finite one
+/// fails its step before the update is applied. Losses left on the device are taken and
+/// checked together at [`due`](Self::due) steps and at the end of the worker's run (so at every
+/// log, evaluation and checkpoint boundary, each of which ends a strategy's run): a
+/// divergence stops the run within one logging interval, before a checkpoint could hold it,
+/// and the failure names the first step whose loss was not finite.
+pub(crate) struct StepLosses {
+    /// The global steps (1-based) whose losses are still on the device, oldest first.
+    pending: Vec<u64>,
+    taken: Vec<f32>,
+    every: u64,
+    /// Steps recorded since the last [`settle`](Self::settle).
+    unsettled: u64,
+    last: Option<f32>,
+}
+
+impl StepLosses {
+    /// Losses of an observer that logs every `log_every` steps.
+    pub fn new(log_every: u64) -> Self {
+        Self {
+            pending: Vec::new(),
+            taken: Vec::new(),
+            every: if log_every == 0 {
+                MAX_DEFERRED
+            } else {
+                log_every.min(MAX_DEFERRED)
+            },
+            unsettled: 0,
+            last: None,
+        }
+    }
+
+    /// Records the loss of global step `step` (1-based); fails if it is known and not finite.
+    pub fn record(&mut self, step: u64, loss: StepLoss) -> Result<(), ReplicaError> {
+        self.unsettled += 1;
+        match loss {
+            StepLoss::Known(loss) => self.last = Some(check_loss(loss)?),
+            StepLoss::OnDevice => self.pending.push(step),
+        }
+        Ok(())
+    }
+
+    /// Whether enough steps have passed since the last [`settle`](Self::settle) that what they
+    /// left on the device (losses, a store's staleness records) should be taken now.
+    pub fn due(&self) -> bool {
+        self.unsettled >= self.every
+    }
+
+    /// Takes the losses left on the device and checks them (a failure is reported at the first
+    /// bad step, through `ctx`); returns the loss of the last step recorded.
+    pub fn settle<R: Replica>(
+        &mut self,
+        replica: &mut R,
+        ctx: &WorkerContext<'_>,
+    ) -> Result<Option<f32>, ReplicaError> {
+        self.unsettled = 0;
+        if self.pending.is_empty() {
+            return Ok(self.last);
+        }
+        self.taken.clear();
+        replica.take_losses(&mut self.taken)?;
+        if self.taken.len() != self.pending.len() {
+            return Err(format!(
+                "the replica returned {} losses for {} steps",
+                self.taken.len(),
+                self.pending.len()
+            )
+            .into());
+        }
+        for (&step, &loss) in self.pending.iter().zip(&self.taken) {
+            if !loss.is_finite() {
+                ctx.set_step(step);
+                return Err(Box::new(NonFiniteLoss { loss }));
+            }
+        }
+        self.pending.clear();
+        self.last = self.taken.last().copied();
+        Ok(self.last)
     }
 }
 

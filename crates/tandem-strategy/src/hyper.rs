@@ -1,4 +1,4 @@
-use tandem_core::{Optimizer, Piece};
+use tandem_core::{FusedSgd, Optimizer, Piece};
 use tandem_tensor::cpu::{self, UpdateStep};
 
 /// The TensorFlow multi-GPU MNIST example's optimiser: SGD with exponential learning-rate
@@ -39,6 +39,17 @@ impl Sgd {
     }
 }
 
+impl Sgd {
+    /// Update `step` at `epoch`, on a piece regularised where `weight_decay` says so.
+    fn step(&self, step: u64, epoch: f64, weight_decay: bool) -> FusedSgd {
+        FusedSgd {
+            learning_rate: self.learning_rate(epoch),
+            weight_decay: if weight_decay { self.weight_decay } else { 0.0 },
+            ema_decay: self.ema_decay(step),
+        }
+    }
+}
+
 impl Optimizer for Sgd {
     fn state_names(&self) -> &[&'static str] {
         &[Self::AVERAGE]
@@ -50,19 +61,24 @@ impl Optimizer for Sgd {
     }
 
     fn update(&self, piece: Piece<'_, '_>, step: u64, epoch: f64) {
+        let FusedSgd {
+            learning_rate,
+            weight_decay,
+            ema_decay,
+        } = self.step(step, epoch, piece.weight_decay);
         let update = UpdateStep {
-            learning_rate: self.learning_rate(epoch),
-            weight_decay: if piece.weight_decay {
-                self.weight_decay
-            } else {
-                0.0
-            },
-            ema_decay: self.ema_decay(step),
+            learning_rate,
+            weight_decay,
+            ema_decay,
         };
         let [ema] = piece.state else {
             unreachable!("Sgd keeps exactly one state vector, the strategies give what it names");
         };
         cpu::sgd_ema_update(piece.params, ema, piece.grads, update);
+    }
+
+    fn fused_sgd(&self, step: u64, epoch: f64, weight_decay: bool) -> Option<FusedSgd> {
+        Some(self.step(step, epoch, weight_decay))
     }
 
     /// `learning_rate * lr_decay ^ epoch` (TensorFlow's `exponential_decay`, not staircase),

@@ -18,7 +18,7 @@
 //! [`tandem_core::TrainState`] in place.
 //!
 //! ```
-//! use tandem_core::{ParamSpan, Replica, ReplicaError, TrainState};
+//! use tandem_core::{ParamSpan, Replica, ReplicaError, StepLoss, TrainState};
 //! use tandem_pool::{Device, WorkerPool};
 //! use tandem_strategy::{train, Batches, Mode, NoObserver, Sgd};
 //!
@@ -29,7 +29,7 @@
 //!     fn set_params(&mut self, fill: &mut dyn FnMut(&mut [f32])) -> Result<(), ReplicaError> {
 //!         let mut p = [0.0]; fill(&mut p); self.w = p[0]; Ok(())
 //!     }
-//!     fn compute_gradients(&mut self, batch: &[u32]) -> Result<f32, ReplicaError> {
+//!     fn compute_gradients(&mut self, batch: &[u32]) -> Result<StepLoss, ReplicaError> {
 //!         let n = batch.len() as f32;
 //!         let (mut loss, mut grad) = (0.0, 0.0);
 //!         for &i in batch {
@@ -39,7 +39,7 @@
 //!             grad += err * x / n;
 //!         }
 //!         self.grad = grad;
-//!         Ok(loss)
+//!         Ok(StepLoss::Known(loss))
 //!     }
 //!     fn read_gradients(&mut self, read: &mut dyn FnMut(&[f32])) -> Result<(), ReplicaError> {
 //!         read(&[self.grad]); Ok(())
@@ -63,12 +63,14 @@
 pub mod asynchronous;
 pub mod checkpoint;
 mod common;
+mod device_store;
 mod epochs;
 mod hyper;
 mod order;
 mod store;
 pub mod sync;
 
+pub use device_store::DeviceStore;
 pub use epochs::Epochs;
 pub use hyper::{Batches, Sgd};
 pub use order::EpochOrder;
@@ -76,7 +78,7 @@ pub use store::{HostStore, ParamStore};
 
 use std::time::Duration;
 
-use tandem_core::{Optimizer, Replica, TrainState};
+use tandem_core::{Optimizer, Replica, ReplicaError, TrainState};
 use tandem_pool::{WorkerFailure, WorkerPool};
 
 /// Synchronous or asynchronous data parallelism.
@@ -117,8 +119,14 @@ pub fn train<R: Replica, O: Optimizer + ?Sized>(
         Mode::Sync => pool.len(),
         Mode::Async => 0,
     };
-    let layout = pool.replicas()[0].layout();
-    let store = HostStore::new(state, layout, optimizer, gradient_slots);
+    let layout = pool.replicas()[0].layout().to_vec();
+    // Beside replicas that compute on one device, the parameters of record stay there.
+    let device = DeviceStore::open(mode, pool.replicas(), state, &layout, optimizer)
+        .map_err(TrainError::Device)?;
+    let store: Box<dyn ParamStore<R> + '_> = match device {
+        Some(store) => Box::new(store),
+        None => Box::new(HostStore::new(state, &layout, optimizer, gradient_slots)),
+    };
     let job = common::Job {
         pool,
         state,
@@ -127,7 +135,7 @@ pub fn train<R: Replica, O: Optimizer + ?Sized>(
         end_step,
         observer,
         examples,
-        store: &store,
+        store: &*store,
     };
     match mode {
         Mode::Sync => sync::run(job),
@@ -281,6 +289,9 @@ pub enum TrainError {
     /// an earlier one on the same pool).
     #[error(transparent)]
     Worker(#[from] WorkerFailure),
+    /// The parameters of record in device memory could not be set up or read back.
+    #[error("the parameters of record on the device: {0}")]
+    Device(ReplicaError),
 }
 
 /// A non-finite loss ends a run before its update is applied (the worker failure that carries

@@ -21,8 +21,8 @@ const COPY_TRIES: usize = 200;
 /// memory for CPU workers; a store in device memory moves the same data between device
 /// buffers, and the strategies stay as they are.
 pub trait ParamStore<R: Replica>: Sync {
-    /// Gives `replica` the current parameters.
-    fn load(&self, replica: &mut R) -> Result<(), ReplicaError>;
+    /// Gives `worker`'s `replica` the current parameters.
+    fn load(&self, worker: usize, replica: &mut R) -> Result<(), ReplicaError>;
 
     /// Synchronous: makes `worker`'s gradients of its last step available to
     /// [`update_share`](Self::update_share).
@@ -31,7 +31,7 @@ pub trait ParamStore<R: Replica>: Sync {
     /// Synchronous: applies update `step` (at `epoch`) to `worker`'s share of the parameters
     /// (the shares of all workers cover them once), with the mean of every worker's published
     /// gradients, summed in worker order.
-    fn update_share(&self, worker: usize, step: u64, epoch: f64);
+    fn update_share(&self, worker: usize, step: u64, epoch: f64) -> Result<(), ReplicaError>;
 
     /// Asynchronous: applies `replica`'s gradients of its last step as one update, at once
     /// for this worker (`worker_of`: the worker and how many there are), while others may update too (each piece under
@@ -44,12 +44,27 @@ pub trait ParamStore<R: Replica>: Sync {
         begin: &mut dyn FnMut() -> (u64, f64),
     ) -> Result<(), ReplicaError>;
 
+    /// Asynchronous: whether the store measures staleness itself, where the updates land
+    /// ([`take_staleness`](Self::take_staleness)); otherwise (the default) the strategy counts
+    /// the updates begun between a worker's load and its own.
+    fn measures_staleness(&self) -> bool {
+        false
+    }
+
+    /// Asynchronous, where [`measures_staleness`](Self::measures_staleness): appends to `out`
+    /// the staleness of `worker`'s updates since the last call, oldest first (waiting for the
+    /// device): how many other updates landed between its load and its update.
+    fn take_staleness(&self, worker: usize, out: &mut Vec<u64>) -> Result<(), ReplicaError> {
+        let _ = (worker, out);
+        Ok(())
+    }
+
     /// `weight_decay / 2 * sum of w^2` over the regularised parameters (the L2 term of the
-    /// reported loss).
-    fn l2_loss(&self, weight_decay: f32) -> f32;
+    /// reported loss), as `worker` sees them after its last update.
+    fn l2_loss(&self, worker: usize, weight_decay: f32) -> Result<f32, ReplicaError>;
 
     /// Writes the parameters and optimiser state into `state` (its step is the caller's).
-    fn save_into(&self, state: &mut TrainState);
+    fn save_into(&self, state: &mut TrainState) -> Result<(), ReplicaError>;
 
     /// A copy of the parameters and optimiser state that no update straddles, as a state whose
     /// step is the one `version` gives. `version` names the step the store holds, or `None`
@@ -62,7 +77,8 @@ pub trait ParamStore<R: Replica>: Sync {
         for _ in 0..COPY_TRIES {
             if let Some(step) = version() {
                 let mut state = self.empty_state(step);
-                self.save_into(&mut state);
+                // A store that cannot be read now has no copy to give.
+                self.save_into(&mut state).ok()?;
                 if version() == Some(step) {
                     return Some(state);
                 }
@@ -135,6 +151,21 @@ pub struct HostStore<'o, O: Optimizer + ?Sized> {
     shares: Vec<Range<usize>>,
 }
 
+/// The shards of the parameters of `layout`: [`SHARD_LEN`] values at most, never straddling
+/// two spans, each with whether L2 applies to it.
+fn shard_ranges(layout: &[ParamSpan]) -> Vec<(Range<usize>, bool)> {
+    let mut ranges = Vec::new();
+    let mut offset = 0;
+    for span in layout {
+        let end = offset + span.len();
+        for start in (offset..end).step_by(SHARD_LEN) {
+            ranges.push((start..(start + SHARD_LEN).min(end), span.weight_decay));
+        }
+        offset = end;
+    }
+    ranges
+}
+
 /// Shards `first..last` for each of `workers` workers in a synchronous step, from the shards'
 /// first parameters (`starts`) over `len` parameters: contiguous, with about the same number of
 /// parameters each.
@@ -162,36 +193,31 @@ impl<'o, O: Optimizer + ?Sized> HostStore<'o, O> {
     /// gradient buffers for `workers` synchronous workers (0 for asynchronous training).
     /// `state` must fit `layout` and `optimizer` (the strategies check it first).
     pub fn new(state: &TrainState, layout: &[ParamSpan], optimizer: &'o O, workers: usize) -> Self {
-        let mut shards = Vec::new();
-        let mut starts = Vec::new();
-        let mut offset = 0;
-        for span in layout {
-            let end = offset + span.len();
-            for start in (offset..end).step_by(SHARD_LEN) {
-                let range = start..(start + SHARD_LEN).min(end);
-                starts.push(start);
-                shards.push(RwLock::new(Shard {
-                    offset: start,
-                    weight_decay: span.weight_decay,
+        let ranges = shard_ranges(layout);
+        let len = ranges.last().map_or(0, |(range, _)| range.end);
+        let starts: Vec<usize> = ranges.iter().map(|(range, _)| range.start).collect();
+        let shards = ranges
+            .into_iter()
+            .map(|(range, weight_decay)| {
+                RwLock::new(Shard {
+                    offset: range.start,
+                    weight_decay,
                     params: state.params[range.clone()].to_vec(),
                     state: state
                         .slots
                         .iter()
                         .map(|s| s.values[range.clone()].to_vec())
                         .collect(),
-                }));
-            }
-            offset = end;
-        }
+                })
+            })
+            .collect();
         Self {
             optimizer,
             shards,
             slot_names: state.slots.iter().map(|s| s.name.clone()).collect(),
-            len: offset,
-            grads: (0..workers)
-                .map(|_| RwLock::new(vec![0.0; offset]))
-                .collect(),
-            shares: shares(&starts, offset, workers),
+            len,
+            grads: (0..workers).map(|_| RwLock::new(vec![0.0; len])).collect(),
+            shares: shares(&starts, len, workers),
         }
     }
 
@@ -202,7 +228,7 @@ impl<'o, O: Optimizer + ?Sized> HostStore<'o, O> {
 }
 
 impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for HostStore<'_, O> {
-    fn load(&self, replica: &mut R) -> Result<(), ReplicaError> {
+    fn load(&self, _: usize, replica: &mut R) -> Result<(), ReplicaError> {
         replica.set_params(&mut |dst| {
             for shard in &self.shards {
                 let shard = read(shard);
@@ -218,7 +244,7 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for HostStore<'_, O> {
         replica.read_gradients(&mut |g| mine.copy_from_slice(g))
     }
 
-    fn update_share(&self, worker: usize, step: u64, epoch: f64) {
+    fn update_share(&self, worker: usize, step: u64, epoch: f64) -> Result<(), ReplicaError> {
         let all: Vec<_> = self
             .grads
             .iter()
@@ -228,6 +254,7 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for HostStore<'_, O> {
         for shard in self.shares[worker].clone() {
             self.update(shard, &all, step, epoch);
         }
+        Ok(())
     }
 
     fn apply(
@@ -246,7 +273,7 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for HostStore<'_, O> {
         })
     }
 
-    fn l2_loss(&self, weight_decay: f32) -> f32 {
+    fn l2_loss(&self, _: usize, weight_decay: f32) -> Result<f32, ReplicaError> {
         let sum: f64 = self
             .shards
             .iter()
@@ -254,10 +281,10 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for HostStore<'_, O> {
             .filter(|s| s.weight_decay)
             .map(|s| cpu::sum_squares(&s.params))
             .sum();
-        (f64::from(weight_decay) / 2.0 * sum) as f32
+        Ok(l2_term(weight_decay, sum))
     }
 
-    fn save_into(&self, state: &mut TrainState) {
+    fn save_into(&self, state: &mut TrainState) -> Result<(), ReplicaError> {
         for shard in &self.shards {
             let shard = read(shard);
             state.params[shard.range()].copy_from_slice(&shard.params);
@@ -265,22 +292,33 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for HostStore<'_, O> {
                 slot.values[shard.range()].copy_from_slice(values);
             }
         }
+        Ok(())
     }
 
     fn empty_state(&self, step: u64) -> TrainState {
-        TrainState {
-            params: vec![0.0; self.len],
-            slots: self
-                .slot_names
-                .iter()
-                .map(|name| Slot {
-                    name: name.clone(),
-                    values: vec![0.0; self.len],
-                })
-                .collect(),
-            step,
-        }
+        zeros(self.len, &self.slot_names, step)
     }
+}
+
+/// A state of `len` zero parameters and state vectors `names`, at `step`.
+pub(crate) fn zeros(len: usize, names: &[String], step: u64) -> TrainState {
+    TrainState {
+        params: vec![0.0; len],
+        slots: names
+            .iter()
+            .map(|name| Slot {
+                name: name.clone(),
+                values: vec![0.0; len],
+            })
+            .collect(),
+        step,
+    }
+}
+
+/// `weight_decay / 2 * sum`: the L2 term of the loss from the sum of the squared regularised
+/// parameters.
+pub(crate) fn l2_term(weight_decay: f32, sum: f64) -> f32 {
+    (f64::from(weight_decay) / 2.0 * sum) as f32
 }
 
 #[cfg(test)]

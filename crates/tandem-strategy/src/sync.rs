@@ -22,13 +22,13 @@ use std::time::Instant;
 use tandem_core::{Optimizer, Replica};
 use tandem_pool::{FailurePolicy, RunWatch, WorkerContext};
 
-use crate::common::{check_loss, watchdog, Job};
+use crate::common::{watchdog, Job, StepLosses};
 use crate::hyper::reports;
 use crate::store::ParamStore;
 use crate::{EpochOrder, Epochs, StepReport, TrainError, TrainReport};
 
 /// [`crate::train`] in this mode, on a validated job.
-pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R>>(
+pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R> + ?Sized>(
     job: Job<'_, R, O, S>,
 ) -> Result<TrainReport, TrainError> {
     let (pool, state) = (job.pool, job.state);
@@ -61,16 +61,23 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R>>(
         replica.bind_thread()?;
         let mut order = EpochOrder::new(job.batches.seed, job.examples);
         let mut batch = vec![0u32; job.batches.batch_size];
+        let mut step_losses = StepLosses::new(log_every);
         let mut done = start_step;
         for step in start_step..job.end_step {
             ctx.set_step(step + 1);
-            store.load(replica)?;
+            store.load(me, replica)?;
             order.fill(
                 epochs.position(step) + (me * job.batches.batch_size) as u64,
                 &mut batch,
             );
-            let loss = check_loss(replica.compute_gradients(&batch)?)?;
-            losses[me].store(loss.to_bits(), Ordering::Relaxed);
+            step_losses.record(step + 1, replica.compute_gradients(&batch)?)?;
+            let logs = reports(log_every, step + 1);
+            if logs || step_losses.due() {
+                // Before the update: a non-finite loss fails the step before it is applied.
+                if let Some(loss) = step_losses.settle(replica, ctx)? {
+                    losses[me].store(loss.to_bits(), Ordering::Relaxed);
+                }
+            }
             store.publish(me, replica)?;
             ctx.barrier()?;
             // Read between the barriers: every worker has stored this step's loss, and nobody
@@ -82,7 +89,7 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R>>(
                 / workers as f32;
 
             let epoch = epochs.epoch_at(step);
-            store.update_share(me, step, epoch);
+            store.update_share(me, step, epoch)?;
             // Worker 0 decides for everyone, before the barrier, so all stop after the same step.
             if me == 0 && job.observer.should_stop() {
                 stop.store(true, Ordering::Relaxed);
@@ -90,10 +97,10 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R>>(
             ctx.barrier()?;
             done = step + 1;
 
-            if me == 0 && reports(log_every, done) {
+            if me == 0 && logs {
                 job.observer.on_log(&StepReport {
                     step: done,
-                    loss: data_loss + store.l2_loss(job.optimizer.weight_decay()),
+                    loss: data_loss + store.l2_loss(me, job.optimizer.weight_decay())?,
                     learning_rate: job.optimizer.learning_rate(epoch),
                     examples: (done - start_step) * global_batch,
                     elapsed: started.elapsed(),
@@ -104,6 +111,8 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R>>(
                 break;
             }
         }
+        // The losses still on the device, before the run's end can be saved.
+        step_losses.settle(replica, ctx)?;
         Ok(done)
     };
     let outcome = pool.run_watched(FailurePolicy::StopAll, work, |run| {
@@ -112,7 +121,7 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R>>(
     let elapsed = started.elapsed();
     let finished = outcome.into_results()?;
     let reached = finished.first().copied().unwrap_or(start_step);
-    store.save_into(state);
+    store.save_into(state).map_err(TrainError::Device)?;
     state.step = reached;
     let steps = reached - start_step;
     Ok(TrainReport {

@@ -1,5 +1,7 @@
 use std::sync::Arc;
 
+use tandem_core::Residence;
+
 use crate::check::{self, Operand};
 use crate::cpu;
 
@@ -246,6 +248,38 @@ pub trait Backend: Send {
         b: (&Self::Buffer, usize),
         c: (&mut Self::Buffer, usize),
     ) -> Result<(), Self::Error>;
+    /// `C = max(0, op(A) . op(B) + bias)`: [`matmul`](Self::matmul), then
+    /// [`bias_add`](Self::bias_add) with [`Activation::Relu`] over C, in one pass where the
+    /// backend can fuse them (a device backend adds the bias in the product's epilogue: one
+    /// kernel instead of two).
+    fn matmul_bias_relu(
+        &self,
+        spec: Gemm,
+        a: (&Self::Buffer, usize),
+        b: (&Self::Buffer, usize),
+        bias: (&Self::Buffer, usize),
+        c: (&mut Self::Buffer, usize),
+    ) -> Result<(), Self::Error>;
+    /// Copies `len` values of `src` into `dst` (each a buffer from an offset).
+    fn copy(
+        &self,
+        src: (&Self::Buffer, usize),
+        dst: (&mut Self::Buffer, usize),
+        len: usize,
+    ) -> Result<(), Self::Error>;
+    /// Runs `ops`, a fixed sequence of operations on fixed buffers (a training step), as the
+    /// backend sees fit: at once (the default), or, on a device, captured on a later call
+    /// with the same `key` and from then on launched as one unit (a CUDA graph). Between calls
+    /// with one key only [`gather`](Self::gather)'s indices may differ: `ops` still runs each
+    /// time, for them and for its checks.
+    fn replay(
+        &self,
+        key: u64,
+        ops: &mut dyn FnMut(&Self) -> Result<(), Self::Error>,
+    ) -> Result<(), Self::Error> {
+        let _ = key;
+        ops(self)
+    }
     /// `x[r][c] = activation(x[r][c] + bias[c])` over the first `rows x cols` values of `x`.
     fn bias_add(
         &self,
@@ -273,6 +307,28 @@ pub trait Backend: Send {
         classes: usize,
         dlogits: &mut Self::Buffer,
     ) -> Result<f32, Self::Error>;
+    /// [`softmax_cross_entropy`](Self::softmax_cross_entropy), leaving the mean loss in
+    /// `loss` (one value, at its offset) where the backend computes, to be read later: a device
+    /// backend does not wait for the device. A label outside `0..classes` is an error where the
+    /// backend can tell at once (the default) and makes the loss NaN where it cannot (a device).
+    fn softmax_cross_entropy_into(
+        &self,
+        logits: &Self::Buffer,
+        labels: &Self::Labels,
+        (rows, classes): (usize, usize),
+        dlogits: &mut Self::Buffer,
+        loss: (&mut Self::Buffer, usize),
+    ) -> Result<(), Self::Error> {
+        let mean = self.softmax_cross_entropy(logits, labels, rows, classes, dlogits)?;
+        self.upload(&[mean], loss.0, loss.1)
+    }
+    /// Where `params` and `grads` live, when the backend computes in device memory that a
+    /// store may keep the parameters of record beside ([`tandem_core::Residence`]); `None`
+    /// (the default) for host memory.
+    fn residence(&self, params: &Self::Buffer, grads: &Self::Buffer) -> Option<Residence> {
+        let _ = (params, grads);
+        None
+    }
     /// `out[c] = sum over r of x[r][c]` for the first `rows x cols` values of `x`.
     fn column_sum(
         &self,
@@ -375,6 +431,39 @@ impl Backend for CpuBackend {
         let b = &b[b_at..b_at + spec.k * spec.n];
         let c = &mut c[c_at..c_at + spec.m * spec.n];
         cpu::matmul(spec, a, b, c);
+        Ok(())
+    }
+
+    fn matmul_bias_relu(
+        &self,
+        spec: Gemm,
+        a: (&Vec<f32>, usize),
+        b: (&Vec<f32>, usize),
+        (bias, bias_at): (&Vec<f32>, usize),
+        (c, c_at): (&mut Vec<f32>, usize),
+    ) -> Result<(), ShapeError> {
+        let operand = |(buf, at): (&Vec<f32>, usize)| Operand::at(buf.len(), at);
+        let c_operand = Operand::at(c.len(), c_at);
+        let bias_operand = Operand::at(bias.len(), bias_at);
+        check::matmul_bias_relu(spec, operand(a), operand(b), bias_operand, c_operand)?;
+        self.matmul(spec, a, b, (c, c_at))?;
+        let c = &mut c[c_at..c_at + spec.m * spec.n];
+        cpu::bias_relu(c, &bias[bias_at..bias_at + spec.n]);
+        Ok(())
+    }
+
+    fn copy(
+        &self,
+        (src, src_at): (&Vec<f32>, usize),
+        (dst, dst_at): (&mut Vec<f32>, usize),
+        len: usize,
+    ) -> Result<(), ShapeError> {
+        check::copy(
+            Operand::at(src.len(), src_at),
+            Operand::at(dst.len(), dst_at),
+            len,
+        )?;
+        dst[dst_at..dst_at + len].copy_from_slice(&src[src_at..src_at + len]);
         Ok(())
     }
 

@@ -93,6 +93,12 @@ pub fn matmul(spec: Gemm, a: Operand, b: Operand, c: Operand) -> Result<(), Shap
     gemm("matmul", spec, a, b, c)
 }
 
+/// [`Backend::copy`](crate::Backend::copy): `len` values from each operand's offset.
+pub fn copy(src: Operand, dst: Operand, len: usize) -> Result<(), ShapeError> {
+    span("copy", "src", src, len)?;
+    span("copy", "dst", dst, len)
+}
+
 /// A matrix product with the hidden layer's bias + ReLU fused into it (a device backend's
 /// `matmul_bias_relu`): [`matmul`]'s checks, then a bias of `spec.n` values.
 pub fn matmul_bias_relu(

@@ -7,7 +7,7 @@ use std::error::Error;
 use std::path::Path;
 use std::sync::LazyLock;
 
-use tandem_core::{ParamSpan, Replica, ReplicaError, TrainState};
+use tandem_core::{ParamSpan, Replica, ReplicaError, StepLoss, TrainState};
 use tandem_pool::{Device, DeviceSpec};
 use tandem_strategy::{Batches, Sgd};
 use tandem_train::{Checkpoints, Fresh, Interrupt, Length, Mode, Model, ModelId, Resume};
@@ -49,7 +49,7 @@ impl Replica for Linear {
         Ok(())
     }
     /// Mean of `(w . x + b - y)^2 / 2` over the batch.
-    fn compute_gradients(&mut self, batch: &[u32]) -> Result<f32, ReplicaError> {
+    fn compute_gradients(&mut self, batch: &[u32]) -> Result<StepLoss, ReplicaError> {
         let (n, mut loss) = (batch.len() as f32, 0.0);
         self.grads = [0.0; 4];
         for &i in batch {
@@ -60,7 +60,7 @@ impl Replica for Linear {
                 *g += error * input / n;
             }
         }
-        Ok(loss)
+        Ok(StepLoss::Known(loss))
     }
     fn read_gradients(&mut self, read: &mut dyn FnMut(&[f32])) -> Result<(), ReplicaError> {
         read(&self.grads);

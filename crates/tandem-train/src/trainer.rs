@@ -699,6 +699,7 @@ fn abandon(saver: Option<&Saver<'_>>, stalled: &[Stall], state: Option<&TrainSta
 mod tests {
     use std::sync::LazyLock;
 
+    use tandem_core::StepLoss;
     use tandem_pool::Device;
     use tandem_strategy::Sgd;
 
@@ -725,7 +726,7 @@ mod tests {
             self.w = p[0];
             Ok(())
         }
-        fn compute_gradients(&mut self, batch: &[u32]) -> Result<f32, ReplicaError> {
+        fn compute_gradients(&mut self, batch: &[u32]) -> Result<StepLoss, ReplicaError> {
             let n = batch.len() as f32;
             let (mut loss, mut grad) = (0.0, 0.0);
             for &i in batch {
@@ -735,7 +736,7 @@ mod tests {
                 grad += err * x / n;
             }
             self.grad = grad;
-            Ok(loss)
+            Ok(StepLoss::Known(loss))
         }
         fn read_gradients(&mut self, read: &mut dyn FnMut(&[f32])) -> Result<(), ReplicaError> {
             read(&[self.grad]);

@@ -8,7 +8,7 @@ pub mod checkpoints;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use tandem_core::{ParamSpan, Replica, ReplicaError, TrainState};
+use tandem_core::{ParamSpan, Replica, ReplicaError, StepLoss, TrainState};
 use tandem_pool::{Device, WorkerPool};
 use tandem_strategy::{Batches, Sgd};
 
@@ -81,10 +81,11 @@ impl<M: Model> Replica for TestReplica<M> {
         fill(&mut self.params);
         Ok(())
     }
-    fn compute_gradients(&mut self, batch: &[u32]) -> Result<f32, ReplicaError> {
+    fn compute_gradients(&mut self, batch: &[u32]) -> Result<StepLoss, ReplicaError> {
         self.calls += 1;
         self.model
             .gradients(self.calls, batch, &self.params, &mut self.grads)
+            .map(StepLoss::Known)
     }
     fn read_gradients(&mut self, read: &mut dyn FnMut(&[f32])) -> Result<(), ReplicaError> {
         self.model.read_gradients(&self.grads, read);

@@ -1,0 +1,136 @@
+//! What a store needs to keep the parameters of record in device memory, beside replicas that
+//! compute there: the replica's buffers ([`Residence`]) and the queue its work runs on
+//! ([`DeviceQueue`]), as addresses and operations. The crate still knows no CUDA: a device
+//! backend implements the trait.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use crate::ReplicaError;
+
+/// A step's data loss, as [`Replica::compute_gradients`](crate::Replica::compute_gradients)
+/// reports it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum StepLoss {
+    /// Known at once, on the host.
+    Known(f32),
+    /// Left in device memory; [`Replica::take_losses`](crate::Replica::take_losses) reads it
+    /// later, with the losses of the steps in between, so that a step needs no wait for the
+    /// device.
+    OnDevice,
+}
+
+/// One update of the fused SGD kernel (`p -= lr * (g + wd * p)`, then the moving average
+/// `e = d * e + (1 - d) * p`), as an optimiser that is that kernel's arithmetic describes it
+/// ([`Optimizer::fused_sgd`](crate::Optimizer::fused_sgd)).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FusedSgd {
+    /// `lr`.
+    pub learning_rate: f32,
+    /// `wd` (0 where L2 does not apply).
+    pub weight_decay: f32,
+    /// `d`.
+    pub ema_decay: f32,
+}
+
+/// Device memory a [`DeviceQueue`] allocated, freed when dropped.
+pub trait DeviceAlloc: Send + Sync {
+    /// Its device address.
+    fn address(&self) -> u64;
+}
+
+/// A marker in a queue's work (a CUDA event): [`DeviceQueue::wait`] makes another queue's
+/// later work wait until the work before the last [`DeviceQueue::record`] has run.
+pub trait DeviceEvent: Send + Sync {
+    /// For the queue's own downcast.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// The ordered queue of work of one replica on one device (a CUDA stream), over `f32` device
+/// memory named by address. Everything but [`read`](Self::read) and [`write`](Self::write) is
+/// queued behind the replica's earlier work and returns without waiting for the device.
+///
+/// The operations that take addresses are `unsafe`: the caller promises that each names live
+/// memory of the length given, on a device this queue can reach, and that nothing else writes
+/// it while the queued operation runs (ordering with other queues is the caller's, through
+/// [events](Self::record)).
+pub trait DeviceQueue: Send + Sync {
+    /// Which memory the queue's device has: a kernel on this queue may read only memory of
+    /// queues with the same answer; [`copy`](Self::copy) reaches any.
+    fn memory(&self) -> usize;
+
+    /// Makes the device usable from the calling thread.
+    fn bind(&self) -> Result<(), ReplicaError>;
+
+    /// `len` values of device memory on this queue's device (contents undefined).
+    fn alloc(&self, len: usize) -> Result<Box<dyn DeviceAlloc>, ReplicaError>;
+
+    /// Queues copying `len` values from `src` to `dst` (either device's memory).
+    ///
+    /// # Safety
+    /// See the trait.
+    unsafe fn copy(&self, dst: u64, src: u64, len: usize) -> Result<(), ReplicaError>;
+
+    /// How many gradient vectors one [`sgd_update`](Self::sgd_update) averages at most.
+    fn max_gradients(&self) -> usize;
+
+    /// Queues the fused SGD update of `len` parameters at `params` and their moving average at
+    /// `ema`, with the mean of the gradients at `grads` (summed in their order; at most
+    /// [`max_gradients`](Self::max_gradients)), all in this queue's memory.
+    ///
+    /// # Safety
+    /// See the trait.
+    unsafe fn sgd_update(
+        &self,
+        params: u64,
+        ema: u64,
+        grads: &[u64],
+        len: usize,
+        step: FusedSgd,
+    ) -> Result<(), ReplicaError>;
+
+    /// Queues copying `src.len()` host values to `dst`; `src` is copied before this returns
+    /// (it must be ordinary, pageable memory), so the caller may reuse it at once.
+    ///
+    /// # Safety
+    /// See the trait.
+    unsafe fn upload(&self, dst: u64, src: &[f32]) -> Result<(), ReplicaError>;
+
+    /// Copies `src.len()` host values to `dst` and waits until they have landed.
+    ///
+    /// # Safety
+    /// See the trait.
+    unsafe fn write(&self, dst: u64, src: &[f32]) -> Result<(), ReplicaError>;
+
+    /// Waits for the queue's work so far, then copies `dst.len()` values at `src` to the host.
+    ///
+    /// # Safety
+    /// See the trait.
+    unsafe fn read(&self, src: u64, dst: &mut [f32]) -> Result<(), ReplicaError>;
+
+    /// A new event of this queue's device.
+    fn event(&self) -> Result<Box<dyn DeviceEvent>, ReplicaError>;
+
+    /// Marks the end of the work queued so far with `event`.
+    fn record(&self, event: &dyn DeviceEvent) -> Result<(), ReplicaError>;
+
+    /// Makes later work on this queue wait for the work before `event`'s last
+    /// [`record`](Self::record) (whichever queue recorded it).
+    fn wait(&self, event: &dyn DeviceEvent) -> Result<(), ReplicaError>;
+}
+
+/// Where a replica that computes on a device keeps its parameters and gradients (flat, laid
+/// out as [`Replica::layout`](crate::Replica::layout) says), and the queue its work runs on.
+/// With it a store keeps the parameters of record on the device: it writes the replica's
+/// parameters and reads its gradients in place, between the replica's steps, instead of
+/// [`set_params`](crate::Replica::set_params) and
+/// [`read_gradients`](crate::Replica::read_gradients) through the host.
+#[derive(Clone)]
+pub struct Residence {
+    /// The replica's queue: its steps run there, in call order.
+    pub queue: Arc<dyn DeviceQueue>,
+    /// The address of its parameters.
+    pub params: u64,
+    /// The address of its gradients of the last step.
+    pub grads: u64,
+}

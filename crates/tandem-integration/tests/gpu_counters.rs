@@ -1,0 +1,184 @@
+//! What a GPU training step costs the host, from the driver stand-in's counters
+//! (`TANDEM_EMU_STATS`): with the parameters of record on the device, a step of `cuda:0x2`
+//! (sync and async) and of `cuda:0,1` (sync) moves only the batch's indices and, at the next
+//! boundary, its loss over the host bus, never waits for the device, and launches each
+//! replica's forward and backward pass as one CUDA graph. (Needs `--features cuda` and the stand-in: its counters are the evidence; on
+//! NVIDIA's driver, or without a device, the test says `SKIPPED` and returns, or fails under
+//! `TANDEM_REQUIRE_GPU=1` when there is no device.)
+//!
+//! The counters are process-wide and written at exit, so the test runs two trainings in child
+//! processes (this test binary again), one longer than the other, both past the first epoch;
+//! what they have in common (opening the replicas, uploading the data and the parameters,
+//! saving at the end) cancels out of the difference, which is what the extra steps cost.
+#![cfg(feature = "cuda")]
+
+use std::path::Path;
+use std::process::Command;
+
+use rand::SeedableRng;
+use tandem_core::TrainState;
+use tandem_kernels::{CudaBackend, KernelError};
+use tandem_mnist::Mnist;
+use tandem_model::{Mlp, MlpReplica};
+use tandem_pool::{Device, WorkerPool};
+use tandem_strategy::{train, Batches, Mode, NoObserver, Sgd};
+use tandem_tensor::ExampleSet;
+
+/// Examples per replica and step: small, because the stand-in interprets every kernel.
+const BATCH: usize = 8;
+/// The training set: the first examples of MNIST's, four steps of `cuda:0x2` sync an epoch.
+const EXAMPLES: usize = 64;
+/// The two runs' lengths, both past the first epoch.
+const SHORT: u64 = 8;
+const LONG: u64 = 20;
+
+/// The runs measured: a mode and its two replicas' GPUs.
+const RUNS: [(Mode, [usize; 2]); 3] = [
+    (Mode::Sync, [0, 0]),
+    (Mode::Async, [0, 0]),
+    (Mode::Sync, [0, 1]),
+];
+
+/// The child's side: trains `steps` steps of `RUNS[run]`.
+fn train_in_child(run: usize, steps: u64) {
+    let (mode, gpus) = RUNS[run];
+    let mnist = Mnist::load(&tandem_testkit::mnist_dir()).expect("the repository's MNIST copy");
+    let all = mnist.train.into_examples().expect("consistent split");
+    let features = all.features();
+    let examples = ExampleSet::new(
+        features,
+        all.values()[..EXAMPLES * features].to_vec(),
+        all.labels()[..EXAMPLES].to_vec(),
+    )
+    .expect("a prefix of a valid set");
+    let devices = gpus.map(|ordinal| Device::Cuda { ordinal }).to_vec();
+    let mut pool = WorkerPool::new(devices, |device| {
+        let Device::Cuda { ordinal } = *device else {
+            unreachable!("only GPUs here")
+        };
+        MlpReplica::new(Mlp::MNIST, CudaBackend::new(ordinal)?, &examples, BATCH)
+    })
+    .expect("two GPU replicas");
+    let sgd = Sgd::default();
+    let params = Mlp::MNIST.init(0.1, &mut rand_chacha::ChaCha8Rng::seed_from_u64(2));
+    let mut state = TrainState::new(params, &sgd);
+    let batches = Batches {
+        batch_size: BATCH,
+        seed: 3,
+    };
+    let report = train(
+        mode,
+        &mut pool,
+        &mut state,
+        &sgd,
+        &batches,
+        steps,
+        &NoObserver,
+    )
+    .expect("training on the stand-in");
+    assert_eq!(report.steps, steps);
+}
+
+/// The totals of a stand-in statistics file.
+fn totals(path: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).expect("the stand-in wrote its statistics");
+    let stats: serde_json::Value = serde_json::from_str(&text).expect("statistics JSON");
+    stats["totals"].clone()
+}
+
+/// Runs the child for `steps` steps of `RUNS[run]`; the stand-in's totals, `None` when this is
+/// not the stand-in (no statistics written).
+fn run(run: usize, steps: u64, dir: &Path) -> Option<serde_json::Value> {
+    let stats = dir.join(format!("{run}-{steps}.json"));
+    let status = Command::new(std::env::current_exe().expect("the test binary"))
+        .args(["--exact", "child", "--nocapture", "--test-threads", "1"])
+        .env("TANDEM_TEST_RUN", run.to_string())
+        .env("TANDEM_TEST_STEPS", steps.to_string())
+        .env("TANDEM_EMU_STATS", &stats)
+        .status()
+        .expect("running the child");
+    assert!(status.success(), "run {run} of {steps} steps failed");
+    stats.exists().then(|| totals(&stats))
+}
+
+/// Not a test of its own: the child process's training (`TANDEM_TEST_STEPS` steps of run
+/// `TANDEM_TEST_RUN`), which only [`a_gpu_step_moves_only_its_batch_and_never_waits`] asks
+/// for; otherwise it does nothing.
+#[test]
+fn child() {
+    if let (Ok(run), Ok(steps)) = (
+        std::env::var("TANDEM_TEST_RUN"),
+        std::env::var("TANDEM_TEST_STEPS"),
+    ) {
+        train_in_child(
+            run.parse().expect("a run"),
+            steps.parse().expect("a step count"),
+        );
+    }
+}
+
+#[test]
+fn a_gpu_step_moves_only_its_batch_and_never_waits() {
+    if tandem_testkit::or_skip(CudaBackend::new(0), KernelError::is_no_device).is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    for (index, (mode, gpus)) in RUNS.iter().enumerate() {
+        let name = format!("{} on GPUs {gpus:?}", mode.name());
+        let (Some(short), Some(long)) =
+            (run(index, SHORT, dir.path()), run(index, LONG, dir.path()))
+        else {
+            eprintln!("SKIPPED: not the driver stand-in (no TANDEM_EMU_STATS file)");
+            return;
+        };
+        let per_step = |key: &str| {
+            let (a, b) = (short[key].as_u64().unwrap(), long[key].as_u64().unwrap());
+            (b - a) as f64 / (LONG - SHORT) as f64
+        };
+        let bus = per_step("bytes_htod") + per_step("bytes_dtoh");
+        // A sync step is both replicas' batches; an async step one replica's.
+        let replicas_per_step = if *mode == Mode::Sync { 2.0 } else { 1.0 };
+        eprintln!(
+            "{name}: per step {bus} bytes over the host bus ({} in, {} out), {} kernel \
+             launches, {} graph launches, {} bytes device to device, {} between devices",
+            per_step("bytes_htod"),
+            per_step("bytes_dtoh"),
+            per_step("kernel_launches"),
+            per_step("graph_launches"),
+            per_step("bytes_dtod"),
+            per_step("bytes_peer"),
+        );
+        // In: the batch's indices; async also the worker's count of updates begun (4 bytes),
+        // which the device's staleness records copy.
+        let counter = if *mode == Mode::Async { 4.0 } else { 0.0 };
+        assert_eq!(
+            per_step("bytes_htod"),
+            (BATCH * 4) as f64 * replicas_per_step + counter,
+            "{name}: only the batch's indices go in"
+        );
+        // Out, at the next boundary (here the run's end), which reads them all: each step's
+        // loss (4 bytes a replica-step) and, async, its staleness record (both workers' counts
+        // at the load and at the update: 16 bytes).
+        let records = if *mode == Mode::Async { 16.0 } else { 0.0 };
+        assert_eq!(
+            per_step("bytes_dtoh"),
+            4.0 * replicas_per_step + records,
+            "{name}: only the losses come out"
+        );
+        assert!(bus <= 1024.0, "{name}: {bus} bytes a step");
+        // Each replica's forward and backward pass is one graph launch (the store's update
+        // kernels come beside it).
+        assert_eq!(
+            per_step("graph_launches"),
+            replicas_per_step,
+            "{name}: a graph launch per replica-step"
+        );
+        for key in [
+            "stream_synchronizations",
+            "context_synchronizations",
+            "event_synchronizations",
+        ] {
+            assert_eq!(per_step(key), 0.0, "{name}: {key} inside steps");
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! [`CudaQueue`]: a [`CudaBackend`](crate::CudaBackend)'s stream as a
+//! [`tandem_core::DeviceQueue`], so that a store can keep the parameters of record in the
+//! device memory beside the backend's replica.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use tandem_core::{DeviceAlloc, DeviceEvent, DeviceQueue, FusedSgd, ReplicaError};
+use tandem_tensor::cpu::UpdateStep;
+
+use crate::backend::{Kernels, Launcher};
+use crate::driver::{Context, DeviceBuffer, DevicePointer, Event, Stream};
+use crate::error::cuda;
+use crate::ptx::MAX_GRADIENT_BUFFERS;
+
+/// One backend's stream, kernels and context, shared with the backend: work queued here runs
+/// in order with the backend's own.
+pub struct CudaQueue {
+    ordinal: usize,
+    stream: Arc<Stream>,
+    kernels: Arc<Kernels>,
+    context: Arc<Context>,
+}
+
+impl CudaQueue {
+    pub(crate) fn new(
+        ordinal: usize,
+        stream: Arc<Stream>,
+        kernels: Arc<Kernels>,
+        context: Arc<Context>,
+    ) -> Self {
+        Self {
+            ordinal,
+            stream,
+            kernels,
+            context,
+        }
+    }
+
+    fn synchronize(&self) -> Result<(), ReplicaError> {
+        Ok(self
+            .stream
+            .synchronize()
+            .map_err(cuda("waiting for the stream"))?)
+    }
+}
+
+impl DeviceAlloc for DeviceBuffer<f32> {
+    fn address(&self) -> u64 {
+        self.as_device_ptr().as_raw()
+    }
+}
+
+/// A CUDA event as a [`DeviceEvent`].
+struct CudaEvent(Event);
+
+impl DeviceEvent for CudaEvent {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// The CUDA event behind `event`: only this queue's kind makes them.
+fn event_of(event: &dyn DeviceEvent) -> Result<&Event, ReplicaError> {
+    event
+        .as_any()
+        .downcast_ref::<CudaEvent>()
+        .map(|event| &event.0)
+        .ok_or_else(|| "an event of another kind of device queue".into())
+}
+
+impl DeviceQueue for CudaQueue {
+    fn memory(&self) -> usize {
+        self.ordinal
+    }
+
+    fn max_gradients(&self) -> usize {
+        MAX_GRADIENT_BUFFERS
+    }
+
+    fn bind(&self) -> Result<(), ReplicaError> {
+        Ok(self
+            .context
+            .set_current()
+            .map_err(cuda("making the context current"))?)
+    }
+
+    fn alloc(&self, len: usize) -> Result<Box<dyn DeviceAlloc>, ReplicaError> {
+        let buffer = DeviceBuffer::<f32>::uninitialized(&self.context, len)
+            .map_err(cuda("allocating device memory"))?;
+        Ok(Box::new(buffer))
+    }
+
+    unsafe fn copy(&self, dst: u64, src: u64, len: usize) -> Result<(), ReplicaError> {
+        // SAFETY: the caller's promises (the trait's).
+        Ok(unsafe { self.stream.copy_device(dst, src, 4 * len) }
+            .map_err(cuda("copying on the device"))?)
+    }
+
+    unsafe fn sgd_update(
+        &self,
+        params: u64,
+        ema: u64,
+        grads: &[u64],
+        len: usize,
+        step: FusedSgd,
+    ) -> Result<(), ReplicaError> {
+        let FusedSgd {
+            learning_rate,
+            weight_decay,
+            ema_decay,
+        } = step;
+        let step = UpdateStep {
+            learning_rate,
+            weight_decay,
+            ema_decay,
+        };
+        let launcher = Launcher {
+            stream: &self.stream,
+            kernels: &self.kernels,
+        };
+        // SAFETY: the caller's promises (the trait's).
+        Ok(unsafe { launcher.sgd_update(params, ema, grads, len, step) }?)
+    }
+
+    unsafe fn upload(&self, dst: u64, src: &[f32]) -> Result<(), ReplicaError> {
+        // SAFETY: the caller's promises; the driver copies pageable memory before returning.
+        Ok(
+            unsafe { self.stream.copy_in(DevicePointer::from_raw(dst), src) }
+                .map_err(cuda("copying to the device"))?,
+        )
+    }
+
+    unsafe fn write(&self, dst: u64, src: &[f32]) -> Result<(), ReplicaError> {
+        // SAFETY: the caller's promises; `src` stays borrowed until the copy has landed.
+        unsafe { self.stream.copy_in(DevicePointer::from_raw(dst), src) }
+            .map_err(cuda("copying to the device"))?;
+        self.synchronize()
+    }
+
+    unsafe fn read(&self, src: u64, dst: &mut [f32]) -> Result<(), ReplicaError> {
+        // SAFETY: the caller's promises; `dst` stays borrowed until the copy has landed.
+        unsafe { self.stream.copy_out(dst, DevicePointer::from_raw(src)) }
+            .map_err(cuda("copying to the host"))?;
+        self.synchronize()
+    }
+
+    fn event(&self) -> Result<Box<dyn DeviceEvent>, ReplicaError> {
+        let event = Event::new(&self.context).map_err(cuda("creating an event"))?;
+        Ok(Box::new(CudaEvent(event)))
+    }
+
+    fn record(&self, event: &dyn DeviceEvent) -> Result<(), ReplicaError> {
+        Ok(self
+            .stream
+            .record(event_of(event)?)
+            .map_err(cuda("recording an event"))?)
+    }
+
+    fn wait(&self, event: &dyn DeviceEvent) -> Result<(), ReplicaError> {
+        Ok(self
+            .stream
+            .wait(event_of(event)?)
+            .map_err(cuda("waiting for an event"))?)
+    }
+}
