@@ -5,6 +5,9 @@
 //   p[i] -= lr * (g + wd * p[i])
 //   e[i]  = d * e[i] + (1 - d) * p[i]
 //
+// with lr, wd and d read from device memory (hyper = {lr, wd, d}): a captured CUDA graph keeps
+// the update's arguments fixed, while the host writes each step's values there before it.
+//
 // Every operation is an explicitly rounded intrinsic (__fadd_rn, __fmul_rn, ...): the compiler
 // never contracts those into fused multiply-adds, so the result matches the CPU's separate
 // f32 operations exactly and a GPU run can be checked against a CPU run bitwise.
@@ -37,7 +40,8 @@ __device__ float mean_gradient(const Grads &grads, unsigned n, size_t i) {
 // The fused SGD + L2 + moving-average update of len parameters from n gradient buffers.
 extern "C" __global__ void sgd_ema_update(float *__restrict__ p, float *__restrict__ e,
                                           const __grid_constant__ Grads grads, unsigned n,
-                                          size_t len, float lr, float wd, float d) {
+                                          size_t len, const float *__restrict__ hyper) {
+    const float lr = hyper[0], wd = hyper[1], d = hyper[2];
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < len;
          i += (size_t)gridDim.x * blockDim.x) {
         const float g = mean_gradient(grads, n, i);

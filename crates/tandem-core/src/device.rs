@@ -46,6 +46,51 @@ pub trait DeviceEvent: Send + Sync {
     fn as_any(&self) -> &dyn Any;
 }
 
+/// One operation on a [`DeviceQueue`], over `f32` device memory named by address.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DeviceOp {
+    /// Copies `len` values from `src` to `dst` (either may be another device's memory).
+    Copy {
+        /// Where to.
+        dst: u64,
+        /// Where from.
+        src: u64,
+        /// How many values.
+        len: usize,
+    },
+    /// Copies `values` from the host to `dst`. The values are this call's input: a queue that
+    /// replays a step as a captured graph copies them in before the graph, each time.
+    Upload {
+        /// Where to.
+        dst: u64,
+        /// What.
+        values: Vec<f32>,
+    },
+    /// The fused SGD update of `len` parameters at `params` and their moving average at `ema`
+    /// with the mean of the gradients at `grads` (summed in their order; at most
+    /// [`DeviceQueue::max_gradients`]), reading `lr`, `wd` and `d` from the three values at
+    /// `hyper` (see [`FusedSgd`]); all in the queue's own memory.
+    Update {
+        /// The parameters.
+        params: u64,
+        /// Their moving average.
+        ema: u64,
+        /// The gradient vectors to average.
+        grads: Vec<u64>,
+        /// How many values each holds.
+        len: usize,
+        /// `[lr, wd, d]`.
+        hyper: u64,
+    },
+}
+
+impl FusedSgd {
+    /// The three values an [`DeviceOp::Update`] reads at `hyper`.
+    pub fn values(&self) -> [f32; 3] {
+        [self.learning_rate, self.weight_decay, self.ema_decay]
+    }
+}
+
 /// The ordered queue of work of one replica on one device (a CUDA stream), over `f32` device
 /// memory named by address. Everything but [`read`](Self::read) and [`write`](Self::write) is
 /// queued behind the replica's earlier work and returns without waiting for the device.
@@ -56,7 +101,7 @@ pub trait DeviceEvent: Send + Sync {
 /// [events](Self::record)).
 pub trait DeviceQueue: Send + Sync {
     /// Which memory the queue's device has: a kernel on this queue may read only memory of
-    /// queues with the same answer; [`copy`](Self::copy) reaches any.
+    /// queues with the same answer; a [`DeviceOp::Copy`] reaches any.
     fn memory(&self) -> usize;
 
     /// Makes the device usable from the calling thread.
@@ -65,36 +110,35 @@ pub trait DeviceQueue: Send + Sync {
     /// `len` values of device memory on this queue's device (contents undefined).
     fn alloc(&self, len: usize) -> Result<Box<dyn DeviceAlloc>, ReplicaError>;
 
-    /// Queues copying `len` values from `src` to `dst` (either device's memory).
-    ///
-    /// # Safety
-    /// See the trait.
-    unsafe fn copy(&self, dst: u64, src: u64, len: usize) -> Result<(), ReplicaError>;
-
-    /// How many gradient vectors one [`sgd_update`](Self::sgd_update) averages at most.
+    /// How many gradient vectors one [`DeviceOp::Update`] averages at most.
     fn max_gradients(&self) -> usize;
 
-    /// Queues the fused SGD update of `len` parameters at `params` and their moving average at
-    /// `ema`, with the mean of the gradients at `grads` (summed in their order; at most
-    /// [`max_gradients`](Self::max_gradients)), all in this queue's memory.
+    /// Queues `ops`, in order. An [`Upload`](DeviceOp::Upload)'s values are copied before this
+    /// returns, so the caller may drop them at once.
     ///
     /// # Safety
     /// See the trait.
-    unsafe fn sgd_update(
+    unsafe fn run(&self, ops: &[DeviceOp]) -> Result<(), ReplicaError>;
+
+    /// Makes `before` and `after` part of the replica's next step: queued ahead of its work and
+    /// behind it, and captured with it where the replica's backend replays its steps as one
+    /// graph (equal operations on equal addresses replay one graph; only uploads' values may
+    /// differ). The replica's next
+    /// [`compute_gradients`](crate::Replica::compute_gradients) takes them; until then
+    /// [`step_ops_pending`](Self::step_ops_pending) says so.
+    ///
+    /// # Safety
+    /// See the trait; the addresses must stay valid until the step has run, and for as long
+    /// as a graph that captured them may be launched again (the store's lifetime).
+    unsafe fn around_next_step(
         &self,
-        params: u64,
-        ema: u64,
-        grads: &[u64],
-        len: usize,
-        step: FusedSgd,
+        before: Vec<DeviceOp>,
+        after: Vec<DeviceOp>,
     ) -> Result<(), ReplicaError>;
 
-    /// Queues copying `src.len()` host values to `dst`; `src` is copied before this returns
-    /// (it must be ordinary, pageable memory), so the caller may reuse it at once.
-    ///
-    /// # Safety
-    /// See the trait.
-    unsafe fn upload(&self, dst: u64, src: &[f32]) -> Result<(), ReplicaError>;
+    /// Whether operations given to [`around_next_step`](Self::around_next_step) are still
+    /// waiting for a step to take them.
+    fn step_ops_pending(&self) -> bool;
 
     /// Copies `src.len()` host values to `dst` and waits until they have landed.
     ///

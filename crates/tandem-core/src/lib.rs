@@ -67,7 +67,7 @@ mod optimizer;
 mod replica;
 mod state;
 
-pub use device::{DeviceAlloc, DeviceEvent, DeviceQueue, FusedSgd, Residence, StepLoss};
+pub use device::{DeviceAlloc, DeviceEvent, DeviceOp, DeviceQueue, FusedSgd, Residence, StepLoss};
 pub use optimizer::{Optimizer, Piece};
 pub use replica::{ParamSpan, Replica, ReplicaError};
 pub use state::{Slot, TrainState};

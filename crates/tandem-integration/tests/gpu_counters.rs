@@ -2,7 +2,8 @@
 //! (`TANDEM_EMU_STATS`): with the parameters of record on the device, a step of `cuda:0x2`
 //! (sync and async) and of `cuda:0,1` (sync) moves only the batch's indices and, at the next
 //! boundary, its loss over the host bus, never waits for the device, and launches each
-//! replica's forward and backward pass as one CUDA graph. (Needs `--features cuda` and the stand-in: its counters are the evidence; on
+//! replica's step as one CUDA graph: sync, the store's update inside it (nothing else is
+//! launched); async, the store's update kernels beside it, one per parameter span. (Needs `--features cuda` and the stand-in: its counters are the evidence; on
 //! NVIDIA's driver, or without a device, the test says `SKIPPED` and returns, or fails under
 //! `TANDEM_REQUIRE_GPU=1` when there is no device.)
 //!
@@ -148,13 +149,15 @@ fn a_gpu_step_moves_only_its_batch_and_never_waits() {
             per_step("bytes_dtod"),
             per_step("bytes_peer"),
         );
-        // In: the batch's indices; async also the worker's count of updates begun (4 bytes),
-        // which the device's staleness records copy.
+        // In: the batch's indices and the update's learning rate, L2 and moving-average
+        // decay, for regularised spans and the others (24 bytes: sync, each replica applies
+        // every update; async, each its own); async also the worker's count of updates begun
+        // (4 bytes), which the device's staleness records copy.
         let counter = if *mode == Mode::Async { 4.0 } else { 0.0 };
         assert_eq!(
             per_step("bytes_htod"),
-            (BATCH * 4) as f64 * replicas_per_step + counter,
-            "{name}: only the batch's indices go in"
+            (BATCH * 4 + 24) as f64 * replicas_per_step + counter,
+            "{name}: only the batch's indices and the update's rates go in"
         );
         // Out, at the next boundary (here the run's end), which reads them all: each step's
         // loss (4 bytes a replica-step) and, async, its staleness record (both workers' counts
@@ -166,12 +169,17 @@ fn a_gpu_step_moves_only_its_batch_and_never_waits() {
             "{name}: only the losses come out"
         );
         assert!(bus <= 1024.0, "{name}: {bus} bytes a step");
-        // Each replica's forward and backward pass is one graph launch (the store's update
-        // kernels come beside it).
+        // Each replica's step is one graph launch; sync, with the store's update in it.
         assert_eq!(
             per_step("graph_launches"),
             replicas_per_step,
             "{name}: a graph launch per replica-step"
+        );
+        let beside = if *mode == Mode::Async { 4.0 } else { 0.0 };
+        assert_eq!(
+            per_step("kernel_launches"),
+            beside,
+            "{name}: kernels launched beside the graphs"
         );
         for key in [
             "stream_synchronizations",

@@ -3,8 +3,9 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
+use tandem_core::{DeviceOp, FusedSgd};
 use tandem_tensor::check::{self, Operand};
 use tandem_tensor::cpu::UpdateStep;
 use tandem_tensor::{Activation, Backend, ExampleSet, Gemm, ShapeError};
@@ -86,6 +87,8 @@ struct Scratch {
     losses: DeviceBuffer<f32>,
     /// The mean loss (`mean_loss`).
     loss: DeviceBuffer<f32>,
+    /// `[lr, wd, d]` of [`CudaBackend::sgd_ema_update`].
+    hyper: DeviceBuffer<f32>,
     /// `count_correct`'s hits and label check, `[hits, bad labels, first bad label]`;
     /// `mean_loss`'s label check in the last two.
     counts: DeviceBuffer<u32>,
@@ -122,7 +125,7 @@ enum Replay {
 
 /// What the backend's operations do with their work, while [`Backend::replay`] runs them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Pass {
+pub(crate) enum Pass {
     /// Check, then queue everything (outside `replay`, and the first run of a key).
     Direct,
     /// Check, and queue only what the host provides afresh each time (`gather`'s indices,
@@ -209,9 +212,11 @@ pub struct CudaBackend {
     ordinal: usize,
     scratch: RefCell<Scratch>,
     /// What [`Backend::replay`] knows of each key: run once, or captured.
-    replays: RefCell<HashMap<u64, Replay>>,
+    replays: RefCell<HashMap<ReplayKey, Replay>>,
     /// What the operations do now (see [`Pass`]).
     pass: Cell<Pass>,
+    /// What a store put around the next step, for [`Backend::replay`] to take.
+    step_ops: Arc<StepOps>,
     kernels: Arc<Kernels>,
     stream: Arc<Stream>,
     // Everything above holds the context too: it is released after the last of them.
@@ -241,6 +246,7 @@ impl CudaBackend {
             losses: allocate(&context, 0)?,
             loss: allocate(&context, 1)?,
             counts: allocate(&context, 3)?,
+            hyper: allocate(&context, 3)?,
             staging: None, // allocated on first use, at the size the model needs
         };
         Ok(CudaBackend {
@@ -248,6 +254,7 @@ impl CudaBackend {
             scratch: RefCell::new(scratch),
             replays: RefCell::default(),
             pass: Cell::new(Pass::Direct),
+            step_ops: Arc::default(),
             kernels,
             stream,
             context,
@@ -320,9 +327,32 @@ impl CudaBackend {
         check_span(op, "ema", &ema, len)?;
         let (p, e) = (span_mut(params).as_raw(), span_mut(ema).as_raw());
         let grads = grad_addresses(op, grads, len)?;
+        let hyper = self.scratch.borrow().hyper.as_device_ptr().as_raw();
+        let values = FusedSgd {
+            learning_rate: step.learning_rate,
+            weight_decay: step.weight_decay,
+            ema_decay: step.ema_decay,
+        }
+        .values()
+        .to_vec();
         // SAFETY: p, e and every gradient span cover len values (checked above), in buffers
-        // of this backend's device.
-        unsafe { self.launcher().sgd_update(p, e, &grads, len, step) }
+        // of this backend's device; `hyper` holds three, written on the stream before the
+        // kernel reads them.
+        unsafe {
+            self.launcher().run(
+                Pass::Direct,
+                &[
+                    DeviceOp::Upload { dst: hyper, values },
+                    DeviceOp::Update {
+                        params: p,
+                        ema: e,
+                        grads,
+                        len,
+                        hyper,
+                    },
+                ],
+            )
+        }
     }
 
     /// This backend's stream, kernels and context as a [`tandem_core::DeviceQueue`], for a
@@ -333,6 +363,7 @@ impl CudaBackend {
             Arc::clone(&self.stream),
             Arc::clone(&self.kernels),
             Arc::clone(&self.context),
+            Arc::clone(&self.step_ops),
         )
     }
 
@@ -794,26 +825,22 @@ impl Launcher<'_> {
     }
 
     /// Queues the fused optimiser step (`sgd_ema_update` of `kernels/update.cu`): `len`
-    /// parameters at `p` and their average at `e`, from the mean of the gradients at `grads`.
+    /// parameters at `p` and their average at `e`, from the mean of the gradients at `grads`,
+    /// with `[lr, wd, d]` read at `hyper` when the kernel runs.
     ///
     /// # Safety
     ///
-    /// Every address covers `len` values of live device memory that the stream's device can
-    /// read, until the kernel has run; the stream's context is current.
+    /// Every address covers `len` values (`hyper` three) of live device memory that the
+    /// stream's device can read, until the kernel has run; the stream's context is current.
     pub(crate) unsafe fn sgd_update(
         &self,
         p: u64,
         e: u64,
         grads: &[u64],
         len: usize,
-        step: UpdateStep,
+        hyper: u64,
     ) -> Result<(), KernelError> {
         let (table, n) = address_table("sgd_ema_update", grads)?;
-        let UpdateStep {
-            learning_rate,
-            weight_decay,
-            ema_decay,
-        } = step;
         // SAFETY: the arguments follow `sgd_ema_update`'s parameters; the caller's promises
         // cover the memory.
         unsafe {
@@ -821,9 +848,106 @@ impl Launcher<'_> {
                 Kernel::SgdEmaUpdate,
                 stride_grid(len),
                 BLOCK,
-                args![p, e, table, n, len, learning_rate, weight_decay, ema_decay],
+                args![p, e, table, n, len, hyper],
             )
         }
+    }
+
+    /// Queues `ops` as `pass` says: in [`Pass::Inputs`] only the uploads (the rest is in the
+    /// captured graph), in [`Pass::Kernels`] all but them (they come before the graph), in
+    /// [`Pass::Direct`] everything.
+    ///
+    /// # Safety
+    ///
+    /// As [`DeviceQueue::run`](tandem_core::DeviceQueue::run)'s; the stream's context is
+    /// current.
+    pub(crate) unsafe fn run(&self, pass: Pass, ops: &[DeviceOp]) -> Result<(), KernelError> {
+        for op in ops {
+            match op {
+                DeviceOp::Upload { dst, values } if pass != Pass::Kernels => {
+                    // SAFETY: the caller's promises; the driver copies pageable memory
+                    // before it returns.
+                    unsafe { self.stream.copy_in(DevicePointer::from_raw(*dst), values) }
+                        .map_err(cuda("copying to the device"))?
+                }
+                DeviceOp::Copy { dst, src, len } if pass != Pass::Inputs => {
+                    // SAFETY: the caller's promises.
+                    unsafe { self.stream.copy_device(*dst, *src, 4 * len) }
+                        .map_err(cuda("copying on the device"))?
+                }
+                DeviceOp::Update {
+                    params,
+                    ema,
+                    grads,
+                    len,
+                    hyper,
+                } if pass != Pass::Inputs => {
+                    // SAFETY: the caller's promises.
+                    unsafe { self.sgd_update(*params, *ema, grads, *len, *hyper) }?
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What identifies a [`DeviceOp`] in a captured graph: all of it but an upload's values.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum OpShape {
+    Copy(u64, u64, usize),
+    Upload(u64, usize),
+    Update(u64, u64, Vec<u64>, usize, u64),
+}
+
+impl OpShape {
+    fn of(op: &DeviceOp) -> OpShape {
+        match op {
+            DeviceOp::Copy { dst, src, len } => OpShape::Copy(*dst, *src, *len),
+            DeviceOp::Upload { dst, values } => OpShape::Upload(*dst, values.len()),
+            DeviceOp::Update {
+                params,
+                ema,
+                grads,
+                len,
+                hyper,
+            } => OpShape::Update(*params, *ema, grads.clone(), *len, *hyper),
+        }
+    }
+}
+
+/// A key of [`Backend::replay`] with the shapes of the operations a store put around the step.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct ReplayKey {
+    key: u64,
+    before: Vec<OpShape>,
+    after: Vec<OpShape>,
+}
+
+/// Operations a store put around a replica's next step
+/// ([`DeviceQueue::around_next_step`](tandem_core::DeviceQueue::around_next_step)): shared by
+/// a backend and its queues, taken by the backend's next [`Backend::replay`].
+#[derive(Default)]
+pub(crate) struct StepOps(Mutex<Option<(Vec<DeviceOp>, Vec<DeviceOp>)>>);
+
+impl StepOps {
+    fn slot(&self) -> MutexGuard<'_, Option<(Vec<DeviceOp>, Vec<DeviceOp>)>> {
+        // Nothing panics while holding it.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sets the operations around the next step (replacing any not yet taken).
+    pub(crate) fn put(&self, before: Vec<DeviceOp>, after: Vec<DeviceOp>) {
+        *self.slot() = Some((before, after));
+    }
+
+    /// Whether operations wait for a step.
+    pub(crate) fn pending(&self) -> bool {
+        self.slot().is_some()
+    }
+
+    fn take(&self) -> (Vec<DeviceOp>, Vec<DeviceOp>) {
+        self.slot().take().unwrap_or_default()
     }
 }
 
@@ -1009,23 +1133,39 @@ impl Backend for CudaBackend {
 
     /// The first run of a key goes as it comes (allocating what it needs); the second is
     /// captured as a graph; from then on a call queues `ops`' fresh inputs (the batch's indices)
-    /// and launches the graph: one launch for the whole sequence.
+    /// and launches the graph: one launch for the whole sequence. The operations a store put
+    /// around the step ([`CudaQueue`](crate::CudaQueue)'s `around_next_step`) are part of it:
+    /// their shapes join the key, and their uploads are inputs.
     fn replay(
         &self,
         key: u64,
         ops: &mut dyn FnMut(&Self) -> Result<(), KernelError>,
     ) -> Result<(), KernelError> {
+        let (before, after) = self.step_ops.take();
+        let key = ReplayKey {
+            key,
+            before: before.iter().map(OpShape::of).collect(),
+            after: after.iter().map(OpShape::of).collect(),
+        };
+        let mut step = |b: &Self| {
+            // SAFETY: the store's promises (`around_next_step`'s); this thread has the
+            // context current, as every operation of the backend needs.
+            unsafe { b.launcher().run(b.pass.get(), &before) }?;
+            ops(b)?;
+            // SAFETY: as above.
+            unsafe { b.launcher().run(b.pass.get(), &after) }
+        };
         // Taken out while `ops` runs: a scratch buffer it grows forgets every graph (`reserve`).
         let known = self.replays.borrow_mut().remove(&key);
         let replay = match known {
             None => {
-                ops(self)?;
+                step(self)?;
                 Replay::Seen
             }
             Some(Replay::Seen) => {
-                self.in_pass(Pass::Inputs, || ops(self))?;
+                self.in_pass(Pass::Inputs, || step(self))?;
                 let (recorded, graph) = self
-                    .in_pass(Pass::Kernels, || self.stream.capture(|| ops(self)))
+                    .in_pass(Pass::Kernels, || self.stream.capture(|| step(self)))
                     .map_err(cuda("capturing a graph"))?;
                 recorded?;
                 self.stream
@@ -1034,7 +1174,7 @@ impl Backend for CudaBackend {
                 Replay::Captured(graph)
             }
             Some(Replay::Captured(graph)) => {
-                self.in_pass(Pass::Inputs, || ops(self))?;
+                self.in_pass(Pass::Inputs, || step(self))?;
                 self.stream
                     .launch_graph(&graph)
                     .map_err(cuda("launching a graph"))?;

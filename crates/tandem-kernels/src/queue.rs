@@ -5,21 +5,22 @@
 use std::any::Any;
 use std::sync::Arc;
 
-use tandem_core::{DeviceAlloc, DeviceEvent, DeviceQueue, FusedSgd, ReplicaError};
-use tandem_tensor::cpu::UpdateStep;
+use tandem_core::{DeviceAlloc, DeviceEvent, DeviceOp, DeviceQueue, ReplicaError};
 
-use crate::backend::{Kernels, Launcher};
+use crate::backend::{Kernels, Launcher, Pass, StepOps};
 use crate::driver::{Context, DeviceBuffer, DevicePointer, Event, Stream};
 use crate::error::cuda;
 use crate::ptx::MAX_GRADIENT_BUFFERS;
 
 /// One backend's stream, kernels and context, shared with the backend: work queued here runs
-/// in order with the backend's own.
+/// in order with the backend's own, and what a store puts around the next step the backend's
+/// `Backend::replay` takes into it.
 pub struct CudaQueue {
     ordinal: usize,
     stream: Arc<Stream>,
     kernels: Arc<Kernels>,
     context: Arc<Context>,
+    step_ops: Arc<StepOps>,
 }
 
 impl CudaQueue {
@@ -28,12 +29,14 @@ impl CudaQueue {
         stream: Arc<Stream>,
         kernels: Arc<Kernels>,
         context: Arc<Context>,
+        step_ops: Arc<StepOps>,
     ) -> Self {
         Self {
             ordinal,
             stream,
             kernels,
             context,
+            step_ops,
         }
     }
 
@@ -91,44 +94,26 @@ impl DeviceQueue for CudaQueue {
         Ok(Box::new(buffer))
     }
 
-    unsafe fn copy(&self, dst: u64, src: u64, len: usize) -> Result<(), ReplicaError> {
-        // SAFETY: the caller's promises (the trait's).
-        Ok(unsafe { self.stream.copy_device(dst, src, 4 * len) }
-            .map_err(cuda("copying on the device"))?)
-    }
-
-    unsafe fn sgd_update(
-        &self,
-        params: u64,
-        ema: u64,
-        grads: &[u64],
-        len: usize,
-        step: FusedSgd,
-    ) -> Result<(), ReplicaError> {
-        let FusedSgd {
-            learning_rate,
-            weight_decay,
-            ema_decay,
-        } = step;
-        let step = UpdateStep {
-            learning_rate,
-            weight_decay,
-            ema_decay,
-        };
+    unsafe fn run(&self, ops: &[DeviceOp]) -> Result<(), ReplicaError> {
         let launcher = Launcher {
             stream: &self.stream,
             kernels: &self.kernels,
         };
         // SAFETY: the caller's promises (the trait's).
-        Ok(unsafe { launcher.sgd_update(params, ema, grads, len, step) }?)
+        Ok(unsafe { launcher.run(Pass::Direct, ops) }?)
     }
 
-    unsafe fn upload(&self, dst: u64, src: &[f32]) -> Result<(), ReplicaError> {
-        // SAFETY: the caller's promises; the driver copies pageable memory before returning.
-        Ok(
-            unsafe { self.stream.copy_in(DevicePointer::from_raw(dst), src) }
-                .map_err(cuda("copying to the device"))?,
-        )
+    unsafe fn around_next_step(
+        &self,
+        before: Vec<DeviceOp>,
+        after: Vec<DeviceOp>,
+    ) -> Result<(), ReplicaError> {
+        self.step_ops.put(before, after);
+        Ok(())
+    }
+
+    fn step_ops_pending(&self) -> bool {
+        self.step_ops.pending()
     }
 
     unsafe fn write(&self, dst: u64, src: &[f32]) -> Result<(), ReplicaError> {

@@ -849,9 +849,7 @@ fn the_launch_reader_sees_the_update_launch() {
             "[u64; MAX_GRADIENT_BUFFERS]",
             "u32",
             "usize",
-            "f32",
-            "f32",
-            "f32",
+            "u64",
         ]
     );
 }

@@ -1,14 +1,15 @@
 //! [`DeviceStore`]: the parameters of record in device memory, beside replicas that compute on
-//! devices (sync: on any; async: all on one). A step then moves no parameters or gradients over the host bus: the store
-//! queues device copies, the fused update kernel and events on the workers' own queues, and
-//! the host waits for the device only when it reads the store (a log line's L2 term, a save).
+//! devices (sync: on any; async: all on one). A step then moves no parameters or gradients
+//! over the host bus: the store queues device copies, the fused update kernel and events on the
+//! workers' own queues (sync: inside each replica's step, one graph with it), and the host
+//! waits for the device only when it reads the store (a log line's L2 term, a save).
 
 use std::ops::Range;
 use std::sync::{Mutex, MutexGuard};
 
 use tandem_core::{
-    DeviceAlloc, DeviceEvent, DeviceQueue, Optimizer, ParamSpan, Replica, ReplicaError, Residence,
-    TrainState,
+    DeviceAlloc, DeviceEvent, DeviceOp, DeviceQueue, Optimizer, ParamSpan, Piece, Replica,
+    ReplicaError, Residence, TrainState,
 };
 use tandem_tensor::cpu;
 
@@ -17,21 +18,15 @@ use crate::Mode;
 
 /// The device address of value `index` of the `f32` array at `base`.
 fn at(base: u64, index: usize) -> u64 {
-    // Wrapping: a staging buffer is addressed as if it held the whole vector.
     base.wrapping_add(4 * index as u64)
 }
 
 /// One worker's replica as the store sees it.
 struct Member {
     residence: Residence,
-    /// Sync, where other replicas are on other devices: their gradients of this worker's share,
-    /// copied here (a share's worth per worker) so that the update kernel reads only local
-    /// memory.
-    staging: Option<Box<dyn DeviceAlloc>>,
-    /// Recorded once its gradients of the step are computed (sync).
-    published: Box<dyn DeviceEvent>,
-    /// Recorded once its share of the step's update is everywhere (sync).
-    updated: Box<dyn DeviceEvent>,
+    /// `[lr, wd, d]` for regularised spans, then for the others: what the worker's updates
+    /// read, written before each.
+    hyper: Box<dyn DeviceAlloc>,
 }
 
 impl Member {
@@ -42,13 +37,11 @@ impl Member {
 
 /// Where the parameters of record are.
 enum Record {
-    /// In every replica's parameter buffer, identical after each step: worker `w` updates
-    /// `shares[w]` of its own copy (with its moving average, `ema[w]`, the only one) and copies
-    /// the result into the others'.
-    Sync {
-        shares: Vec<Range<usize>>,
-        ema: Vec<Box<dyn DeviceAlloc>>,
-    },
+    /// In every replica's parameter buffer: each replica applies every update itself, at the
+    /// start of its next step (inside that step's graph), from all replicas' gradients in
+    /// worker order, so all hold the same values; the first replica's are the record, with
+    /// the update its next step will apply.
+    Sync(Vec<SyncReplica>),
     /// In the store's own buffers, updated shard by shard; each shard's event marks its last
     /// update, and its lock keeps waiting for that event and queueing the next update together.
     Async {
@@ -62,6 +55,42 @@ enum Record {
         /// Each worker's staleness records, by worker.
         seen: Vec<Mutex<Seen>>,
     },
+}
+
+/// A synchronous replica's buffers beside its own, and where it is in the run.
+struct SyncReplica {
+    /// Its moving average (each replica keeps the whole; the first one's is the record).
+    ema: Box<dyn DeviceAlloc>,
+    /// Its gradients of a step, copied at the end of the step to `outbox[parity]` (the parity
+    /// of the replica's step count), where every replica's next step reads them; the other
+    /// one still holds the previous step's, which slower replicas may be reading.
+    outbox: [Box<dyn DeviceAlloc>; 2],
+    /// Where some replicas are on other devices: every replica's outbox copied here first
+    /// (worker `q`'s from value `q x len`), so that the update kernel reads only local memory.
+    staging: Option<Box<dyn DeviceAlloc>>,
+    /// Recorded after each of its steps.
+    done: Box<dyn DeviceEvent>,
+    progress: Mutex<Progress>,
+}
+
+/// An update whose gradients wait in the outboxes for a replica's next step.
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    step: u64,
+    epoch: f64,
+    parity: usize,
+}
+
+/// A synchronous replica's place in the run, as its worker moves it.
+#[derive(Default)]
+struct Progress {
+    /// Steps begun in this store: the next one's gradients go to `outbox[steps % 2]`.
+    steps: u64,
+    /// The update that the replica's parameters do not hold yet.
+    pending: Option<Pending>,
+    /// From the load that hands `pending` to the next step until the step is queued: the
+    /// parameters are then neither before nor after it, for a reader on another thread.
+    in_step: bool,
 }
 
 /// Updates a worker may make before its staleness records are taken.
@@ -93,20 +122,24 @@ struct Shard {
 /// on devices (synchronous: any; asynchronous: all on one) and an optimiser that is the fused
 /// SGD kernel's arithmetic ([`Optimizer::fused_sgd`]).
 ///
-/// * **Synchronous:** each replica keeps the parameters; worker `w` owns a contiguous share of
-///   them. After its gradients are published (an event), every worker waits on its queue for
-///   the others', copies their gradients of its share to its own device where they are on
-///   another (no peer access needed), updates its share from all replicas' gradients summed in
-///   worker order (the
-///   fused kernel: bitwise the host store's arithmetic), copies the share into the other
-///   replicas and records that it is done; a replica's next step waits for every share.
-/// * **Asynchronous:** the store keeps one copy, in shards (one per parameter span). A worker's load copies the store
-///   into its replica as it is when the copy runs, waiting for no update (as the host's store
-///   copies what is applied; a shard being updated meanwhile gives each value old or new); its
-///   update waits for each shard's previous update, then applies its own (never lost: each
-///   shard's updates run one after another). Staleness is counted on the device: the updates
-///   other workers began between a worker's load and its update, as copies of their counters
-///   into a ring that [`ParamStore::take_staleness`] reads at the next boundary.
+/// * **Synchronous:** each replica keeps the parameters and applies every update itself: a
+///   step's gradients go to the replica's outbox at the step's end, and the next step of every
+///   replica begins with the update from all outboxes, summed in worker order (the fused
+///   kernel: bitwise the host store's arithmetic), copied to its own device first where a
+///   replica is on another. Store work and step are one unit, which a replica that replays
+///   its steps launches as one graph ([`DeviceQueue::around_next_step`]). Before a step, its
+///   queue waits for every other replica's previous step (events): their gradients are
+///   complete, and they have read the outbox this step overwrites. What the host reads (a
+///   save, the L2 term) is the first replica's parameters with the update still pending
+///   applied on the host.
+/// * **Asynchronous:** the store keeps one copy, in shards (one per parameter span). A worker's
+///   load copies the store into its replica as it is when the copy runs, waiting for no
+///   update (as the host's store copies what is applied; a shard being updated meanwhile
+///   gives each value old or new); its update waits for each shard's previous update, then
+///   applies its own (never lost: each shard's updates run one after another). Staleness is
+///   counted on the device: the updates other workers began between a worker's load and its
+///   update, as copies of their counters into a ring that [`ParamStore::take_staleness`]
+///   reads at the next boundary.
 ///
 /// The host is never waited on within a step: ordering between workers is events on their
 /// queues, and the host's barriers only ensure that an event is recorded before it is waited on.
@@ -159,26 +192,12 @@ impl<'o, O: Optimizer + ?Sized> DeviceStore<'o, O> {
         }
         let len = state.params.len();
         let workers = residences.len();
-        let share_len = len.div_ceil(workers);
         let members = residences
             .into_iter()
             .map(|residence| {
-                let queue = &residence.queue;
-                queue.bind()?;
-                let (published, updated) = (queue.event()?, queue.event()?);
-                // Recorded once, so that the first step's waits have something to wait for.
-                queue.record(&*published)?;
-                queue.record(&*updated)?;
-                let staging = match one_device {
-                    true => None,
-                    false => Some(queue.alloc(share_len * workers)?),
-                };
-                Ok(Member {
-                    residence,
-                    staging,
-                    published,
-                    updated,
-                })
+                residence.queue.bind()?;
+                let hyper = residence.queue.alloc(6)?;
+                Ok(Member { residence, hyper })
             })
             .collect::<Result<Vec<_>, ReplicaError>>()?;
         let mut spans = Vec::with_capacity(layout.len());
@@ -188,34 +207,40 @@ impl<'o, O: Optimizer + ?Sized> DeviceStore<'o, O> {
             offset += span.len();
         }
         let ema = &state.slots[0].values;
-        let queue = members[0].queue();
         let record = match mode {
             Mode::Sync => {
-                let shares: Vec<Range<usize>> = (0..workers)
-                    .map(|w| len * w / workers..len * (w + 1) / workers)
-                    .collect();
-                let mut averages = Vec::with_capacity(workers);
-                for (member, share) in members.iter().zip(&shares) {
-                    member.queue().bind()?;
-                    let average = member.queue().alloc(share.len())?;
-                    // SAFETY: the replica's parameter buffer holds `len` values (its layout's),
-                    // the new buffer `share.len()`.
-                    unsafe {
-                        member
-                            .queue()
-                            .write(member.residence.params, &state.params)?;
-                        member
-                            .queue()
-                            .write(average.address(), &ema[share.clone()])?;
-                    }
-                    averages.push(average);
-                }
-                Record::Sync {
-                    shares,
-                    ema: averages,
-                }
+                let replicas = members
+                    .iter()
+                    .map(|member| {
+                        let queue = member.queue();
+                        queue.bind()?;
+                        let average = queue.alloc(len)?;
+                        // SAFETY: the replica's parameter buffer holds `len` values (its
+                        // layout's), as does the new one.
+                        unsafe {
+                            queue.write(member.residence.params, &state.params)?;
+                            queue.write(average.address(), ema)?;
+                        }
+                        let done = queue.event()?;
+                        // Recorded once, so that the first step's waits have something to
+                        // wait for.
+                        queue.record(&*done)?;
+                        Ok(SyncReplica {
+                            ema: average,
+                            outbox: [queue.alloc(len)?, queue.alloc(len)?],
+                            staging: match one_device {
+                                true => None,
+                                false => Some(queue.alloc(len * workers)?),
+                            },
+                            done,
+                            progress: Mutex::default(),
+                        })
+                    })
+                    .collect::<Result<Vec<_>, ReplicaError>>()?;
+                Record::Sync(replicas)
             }
             Mode::Async => {
+                let queue = members[0].queue();
                 queue.bind()?;
                 let (params, average) = (queue.alloc(len)?, queue.alloc(len)?);
                 // SAFETY: both buffers were just allocated with `len` values.
@@ -272,72 +297,159 @@ impl<'o, O: Optimizer + ?Sized> DeviceStore<'o, O> {
         }))
     }
 
-    /// Queues, on `queue`, the fused update `step` (at `epoch`) of `range` of the parameters at
-    /// `params` and the average at `ema` (whose first value is parameter `ema_start`), with the
-    /// gradients at `grads`.
-    ///
-    /// # Safety
-    /// Every address holds the parameters' values over `range` (`ema` from `ema_start`).
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn update(
+    /// What `worker`'s `hyper` must hold for update `step` (at `epoch`).
+    fn hyper_upload(&self, worker: usize, step: u64, epoch: f64) -> Result<DeviceOp, ReplicaError> {
+        let mut values = Vec::with_capacity(6);
+        for decayed in [true, false] {
+            let fused = self
+                .optimizer
+                .fused_sgd(step, epoch, decayed)
+                .ok_or("the optimiser has no fused device update")?;
+            values.extend(fused.values());
+        }
+        Ok(DeviceOp::Upload {
+            dst: self.members[worker].hyper.address(),
+            values,
+        })
+    }
+
+    /// The update kernels, on `worker`'s queue, of `range` of the parameters at `params` and
+    /// the average at `ema` (whose first value is parameter `ema_start`), with the gradients
+    /// at `grads` and the values of [`hyper_upload`](Self::hyper_upload).
+    fn update_ops(
         &self,
-        queue: &dyn DeviceQueue,
+        worker: usize,
         (params, ema, ema_start): (u64, u64, usize),
         grads: &[u64],
         range: Range<usize>,
-        step: u64,
-        epoch: f64,
-    ) -> Result<(), ReplicaError> {
-        for (span, decayed) in &self.spans {
-            let piece = range.start.max(span.start)..range.end.min(span.end);
-            if piece.is_empty() {
-                continue;
-            }
-            let fused = self
-                .optimizer
-                .fused_sgd(step, epoch, *decayed)
-                .ok_or("the optimiser has no fused device update")?;
-            let grads: Vec<u64> = grads.iter().map(|&g| at(g, piece.start)).collect();
-            // SAFETY: the caller's promise, for a part of `range`.
-            unsafe {
-                queue.sgd_update(
-                    at(params, piece.start),
-                    at(ema, piece.start - ema_start),
-                    &grads,
-                    piece.len(),
-                    fused,
-                )?;
-            }
-        }
-        Ok(())
+    ) -> Vec<DeviceOp> {
+        let hyper = self.members[worker].hyper.address();
+        self.spans
+            .iter()
+            .filter_map(|(span, decayed)| {
+                let piece = range.start.max(span.start)..range.end.min(span.end);
+                (!piece.is_empty()).then(|| DeviceOp::Update {
+                    params: at(params, piece.start),
+                    ema: at(ema, piece.start - ema_start),
+                    grads: grads.iter().map(|&g| at(g, piece.start)).collect(),
+                    len: piece.len(),
+                    hyper: at(hyper, if *decayed { 0 } else { 3 }),
+                })
+            })
+            .collect()
     }
 
-    /// Makes `queue` wait for every update so far (sync: every share; async: every shard).
-    fn wait_all(&self, queue: &dyn DeviceQueue) -> Result<(), ReplicaError> {
+    /// Sync: what `worker`'s next step applies first, `pending` from every replica's outbox.
+    fn pending_update(
+        &self,
+        replicas: &[SyncReplica],
+        worker: usize,
+        pending: Pending,
+    ) -> Result<Vec<DeviceOp>, ReplicaError> {
+        let me = &replicas[worker];
+        let memory = self.members[worker].queue().memory();
+        let mut ops = Vec::new();
+        let mut grads = Vec::with_capacity(replicas.len());
+        for (q, other) in replicas.iter().enumerate() {
+            let theirs = other.outbox[pending.parity].address();
+            match &me.staging {
+                Some(staging) if self.members[q].queue().memory() != memory => {
+                    let here = at(staging.address(), q * self.len);
+                    ops.push(DeviceOp::Copy {
+                        dst: here,
+                        src: theirs,
+                        len: self.len,
+                    });
+                    grads.push(here);
+                }
+                _ => grads.push(theirs),
+            }
+        }
+        ops.push(self.hyper_upload(worker, pending.step, pending.epoch)?);
+        let params = self.members[worker].residence.params;
+        ops.extend(self.update_ops(worker, (params, me.ema.address(), 0), &grads, 0..self.len));
+        Ok(ops)
+    }
+
+    /// The parameters of record and their moving average, read on `worker`'s thread (or any,
+    /// between runs), with the device bound to that worker's queue afterwards.
+    fn read_record(
+        &self,
+        worker: usize,
+        params: &mut [f32],
+        ema: &mut [f32],
+    ) -> Result<(), ReplicaError> {
+        let queue = self.members[worker].queue();
         match &self.record {
-            Record::Sync { .. } => {
-                for member in &self.members {
-                    queue.wait(&*member.updated)?;
+            Record::Sync(replicas) => {
+                // Held while reading: the first replica's worker cannot queue another step.
+                let progress = lock(&replicas[0].progress);
+                if progress.in_step {
+                    return Err("the parameters are being updated".into());
+                }
+                let first = self.members[0].queue();
+                first.bind()?;
+                for other in replicas {
+                    first.wait(&*other.done)?;
+                }
+                // SAFETY: the replica's parameters and its average hold `len` values; the
+                // reads wait for the queue's work, and the waits above for every replica's
+                // last step.
+                unsafe {
+                    first.read(self.members[0].residence.params, params)?;
+                    first.read(replicas[0].ema.address(), ema)?;
+                }
+                if let Some(pending) = progress.pending {
+                    self.apply_on_host(replicas, pending, params, ema)?;
                 }
             }
-            Record::Async { shards, .. } => {
+            Record::Async {
+                params: store,
+                ema: average,
+                shards,
+                ..
+            } => {
+                queue.bind()?;
                 for shard in shards {
                     queue.wait(&**lock(&shard.last))?;
                 }
+                // SAFETY: both hold the `len` values; the waits above order every update first.
+                unsafe {
+                    queue.read(store.address(), params)?;
+                    queue.read(average.address(), ema)?;
+                }
             }
         }
-        Ok(())
+        queue.bind()
     }
 
-    /// The parameters of record, read through `queue` (which waits for every update first).
-    fn read_params(&self, queue: &dyn DeviceQueue, out: &mut [f32]) -> Result<(), ReplicaError> {
-        self.wait_all(queue)?;
-        let source = match &self.record {
-            Record::Sync { .. } => self.members[0].residence.params,
-            Record::Async { params, .. } => params.address(),
-        };
-        // SAFETY: both hold the `len` parameters.
-        unsafe { queue.read(source, out) }
+    /// Applies `pending` to `params` and `ema` on the host, from every replica's outbox: the
+    /// optimiser's own arithmetic, which the fused kernel is bit for bit.
+    fn apply_on_host(
+        &self,
+        replicas: &[SyncReplica],
+        pending: Pending,
+        params: &mut [f32],
+        ema: &mut [f32],
+    ) -> Result<(), ReplicaError> {
+        let mut grads = vec![vec![0.0f32; self.len]; replicas.len()];
+        for ((member, replica), out) in self.members.iter().zip(replicas).zip(&mut grads) {
+            let queue = member.queue();
+            queue.bind()?;
+            // SAFETY: the outbox holds `len` values; the read waits for its replica's queue.
+            unsafe { queue.read(replica.outbox[pending.parity].address(), out)? };
+        }
+        for (range, decayed) in &self.spans {
+            let parts: Vec<&[f32]> = grads.iter().map(|g| &g[range.clone()]).collect();
+            let piece = Piece {
+                params: &mut params[range.clone()],
+                state: &mut [&mut ema[range.clone()]],
+                grads: &parts,
+                weight_decay: *decayed,
+            };
+            self.optimizer.update(piece, pending.step, pending.epoch);
+        }
+        Ok(())
     }
 }
 
@@ -356,15 +468,42 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for DeviceStore<'_, O> {
     fn load(&self, worker: usize, _: &mut R) -> Result<(), ReplicaError> {
         let member = &self.members[worker];
         let queue = member.queue();
-        let Record::Async {
-            params,
-            begun,
-            seen,
-            ..
-        } = &self.record
-        else {
-            // Sync: the parameters are in place once every share's update is.
-            return self.wait_all(queue);
+        let (params, begun, seen) = match &self.record {
+            Record::Sync(replicas) => {
+                let me = &replicas[worker];
+                let mut progress = lock(&me.progress);
+                // The others' last steps: their gradients are complete, and they have read the
+                // outbox that this step overwrites.
+                for (q, other) in replicas.iter().enumerate() {
+                    if q != worker {
+                        queue.wait(&*other.done)?;
+                    }
+                }
+                let before = match progress.pending {
+                    Some(pending) => self.pending_update(replicas, worker, pending)?,
+                    None => Vec::new(),
+                };
+                let outbox = &me.outbox[(progress.steps % 2) as usize];
+                let after = vec![DeviceOp::Copy {
+                    dst: outbox.address(),
+                    src: member.residence.grads,
+                    len: self.len,
+                }];
+                // SAFETY: every address is one of the store's buffers or the replica's, of the
+                // lengths given, alive as long as the store; the waits above order the other
+                // replicas' work on them.
+                unsafe { queue.around_next_step(before, after)? };
+                progress.pending = None;
+                progress.steps += 1;
+                progress.in_step = true;
+                return Ok(());
+            }
+            Record::Async {
+                params,
+                begun,
+                seen,
+                ..
+            } => (params, begun, seen),
         };
         // Async: whatever the store holds when the copy runs, waiting for no update (the
         // host's store copies what is applied, too); a shard being updated meanwhile gives each
@@ -383,10 +522,19 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for DeviceStore<'_, O> {
         // step, which reads them, is earlier on the same queue); the record holds `2 x
         // workers` values and `begun` `workers`.
         unsafe {
-            queue.copy(record, begun.address(), workers)?;
-            queue.copy(member.residence.params, params.address(), self.len)?;
+            queue.run(&[
+                DeviceOp::Copy {
+                    dst: record,
+                    src: begun.address(),
+                    len: workers,
+                },
+                DeviceOp::Copy {
+                    dst: member.residence.params,
+                    src: params.address(),
+                    len: self.len,
+                },
+            ])
         }
-        Ok(())
     }
 
     fn measures_staleness(&self) -> bool {
@@ -422,60 +570,37 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for DeviceStore<'_, O> {
     }
 
     fn publish(&self, worker: usize, _: &mut R) -> Result<(), ReplicaError> {
-        let member = &self.members[worker];
-        member.queue().record(&*member.published)
+        let Record::Sync(replicas) = &self.record else {
+            return Err(wrong_mode("publish"));
+        };
+        let queue = self.members[worker].queue();
+        if queue.step_ops_pending() {
+            return Err(
+                "the replica's step did not take the store's work around it \
+                        (its backend must run `DeviceQueue::around_next_step`'s operations)"
+                    .into(),
+            );
+        }
+        let me = &replicas[worker];
+        let mut progress = lock(&me.progress);
+        queue.record(&*me.done)?;
+        progress.in_step = false;
+        Ok(())
     }
 
     fn update_share(&self, worker: usize, step: u64, epoch: f64) -> Result<(), ReplicaError> {
-        let Record::Sync { shares, ema } = &self.record else {
+        let Record::Sync(replicas) = &self.record else {
             return Err(wrong_mode("update_share"));
         };
-        let me = &self.members[worker];
-        let queue = me.queue();
-        for other in &self.members {
-            queue.wait(&*other.published)?;
-        }
-        let share = shares[worker].clone();
-        let memory = queue.memory();
-        let mut grads = Vec::with_capacity(self.members.len());
-        for (slot, other) in self.members.iter().enumerate() {
-            let theirs = other.residence.grads;
-            match &me.staging {
-                Some(staging) if other.queue().memory() != memory => {
-                    // Addressed like the whole gradient vector: value i of the share is at
-                    // `here + 4 * i` for i in the share.
-                    let here = at(staging.address(), slot * share.len());
-                    // SAFETY: the staging buffer holds a share for every worker; the other
-                    // replica's gradients are complete (the wait above) and stay until its
-                    // next step, which waits for `updated`.
-                    unsafe { queue.copy(here, at(theirs, share.start), share.len())? };
-                    grads.push(here.wrapping_sub(4 * share.start as u64));
-                }
-                _ => grads.push(theirs),
-            }
-        }
-        let params = me.residence.params;
-        // SAFETY: every replica's buffers hold the `len` parameters and gradients, the average
-        // the share; every replica has computed its gradients (the waits above) and reads
-        // nothing of the share before `updated` (its next load waits for it).
-        unsafe {
-            self.update(
-                queue,
-                (params, ema[worker].address(), share.start),
-                &grads,
-                share.clone(),
-                step,
-                epoch,
-            )?;
-            for other in self.members.iter().filter(|m| m.residence.params != params) {
-                queue.copy(
-                    at(other.residence.params, share.start),
-                    at(params, share.start),
-                    share.len(),
-                )?;
-            }
-        }
-        queue.record(&*me.updated)
+        // Applied at the start of the replica's next step, or on the host by a read before it.
+        let mut progress = lock(&replicas[worker].progress);
+        let parity = ((progress.steps + 1) % 2) as usize;
+        progress.pending = Some(Pending {
+            step,
+            epoch,
+            parity,
+        });
+        Ok(())
     }
 
     fn apply(
@@ -504,34 +629,43 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for DeviceStore<'_, O> {
         let record = at(seen.ring.address(), (2 * seen.current + 1) * workers);
         seen.own = seen.own.wrapping_add(1);
         seen.pending += 1;
-        // SAFETY: the record's second half holds `workers` values, as `begun` does.
+        // SAFETY: the record's second half holds `workers` values, as `begun` does; `hyper`
+        // six (the update kernels of this worker's last update, which read it, are earlier on
+        // the same queue).
         unsafe {
-            queue.copy(record, begun.address(), workers)?;
-            queue.upload(at(begun.address(), worker), &[f32::from_bits(seen.own)])?;
+            queue.run(&[
+                DeviceOp::Copy {
+                    dst: record,
+                    src: begun.address(),
+                    len: workers,
+                },
+                DeviceOp::Upload {
+                    dst: at(begun.address(), worker),
+                    values: vec![f32::from_bits(seen.own)],
+                },
+                self.hyper_upload(worker, step, epoch)?,
+            ])?;
         }
         for shard in shards[first..].iter().chain(&shards[..first]) {
             let event = lock(&shard.last);
             queue.wait(&**event)?;
+            let ops = self.update_ops(
+                worker,
+                (params.address(), ema.address(), 0),
+                &[member.residence.grads],
+                shard.range.clone(),
+            );
             // SAFETY: the store's buffers and the replica's gradients hold `len` values; the
             // shard's earlier updates run before this one (the wait, under the shard's lock).
-            unsafe {
-                self.update(
-                    queue,
-                    (params.address(), ema.address(), 0),
-                    &[member.residence.grads],
-                    shard.range.clone(),
-                    step,
-                    epoch,
-                )?;
-            }
+            unsafe { queue.run(&ops)? };
             queue.record(&**event)?;
         }
         Ok(())
     }
 
     fn l2_loss(&self, worker: usize, weight_decay: f32) -> Result<f32, ReplicaError> {
-        let mut params = vec![0.0; self.len];
-        self.read_params(self.members[worker].queue(), &mut params)?;
+        let (mut params, mut ema) = (vec![0.0; self.len], vec![0.0; self.len]);
+        self.read_record(worker, &mut params, &mut ema)?;
         let sum = self
             .spans
             .iter()
@@ -542,30 +676,11 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for DeviceStore<'_, O> {
     }
 
     fn save_into(&self, state: &mut TrainState) -> Result<(), ReplicaError> {
-        let queue = self.members[0].queue();
         // The caller may be any thread: the main one after the run, the watchdog during it.
-        queue.bind()?;
-        self.read_params(queue, &mut state.params)?;
-        let average = &mut state.slots[0].values;
-        match &self.record {
-            Record::Sync { shares, ema } => {
-                for ((member, share), ema) in self.members.iter().zip(shares).zip(ema) {
-                    member.queue().bind()?;
-                    // SAFETY: the share's average holds `share.len()` values; the read waits
-                    // for its owner's queue, whose last update wrote it.
-                    unsafe {
-                        member
-                            .queue()
-                            .read(ema.address(), &mut average[share.clone()])?
-                    };
-                }
-            }
-            Record::Async { ema, .. } => {
-                // SAFETY: the average holds `len` values; `read_params` waited for every shard.
-                unsafe { queue.read(ema.address(), average)? };
-            }
-        }
-        Ok(())
+        let [ema] = &mut state.slots[..] else {
+            return Err("the state does not have the store's one optimiser slot".into());
+        };
+        self.read_record(0, &mut state.params, &mut ema.values)
     }
 
     fn empty_state(&self, step: u64) -> TrainState {

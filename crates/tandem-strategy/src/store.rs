@@ -30,7 +30,8 @@ pub trait ParamStore<R: Replica>: Sync {
 
     /// Synchronous: applies update `step` (at `epoch`) to `worker`'s share of the parameters
     /// (the shares of all workers cover them once), with the mean of every worker's published
-    /// gradients, summed in worker order.
+    /// gradients, summed in worker order. A store may leave the work to the worker's next
+    /// step, if everything it hands out before then holds the update.
     fn update_share(&self, worker: usize, step: u64, epoch: f64) -> Result<(), ReplicaError>;
 
     /// Asynchronous: applies `replica`'s gradients of its last step as one update, at once
@@ -77,9 +78,9 @@ pub trait ParamStore<R: Replica>: Sync {
         for _ in 0..COPY_TRIES {
             if let Some(step) = version() {
                 let mut state = self.empty_state(step);
-                // A store that cannot be read now has no copy to give.
-                self.save_into(&mut state).ok()?;
-                if version() == Some(step) {
+                // A store that cannot be read now (a device store between a step's start and
+                // its queueing) may be readable on the next try.
+                if self.save_into(&mut state).is_ok() && version() == Some(step) {
                     return Some(state);
                 }
             }
