@@ -404,7 +404,7 @@ const WD: f32 = 0.001;
 const DECAY: f32 = 0.9;
 
 /// Parameters (seed 20), their average (seed 21) and `n` gradients (seeds 30..) of `len`
-/// floats uploaded, with sgd_ema_update's arguments.
+/// floats uploaded, with sgd_ema_update's arguments (and its `[lr, wd, d]` uploaded too).
 struct Sgd {
     p: Vec<f32>,
     e: Vec<f32>,
@@ -426,15 +426,15 @@ fn sgd_setup(len: usize, n: usize) -> Sgd {
     for (j, g) in grads.iter().enumerate() {
         ptrs[j] = mem.upload_f32(g);
     }
+    // The kernel reads `[lr, wd, d]` from device memory.
+    let hyper = mem.upload_f32(&[LR, WD, DECAY]);
     let args = Args::new()
         .u64(dp)
         .u64(de)
         .u64s(&ptrs)
         .u32(n as u32)
         .u64(len as u64)
-        .f32(LR)
-        .f32(WD)
-        .f32(DECAY);
+        .u64(hyper);
     Sgd {
         p,
         e,
