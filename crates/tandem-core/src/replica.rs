@@ -76,6 +76,16 @@ pub trait Replica: Send {
     /// Hands the gradients of the last [`Replica::compute_gradients`] to `read`, flat.
     fn read_gradients(&mut self, read: &mut dyn FnMut(&[f32])) -> Result<(), ReplicaError>;
 
+    /// Exchanges the replica's gradients of the last
+    /// [`compute_gradients`](Self::compute_gradients) with `buffer` (of the same length), where
+    /// they are host memory: the caller takes them without a copy, and the replica's next step
+    /// overwrites what it received. `false` (the default) where it cannot; then `buffer` is
+    /// unchanged and [`read_gradients`](Self::read_gradients) hands them out.
+    fn exchange_gradients(&mut self, buffer: &mut Vec<f32>) -> Result<bool, ReplicaError> {
+        let _ = buffer;
+        Ok(false)
+    }
+
     /// The number of training examples `batch` indices may address.
     fn training_examples(&self) -> usize;
 }
@@ -108,6 +118,10 @@ impl<R: Replica + ?Sized> Replica for Box<R> {
 
     fn read_gradients(&mut self, read: &mut dyn FnMut(&[f32])) -> Result<(), ReplicaError> {
         (**self).read_gradients(read)
+    }
+
+    fn exchange_gradients(&mut self, buffer: &mut Vec<f32>) -> Result<bool, ReplicaError> {
+        (**self).exchange_gradients(buffer)
     }
 
     fn training_examples(&self) -> usize {

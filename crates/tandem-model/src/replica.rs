@@ -269,6 +269,12 @@ impl<B: Backend> Replica for MlpReplica<B> {
         Ok(self.backend.read_with(&self.grads, read)?)
     }
 
+    fn exchange_gradients(&mut self, buffer: &mut Vec<f32>) -> Result<bool, ReplicaError> {
+        // Every step writes every gradient (the products overwrite, the column sums start from
+        // zero), so what the replica receives needs no clearing.
+        Ok(self.backend.exchange(&mut self.grads, buffer))
+    }
+
     fn training_examples(&self) -> usize {
         self.training_examples
     }

@@ -127,3 +127,45 @@ fn batches_larger_than_the_initial_capacity_are_handled() {
         "an index past the data set is an error"
     );
 }
+
+#[test]
+fn exchanged_gradients_are_the_steps_and_the_next_step_overwrites_what_it_received() {
+    let mlp = Mlp {
+        inputs: 3,
+        hidden: 4,
+        classes: 2,
+    };
+    let examples =
+        ExampleSet::new(3, (0..30).collect(), vec![0, 1, 0, 1, 1, 0, 0, 1, 1, 0]).unwrap();
+    let params = mlp.init(0.3, &mut ChaCha8Rng::seed_from_u64(1));
+    let gradients_of = |batch: &[u32]| {
+        let mut fresh = MlpReplica::new(mlp, CpuBackend, &examples, 4).unwrap();
+        fresh
+            .set_params(&mut |p| p.copy_from_slice(&params))
+            .unwrap();
+        fresh.compute_gradients(batch).unwrap();
+        let mut grads = Vec::new();
+        fresh.read_gradients(&mut |g| grads = g.to_vec()).unwrap();
+        grads
+    };
+    let (first, second) = ([1, 2, 3], [4, 5, 6, 7]);
+
+    let mut replica = MlpReplica::new(mlp, CpuBackend, &examples, 4).unwrap();
+    replica
+        .set_params(&mut |p| p.copy_from_slice(&params))
+        .unwrap();
+    replica.compute_gradients(&first).unwrap();
+    // The replica receives a buffer of NaNs: the next step must leave none of them.
+    let mut slot = vec![f32::NAN; mlp.num_params()];
+    assert!(replica.exchange_gradients(&mut slot).unwrap());
+    assert_eq!(slot, gradients_of(&first));
+    replica.compute_gradients(&second).unwrap();
+    let mut after = Vec::new();
+    replica.read_gradients(&mut |g| after = g.to_vec()).unwrap();
+    assert_eq!(after, gradients_of(&second));
+
+    // A buffer of another length is refused and left as it was.
+    let mut short = vec![0.0; 3];
+    assert!(!replica.exchange_gradients(&mut short).unwrap());
+    assert_eq!(short, [0.0; 3]);
+}

@@ -242,6 +242,10 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for HostStore<'_, O> {
         let mut mine = self.grads[worker]
             .write()
             .unwrap_or_else(|p| p.into_inner());
+        // Where the replica's gradients are host memory, the slot takes them without a copy.
+        if replica.exchange_gradients(&mut mine)? {
+            return Ok(());
+        }
         replica.read_gradients(&mut |g| mine.copy_from_slice(g))
     }
 

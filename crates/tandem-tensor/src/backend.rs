@@ -229,6 +229,13 @@ pub trait Backend: Send {
         src: &Self::Buffer,
         read: &mut dyn FnMut(&[f32]),
     ) -> Result<(), Self::Error>;
+    /// Exchanges `buffer`'s values with `host`'s, without copying, where the buffer is host
+    /// memory of the same length; `false` (the default: device memory) where it cannot, with
+    /// both unchanged.
+    fn exchange(&self, buffer: &mut Self::Buffer, host: &mut Vec<f32>) -> bool {
+        let _ = (buffer, host);
+        false
+    }
     /// Makes a data set resident (once per replica; the CPU shares it).
     fn upload_examples(&self, examples: &ExampleSet) -> Result<Self::Examples, Self::Error>;
     /// Gathers the examples at `indices` into the first rows of `x` (scaled to `[0, 1]`) and
@@ -390,6 +397,14 @@ impl Backend for CpuBackend {
     fn read_with(&self, src: &Vec<f32>, read: &mut dyn FnMut(&[f32])) -> Result<(), ShapeError> {
         read(src);
         Ok(())
+    }
+
+    fn exchange(&self, buffer: &mut Vec<f32>, host: &mut Vec<f32>) -> bool {
+        let same = buffer.len() == host.len();
+        if same {
+            std::mem::swap(buffer, host);
+        }
+        same
     }
 
     fn upload_examples(&self, examples: &ExampleSet) -> Result<ExampleSet, ShapeError> {
