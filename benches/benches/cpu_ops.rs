@@ -1,25 +1,12 @@
 //! Each CPU operation at the shapes of one worker's step (batch 100, 784-500-10).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use tandem_benches::random;
+use tandem_benches::{random, BATCH, CLASSES, HIDDEN, INPUTS, STEP_PRODUCTS};
 use tandem_tensor::cpu::{self, UpdateStep};
-use tandem_tensor::Gemm;
-
-const BATCH: usize = 100;
-const INPUTS: usize = 784;
-const HIDDEN: usize = 500;
-const CLASSES: usize = 10;
 
 fn matmuls(c: &mut Criterion) {
     let mut group = c.benchmark_group("matmul");
-    let shapes = [
-        ("forward1 100x500x784", Gemm::nn(BATCH, HIDDEN, INPUTS)),
-        ("forward2 100x10x500", Gemm::nn(BATCH, CLASSES, HIDDEN)),
-        ("dW2 500x10x100 (A^T)", Gemm::tn(HIDDEN, CLASSES, BATCH)),
-        ("dH 100x500x10 (B^T)", Gemm::nt(BATCH, HIDDEN, CLASSES)),
-        ("dW1 784x500x100 (A^T)", Gemm::tn(INPUTS, HIDDEN, BATCH)),
-    ];
-    for (name, spec) in shapes {
+    for (name, spec) in STEP_PRODUCTS {
         let a = random(spec.m * spec.k, 1);
         let b = random(spec.k * spec.n, 2);
         let mut out = vec![0.0; spec.m * spec.n];

@@ -5,7 +5,26 @@ use std::path::Path;
 
 use rand::{Rng, SeedableRng};
 use tandem_mnist::Mnist;
-use tandem_tensor::ExampleSet;
+use tandem_tensor::{ExampleSet, Gemm};
+
+/// Examples per worker and step in the benchmarks (the default batch).
+pub const BATCH: usize = 100;
+/// The model's input, hidden and output widths (784-500-10).
+pub const INPUTS: usize = 784;
+/// See [`INPUTS`].
+pub const HIDDEN: usize = 500;
+/// See [`INPUTS`].
+pub const CLASSES: usize = 10;
+
+/// The matrix products of one worker's training step at [`BATCH`], named: what no step can do
+/// without, so their single-thread time is the floor of a CPU worker's step.
+pub const STEP_PRODUCTS: [(&str, Gemm); 5] = [
+    ("forward1 100x500x784", Gemm::nn(BATCH, HIDDEN, INPUTS)),
+    ("forward2 100x10x500", Gemm::nn(BATCH, CLASSES, HIDDEN)),
+    ("dW2 500x10x100 (A^T)", Gemm::tn(HIDDEN, CLASSES, BATCH)),
+    ("dH 100x500x10 (B^T)", Gemm::nt(BATCH, HIDDEN, CLASSES)),
+    ("dW1 784x500x100 (A^T)", Gemm::tn(INPUTS, HIDDEN, BATCH)),
+];
 
 /// The training split of the repository's MNIST copy.
 pub fn mnist_train() -> ExampleSet {

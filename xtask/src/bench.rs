@@ -1,6 +1,8 @@
 //! `cargo xtask bench-train`: whole training runs of the release binary, sync and async at one
 //! and two CPU workers, alternated round after round (these machines are noisy), with the median
-//! examples/sec of each configuration.
+//! examples/sec of each configuration and its fraction of the floor: the single-thread rate of
+//! a step's matrix products (`gemm-floor` of tandem-benches) times the workers, measured at the
+//! start of each round.
 
 use std::path::Path;
 use std::process::Command;
@@ -19,10 +21,23 @@ pub fn train(root: &Path, rounds: usize, epochs: u64) -> Result<()> {
         "-q",
         "-p",
         "mnist-train",
+        "-p",
+        "tandem-benches",
+        "--bin",
+        "mnist-train",
+        "--bin",
+        "gemm-floor",
     ]))?;
     let binary = root.join("target/release/mnist-train");
+    let floor_binary = root.join("target/release/gemm-floor");
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); CONFIGS.len()];
+    let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); CONFIGS.len()];
+    let mut floors = Vec::new();
     for round in 1..=rounds {
+        // The floor of this round: one core's matrix products, measured beside its trainings.
+        let floor = per_core(&output(&mut Command::new(&floor_binary))?)?;
+        println!("round {round}: gemm floor {floor:>8.0} examples/sec a core");
+        floors.push(floor);
         for (i, (mode, workers)) in CONFIGS.iter().enumerate() {
             let text = output(Command::new(&binary).current_dir(root).args([
                 &format!("--{mode}"),
@@ -35,17 +50,43 @@ pub fn train(root: &Path, rounds: usize, epochs: u64) -> Result<()> {
             ]))?;
             let rate = field(&text, "examples/sec:")?;
             let accuracy = field(&text, "test accuracy:")?;
-            println!("round {round}: {mode:5} x{workers}: {rate:>8.0} examples/sec, test accuracy {accuracy:.4}");
+            let ratio = rate / (floor * *workers as f64);
+            println!(
+                "round {round}: {mode:5} x{workers}: {rate:>8.0} examples/sec ({ratio:.2} of \
+                 the floor), test accuracy {accuracy:.4}"
+            );
             rates[i].push(rate);
+            ratios[i].push(ratio);
         }
     }
     println!("\nmedian of {rounds} alternating runs, {epochs} epochs each:");
-    println!("{:<6} {:>7} {:>14}", "mode", "workers", "examples/sec");
-    for ((mode, workers), mut runs) in CONFIGS.iter().zip(rates) {
-        runs.sort_by(f64::total_cmp);
-        println!("{mode:<6} {workers:>7} {:>14.0}", runs[runs.len() / 2]);
+    println!("gemm floor: {:.0} examples/sec a core", median(&mut floors));
+    println!(
+        "{:<6} {:>7} {:>14} {:>10}",
+        "mode", "workers", "examples/sec", "of floor"
+    );
+    for (((mode, workers), mut runs), mut ratio) in CONFIGS.iter().zip(rates).zip(ratios) {
+        println!(
+            "{mode:<6} {workers:>7} {:>14.0} {:>10.2}",
+            median(&mut runs),
+            median(&mut ratio)
+        );
     }
     Ok(())
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// The examples/sec a core of `gemm-floor`'s line.
+fn per_core(text: &str) -> Result<f64> {
+    text.split(',')
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|value| value.parse().ok())
+        .with_context(|| format!("no rate in gemm-floor's output: {text}"))
 }
 
 /// The first number after `label` at the start of a line of the training summary.

@@ -7,7 +7,8 @@
 //! * `gpu-bundle`: builds the binaries and GPU tests into `gpu-bundle/` with a `run.sh` for a
 //!   GPU machine that has no Rust toolchain.
 //! * `bench-train [--rounds N] [--epochs N]`: whole training runs, sync and async at one and two
-//!   CPU workers, alternated, with the median examples/sec of each.
+//!   CPU workers, alternated, with the median examples/sec of each and its fraction of the GEMM
+//!   floor measured in the same rounds.
 //! * `mutants [ARGS]`: mutation testing (cargo-mutants) of the code that decides results.
 
 #[cfg(test)]
