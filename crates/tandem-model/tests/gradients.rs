@@ -98,8 +98,8 @@ fn backward_pass_matches_finite_differences() {
     eprintln!("worst relative gradient error: {worst:.2e}");
 }
 
-#[test]
-fn batches_larger_than_the_initial_capacity_are_handled() {
+/// A 3-4-2 network and ten examples for it.
+fn tiny() -> (Mlp, ExampleSet) {
     let mlp = Mlp {
         inputs: 3,
         hidden: 4,
@@ -107,6 +107,12 @@ fn batches_larger_than_the_initial_capacity_are_handled() {
     };
     let examples =
         ExampleSet::new(3, (0..30).collect(), vec![0, 1, 0, 1, 1, 0, 0, 1, 1, 0]).unwrap();
+    (mlp, examples)
+}
+
+#[test]
+fn batches_larger_than_the_initial_capacity_are_handled() {
+    let (mlp, examples) = tiny();
     let mut replica = MlpReplica::new(mlp, CpuBackend, &examples, 2).unwrap();
     let params = mlp.init(0.3, &mut ChaCha8Rng::seed_from_u64(1));
     replica
@@ -130,13 +136,7 @@ fn batches_larger_than_the_initial_capacity_are_handled() {
 
 #[test]
 fn exchanged_gradients_are_the_steps_and_the_next_step_overwrites_what_it_received() {
-    let mlp = Mlp {
-        inputs: 3,
-        hidden: 4,
-        classes: 2,
-    };
-    let examples =
-        ExampleSet::new(3, (0..30).collect(), vec![0, 1, 0, 1, 1, 0, 0, 1, 1, 0]).unwrap();
+    let (mlp, examples) = tiny();
     let params = mlp.init(0.3, &mut ChaCha8Rng::seed_from_u64(1));
     let gradients_of = |batch: &[u32]| {
         let mut fresh = MlpReplica::new(mlp, CpuBackend, &examples, 4).unwrap();
