@@ -1,8 +1,8 @@
 //! `cargo xtask bench-train`: whole training runs of the release binary, sync and async at one
 //! and two CPU workers, alternated round after round (these machines are noisy), with the median
-//! examples/sec of each configuration and its fraction of the floor: the single-thread rate of
-//! a step's matrix products (`gemm-floor` of tandem-benches) times the workers, measured at the
-//! start of each round.
+//! examples/sec of each configuration and its fraction of the floor: the rate of a step's
+//! matrix products alone on as many threads at once as there are workers (`gemm-floor` of
+//! tandem-benches), measured at the start of each round.
 
 use std::path::Path;
 use std::process::Command;
@@ -34,10 +34,17 @@ pub fn train(root: &Path, rounds: usize, epochs: u64) -> Result<()> {
     let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); CONFIGS.len()];
     let mut floors = Vec::new();
     for round in 1..=rounds {
-        // The floor of this round: one core's matrix products, measured beside its trainings.
-        let floor = per_core(&output(&mut Command::new(&floor_binary))?)?;
-        println!("round {round}: gemm floor {floor:>8.0} examples/sec a core");
-        floors.push(floor);
+        // The floors of this round, for one and two workers: the matrix products alone on as
+        // many threads at once, measured beside its trainings.
+        let floor: Vec<f64> = ["1", "2"]
+            .iter()
+            .map(|threads| floor_rate(&output(Command::new(&floor_binary).arg(threads))?))
+            .collect::<Result<_>>()?;
+        println!(
+            "round {round}: gemm floor {:>8.0} examples/sec on 1 thread, {:>8.0} on 2",
+            floor[0], floor[1]
+        );
+        floors.push(floor.clone());
         for (i, (mode, workers)) in CONFIGS.iter().enumerate() {
             let text = output(Command::new(&binary).current_dir(root).args([
                 &format!("--{mode}"),
@@ -50,7 +57,7 @@ pub fn train(root: &Path, rounds: usize, epochs: u64) -> Result<()> {
             ]))?;
             let rate = field(&text, "examples/sec:")?;
             let accuracy = field(&text, "test accuracy:")?;
-            let ratio = rate / (floor * *workers as f64);
+            let ratio = rate / floor[workers - 1];
             println!(
                 "round {round}: {mode:5} x{workers}: {rate:>8.0} examples/sec ({ratio:.2} of \
                  the floor), test accuracy {accuracy:.4}"
@@ -60,7 +67,13 @@ pub fn train(root: &Path, rounds: usize, epochs: u64) -> Result<()> {
         }
     }
     println!("\nmedian of {rounds} alternating runs, {epochs} epochs each:");
-    println!("gemm floor: {:.0} examples/sec a core", median(&mut floors));
+    for threads in [1, 2] {
+        let mut rates: Vec<f64> = floors.iter().map(|f| f[threads - 1]).collect();
+        println!(
+            "gemm floor on {threads} thread(s): {:.0} examples/sec",
+            median(&mut rates)
+        );
+    }
     println!(
         "{:<6} {:>7} {:>14} {:>10}",
         "mode", "workers", "examples/sec", "of floor"
@@ -80,8 +93,8 @@ fn median(values: &mut [f64]) -> f64 {
     values[values.len() / 2]
 }
 
-/// The examples/sec a core of `gemm-floor`'s line.
-fn per_core(text: &str) -> Result<f64> {
+/// The examples/sec of `gemm-floor`'s line.
+fn floor_rate(text: &str) -> Result<f64> {
     text.split(',')
         .nth(1)
         .and_then(|rest| rest.split_whitespace().next())

@@ -1,10 +1,13 @@
-//! The floor of a CPU worker's step: the single-thread time of its matrix products
-//! ([`STEP_PRODUCTS`], through `tandem_tensor::cpu::matmul`, i.e. the `gemm` crate), as
-//! examples/sec a core. `cargo xtask bench-train` runs it beside each round of trainings, so
-//! that the training rates are read as a fraction of the floor measured on the same machine at
-//! the same time.
+//! The floor of CPU workers' steps: the time of a step's matrix products ([`STEP_PRODUCTS`],
+//! through `tandem_tensor::cpu::matmul`, i.e. the `gemm` crate, one thread each) with
+//! `THREADS` threads (the argument, default 1) running them at once, as examples/sec in all:
+//! what that many workers could do if a step were nothing but its products. Threads at once,
+//! because two threads on a machine's two cores often do not run at twice one's rate (shared
+//! caches, or two hardware threads of one core). `cargo xtask bench-train` runs it beside each
+//! round of trainings, so that the training rates are read as a fraction of the floor measured
+//! on the same machine at the same time.
 //!
-//! Prints `gemm floor: T ms a step of B examples, R examples/sec a core`.
+//! Prints `gemm floor: T ms a step of B examples, R examples/sec with N threads`.
 
 use std::time::Instant;
 
@@ -16,6 +19,34 @@ const STEPS_PER_SAMPLE: usize = 20;
 const SAMPLES: usize = 15;
 
 fn main() {
+    let threads = match std::env::args().nth(1).map(|arg| arg.parse::<usize>()) {
+        None => 1,
+        Some(Ok(n)) if n >= 1 => n,
+        Some(_) => {
+            eprintln!("usage: gemm-floor [THREADS] (a count of at least 1)");
+            std::process::exit(2);
+        }
+    };
+    let barrier = std::sync::Barrier::new(threads);
+    let per_step: Vec<f64> = std::thread::scope(|scope| {
+        let runs: Vec<_> = (0..threads)
+            .map(|_| scope.spawn(|| seconds_a_step(&barrier)))
+            .collect();
+        runs.into_iter()
+            .map(|run| run.join().unwrap_or_else(|_| std::process::exit(1)))
+            .collect()
+    });
+    let mean = per_step.iter().sum::<f64>() / threads as f64;
+    let rate: f64 = per_step.iter().map(|s| BATCH as f64 / s).sum();
+    println!(
+        "gemm floor: {:.3} ms a step of {BATCH} examples, {rate:.0} examples/sec with {threads} \
+         threads",
+        mean * 1e3
+    );
+}
+
+/// The median time of a step's products on this thread, every thread timing at once.
+fn seconds_a_step(barrier: &std::sync::Barrier) -> f64 {
     let mut operands: Vec<_> = STEP_PRODUCTS
         .iter()
         .enumerate()
@@ -36,6 +67,7 @@ fn main() {
     }
     let mut seconds: Vec<f64> = (0..SAMPLES)
         .map(|_| {
+            barrier.wait();
             let start = Instant::now();
             for _ in 0..STEPS_PER_SAMPLE {
                 step();
@@ -44,10 +76,5 @@ fn main() {
         })
         .collect();
     seconds.sort_by(f64::total_cmp);
-    let per_step = seconds[SAMPLES / 2];
-    println!(
-        "gemm floor: {:.3} ms a step of {BATCH} examples, {:.0} examples/sec a core",
-        per_step * 1e3,
-        BATCH as f64 / per_step
-    );
+    seconds[SAMPLES / 2]
 }
