@@ -7,7 +7,7 @@
 //! round of trainings, so that the training rates are read as a fraction of the floor measured
 //! on the same machine at the same time.
 //!
-//! Prints `gemm floor: T ms a step of B examples, R examples/sec with N threads`.
+//! Prints `gemm floor: T ms a step of B examples, R examples/sec on N thread(s)`.
 
 use std::time::Instant;
 
@@ -39,8 +39,8 @@ fn main() {
     let mean = per_step.iter().sum::<f64>() / threads as f64;
     let rate: f64 = per_step.iter().map(|s| BATCH as f64 / s).sum();
     println!(
-        "gemm floor: {:.3} ms a step of {BATCH} examples, {rate:.0} examples/sec with {threads} \
-         threads",
+        "gemm floor: {:.3} ms a step of {BATCH} examples, {rate:.0} examples/sec on {threads} \
+         thread(s)",
         mean * 1e3
     );
 }
