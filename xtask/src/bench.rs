@@ -14,7 +14,7 @@ use crate::{output, run};
 /// The four configurations, in the order each round runs them.
 const CONFIGS: [(&str, usize); 4] = [("sync", 1), ("async", 1), ("sync", 2), ("async", 2)];
 
-pub fn train(root: &Path, rounds: usize, epochs: u64) -> Result<()> {
+pub fn train(root: &Path, rounds: u64, epochs: u64) -> Result<()> {
     run(Command::new(env!("CARGO")).current_dir(root).args([
         "build",
         "--release",

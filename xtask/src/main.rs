@@ -53,11 +53,11 @@ enum Task {
     /// Train sync and async at 1 and 2 CPU workers (release build), alternating the runs, and
     /// print the median examples/sec of each.
     BenchTrain {
-        /// Rounds of the four runs.
-        #[arg(long, default_value_t = 3)]
-        rounds: usize,
+        /// Rounds of the four runs (at least 1: the medians need a run).
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+        rounds: u64,
         /// Epochs per run.
-        #[arg(long, default_value_t = 4)]
+        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..))]
         epochs: u64,
     },
     /// Mutation testing with cargo-mutants of the strategies and their store, the optimiser

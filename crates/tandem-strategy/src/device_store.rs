@@ -453,6 +453,15 @@ impl<'o, O: Optimizer + ?Sized> DeviceStore<'o, O> {
     }
 }
 
+/// Copies every worker's `begun` count into a staleness record's half at `record`.
+fn snapshot_begun(begun: &dyn DeviceAlloc, record: u64, workers: usize) -> DeviceOp {
+    DeviceOp::Copy {
+        dst: record,
+        src: begun.address(),
+        len: workers,
+    }
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // Nothing panics while holding a shard's lock but the driver's own calls; the event stays
     // usable.
@@ -523,11 +532,7 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for DeviceStore<'_, O> {
         // workers` values and `begun` `workers`.
         unsafe {
             queue.run(&[
-                DeviceOp::Copy {
-                    dst: record,
-                    src: begun.address(),
-                    len: workers,
-                },
+                snapshot_begun(&**begun, record, workers),
                 DeviceOp::Copy {
                     dst: member.residence.params,
                     src: params.address(),
@@ -634,11 +639,7 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for DeviceStore<'_, O> {
         // the same queue).
         unsafe {
             queue.run(&[
-                DeviceOp::Copy {
-                    dst: record,
-                    src: begun.address(),
-                    len: workers,
-                },
+                snapshot_begun(&**begun, record, workers),
                 DeviceOp::Upload {
                     dst: at(begun.address(), worker),
                     values: vec![f32::from_bits(seen.own)],
