@@ -1,20 +1,30 @@
 #!/usr/bin/env bash
 # Runs on a GPU machine with no Rust toolchain (PyTorch with CUDA for the anchor), from the
-# bundle that `cargo xtask gpu-bundle` builds: the CUDA kernel tests, then mnist-train --sync and
-# --async on 1, 2 and 4 replicas of cuda:0, then PyTorch's same model on the same GPU, and one
-# table. First, the conformance suite (kernels/conformance) against NVIDIA's driver: the ordinary
-# kernels must give NumPy's results here as on the CPU stand-in, and the strict checks must get
-# the error codes the stand-in gives. Each run is cut off at LIMIT seconds so the whole stays within about 5 minutes.
-#   EPOCHS=30 LIMIT=30 ./run.sh
+# bundle that `cargo xtask gpu-bundle` builds. In order, each step cut off at its own limit:
+#   1. the conformance suite (kernels/conformance) on NVIDIA's driver: the ordinary kernels must
+#      give NumPy's results here as on the CPU stand-in, the strict checks the stand-in's errors;
+#   2. the CUDA test executables (every kernel against its CPU twin; the model and sync strategy);
+#   3. `mnist-train compare` (sync, then async, EPOCHS each) on cuda:0, cuda:0x2, cuda:0x4 and,
+#      where the machine has several GPUs, on all of them: test accuracy, examples/sec, time to
+#      98% test accuracy;
+#   4. PyTorch's same model on cuda:0 (anchors/torch_gpu_variants.py): eager, CUDA graph and
+#      torch.compile, each timed the same way;
+#   5. one table, every run's examples/sec also as a multiple of PyTorch eager's.
+# It exits 0 only if every step passed and every tandem run reached MIN_ACCURACY. Logs go to
+# logs/.
+#   EPOCHS=30 ./run.sh
 set -uo pipefail
 cd "$(dirname "$0")"
 # Shorter than mnist-train's default of 100 epochs, to fit the device time; on CPU workers 30
 # epochs reach 98.1-98.4% test accuracy in both modes.
 EPOCHS=${EPOCHS:-30}
-LIMIT=${LIMIT:-30}
-# The least test accuracy (averaged parameters) a training run must reach.
+# Seconds for one `compare` (both modes), and for one PyTorch variant.
+LIMIT=${LIMIT:-90}
+# The least final test accuracy (averaged parameters) a tandem run must reach.
 MIN_ACCURACY=${MIN_ACCURACY:-0.975}
 export TANDEM_MNIST_DIR=$PWD/data/mnist
+# A GPU test that finds no device fails here instead of skipping.
+export TANDEM_REQUIRE_GPU=1
 # The conformance checker and the PyTorch anchor need NumPy. A GPU machine without it (and
 # without a package index) can be given wheels in wheels/ (`pip download numpy
 # --only-binary=:all: --python-version 3.X -d wheels`); they are installed into python/.
@@ -27,78 +37,88 @@ mkdir -p logs
 failed=0
 rows=()
 
-# On the last line of FILE that mentions KEY: the number right after KEY, else the one just
-# before it, else the first one after it; commas dropped. mnist-train's summary format is not
-# pinned down, so this parses loosely.
-pick() {
-    local line
-    line=$(grep -i -- "$1" "$2" | tail -n 1)
-    { sed -nE "s#.*$1[^0-9a-z]*([0-9][0-9,]*(\.[0-9]+)?).*#\1#Ip" <<<"$line"
-      sed -nE "s#(^|.*[^0-9.,])([0-9][0-9,]*(\.[0-9]+)?)[^0-9]*$1.*#\2#Ip" <<<"$line"
-      sed -nE "s#.*$1[^0-9]*([0-9][0-9,]*(\.[0-9]+)?).*#\1#Ip" <<<"$line"
-    } | head -n 1 | tr -d ,
-}
+nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader 2>&1 |
+    tee logs/gpus.txt
 
 echo "== Conformance: ordinary CUDA kernels and the strict checks on the real driver"
 for flags in "" --strict; do
     log="logs/conformance${flags:+-strict}.log"
-    if ! timeout "$LIMIT" python3 conformance/check.py $flags >"$log" 2>&1; then
+    if ! timeout 60 python3 conformance/check.py $flags >"$log" 2>&1; then
         echo "FAILED: conformance/check.py $flags (see $log)"; failed=1
     fi
-    cat "$log"
+    tail -n 5 "$log"
 done
 
-echo "== CUDA kernel tests"
+echo "== CUDA tests"
 for t in tests/*; do
     log="logs/test-$(basename "$t").log"
-    if ! timeout "$LIMIT" "$t" >"$log" 2>&1; then
+    if ! timeout 120 "$t" >"$log" 2>&1; then
         echo "FAILED: $t (see $log)"; failed=1
     fi
-    if grep -q 'SKIPPED' "$log"; then
-        echo "FAILED: $t skipped on a GPU machine: no device seen (see $log)"; failed=1
-    fi
-    grep -E '^test result' "$log"
+    grep -E '^test result|panicked|FAILED' "$log"
 done
 
-for mode in sync async; do
-    for devices in cuda:0 cuda:0x2 cuda:0x4; do
-        log="logs/train-$mode-${devices/:/-}.log"
-        echo "== mnist-train --$mode --devices $devices"
-        if ! timeout "$LIMIT" bin/mnist-train "--$mode" --devices "$devices" --epochs "$EPOCHS" \
-            --data-dir data/mnist >"$log" 2>&1; then
-            echo "FAILED: see $log"; failed=1
-            head -n 3 "$log"
-        else
-            tail -n 3 "$log"
-            # A GPU run that trains but learns nothing is a failure too: at 30 epochs the CPU
-            # workers reach 98.1-98.4%.
-            accuracy=$(pick 'test accuracy' "$log")
-            if ! awk -v a="${accuracy:-0}" -v min="$MIN_ACCURACY" 'BEGIN { exit !(a >= min) }'; then
-                echo "FAILED: test accuracy ${accuracy:-missing} below $MIN_ACCURACY (see $log)"
-                failed=1
-            fi
+# One cell of compare.md: in the row whose label holds LABEL, column 1 (sync) or 2 (async).
+cell() {
+    awk -F'|' -v label="$1" -v col="$(($2 + 2))" '
+        index($2, label) { gsub(/^ +| +$/, "", $col); print $col; exit }' "$3"
+}
+
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+device_sets=(cuda:0 cuda:0x2 cuda:0x4)
+if [ "${gpus:-0}" -gt 1 ]; then device_sets+=("cuda:$(seq -s, 0 $((gpus - 1)))"); fi
+for devices in "${device_sets[@]}"; do
+    name=${devices//[:,]/-}
+    log="logs/compare-$name.log"
+    echo "== mnist-train compare --devices $devices --epochs $EPOCHS"
+    if ! timeout "$LIMIT" bin/mnist-train compare --devices "$devices" --epochs "$EPOCHS" \
+        --evals-per-epoch 1 --report "logs/report-$name" >"$log" 2>&1; then
+        echo "FAILED: see $log"; failed=1
+        tail -n 5 "$log"
+        continue
+    fi
+    grep -E '^\|' "$log"
+    for column in 1 2; do
+        mode=$([ "$column" = 1 ] && echo sync || echo async)
+        report="logs/report-$name/compare.md"
+        accuracy=$(cell 'final test accuracy' "$column" "$report")
+        if ! awk -v a="${accuracy:-0}" -v min="$MIN_ACCURACY" 'BEGIN { exit !(a >= min) }'; then
+            echo "FAILED: $mode on $devices: test accuracy ${accuracy:-missing} below $MIN_ACCURACY"
+            failed=1
         fi
-        rows+=("tandem --$mode $devices|$(pick 'test accuracy' "$log")|$(pick 'examples/sec' "$log")")
+        rows+=("tandem $mode $devices|$accuracy|$(cell 'examples/sec' "$column" "$report" | tr -d ,)|$(cell 'time to 98%' "$column" "$report" | sed 's/ (.*//')")
     done
 done
 
-echo "== PyTorch, one process on cuda:0"
-if timeout "$((LIMIT * 2))" python3 anchors/torch_gpu.py --epochs "$EPOCHS" >logs/torch.log 2>&1; then
-    torch=$(python3 -c 'import json, sys
-r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
-print("%.4f|%.0f" % (r["acc_avg"], r["examples_per_sec"]))' logs/torch.log)
-else
-    echo "FAILED: see logs/torch.log"; failed=1; torch="|"
-fi
-rows+=("pytorch cuda:0|$torch")
-torch_eps=${torch#*|}
+echo "== PyTorch on cuda:0: eager, CUDA graph, torch.compile"
+for variant in eager graph compile; do
+    log="logs/torch-$variant.log"
+    # torch.compile spends most of its time compiling: it gets twice the limit.
+    limit=$([ "$variant" = compile ] && echo $((LIMIT * 2)) || echo "$LIMIT")
+    timeout "$limit" python3 anchors/torch_gpu_variants.py --epochs "$EPOCHS" \
+        --variants "$variant" >"$log" 2>&1
+    row=$(python3 - "$log" <<'EOF'
+import json, sys
+try:
+    r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+    t98 = r["seconds_to_98"]
+    print("%.4f|%.0f|%s" % (r["test_acc_ema"], r["examples_per_sec_median"],
+                            "not reached" if t98 is None else "%.1f s" % t98))
+except Exception:
+    sys.exit(1)
+EOF
+    ) || { echo "FAILED: PyTorch $variant (see $log)"; tail -n 3 "$log"; failed=1; row="||"; }
+    rows+=("pytorch $variant cuda:0|$row")
+    [ "$variant" = eager ] && eager_eps=$(cut -d'|' -f2 <<<"$row")
+done
 
 echo
-echo "== $EPOCHS epochs, batch 100 per replica"
-printf '%-24s %-14s %-14s %s\n' run "test accuracy" examples/sec "x pytorch"
+echo "== $EPOCHS epochs, batch 100 per replica; examples/sec is the median of PyTorch's epochs"
+printf '%-26s %-14s %-14s %-14s %s\n' run "test accuracy" examples/sec "time to 98%" "x eager"
 for row in "${rows[@]}"; do
-    IFS='|' read -r name acc eps <<<"$row"
-    ratio=$(awk -v a="${eps:-0}" -v b="${torch_eps:-0}" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "?" }')
-    printf '%-24s %-14s %-14s %s\n' "$name" "${acc:-?}" "${eps:-?}" "$ratio"
-done
+    IFS='|' read -r name acc eps t98 <<<"$row"
+    ratio=$(awk -v a="${eps:-0}" -v b="${eager_eps:-0}" \
+        'BEGIN { if (a > 0 && b > 0) printf "%.1f", a / b; else print "?" }')
+    printf '%-26s %-14s %-14s %-14s %s\n' "$name" "${acc:-?}" "${eps:-?}" "${t98:-?}" "$ratio"
+done | tee logs/table.txt
 exit "$failed"

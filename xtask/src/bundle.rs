@@ -14,7 +14,6 @@ use anyhow::{Context, Result};
 use crate::{emu, run};
 
 const RUN_SH: &str = include_str!("../bundle/run.sh");
-const TORCH_GPU_PY: &str = include_str!("../bundle/torch_gpu.py");
 
 /// The test executables that need a GPU: tandem-kernels' `cuda` (every kernel against its CPU
 /// twin) and tandem-integration's `model_gpu` (the whole model and the sync strategy). The
@@ -24,7 +23,7 @@ const GPU_TESTS: &[&str] = &["cuda", "model_gpu"];
 
 /// Builds `gpu-bundle/`: `bin/mnist-train`, `tests/*` (the `--features cuda` test executables of
 /// tandem-kernels and tandem-integration named in [`GPU_TESTS`]), `anchors/` (the PyTorch
-/// anchor, and a GPU driver for it), `conformance/` (kernels/conformance's checker and PTX),
+/// anchor's GPU variants: eager, CUDA graph, `torch.compile`), `conformance/` (kernels/conformance's checker and PTX),
 /// `data/mnist/` and `run.sh`.
 pub fn build(root: &Path) -> Result<()> {
     let bundle = root.join("gpu-bundle");
@@ -82,14 +81,8 @@ pub fn build(root: &Path) -> Result<()> {
 
     let anchors_src = root.join("../shared/anchors");
     let anchors = bundle.join("anchors");
-    copy_all(
-        &[
-            anchors_src.join("torch_mnist.py"),
-            anchors_src.join("mnist_idx.py"),
-        ],
-        &anchors,
-    )?;
-    write(&anchors.join("torch_gpu.py"), TORCH_GPU_PY, false)?;
+    // It reads data/mnist beside its own folder.
+    copy_all(&[anchors_src.join("torch_gpu_variants.py")], &anchors)?;
     // The conformance suite: its checker and the committed PTX it loads.
     let conformance: Vec<PathBuf> = fs::read_dir(root.join("kernels/conformance"))
         .context("reading kernels/conformance")?
@@ -99,7 +92,6 @@ pub fn build(root: &Path) -> Result<()> {
         .filter(|path| path.extension().is_some_and(|e| e == "ptx" || e == "py"))
         .collect();
     copy_all(&conformance, &bundle.join("conformance"))?;
-    // mnist_idx.py reads ../data/mnist beside its own folder.
     let data: Vec<PathBuf> = fs::read_dir(root.join("data/mnist"))
         .context("reading data/mnist")?
         .map(|entry| entry.map(|e| e.path()))
