@@ -124,11 +124,12 @@ fn train(
         loss: None,
     }];
     // About 20 loss samples per segment, but never a sum of squares over all parameters (the
-    // L2 term of a logged loss) more often than every 10th step: it would slow training down.
+    // L2 term of a logged loss, which a GPU run reads back from the device) more often than
+    // every 10th step: it would slow training down. A short segment still logs once.
     let per_segment = config.end_step / plan.evaluate_at.len().max(1) as u64;
     let watch = Watch {
         progress: None,
-        log_every: (per_segment / 20).clamp(1, 10),
+        log_every: (per_segment / 20).max(10).min(per_segment.max(1)),
         interrupt,
         stall_timeout: None,
         on_abandon: None,

@@ -33,6 +33,10 @@ const SOFTMAX_ROWS: u32 = 4;
 const POISON: u8 = 0xFF;
 /// The largest grid y dimension CUDA allows.
 const MAX_GRID_Y: usize = 65_535;
+/// A matmul with fewer tiles of C than this is split over k until it has about this many
+/// blocks (a few per multiprocessor on large GPUs), so that short walks over k run side by
+/// side instead of one long walk per tile.
+const SPLIT_BLOCKS: usize = 1024;
 
 /// The argument array of a kernel launch: a pointer to each value, in the kernel's order.
 macro_rules! args {
@@ -89,6 +93,8 @@ struct Scratch {
     loss: DeviceBuffer<f32>,
     /// `[lr, wd, d]` of [`CudaBackend::sgd_ema_update`].
     hyper: DeviceBuffer<f32>,
+    /// The partial products of a matmul split over k (`sum_splits` adds them).
+    parts: DeviceBuffer<f32>,
     /// `count_correct`'s hits and label check, `[hits, bad labels, first bad label]`;
     /// `mean_loss`'s label check in the last two.
     counts: DeviceBuffer<u32>,
@@ -244,6 +250,7 @@ impl CudaBackend {
         let scratch = Scratch {
             indices: allocate(&context, 0)?, // grown on first use
             losses: allocate(&context, 0)?,
+            parts: allocate(&context, 0)?,
             loss: allocate(&context, 1)?,
             counts: allocate(&context, 3)?,
             hyper: allocate(&context, 3)?,
@@ -499,6 +506,7 @@ impl CudaBackend {
         if m == 0 || n == 0 {
             return Ok(());
         }
+        let len = m.saturating_mul(n); // no saturation: c holds that many values (checked)
         let grid_y = m.div_ceil(TILE);
         if grid_y > MAX_GRID_Y {
             return Err(KernelError::TooLarge {
@@ -513,17 +521,50 @@ impl CudaBackend {
             dim("matmul: k", k)?,
         );
         let (a_t, b_t) = (i32::from(a_transposed), i32::from(b_transposed));
-        let grid = (n.div_ceil(TILE as u32), grid_y as u32);
-        // SAFETY: the arguments follow `matmul`'s parameters; a, b and c cover m*k, k*n and m*n
-        // values and bias n values or is null (checked above).
+        let (grid_x, grid_y) = (n.div_ceil(TILE as u32), grid_y as u32);
+        let splits = KSplits::of(grid_x as usize * grid_y as usize, k as usize);
+        let count = dim("matmul: splits", splits.count)?;
+        let k_split = dim("matmul: k per split", splits.k_split)?;
+        let mut scratch = self.scratch.borrow_mut();
+        if count > 1 {
+            self.reserve(&mut scratch.parts, splits.count.saturating_mul(len))?;
+        }
+        let parts = scratch.parts.as_device_ptr();
+        // Split, the matmul writes the splits' slices and `sum_splits` adds them into c.
+        let out = match count {
+            1 => c,
+            _ => parts,
+        };
+        let epilogue = match count {
+            1 => bias,
+            _ => DevicePointer::null(),
+        };
+        let grid = Dim3 {
+            x: grid_x,
+            y: grid_y,
+            z: count,
+        };
+        // SAFETY: the arguments follow `matmul`'s parameters: a, b and c cover m*k, k*n and
+        // m*n values and bias n values or is null (checked above); split, `parts` holds the
+        // `count` slices of m*n values and there is no bias. `sum_splits` reads those slices
+        // and writes c.
         unsafe {
             self.launch(
                 Kernel::Matmul,
                 grid,
                 (TILE as u32, MATMUL_ROWS),
-                args![a, b, c, bias, m, n, k, a_t, b_t],
-            )
+                args![a, b, out, epilogue, m, n, k, a_t, b_t, k_split],
+            )?;
+            if count > 1 {
+                self.launch(
+                    Kernel::SumSplits,
+                    stride_grid(len),
+                    BLOCK,
+                    args![parts, count, len, n, bias, c],
+                )?;
+            }
         }
+        Ok(())
     }
 
     /// Copies `src` into `dst` from `offset` on, for operation `op`.
@@ -768,6 +809,30 @@ fn dim(what: &'static str, value: usize) -> Result<u32, KernelError> {
 /// nothing is still valid and simply does nothing).
 fn stride_grid(len: usize) -> u32 {
     len.div_ceil(BLOCK as usize).clamp(1, MAX_BLOCKS) as u32
+}
+
+/// How a matmul with `blocks` tiles of C is split over its `k`: `count` splits of `k_split`
+/// values of k each (a multiple of the tile, the last split shorter), or one split of all of k.
+/// It depends on the shape alone, so that a shape's sums are always taken in the same order.
+#[derive(Debug, PartialEq, Eq)]
+struct KSplits {
+    count: usize,
+    k_split: usize,
+}
+
+impl KSplits {
+    fn of(blocks: usize, k: usize) -> KSplits {
+        let tiles = k.div_ceil(TILE);
+        let wanted = SPLIT_BLOCKS.div_ceil(blocks.max(1)).min(tiles);
+        if wanted <= 1 {
+            return KSplits { count: 1, k_split: k };
+        }
+        let tiles_per_split = tiles.div_ceil(wanted);
+        KSplits {
+            count: tiles.div_ceil(tiles_per_split),
+            k_split: tiles_per_split * TILE,
+        }
+    }
 }
 
 /// The kernels' `Grads` parameter: the device address of each buffer's span, and the count.
@@ -1350,8 +1415,36 @@ impl Backend for CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::{CudaBackend, Kernel, KernelError, BLOCK, MATMUL_ROWS, POISON, TILE};
+    use super::{CudaBackend, KSplits, Kernel, KernelError, BLOCK, MATMUL_ROWS, POISON, TILE};
     use tandem_tensor::check;
+
+    /// The model's small products are split over k, large ones are not, and the splits of
+    /// every shape cover k exactly in whole tiles.
+    #[test]
+    fn small_matmuls_are_split_over_k_in_whole_tiles() {
+        let splits = |blocks, k| {
+            let s = KSplits::of(blocks, k);
+            (s.count, s.k_split)
+        };
+        // 100x500x784 (64 tiles of C): 13 splits of 2 tiles of k instead of 25 tiles in a row.
+        assert_eq!(splits(64, 784), (13, 64));
+        assert_eq!(splits(4, 500), (16, 32)); // 100x10x500
+        assert_eq!(splits(400, 100), (2, 64)); // 784x500x100
+        assert_eq!(splits(64, 10), (1, 10)); // one tile of k: nothing to split
+        assert_eq!(splits(2048, 5000), (1, 5000)); // enough blocks already
+        assert_eq!(splits(1, 0), (1, 0));
+        for blocks in [1, 3, 17, 100, 1023, 1024, 5000] {
+            for k in [1, 31, 32, 33, 100, 784, 1000, 4097, 100_000] {
+                let KSplits { count, k_split } = KSplits::of(blocks, k);
+                if count == 1 {
+                    assert_eq!(k_split, k);
+                } else {
+                    assert_eq!(k_split % TILE, 0, "{blocks} {k}");
+                    assert!((count - 1) * k_split < k && k <= count * k_split, "{blocks} {k}");
+                }
+            }
+        }
+    }
 
     /// What the host makes of the label check a kernel left: nothing bad, the CPU's error for
     /// the first bad label, or the poison still there (the kernel never wrote it).

@@ -99,9 +99,11 @@ kernel_table! {
     GATHER = "gather" {
         Gather => "gather",
     }
-    /// `kernels/matmul.cu`: the tiled `matmul`, either operand transposed, optional bias + ReLU.
+    /// `kernels/matmul.cu`: the tiled `matmul`, either operand transposed, optional bias + ReLU,
+    /// optionally split over k; `sum_splits` adds the splits.
     MATMUL = "matmul" {
         Matmul => "matmul",
+        SumSplits => "sum_splits",
     }
     /// `kernels/reduce.cu`: `column_sum`, `mean_loss` and `count_correct`, deterministic; the
     /// last two also check the labels.

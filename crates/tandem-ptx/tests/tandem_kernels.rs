@@ -16,31 +16,36 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
 }
 
 /// op(A) (m x k) . op(B) (k x n), accumulated in increasing k with fused multiply-adds as the
-/// kernel does; optional bias + ReLU.
+/// kernel does, in splits of `k_split` values of k whose sums are then added in order (one
+/// split when `k_split >= k`); optional bias + ReLU.
 #[allow(clippy::too_many_arguments)]
 fn matmul_ref(
     a: &[f32],
     b: &[f32],
     bias: Option<&[f32]>,
-    m: usize,
-    n: usize,
-    k: usize,
+    (m, n, k): (usize, usize, usize),
     a_t: bool,
     b_t: bool,
+    k_split: usize,
 ) -> Vec<f32> {
     let mut c = vec![0f32; m * n];
     for r in 0..m {
         for col in 0..n {
-            let mut acc = 0f32;
-            for kk in 0..k {
-                let av = if a_t { a[kk * m + r] } else { a[r * k + kk] };
-                let bv = if b_t {
-                    b[col * k + kk]
-                } else {
-                    b[kk * n + col]
-                };
-                acc = av.mul_add(bv, acc);
+            let mut sum = None;
+            for begin in (0..k.max(1)).step_by(k_split.max(1)) {
+                let mut acc = 0f32;
+                for kk in begin..k.min(begin + k_split) {
+                    let av = if a_t { a[kk * m + r] } else { a[r * k + kk] };
+                    let bv = if b_t {
+                        b[col * k + kk]
+                    } else {
+                        b[kk * n + col]
+                    };
+                    acc = av.mul_add(bv, acc);
+                }
+                sum = Some(sum.map_or(acc, |s: f32| s + acc));
             }
+            let acc = sum.unwrap_or(0.0);
             c[r * n + col] = match bias {
                 Some(bias) => (acc + bias[col]).max(0.0),
                 None => acc,
@@ -50,11 +55,13 @@ fn matmul_ref(
     c
 }
 
+/// Runs `matmul` on (m, n, k) in splits of `k_split` values of k (one split when
+/// `k_split >= k`; several are added by `sum_splits`, which then applies the bias), and returns
+/// the result, the reference's, the matmul's instruction count and time.
 #[allow(clippy::too_many_arguments)]
 fn run_matmul(
-    m: usize,
-    n: usize,
-    k: usize,
+    (m, n, k): (usize, usize, usize),
+    k_split: usize,
     a_t: bool,
     b_t: bool,
     with_bias: bool,
@@ -63,6 +70,7 @@ fn run_matmul(
 ) -> (Vec<f32>, Vec<f32>, u64, f64) {
     let module = module(&tandem_ptx("matmul"));
     let kern = module.kernel("matmul").expect("matmul");
+    let splits = k.div_ceil(k_split).max(1);
     let a = values(m * k, 1);
     let b = values(k * n, 2);
     let bias = values(n, 3);
@@ -70,20 +78,36 @@ fn run_matmul(
     let (da, db) = (mem.upload_f32(&a), mem.upload_f32(&b));
     let dc = mem.alloc(m * n * 4);
     let dbias = if with_bias { mem.upload_f32(&bias) } else { 0 };
+    let (out, out_bias) = if splits == 1 {
+        (dc, dbias)
+    } else {
+        (mem.alloc(splits * m * n * 4), 0)
+    };
     let args = Args::new()
         .u64(da)
         .u64(db)
-        .u64(dc)
-        .u64(dbias)
+        .u64(out)
+        .u64(out_bias)
         .u32(m as u32)
         .u32(n as u32)
         .u32(k as u32)
         .u32(a_t as u32)
-        .u32(b_t as u32);
-    let grid = dim(n.div_ceil(32) as u32, m.div_ceil(32) as u32, 1);
+        .u32(b_t as u32)
+        .u32(k_split as u32);
+    let grid = dim(n.div_ceil(32) as u32, m.div_ceil(32) as u32, splits as u32);
     let (instructions, secs) =
         timed_launch(&kern, grid, dim(32, 8, 1), &args, &mem, threads, race_check);
-    let want = matmul_ref(&a, &b, with_bias.then_some(&bias[..]), m, n, k, a_t, b_t);
+    if splits > 1 {
+        let sum = Args::new()
+            .u64(out)
+            .u32(splits as u32)
+            .u64((m * n) as u64)
+            .u32(n as u32)
+            .u64(dbias)
+            .u64(dc);
+        run("matmul", "sum_splits", dim(3, 1, 1), 256, &sum, &mem, threads);
+    }
+    let want = matmul_ref(&a, &b, with_bias.then_some(&bias[..]), (m, n, k), a_t, b_t, k_split);
     (mem.f32s(dc), want, instructions, secs)
 }
 
@@ -95,14 +119,26 @@ fn matmul_all_transposes_and_bias() {
         (false, true, false),
         (true, true, true),
     ] {
-        let (got, want, _, _) = run_matmul(37, 45, 70, a_t, b_t, bias, 2, false);
+        let (got, want, _, _) = run_matmul((37, 45, 70), 70, a_t, b_t, bias, 2, false);
         assert_eq!(got, want, "a_t {a_t} b_t {b_t} bias {bias}");
+    }
+}
+
+/// Split over k: each split's sums start from zero and `sum_splits` adds them in order, then
+/// applies the bias; a short last split, and splits of one tile.
+#[test]
+fn matmul_split_over_k_and_sum_splits() {
+    for (shape, k_split) in [((37, 45, 70), 32), ((37, 45, 70), 64), ((5, 3, 100), 32)] {
+        for (a_t, b_t, bias) in [(false, false, true), (true, true, false)] {
+            let (got, want, _, _) = run_matmul(shape, k_split, a_t, b_t, bias, 2, false);
+            assert_eq!(got, want, "{shape:?} split {k_split} a_t {a_t} b_t {b_t} bias {bias}");
+        }
     }
 }
 
 #[test]
 fn matmul_speed_100x500x784() {
-    let (got, want, n, secs) = run_matmul(100, 500, 784, false, false, false, 1, false);
+    let (got, want, n, secs) = run_matmul((100, 500, 784), 784, false, false, false, 1, false);
     assert_eq!(got, want);
     report("matmul 100x500x784", n, secs);
 }
@@ -112,10 +148,10 @@ fn matmul_speed_100x500x784() {
 #[test]
 fn matmul_race_checked() {
     for (a_t, b_t) in [(false, false), (true, true)] {
-        let (got, want, _, _) = run_matmul(37, 45, 70, a_t, b_t, true, 2, true);
+        let (got, want, _, _) = run_matmul((37, 45, 70), 70, a_t, b_t, true, 2, true);
         assert_eq!(got, want);
     }
-    let (got, want, n, secs) = run_matmul(100, 500, 784, false, false, false, 1, true);
+    let (got, want, n, secs) = run_matmul((100, 500, 784), 784, false, false, false, 1, true);
     assert_eq!(got, want);
     report("matmul 100x500x784 race-checked", n, secs);
 }
