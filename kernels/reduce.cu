@@ -62,8 +62,6 @@ extern "C" __global__ void column_sum(const float *__restrict__ x, unsigned rows
         return;
     }
     float s = 0.0f;
-    // Unrolled so that several rows' loads are in flight at once: the adds stay in row order.
-#pragma unroll 8
     for (unsigned r = 0; r < rows; ++r) {
         s += x[(size_t)r * cols + c]; // consecutive threads read consecutive columns
     }

@@ -118,6 +118,11 @@ pub struct CompareArgs {
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=100))]
     pub evals_per_epoch: u64,
 
+    /// Base learning rate of both modes, a finite number > 0 (asynchronous training on many
+    /// workers can need a lower one than the default) [default: 0.8].
+    #[arg(long = "lr", alias = "learning-rate", value_name = "RATE", allow_negative_numbers = true, value_parser = learning_rate)]
+    pub learning_rate: Option<f32>,
+
     /// Directory holding the four MNIST IDX files (gzip or plain) [default: $TANDEM_MNIST_DIR,
     /// else data/mnist under the current directory].
     #[arg(long, value_name = "DIR")]

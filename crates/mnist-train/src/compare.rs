@@ -37,9 +37,13 @@ pub fn run(args: &CompareArgs) -> Result<()> {
         runs.push(run);
         devices = names;
     }
+    let lr_note = args
+        .learning_rate
+        .map(|lr| format!(", learning rate {lr}"))
+        .unwrap_or_default();
     let report = Report {
-        title: "MNIST 784-500-10".into(),
-        heading: "tandem: synchronous vs asynchronous data parallelism on MNIST".into(),
+        title: format!("MNIST 784-500-10{lr_note}"),
+        heading: format!("tandem: synchronous vs asynchronous data parallelism on MNIST{lr_note}"),
         devices,
         epochs: args.epochs,
         batch_size: args.batch_size as usize,
@@ -89,7 +93,10 @@ fn train(
     };
     let start = Start::Fresh(Fresh {
         mode,
-        optimizer: Sgd::DEFAULT,
+        optimizer: Sgd {
+            learning_rate: args.learning_rate.unwrap_or(Sgd::DEFAULT.learning_rate),
+            ..Sgd::DEFAULT
+        },
         batches,
         length: Length::Epochs(args.epochs),
         save_every: None,

@@ -825,7 +825,10 @@ impl KSplits {
         let tiles = k.div_ceil(TILE);
         let wanted = SPLIT_BLOCKS.div_ceil(blocks.max(1)).min(tiles);
         if wanted <= 1 {
-            return KSplits { count: 1, k_split: k };
+            return KSplits {
+                count: 1,
+                k_split: k,
+            };
         }
         let tiles_per_split = tiles.div_ceil(wanted);
         KSplits {
@@ -1440,7 +1443,10 @@ mod tests {
                     assert_eq!(k_split, k);
                 } else {
                     assert_eq!(k_split % TILE, 0, "{blocks} {k}");
-                    assert!((count - 1) * k_split < k && k <= count * k_split, "{blocks} {k}");
+                    assert!(
+                        (count - 1) * k_split < k && k <= count * k_split,
+                        "{blocks} {k}"
+                    );
                 }
             }
         }

@@ -105,9 +105,25 @@ fn run_matmul(
             .u32(n as u32)
             .u64(dbias)
             .u64(dc);
-        run("matmul", "sum_splits", dim(3, 1, 1), 256, &sum, &mem, threads);
+        run(
+            "matmul",
+            "sum_splits",
+            dim(3, 1, 1),
+            256,
+            &sum,
+            &mem,
+            threads,
+        );
     }
-    let want = matmul_ref(&a, &b, with_bias.then_some(&bias[..]), (m, n, k), a_t, b_t, k_split);
+    let want = matmul_ref(
+        &a,
+        &b,
+        with_bias.then_some(&bias[..]),
+        (m, n, k),
+        a_t,
+        b_t,
+        k_split,
+    );
     (mem.f32s(dc), want, instructions, secs)
 }
 
@@ -131,7 +147,10 @@ fn matmul_split_over_k_and_sum_splits() {
     for (shape, k_split) in [((37, 45, 70), 32), ((37, 45, 70), 64), ((5, 3, 100), 32)] {
         for (a_t, b_t, bias) in [(false, false, true), (true, true, false)] {
             let (got, want, _, _) = run_matmul(shape, k_split, a_t, b_t, bias, 2, false);
-            assert_eq!(got, want, "{shape:?} split {k_split} a_t {a_t} b_t {b_t} bias {bias}");
+            assert_eq!(
+                got, want,
+                "{shape:?} split {k_split} a_t {a_t} b_t {b_t} bias {bias}"
+            );
         }
     }
 }
