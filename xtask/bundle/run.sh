@@ -11,8 +11,9 @@
 #      torch.compile, each timed the same way, and the graph variant with a capturable
 #      moving-average update;
 #   5. one table, every run's examples/sec also as a multiple of PyTorch eager's.
-# It exits 0 only if every step passed and every tandem run reached MIN_ACCURACY. Logs go to
-# logs/.
+# It exits 0 only if every check of tandem passed and every tandem run reached MIN_ACCURACY (a
+# PyTorch variant that fails is reported, and its row left empty: the anchor is not under test).
+# Logs go to logs/.
 #   EPOCHS=30 ./run.sh
 set -uo pipefail
 cd "$(dirname "$0")"
@@ -153,7 +154,7 @@ try:
 except Exception:
     sys.exit(1)
 EOF
-    ) || { echo "FAILED: PyTorch $variant (see $log)"; tail -n 3 "$log"; failed=1; row="||"; }
+    ) || { echo "PyTorch $variant failed (see $log)"; tail -n 3 "$log"; row="||"; }
     rows+=("pytorch $variant cuda:0|$row")
     [ "$variant" = eager ] && eager_eps=$(cut -d'|' -f2 <<<"$row")
 done
