@@ -6,7 +6,8 @@
 //   e[i]  = d * e[i] + (1 - d) * p[i]
 //
 // with lr, wd and d read from device memory (hyper = {lr, wd, d}): a captured CUDA graph keeps
-// the update's arguments fixed, while the host writes each step's values there before it.
+// the update's arguments fixed, while the host writes each step's values there before it. One
+// launch updates consecutive spans with their own values (weights and biases differ in wd).
 //
 // Every operation is an explicitly rounded intrinsic (__fadd_rn, __fmul_rn, ...): the compiler
 // never contracts those into fused multiply-adds, so the result matches the CPU's separate
@@ -37,13 +38,30 @@ __device__ float mean_gradient(const Grads &grads, unsigned n, size_t i) {
     return __fmul_rn(sum, __fdiv_rn(1.0f, (float)n));
 }
 
-// The fused SGD + L2 + moving-average update of len parameters from n gradient buffers.
+#define MAX_SPANS 8
+
+// Consecutive spans of the values one update covers, passed by value like Grads: span s ends
+// before value end[s] (and starts where span s - 1 ends, span 0 at 0), and its [lr, wd, d] are
+// at hyper[s]. Slots past the launch's count are unused.
+struct Spans {
+    unsigned long long end[MAX_SPANS];
+    const float *hyper[MAX_SPANS];
+};
+
+// The fused SGD + L2 + moving-average update of the count spans (1 to MAX_SPANS) of p and e from
+// n gradient buffers.
 extern "C" __global__ void sgd_ema_update(float *__restrict__ p, float *__restrict__ e,
                                           const __grid_constant__ Grads grads, unsigned n,
-                                          size_t len, const float *__restrict__ hyper) {
-    const float lr = hyper[0], wd = hyper[1], d = hyper[2];
+                                          const __grid_constant__ Spans spans, unsigned count) {
+    const size_t len = spans.end[count - 1];
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < len;
          i += (size_t)gridDim.x * blockDim.x) {
+        unsigned s = 0;
+        while (s + 1 < count && i >= spans.end[s]) {
+            ++s;
+        }
+        const float *hyper = spans.hyper[s];
+        const float lr = hyper[0], wd = hyper[1], d = hyper[2];
         const float g = mean_gradient(grads, n, i);
         const float pi = __fsub_rn(p[i], __fmul_rn(lr, __fadd_rn(g, __fmul_rn(wd, p[i]))));
         p[i] = pi;

@@ -94,7 +94,10 @@ fn sync_on_two_gpu_replicas_equals_two_cpu_workers() {
     let (cpu, _) = train(root.path(), "--sync", "cpu:2");
     let difference = max_relative_difference(&gpu, &cpu);
     eprintln!("cuda:0x2 vs cpu:2 after {STEPS} steps: max relative difference {difference:e}");
-    assert!(difference <= 1e-4, "{difference}");
+    // Rounding only: the GPU splits the small products' sums over k and adds the splits (an
+    // order the CPU's gemm does not share), and four steps at the default rate amplify it.
+    // Measured on the stand-in: 1.5e-4, and 4.4e-5 with the products unsplit.
+    assert!(difference <= 5e-4, "{difference}");
     // The comparison can fail: the first step alone moves the parameters by far more.
     let root2 = tempfile::tempdir().unwrap();
     let one_step = succeed(&[

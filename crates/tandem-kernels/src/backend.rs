@@ -15,7 +15,7 @@ use crate::driver::{
     Module, PinnedBuffer, Stream, NO_DEVICE, UNSUPPORTED_PTX_VERSION,
 };
 use crate::error::{cuda, KernelError};
-use crate::ptx::{Kernel, MAX_GRADIENT_BUFFERS, MODULES};
+use crate::ptx::{Kernel, MAX_GRADIENT_BUFFERS, MAX_UPDATE_SPANS, MODULES, SPAN_TABLE};
 
 /// Threads per block of the 1-D kernels; also the reductions' `REDUCE_THREADS`.
 const BLOCK: u32 = 256;
@@ -892,23 +892,26 @@ impl Launcher<'_> {
         .map_err(cuda(kernel.entry()))
     }
 
-    /// Queues the fused optimiser step (`sgd_ema_update` of `kernels/update.cu`): `len`
-    /// parameters at `p` and their average at `e`, from the mean of the gradients at `grads`,
-    /// with `[lr, wd, d]` read at `hyper` when the kernel runs.
+    /// Queues the fused optimiser step (`sgd_ema_update` of `kernels/update.cu`) of the
+    /// consecutive `spans` (each `(len, hyper)`: its length, and where its `[lr, wd, d]` are read
+    /// when the kernel runs) of the parameters at `p` and their average at `e`, from the mean
+    /// of the gradients at `grads` (each holding the spans' values from its address on).
     ///
     /// # Safety
     ///
-    /// Every address covers `len` values (`hyper` three) of live device memory that the
-    /// stream's device can read, until the kernel has run; the stream's context is current.
+    /// Every address covers the spans' total length (each `hyper` three values) of live device
+    /// memory that the stream's device can read, until the kernel has run; the stream's
+    /// context is current.
     pub(crate) unsafe fn sgd_update(
         &self,
         p: u64,
         e: u64,
         grads: &[u64],
-        len: usize,
-        hyper: u64,
+        spans: &[(usize, u64)],
     ) -> Result<(), KernelError> {
         let (table, n) = address_table("sgd_ema_update", grads)?;
+        let (span_table, count) = span_table(spans)?;
+        let len = spans.iter().map(|&(len, _)| len).sum::<usize>();
         // SAFETY: the arguments follow `sgd_ema_update`'s parameters; the caller's promises
         // cover the memory.
         unsafe {
@@ -916,7 +919,7 @@ impl Launcher<'_> {
                 Kernel::SgdEmaUpdate,
                 stride_grid(len),
                 BLOCK,
-                args![p, e, table, n, len, hyper],
+                args![p, e, table, n, span_table, count],
             )
         }
     }
@@ -930,7 +933,9 @@ impl Launcher<'_> {
     /// As [`DeviceQueue::run`](tandem_core::DeviceQueue::run)'s; the stream's context is
     /// current.
     pub(crate) unsafe fn run(&self, pass: Pass, ops: &[DeviceOp]) -> Result<(), KernelError> {
-        for op in ops {
+        let mut rest = ops;
+        while let Some(op) = rest.first() {
+            let mut done = 1;
             match op {
                 DeviceOp::Upload { dst, values } if pass != Pass::Kernels => {
                     // SAFETY: the caller's promises; the driver copies pageable memory
@@ -944,20 +949,75 @@ impl Launcher<'_> {
                         .map_err(cuda("copying on the device"))?
                 }
                 DeviceOp::Update {
-                    params,
-                    ema,
-                    grads,
-                    len,
-                    hyper,
+                    params, ema, grads, ..
                 } if pass != Pass::Inputs => {
-                    // SAFETY: the caller's promises.
-                    unsafe { self.sgd_update(*params, *ema, grads, *len, *hyper) }?
+                    let spans = consecutive_spans(rest);
+                    done = spans.len();
+                    // SAFETY: the caller's promises, for each update that the spans join.
+                    unsafe { self.sgd_update(*params, *ema, grads, &spans) }?
                 }
                 _ => {}
             }
+            rest = &rest[done..];
         }
         Ok(())
     }
+}
+
+/// The spans, `(len, hyper)`, of the updates at the start of `ops` that one `sgd_ema_update`
+/// launch can apply (at least the first, at most [`MAX_UPDATE_SPANS`]): each begins in every
+/// buffer (parameters, average, each gradient vector) where the one before it ends. The sync
+/// update of a whole parameter vector, one update per tensor, is then one kernel.
+fn consecutive_spans(ops: &[DeviceOp]) -> Vec<(usize, u64)> {
+    let mut spans = Vec::new();
+    let mut first = None;
+    let mut offset = 0u64; // bytes from the first update's addresses
+    for op in ops.iter().take(MAX_UPDATE_SPANS) {
+        let DeviceOp::Update {
+            params,
+            ema,
+            grads,
+            len,
+            hyper,
+        } = op
+        else {
+            break;
+        };
+        let (p0, e0, g0) = *first.get_or_insert((*params, *ema, grads));
+        let follows = params.wrapping_sub(p0) == offset
+            && ema.wrapping_sub(e0) == offset
+            && grads.len() == g0.len()
+            && grads
+                .iter()
+                .zip(g0)
+                .all(|(g, g0)| g.wrapping_sub(*g0) == offset);
+        if !follows {
+            break;
+        }
+        spans.push((*len, *hyper));
+        offset = offset.wrapping_add(4 * *len as u64);
+    }
+    spans
+}
+
+/// `sgd_ema_update`'s `Spans` parameter for `spans` (`(len, hyper)` each): their ends, then
+/// their `[lr, wd, d]` addresses; and the count.
+fn span_table(spans: &[(usize, u64)]) -> Result<([u64; SPAN_TABLE], u32), KernelError> {
+    if spans.is_empty() || spans.len() > MAX_UPDATE_SPANS {
+        return Err(KernelError::TooLarge {
+            what: "sgd_ema_update: spans",
+            value: spans.len(),
+            max: MAX_UPDATE_SPANS,
+        });
+    }
+    let mut table = [0u64; SPAN_TABLE];
+    let mut end = 0u64;
+    for (i, &(len, hyper)) in spans.iter().enumerate() {
+        end = end.saturating_add(len as u64);
+        table[i] = end;
+        table[MAX_UPDATE_SPANS + i] = hyper;
+    }
+    Ok((table, spans.len() as u32))
 }
 
 /// What identifies a [`DeviceOp`] in a captured graph: all of it but an upload's values.
@@ -1418,8 +1478,61 @@ impl Backend for CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::{CudaBackend, KSplits, Kernel, KernelError, BLOCK, MATMUL_ROWS, POISON, TILE};
+    use super::{
+        consecutive_spans, span_table, CudaBackend, KSplits, Kernel, KernelError, BLOCK,
+        MATMUL_ROWS, MAX_UPDATE_SPANS, POISON, TILE,
+    };
+    use tandem_core::DeviceOp;
     use tandem_tensor::check;
+
+    /// An update of `len` values at byte `at` of four buffers 10,000 bytes apart (the
+    /// average's 1,000 bytes further when `ema_shift`), with `grads` gradient vectors.
+    fn update_of(at: u64, len: usize, hyper: u64, ema_shift: bool, grads: u64) -> DeviceOp {
+        DeviceOp::Update {
+            params: at,
+            ema: at + 10_000 + if ema_shift { 1_000 } else { 0 },
+            grads: (0..grads).map(|g| at + 20_000 + 10_000 * g).collect(),
+            len,
+            hyper,
+        }
+    }
+
+    fn update(at: u64, len: usize, hyper: u64) -> DeviceOp {
+        update_of(at, len, hyper, false, 2)
+    }
+
+    /// Updates join one launch while each starts, in every buffer, where the one before ends.
+    #[test]
+    fn updates_of_consecutive_spans_join_one_launch() {
+        let ops = [
+            update(0, 3, 1),
+            update(12, 5, 2),
+            update(32, 1, 1),
+            update(40, 2, 2),
+        ];
+        assert_eq!(consecutive_spans(&ops), [(3, 1), (5, 2), (1, 1)]);
+        let fewer_grads = update_of(32, 1, 1, false, 1);
+        assert_eq!(consecutive_spans(&[update(0, 8, 1), fewer_grads]), [(8, 1)]);
+        let elsewhere = update_of(32, 1, 1, true, 2);
+        assert_eq!(consecutive_spans(&[update(0, 8, 1), elsewhere]), [(8, 1)]);
+        let copy = DeviceOp::Copy {
+            dst: 0,
+            src: 0,
+            len: 1,
+        };
+        assert_eq!(consecutive_spans(&[update(0, 8, 1), copy]), [(8, 1)]);
+        let many: Vec<_> = (0..20).map(|i| update(4 * i, 1, i)).collect();
+        let joined = consecutive_spans(&many);
+        assert_eq!(joined.len(), MAX_UPDATE_SPANS);
+        assert_eq!(consecutive_spans(&many[MAX_UPDATE_SPANS..])[0], (1, 8));
+        // The kernel's table: cumulative ends, then the addresses.
+        let (table, count) = span_table(&[(3, 7), (5, 9)]).expect("two spans");
+        assert_eq!(count, 2);
+        assert_eq!(table[..2], [3, 8]);
+        assert_eq!(table[MAX_UPDATE_SPANS..MAX_UPDATE_SPANS + 2], [7, 9]);
+        assert!(span_table(&[]).is_err());
+        assert!(span_table(&[(1, 0); MAX_UPDATE_SPANS + 1]).is_err());
+    }
 
     /// The model's small products are split over k, large ones are not, and the splits of
     /// every shape cover k exactly in whole tiles.

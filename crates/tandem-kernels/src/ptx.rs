@@ -19,6 +19,14 @@ pub const MIN_DRIVER: u32 = 580;
 /// (`MAX_GRADS` in `kernels/update.cu`: they travel by value among the kernel's parameters).
 pub const MAX_GRADIENT_BUFFERS: usize = 16;
 
+/// The most consecutive spans (each with its own `[lr, wd, d]`) one `sgd_ema_update` launch
+/// updates (`MAX_SPANS` in `kernels/update.cu`).
+pub const MAX_UPDATE_SPANS: usize = 8;
+
+/// The length of `sgd_ema_update`'s span table as the launch passes it: the spans' ends, then
+/// their `[lr, wd, d]` addresses.
+pub const SPAN_TABLE: usize = 2 * MAX_UPDATE_SPANS;
+
 /// One compiled `kernels/*.cu` file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PtxModule {

@@ -425,6 +425,97 @@ fn sgd_ema_update_is_exactly_the_cpu_update() {
     }
 }
 
+/// The sync store's update of a whole parameter vector, one `DeviceOp::Update` per tensor (the
+/// queue joins them into one launch), with weight decay on some spans only: exactly the CPU's
+/// update of each span. An update of another buffer after them is applied on its own.
+#[test]
+fn consecutive_updates_are_each_spans_cpu_update() {
+    use tandem_core::{DeviceOp, DeviceQueue};
+    let Some(gpu) = gpu() else { return };
+    let queue = gpu.queue();
+    let mut rng = rng(9);
+    let spans = [(300, true), (50, false), (600, true), (50, false)];
+    let len: usize = spans.iter().map(|s| s.0).sum();
+    let decayed = |on| UpdateStep {
+        weight_decay: if on { STEP.weight_decay } else { 0.0 },
+        ..STEP
+    };
+    let host: Vec<Vec<f32>> = (0..5).map(|_| random(&mut rng, len, 0.5)).collect();
+    let buffers: Vec<_> = host
+        .iter()
+        .map(|values| {
+            let buffer = queue.alloc(len).expect("alloc");
+            // SAFETY: the buffer holds `len` values.
+            unsafe { queue.write(buffer.address(), values) }.expect("write");
+            buffer
+        })
+        .collect();
+    let hyper = queue.alloc(6).expect("alloc");
+    let values =
+        [decayed(true), decayed(false)].map(|s| [s.learning_rate, s.weight_decay, s.ema_decay]);
+    // SAFETY: six values.
+    unsafe { queue.write(hyper.address(), values.as_flattened()) }.expect("write");
+    let at = |buffer: usize, offset: usize| buffer_at(&buffers, buffer, offset);
+    let mut ops = Vec::new();
+    let mut offset = 0;
+    for &(span, on) in &spans {
+        ops.push(DeviceOp::Update {
+            params: at(0, offset),
+            ema: at(1, offset),
+            grads: vec![at(2, offset), at(3, offset)],
+            len: span,
+            hyper: hyper.address() + if on { 0 } else { 12 },
+        });
+        offset += span;
+    }
+    // The fifth buffer as parameters of their own, with the first as their average.
+    ops.push(DeviceOp::Update {
+        params: at(4, 0),
+        ema: at(0, 0),
+        grads: vec![at(2, 0)],
+        len: 100,
+        hyper: hyper.address(),
+    });
+    // SAFETY: every span lies in its buffers, which outlive the reads below (they wait).
+    unsafe { queue.run(&ops) }.expect("run");
+
+    let (mut want_p, mut want_e) = (host[0].clone(), host[1].clone());
+    let mut offset = 0;
+    for &(span, on) in &spans {
+        let range = offset..offset + span;
+        cpu::sgd_ema_update(
+            &mut want_p[range.clone()],
+            &mut want_e[range.clone()],
+            &[&host[2][range.clone()], &host[3][range]],
+            decayed(on),
+        );
+        offset += span;
+    }
+    let mut want_other = host[4][..100].to_vec();
+    let mut want_other_e = want_p[..100].to_vec();
+    cpu::sgd_ema_update(
+        &mut want_other,
+        &mut want_other_e,
+        &[&host[2][..100]],
+        decayed(true),
+    );
+    want_p[..100].copy_from_slice(&want_other_e);
+    let read = |buffer: usize, n: usize| {
+        let mut got = vec![0.0; n];
+        // SAFETY: the buffer holds at least `n` values; the read waits for the queue.
+        unsafe { queue.read(buffers[buffer].address(), &mut got) }.expect("read");
+        got
+    };
+    assert_exact("params", &read(0, len), &want_p);
+    assert_exact("ema", &read(1, len), &want_e);
+    assert_exact("the other update", &read(4, 100), &want_other);
+}
+
+/// The device address of value `offset` of `buffers[buffer]`.
+fn buffer_at(buffers: &[Box<dyn tandem_core::DeviceAlloc>], buffer: usize, offset: usize) -> u64 {
+    buffers[buffer].address() + 4 * offset as u64
+}
+
 #[test]
 fn mean_gradients_is_exactly_the_cpu_reduction() {
     let Some(gpu) = gpu() else { return };

@@ -8,7 +8,7 @@ use std::fs;
 use std::path::Path;
 
 use tandem_kernels::ptx::{
-    Kernel, MAX_GRADIENT_BUFFERS, MODULES, PTX_ISA_VERSION, PTX_TARGET, UPDATE,
+    Kernel, MAX_GRADIENT_BUFFERS, MODULES, PTX_ISA_VERSION, PTX_TARGET, SPAN_TABLE, UPDATE,
 };
 
 fn crate_dir() -> &'static Path {
@@ -192,8 +192,9 @@ fn c_param_type(source: &str, decl: &str) -> String {
     }
 }
 
-/// The size of `struct name` in a `.cu` text whose fields are pointers or arrays of pointers
-/// (`const float *ptr[MAX_GRADS];`), array lengths given as numbers or `#define`d names.
+/// The size of `struct name` in a `.cu` text whose fields are 8-byte values (pointers, `unsigned
+/// long long`) or arrays of them (`const float *ptr[MAX_GRADS];`), array lengths given as
+/// numbers or `#define`d names.
 fn c_struct_size(source: &str, name: &str) -> usize {
     let start = source
         .find(&format!("struct {name} {{"))
@@ -204,8 +205,8 @@ fn c_struct_size(source: &str, name: &str) -> usize {
         .into_iter()
         .map(|field| {
             assert!(
-                field.contains('*'),
-                "{name}: field {field:?} is not a pointer"
+                field.contains('*') || field.trim().starts_with("unsigned long long "),
+                "{name}: field {field:?} is not a pointer or an unsigned long long"
             );
             let count = match field.split_once('[') {
                 Some((_, len)) => {
@@ -487,6 +488,18 @@ fn nothing_uses_atomics() {
             );
         }
     }
+}
+
+#[test]
+fn the_span_table_has_the_size_the_rust_side_passes() {
+    // `Spans` travels by value: 8 ends and 8 addresses, as [u64; SPAN_TABLE] in Rust.
+    let bytes = SPAN_TABLE * 8;
+    assert!(
+        UPDATE.contains(&format!(
+            ".param .align 8 .b8 sgd_ema_update_param_4[{bytes}]"
+        )),
+        "the span table is not {bytes} bytes"
+    );
 }
 
 #[test]
@@ -777,6 +790,7 @@ fn ptx_type(ty: &str) -> String {
                 .trim();
             let count = match inner {
                 "MAX_GRADIENT_BUFFERS" => MAX_GRADIENT_BUFFERS,
+                "SPAN_TABLE" => SPAN_TABLE,
                 n => n.parse().unwrap_or_else(|_| panic!("array length {n}")),
             };
             (8 * count).to_string()
@@ -848,8 +862,8 @@ fn the_launch_reader_sees_the_update_launch() {
             "u64",
             "[u64; MAX_GRADIENT_BUFFERS]",
             "u32",
-            "usize",
-            "u64",
+            "[u64; SPAN_TABLE]",
+            "u32",
         ]
     );
 }

@@ -459,7 +459,8 @@ const WD: f32 = 0.001;
 const DECAY: f32 = 0.9;
 
 /// Parameters (seed 20), their average (seed 21) and `n` gradients (seeds 30..) of `len`
-/// floats uploaded, with sgd_ema_update's arguments (and its `[lr, wd, d]` uploaded too).
+/// floats uploaded, with sgd_ema_update's arguments for two spans: the first `len / 3` values
+/// with `[LR, WD, DECAY]`, the rest with no weight decay (both uploaded too).
 struct Sgd {
     p: Vec<f32>,
     e: Vec<f32>,
@@ -481,15 +482,18 @@ fn sgd_setup(len: usize, n: usize) -> Sgd {
     for (j, g) in grads.iter().enumerate() {
         ptrs[j] = mem.upload_f32(g);
     }
-    // The kernel reads `[lr, wd, d]` from device memory.
-    let hyper = mem.upload_f32(&[LR, WD, DECAY]);
+    // The kernel reads each span's `[lr, wd, d]` from device memory.
+    let hyper = mem.upload_f32(&[LR, WD, DECAY, LR, 0.0, DECAY]);
+    let mut spans = [0u64; 16]; // the ends, then the `[lr, wd, d]` addresses
+    spans[..2].copy_from_slice(&[(len / 3) as u64, len as u64]);
+    spans[8..10].copy_from_slice(&[hyper, hyper + 12]);
     let args = Args::new()
         .u64(dp)
         .u64(de)
         .u64s(&ptrs)
         .u32(n as u32)
-        .u64(len as u64)
-        .u64(hyper);
+        .u64s(&spans)
+        .u32(2);
     Sgd {
         p,
         e,
@@ -502,9 +506,11 @@ fn sgd_setup(len: usize, n: usize) -> Sgd {
     }
 }
 
-/// One parameter's and its average's update with mean gradient `g`.
-fn sgd_ref(p: f32, e: f32, g: f32) -> (f32, f32) {
-    let wp = p - LR * (g + WD * p);
+/// Parameter `i`'s and its average's update with mean gradient `g`, in the spans of
+/// [`sgd_setup`] for `len` values.
+fn sgd_ref(i: usize, len: usize, p: f32, e: f32, g: f32) -> (f32, f32) {
+    let wd = if i < len / 3 { WD } else { 0.0 };
+    let wp = p - LR * (g + wd * p);
     (wp, DECAY * e + (1.0 - DECAY) * wp)
 }
 
@@ -541,7 +547,9 @@ fn sgd_ema_update_and_mean_gradients() {
             }
             s * (1.0 / n as f32)
         };
-        let (wp, we): (Vec<f32>, Vec<f32>) = (0..len).map(|i| sgd_ref(p[i], e[i], mean(i))).unzip();
+        let (wp, we): (Vec<f32>, Vec<f32>) = (0..len)
+            .map(|i| sgd_ref(i, len, p[i], e[i], mean(i)))
+            .unzip();
         assert_eq!(mem.f32s(dp), wp, "n {n}");
         assert_eq!(mem.f32s(de), we, "n {n}");
 
@@ -632,7 +640,8 @@ fn sgd_ema_update_speed_400k() {
     );
     let (got_p, got_e) = (mem.f32s(dp), mem.f32s(de));
     for i in (0..len).step_by(997) {
-        let (wp, we) = sgd_ref(p[i], e[i], (grads[0][i] + grads[1][i]) * (1.0 / n as f32));
+        let g = (grads[0][i] + grads[1][i]) * (1.0 / n as f32);
+        let (wp, we) = sgd_ref(i, len, p[i], e[i], g);
         assert_eq!(got_p[i], wp, "p[{i}]");
         assert_eq!(got_e[i], we, "e[{i}]");
     }
