@@ -139,6 +139,17 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             .map(|p| format!(", resumed from {}", p.display()))
             .unwrap_or_default()
     ));
+    // Measured on a 16-core machine: 3,000 async steps at 0.8 reached 0.19-0.22 test accuracy on
+    // cpu:4 and 0.11 on cpu:8; cuda:0x4 at --lr 0.4 reached 0.977.
+    let lr = config.optimizer.learning_rate;
+    if config.mode == Mode::Async && config.workers >= 4 && lr >= Sgd::DEFAULT.learning_rate {
+        output::warn(format!(
+            "warning: asynchronous training on {} workers at a learning rate of {lr} can \
+             diverge (every worker applies the full rate); if the loss does not fall, train \
+             at --lr 0.4 (4 workers) or lower",
+            config.workers
+        ));
+    }
     let watch = Watch {
         progress: Some(&progress),
         log_every: args.log_every,

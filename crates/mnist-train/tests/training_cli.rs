@@ -10,7 +10,7 @@ use serde_json::Value;
 use tandem_model::Mlp;
 use tandem_strategy::checkpoint;
 
-use common::{arg, command, fail, line_starting, stderr, succeed};
+use common::{arg, command, fail, line_starting, mnist_train, stderr, succeed};
 
 /// The number after `prefix` on its line of `text`.
 fn number_after(text: &str, prefix: &str) -> f64 {
@@ -286,4 +286,19 @@ fn without_data_it_says_where_it_looked_and_how_to_point_at_the_files() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
+}
+
+/// Async on 4 or more workers at the default learning rate warns (it can diverge); a lower
+/// rate, fewer workers or sync do not.
+#[test]
+fn async_on_many_workers_at_the_default_rate_is_a_warning() {
+    let warns = |args: &[&str]| {
+        let output = mnist_train(&[&["--steps", "2", "--log-every", "0"], args].concat());
+        assert!(output.status.success(), "{}", stderr(&output));
+        stderr(&output).contains("can diverge")
+    };
+    assert!(warns(&["--async", "--devices", "cpu:4"]));
+    assert!(!warns(&["--async", "--devices", "cpu:4", "--lr", "0.4"]));
+    assert!(!warns(&["--async", "--devices", "cpu:3"]));
+    assert!(!warns(&["--sync", "--devices", "cpu:4"]));
 }
