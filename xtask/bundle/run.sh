@@ -10,11 +10,12 @@
 #   4. PyTorch's same model on cuda:0 (anchors/torch_gpu_variants.py): eager, CUDA graph and
 #      torch.compile, each timed the same way, and the graph variant with a capturable
 #      moving-average update;
-#   5. one table, every run's examples/sec also as a multiple of PyTorch eager's.
+#   5. with PROFILE=1, each kernel's duration in one sync step on cuda:0 (ncu);
+#   6. one table, every run's examples/sec also as a multiple of PyTorch eager's.
 # It exits 0 only if every check of tandem passed and every tandem run reached MIN_ACCURACY (a
 # PyTorch variant that fails is reported, and its row left empty: the anchor is not under test).
 # Logs go to logs/.
-#   EPOCHS=30 ./run.sh
+#   EPOCHS=30 PROFILE=1 ./run.sh
 set -uo pipefail
 cd "$(dirname "$0")"
 # Shorter than mnist-train's default of 100 epochs, to fit the device time; on CPU workers 30
@@ -158,6 +159,38 @@ EOF
     rows+=("pytorch $variant cuda:0|$row")
     [ "$variant" = eager ] && eager_eps=$(cut -d'|' -f2 <<<"$row")
 done
+
+if [ "${PROFILE:-0}" = 1 ]; then
+    # Where a step's GPU time goes, kernel by kernel. ncu runs each kernel alone (graph nodes
+    # too), so the durations are each kernel's own, without the overlap of a graph launch.
+    echo "== ncu: the kernels of one sync step on cuda:0"
+    if timeout 120 ncu --clock-control none --csv --print-units base \
+        --metrics gpu__time_duration.sum,launch__grid_size \
+        bin/mnist-train --sync --devices cuda:0 --steps 8 --log-every 0 >logs/ncu.csv 2>logs/ncu.err; then
+        python3 - logs/ncu.csv <<'EOF' || echo "FAILED: reading logs/ncu.csv"
+import csv, sys
+lines = open(sys.argv[1]).read().splitlines()
+start = next((i for i, l in enumerate(lines) if l.startswith('"ID"')), None)
+if start is None:
+    sys.exit("no ncu table in " + sys.argv[1])
+kernels = {}
+for row in csv.DictReader(lines[start:]):
+    k = kernels.setdefault(row["ID"], {"name": row["Kernel Name"]})
+    k[row["Metric Name"]] = float(row["Metric Value"].replace(",", ""))
+names = [k["name"] for k in kernels.values()]
+last = len(names) - 1 - names[::-1].index("gather")
+first = last
+while first > 0 and names[first - 1] == "sgd_ema_update":
+    first -= 1
+step = list(kernels.values())[first:]
+for k in step:
+    print("%-24s %6d blocks %7.1f us" % (k["name"], k["launch__grid_size"], k["gpu__time_duration.sum"] / 1e3))
+print("%-24s %13s %7.1f us" % ("one step", "", sum(k["gpu__time_duration.sum"] for k in step) / 1e3))
+EOF
+    else
+        echo "FAILED: ncu (see logs/ncu.err)"; failed=1
+    fi
+fi
 
 echo
 echo "== $EPOCHS epochs, batch 100 per replica; examples/sec is the median of PyTorch's epochs"
