@@ -19,7 +19,13 @@ use cli::{Cli, Command};
 fn main() -> Result<()> {
     let cli = Cli::parse();
     let result = match cli.command {
-        None => train::run(&cli.train),
+        // Its exit status comes after the run's resources (MPI, with the `mpi` feature) are
+        // released.
+        None => train::run(&cli.train).map(|status| {
+            if let Some(status) = status {
+                std::process::exit(status)
+            }
+        }),
         Some(Command::Eval(args)) => eval::run(&args),
         Some(Command::Predict(args)) => predict::run(&args),
         Some(Command::Compare(args)) => compare::run(&args),

@@ -46,6 +46,7 @@ pub fn setup(devices: &tandem_pool::DeviceSpec) -> Setup {
         devices: devices.clone(),
         gpus: gpu_count,
         max_batch: MAX_BATCH,
+        ranks: None,
     }
 }
 

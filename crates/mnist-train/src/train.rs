@@ -1,14 +1,15 @@
 //! The default command: train, with checkpoints, resume, metrics and a summary. The run itself
 //! is `tandem_train`'s; this wires the flags and MNIST into it and prints the summary.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use serde_json::json;
-use tandem_strategy::{Batches, Sgd};
+use tandem_strategy::{Batches, Ranks, Sgd};
 use tandem_train::{
-    out, output, Checkpoints, Fresh, Interrupt, Length, Mode, Progress, Requested, Resume, Start,
-    Summary, Trainer, Watch,
+    out, output, Checkpoints, Fresh, Interrupt, Length, Mode, Progress, Requested, Resume, Setup,
+    Start, Summary, Trainer, Watch,
 };
 
 use crate::cli::{TrainArgs, DEFAULT_EPOCHS, DEFAULT_INIT_STDDEV};
@@ -91,22 +92,57 @@ fn on_abandon(message: &str) -> ! {
     std::process::exit(130);
 }
 
-pub fn run(args: &TrainArgs) -> Result<()> {
+/// The processes of this run: with the `mpi` feature, the `mpirun` job this process is a rank
+/// of (one rank when started without `mpirun`).
+#[cfg(feature = "mpi")]
+fn ranks() -> Result<Option<Arc<dyn Ranks>>> {
+    Ok(Some(Arc::new(tandem_strategy::mpi::MpiRanks::init()?)))
+}
+
+/// The processes of this run: this one alone, in a build without the `mpi` feature.
+#[cfg(not(feature = "mpi"))]
+fn ranks() -> Result<Option<Arc<dyn Ranks>>> {
+    Ok(None)
+}
+
+/// Trains; the process's exit status when it must not be 0 (an interrupted run).
+pub fn run(args: &TrainArgs) -> Result<Option<i32>> {
+    let ranks = ranks()?;
+    let Some(ranks) = ranks.filter(|r| r.ranks() > 1) else {
+        return train(args, None);
+    };
+    match train(args, Some(ranks.clone())) {
+        Ok(status) => Ok(status),
+        // The other ranks would wait for this one forever: the whole job ends, and this
+        // rank's error is what it printed last.
+        Err(e) => {
+            output::warn(format!("error: rank {}: {e:?}", ranks.rank()));
+            ranks.abort(1)
+        }
+    }
+}
+
+/// Trains as rank 0 (the only rank that reads or writes checkpoints, evaluates and reports) or
+/// as one of the other ranks of `ranks`.
+fn train(args: &TrainArgs, ranks: Option<Arc<dyn Ranks>>) -> Result<Option<i32>> {
     let wall = Instant::now();
+    let lead = ranks.as_ref().is_none_or(|r| r.rank() == 0);
     // Before anything else: a run that could not save fails now rather than after an epoch.
-    let checkpoints = Checkpoints::take(
-        args.checkpoint_dir.as_deref(),
-        args.resume.as_deref(),
-        args.keep,
-    )?;
+    let checkpoints = match lead {
+        true => Checkpoints::take(
+            args.checkpoint_dir.as_deref(),
+            args.resume.as_deref(),
+            args.keep,
+        )?,
+        false => None,
+    };
     let data = data::load(args.data_dir.as_deref())?;
     let model = Mnist { train: &data.train };
-    let mut trainer = Trainer::open(
-        model,
-        start(args)?,
-        &model::setup(&args.devices),
-        checkpoints,
-    )?;
+    let setup = Setup {
+        ranks: ranks.clone(),
+        ..model::setup(&args.devices)
+    };
+    let mut trainer = Trainer::open(model, start(args)?, &setup, checkpoints)?;
     let config = trainer.config.clone();
     let start = trainer.state.step;
     // Checkpoints at the run's cadence; evaluations once an epoch when there are metrics.
@@ -119,6 +155,9 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         });
     }
     let interrupt = Interrupt::on_ctrl_c()?;
+    if !lead {
+        return follow(&mut trainer, &plan, args, &interrupt);
+    }
     let progress = Progress::new(
         args.log_format.into(),
         args.log_every,
@@ -130,7 +169,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         "tandem: {} training on {} worker(s) [{}], batch {} per worker, steps {}..{}{}",
         config.mode.name(),
         config.workers,
-        trainer.device_names().join(", "),
+        devices(&trainer, ranks.as_deref()),
         config.batches.batch_size,
         start,
         config.end_step,
@@ -172,7 +211,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     if summary.stopped {
         if let Some(status) = output::failure_status() {
             // stdout was closed under the run: nobody is left to read a summary.
-            std::process::exit(status);
+            return Ok(Some(status));
         }
         let step = trainer.state.step;
         match &summary.last_checkpoint {
@@ -182,27 +221,55 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             ),
             None => out!("interrupted at step {step} (no --checkpoint-dir, nothing saved)"),
         }
-        std::process::exit(130);
+        return Ok(Some(130));
     }
-    summarise(&trainer, &summary, &data, wall)
+    summarise(&trainer, &summary, &data, ranks.as_deref(), wall)?;
+    Ok(None)
+}
+
+/// A rank other than 0: trains its part of the run, silently (rank 0 reports for all).
+fn follow(
+    trainer: &mut Trainer<Mnist<'_>, Sgd>,
+    plan: &tandem_train::Plan,
+    args: &TrainArgs,
+    interrupt: &Interrupt,
+) -> Result<Option<i32>> {
+    let watch = Watch {
+        progress: None,
+        log_every: 0,
+        interrupt,
+        stall_timeout: Some(Duration::from_secs(args.stall_timeout)),
+        on_abandon: Some(on_abandon),
+    };
+    let summary = trainer.train(plan, &watch, &mut |_| Ok(()))?;
+    Ok(summary.stopped.then_some(130))
+}
+
+/// The run's devices: this process's, or every rank's (as many on each) across ranks.
+fn devices(trainer: &Trainer<Mnist<'_>, Sgd>, ranks: Option<&dyn Ranks>) -> String {
+    let mine = trainer.device_names().join(", ");
+    match ranks {
+        Some(ranks) => format!("{} ranks x {mine}", ranks.ranks()),
+        None => mine,
+    }
 }
 
 fn summarise(
     trainer: &Trainer<Mnist<'_>, Sgd>,
     summary: &Summary,
     data: &Data,
+    ranks: Option<&dyn Ranks>,
     wall: Instant,
 ) -> Result<()> {
     let (state, totals) = (&trainer.state, &summary.totals);
     let validation = data::accuracy(state, &data.validation)?;
     let test = data::accuracy(state, &data.test)?;
-    let devices = trainer.device_names();
     out!("== summary ==");
     out!("mode:                {}", trainer.config.mode.name());
     out!(
         "devices:             {} [{}]",
-        devices.len(),
-        devices.join(", ")
+        trainer.config.workers,
+        devices(trainer, ranks)
     );
     out!(
         "steps:               {} ({} examples this run)",

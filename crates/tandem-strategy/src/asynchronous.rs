@@ -28,6 +28,7 @@ use crate::{EpochOrder, Epochs, Staleness, StepReport, TrainError, TrainReport};
 /// [`crate::train`] in this mode, on a validated job.
 pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R> + ?Sized>(
     job: Job<'_, R, O, S>,
+    schedule: &dyn Schedule,
 ) -> Result<TrainReport, TrainError> {
     let (pool, state) = (job.pool, job.state);
     let workers = pool.len();
@@ -35,26 +36,10 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R> + ?Sized>(
     let epochs = Epochs::new(job.examples, batch_size);
     let store = job.store;
     let log_every = job.observer.log_every();
-    // Tickets hand out batches; `applied` counts updates begun and is the store's version;
-    // `completed` counts updates whose every shard is written.
-    let tickets = AtomicU64::new(state.step);
-    let applied = AtomicU64::new(state.step);
-    let completed = AtomicU64::new(state.step);
-    let stop = AtomicBool::new(false);
     let start_step = state.step;
     let started = Instant::now();
 
-    // Updates write shard by shard, so a plain copy of the store may hold half of one. When
-    // every update begun has completed, none is under way: `completed` is read first, so
-    // that an update that begins after it makes the two differ, or changes `applied` by the
-    // second look.
-    let snapshot = |_: &RunWatch<'_>| {
-        store.consistent_copy(&|| {
-            let done = completed.load(Ordering::Acquire);
-            let begun = applied.load(Ordering::Acquire);
-            (done == begun).then_some(begun)
-        })
-    };
+    let snapshot = |_: &RunWatch<'_>| store.consistent_copy(&|| schedule.version());
     let work = |ctx: &WorkerContext<'_>, replica: &mut R| {
         replica.bind_thread()?;
         let mut order = EpochOrder::new(job.batches.seed, job.examples);
@@ -64,32 +49,23 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R> + ?Sized>(
         let measured = store.measures_staleness();
         let mut tally = Tally::default();
         let mut step_losses = StepLosses::new(log_every);
-        loop {
-            if stop.load(Ordering::Relaxed) {
-                break;
-            }
-            let ticket = tickets.fetch_add(1, Ordering::Relaxed);
-            if ticket >= job.end_step {
-                break;
-            }
+        let lane = ctx.worker();
+        while let Some((ticket, read_version)) =
+            schedule.ticket(lane, job.observer.should_stop())
+        {
             ctx.set_step(ticket + 1);
-            let read_version = applied.load(Ordering::Acquire);
             store.load(ctx.worker(), replica)?;
             order.fill(epochs.position(ticket), &mut batch);
             step_losses.record(ticket + 1, replica.compute_gradients(&batch)?)?;
             let (mut step, mut epoch) = (0, 0.0);
             store.apply((ctx.worker(), workers), replica, &mut || {
-                step = applied.fetch_add(1, Ordering::AcqRel);
+                step = schedule.begin(lane);
                 epoch = epochs.epoch_at(step);
                 (step, epoch)
             })?;
-            // Release: whoever sees the count sees every shard this update wrote.
-            completed.fetch_add(1, Ordering::Release);
+            schedule.complete();
             if !measured {
                 tally.add(step - read_version);
-            }
-            if job.observer.should_stop() {
-                stop.store(true, Ordering::Relaxed);
             }
             let logs = reports(log_every, step + 1);
             if !(logs || step_losses.due()) {
@@ -118,10 +94,17 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R> + ?Sized>(
         }
         Ok((tally.sum, tally.max, tally.updates))
     };
-    let outcome = pool.run_watched(FailurePolicy::Continue, work, |run| {
-        watchdog(job.observer, run, snapshot)
+    // Across ranks, this rank's service answers the others' workers for as long as any works.
+    let outcome = std::thread::scope(|scope| {
+        scope.spawn(|| schedule.serve());
+        let outcome = pool.run_watched(FailurePolicy::Continue, work, |run| {
+            watchdog(job.observer, run, snapshot)
+        });
+        schedule.done();
+        outcome
     });
     let elapsed = started.elapsed();
+    let (begun, stopped) = schedule.finish();
     if outcome.results.iter().all(Option::is_none) {
         if let Some(failure) = outcome.failures.first() {
             return Err(failure.clone().into());
@@ -135,7 +118,7 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R> + ?Sized>(
             (s + ws, m.max(wm), n + wn)
         });
     store.save_into(state).map_err(TrainError::Device)?;
-    state.step = applied.load(Ordering::Acquire);
+    state.step = begun;
     // Counted from the store's version: a failed worker's earlier updates count too.
     let steps = state.step - start_step;
     Ok(TrainReport {
@@ -147,8 +130,106 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R> + ?Sized>(
             max,
         }),
         failures: outcome.failures,
-        stopped: state.step < job.end_step && stop.load(Ordering::Relaxed),
+        stopped: state.step < job.end_step && stopped,
     })
+}
+
+/// Where an asynchronous run's batch tickets come from and its updates are counted: in this
+/// process ([`Counters`]), or, across ranks, at rank 0's service.
+pub(crate) trait Schedule: Sync {
+    /// The next batch ticket for the worker on `lane`, with the updates begun so far (the
+    /// version of the parameters it is about to read); `None` when the run is over: its end
+    /// reached, or a stop asked for (`stop`: this worker asks for one).
+    fn ticket(&self, lane: usize, stop: bool) -> Option<(u64, u64)>;
+
+    /// The step of an update about to be applied (updates begun before it).
+    fn begin(&self, lane: usize) -> u64;
+
+    /// An update has written every piece of the store.
+    fn complete(&self);
+
+    /// The updates the store holds, when none is under way (see
+    /// [`ParamStore::consistent_copy`]).
+    fn version(&self) -> Option<u64>;
+
+    /// Runs beside the workers, answering other ranks, until every rank's are
+    /// [`done`](Self::done).
+    fn serve(&self);
+
+    /// This rank's workers have ended.
+    fn done(&self);
+
+    /// The updates begun by all workers and whether a stop was asked for, once every worker has
+    /// ended (collective across ranks).
+    fn finish(&self) -> (u64, bool);
+}
+
+/// The counters of a run in one process.
+pub(crate) struct Counters {
+    /// The next batch ticket.
+    tickets: AtomicU64,
+    /// Updates begun: the store's version.
+    applied: AtomicU64,
+    /// Updates whose every piece is written.
+    completed: AtomicU64,
+    stop: AtomicBool,
+    end_step: u64,
+}
+
+impl Counters {
+    /// Counters of a run from `step` to `end_step`.
+    pub fn new(step: u64, end_step: u64) -> Self {
+        Self {
+            tickets: AtomicU64::new(step),
+            applied: AtomicU64::new(step),
+            completed: AtomicU64::new(step),
+            stop: AtomicBool::new(false),
+            end_step,
+        }
+    }
+}
+
+impl Schedule for Counters {
+    fn ticket(&self, _: usize, stop: bool) -> Option<(u64, u64)> {
+        if stop {
+            self.stop.store(true, Ordering::Relaxed);
+        }
+        if self.stop.load(Ordering::Relaxed) {
+            return None;
+        }
+        let ticket = self.tickets.fetch_add(1, Ordering::Relaxed);
+        (ticket < self.end_step).then(|| (ticket, self.applied.load(Ordering::Acquire)))
+    }
+
+    fn begin(&self, _: usize) -> u64 {
+        self.applied.fetch_add(1, Ordering::AcqRel)
+    }
+
+    fn complete(&self) {
+        // Release: whoever sees the count sees every shard this update wrote.
+        self.completed.fetch_add(1, Ordering::Release);
+    }
+
+    /// Updates write shard by shard, so a plain copy of the store may hold half of one. When
+    /// every update begun has completed, none is under way: `completed` is read first, so that
+    /// an update that begins after it makes the two differ, or changes `applied` by the second
+    /// look.
+    fn version(&self) -> Option<u64> {
+        let done = self.completed.load(Ordering::Acquire);
+        let begun = self.applied.load(Ordering::Acquire);
+        (done == begun).then_some(begun)
+    }
+
+    fn serve(&self) {}
+
+    fn done(&self) {}
+
+    fn finish(&self) -> (u64, bool) {
+        (
+            self.applied.load(Ordering::Acquire),
+            self.stop.load(Ordering::Relaxed),
+        )
+    }
 }
 
 /// One worker's staleness so far.

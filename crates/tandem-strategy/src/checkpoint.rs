@@ -290,7 +290,7 @@ struct Header {
 /// Fills `buf` from `file`. The file's size was checked first, so running out means the file
 /// shrank meanwhile: damage, like a truncated file, not an I/O error.
 fn read_all(
-    file: &mut File,
+    file: &mut impl Read,
     buf: &mut [u8],
     path: &Path,
     what: &str,
@@ -304,9 +304,9 @@ fn read_all(
     })
 }
 
-/// Reads and checks the header of the open `file`, leaving it positioned at the data.
-fn read_header_of(file: &mut File, path: &Path) -> Result<Header, CheckpointError> {
-    let len = file.metadata().map_err(io(path))?.len();
+/// Reads and checks the header of the open `file` of `len` bytes, leaving it positioned at the
+/// data.
+fn read_header_of(file: &mut impl Read, len: u64, path: &Path) -> Result<Header, CheckpointError> {
     if len < N_LEN {
         return Err(corrupt(
             path,
@@ -368,7 +368,8 @@ fn read_header_of(file: &mut File, path: &Path) -> Result<Header, CheckpointErro
 /// (use [`load`] for that).
 pub fn read_header(path: &Path) -> Result<(u64, BTreeMap<String, String>), CheckpointError> {
     let mut file = File::open(path).map_err(io(path))?;
-    let header = read_header_of(&mut file, path)?;
+    let len = file.metadata().map_err(io(path))?.len();
+    let header = read_header_of(&mut file, len, path)?;
     Ok((header.step, header.metadata))
 }
 
@@ -376,7 +377,28 @@ pub fn read_header(path: &Path) -> Result<(u64, BTreeMap<String, String>), Check
 /// `layout` (exact count, F32, shapes) before reading any data, then every value finite.
 pub fn load(path: &Path, layout: &[ParamSpan]) -> Result<Checkpoint, CheckpointError> {
     let mut file = File::open(path).map_err(io(path))?;
-    let header = read_header_of(&mut file, path)?;
+    let len = file.metadata().map_err(io(path))?.len();
+    decode(&mut file, len, path, layout)
+}
+
+/// [`load`] of a checkpoint's bytes (as [`to_bytes`] writes them) received from `source`,
+/// which errors name.
+pub fn from_bytes(
+    bytes: &[u8],
+    source: &Path,
+    layout: &[ParamSpan],
+) -> Result<Checkpoint, CheckpointError> {
+    decode(&mut &bytes[..], bytes.len() as u64, source, layout)
+}
+
+/// [`load`] from `file`, `len` bytes long, named `path` in errors.
+fn decode(
+    file: &mut impl Read,
+    len: u64,
+    path: &Path,
+    layout: &[ParamSpan],
+) -> Result<Checkpoint, CheckpointError> {
+    let header = read_header_of(file, len, path)?;
     let tensors = &header.tensors;
     let per_span = 1 + header.slots.len();
     let expected = per_span * layout.len();
@@ -421,7 +443,7 @@ pub fn load(path: &Path, layout: &[ParamSpan]) -> Result<Checkpoint, CheckpointE
         ));
     }
     let mut data = vec![0; needed];
-    read_all(&mut file, &mut data, path, "tensors")?;
+    read_all(file, &mut data, path, "tensors")?;
     let total = layout_len(layout);
     let mut values_of: Vec<Vec<f32>> = vec![Vec::with_capacity(total); per_span];
     for (which, name, (start, end)) in ranges {

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use tandem_core::{Optimizer, Replica, ReplicaError, StepLoss, TrainState};
 use tandem_pool::{RunWatch, WorkerActivity, WorkerContext, WorkerPool};
 
+use crate::ranks::Ranks;
 use crate::{Batches, NonFiniteLoss, Observer, Stall, TrainError};
 
 /// How often the watchdog looks at the workers: a stall or an abandon is reported within this
@@ -24,6 +25,39 @@ pub(crate) struct Job<'a, R, O: ?Sized, S: ?Sized> {
     pub examples: usize,
     /// The parameters of record, loaded from `state`; the strategy saves them back into it.
     pub store: &'a S,
+    /// The other processes of the run, when it spans several.
+    pub ranks: Option<&'a dyn Ranks>,
+}
+
+/// Checks that every rank runs the same job: as many workers, training examples and
+/// parameters, and the same step. Collective; every rank gets the same answer.
+pub(crate) fn validate_across<R: Replica>(
+    ranks: &dyn Ranks,
+    pool: &WorkerPool<R>,
+    state: &TrainState,
+    examples: usize,
+) -> Result<(), TrainError> {
+    let mine = [
+        pool.len() as u64,
+        examples as u64,
+        state.params.len() as u64,
+        state.step,
+    ];
+    // The maxima of the values and of their complements: the largest and the smallest.
+    let mut spread: Vec<u64> = mine.iter().copied().chain(mine.iter().map(|v| !v)).collect();
+    ranks.open_lanes(1);
+    ranks.all_max(0, &mut spread);
+    let what = ["workers", "training examples", "parameters", "starting step"];
+    for (i, name) in what.iter().enumerate() {
+        let (most, least) = (spread[i], !spread[i + 4]);
+        if most != least {
+            return Err(TrainError::Config(format!(
+                "the ranks disagree on their {name}: from {least} to {most} (every rank must \
+                 run the same job, with as many devices)"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Checks the state and configuration against the pool's replicas; returns the number of

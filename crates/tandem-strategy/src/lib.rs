@@ -66,7 +66,10 @@ mod common;
 mod device_store;
 mod epochs;
 mod hyper;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 mod order;
+pub mod ranks;
 mod store;
 pub mod sync;
 
@@ -74,12 +77,15 @@ pub use device_store::DeviceStore;
 pub use epochs::Epochs;
 pub use hyper::{Batches, Sgd};
 pub use order::EpochOrder;
+pub use ranks::Ranks;
 pub use store::{HostStore, ParamStore};
 
 use std::time::Duration;
 
 use tandem_core::{Optimizer, Replica, ReplicaError, TrainState};
 use tandem_pool::{WorkerFailure, WorkerPool};
+
+use crate::store::{RankedAsyncStore, RankedSyncStore};
 
 /// Synchronous or asynchronous data parallelism.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -113,19 +119,86 @@ pub fn train<R: Replica, O: Optimizer + ?Sized>(
     end_step: u64,
     observer: &dyn Observer,
 ) -> Result<TrainReport, TrainError> {
+    run(None, mode, pool, state, optimizer, batches, end_step, observer)
+}
+
+/// [`train`] as rank `ranks.rank()` of a run that spans `ranks.ranks()` processes, each with a
+/// pool of as many workers. Every rank calls it with the same arguments (and the same `state`)
+/// and ends with the same `state`. The run's workers are every rank's, in rank order
+/// ([`ranks`](crate::ranks)): its global batch, data order and schedule are those of one
+/// process with all of them, and a synchronous run's result is bitwise that one process's.
+/// Step reports count every rank's examples. With one rank this is [`train`].
+#[allow(clippy::too_many_arguments)]
+pub fn train_across<R: Replica, O: Optimizer + ?Sized>(
+    ranks: &dyn Ranks,
+    mode: Mode,
+    pool: &mut WorkerPool<R>,
+    state: &mut TrainState,
+    optimizer: &O,
+    batches: &Batches,
+    end_step: u64,
+    observer: &dyn Observer,
+) -> Result<TrainReport, TrainError> {
+    let ranks = (ranks.ranks() > 1).then_some(ranks);
+    run(ranks, mode, pool, state, optimizer, batches, end_step, observer)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run<R: Replica, O: Optimizer + ?Sized>(
+    ranks: Option<&dyn Ranks>,
+    mode: Mode,
+    pool: &mut WorkerPool<R>,
+    state: &mut TrainState,
+    optimizer: &O,
+    batches: &Batches,
+    end_step: u64,
+    observer: &dyn Observer,
+) -> Result<TrainReport, TrainError> {
     let examples = common::validate(pool, state, optimizer, batches)?;
-    // Sync publishes every worker's gradients into the store; async applies them at once.
-    let gradient_slots = match mode {
-        Mode::Sync => pool.len(),
-        Mode::Async => 0,
-    };
     let layout = pool.replicas()[0].layout().to_vec();
-    // Beside replicas that compute on one device, the parameters of record stay there.
-    let device = DeviceStore::open(mode, pool.replicas(), state, &layout, optimizer)
-        .map_err(TrainError::Device)?;
-    let store: Box<dyn ParamStore<R> + '_> = match device {
-        Some(store) => Box::new(store),
-        None => Box::new(HostStore::new(state, &layout, optimizer, gradient_slots)),
+    if let Some(ranks) = ranks {
+        common::validate_across(ranks, pool, state, examples)?;
+    }
+    // Asynchronous across ranks, the store also keeps the counters (at rank 0's service).
+    let counters = asynchronous::Counters::new(state.step, end_step);
+    let ranked_async = match (mode, ranks) {
+        (Mode::Async, Some(ranks)) => Some(RankedAsyncStore::new(
+            state, &layout, optimizer, ranks, end_step,
+        )),
+        _ => None,
+    };
+    let schedule: &dyn asynchronous::Schedule = match &ranked_async {
+        Some(store) => store,
+        None => &counters,
+    };
+    let other: Option<Box<dyn ParamStore<R> + '_>> = match (&ranked_async, ranks) {
+        (Some(_), _) => None,
+        (None, Some(ranks)) => Some(Box::new(RankedSyncStore::new(
+            state,
+            &layout,
+            optimizer,
+            ranks,
+            pool.len(),
+        ))),
+        (None, None) => {
+            // Sync publishes every worker's gradients into the store; async applies them at once.
+            let gradient_slots = match mode {
+                Mode::Sync => pool.len(),
+                Mode::Async => 0,
+            };
+            // Beside replicas that compute on one device, the parameters of record stay there.
+            let device = DeviceStore::open(mode, pool.replicas(), state, &layout, optimizer)
+                .map_err(TrainError::Device)?;
+            Some(match device {
+                Some(store) => Box::new(store),
+                None => Box::new(HostStore::new(state, &layout, optimizer, gradient_slots)),
+            })
+        }
+    };
+    let store: &dyn ParamStore<R> = match (&ranked_async, &other) {
+        (Some(store), _) => store,
+        (None, Some(store)) => &**store,
+        (None, None) => unreachable!("one of the two is set above"),
     };
     let job = common::Job {
         pool,
@@ -135,11 +208,12 @@ pub fn train<R: Replica, O: Optimizer + ?Sized>(
         end_step,
         observer,
         examples,
-        store: &*store,
+        store,
+        ranks,
     };
     match mode {
         Mode::Sync => sync::run(job),
-        Mode::Async => asynchronous::run(job),
+        Mode::Async => asynchronous::run(job, schedule),
     }
 }
 

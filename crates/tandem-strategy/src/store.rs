@@ -8,6 +8,9 @@ use std::time::Duration;
 use tandem_core::{Optimizer, ParamSpan, Piece, Replica, ReplicaError, Slot, TrainState};
 use tandem_tensor::cpu;
 
+mod ranked;
+pub(crate) use ranked::{RankedAsyncStore, RankedSyncStore};
+
 /// Parameters per shard: small enough that workers updating different shards rarely wait for
 /// each other, large enough that locking costs nothing next to the arithmetic.
 const SHARD_LEN: usize = 16 * 1024;
@@ -106,15 +109,18 @@ impl Shard {
         self.offset..self.offset + self.params.len()
     }
 
-    /// Applies `optimizer`'s update with `grads` (whole flat vectors, one per replica).
+    /// Applies `optimizer`'s update with `grads` (one per replica, each the gradients of the
+    /// parameters from `base` on).
     fn update<O: Optimizer + ?Sized>(
         &mut self,
         optimizer: &O,
         grads: &[&[f32]],
+        base: usize,
         step: u64,
         epoch: f64,
     ) {
         let range = self.range();
+        let range = range.start - base..range.end - base;
         let parts: Vec<&[f32]> = grads.iter().map(|g| &g[range.clone()]).collect();
         let mut state: Vec<&mut [f32]> = self.state.iter_mut().map(Vec::as_mut_slice).collect();
         let piece = Piece {
@@ -194,6 +200,18 @@ impl<'o, O: Optimizer + ?Sized> HostStore<'o, O> {
     /// gradient buffers for `workers` synchronous workers (0 for asynchronous training).
     /// `state` must fit `layout` and `optimizer` (the strategies check it first).
     pub fn new(state: &TrainState, layout: &[ParamSpan], optimizer: &'o O, workers: usize) -> Self {
+        Self::with_shares(state, layout, optimizer, workers, workers)
+    }
+
+    /// [`HostStore::new`] with gradient buffers for `slots` workers and the parameters split
+    /// into `shares` synchronous shares (across ranks: this rank's workers, everyone's shares).
+    fn with_shares(
+        state: &TrainState,
+        layout: &[ParamSpan],
+        optimizer: &'o O,
+        slots: usize,
+        shares_of: usize,
+    ) -> Self {
         let ranges = shard_ranges(layout);
         let len = ranges.last().map_or(0, |(range, _)| range.end);
         let starts: Vec<usize> = ranges.iter().map(|(range, _)| range.start).collect();
@@ -217,14 +235,14 @@ impl<'o, O: Optimizer + ?Sized> HostStore<'o, O> {
             shards,
             slot_names: state.slots.iter().map(|s| s.name.clone()).collect(),
             len,
-            grads: (0..workers).map(|_| RwLock::new(vec![0.0; len])).collect(),
-            shares: shares(&starts, len, workers),
+            grads: (0..slots).map(|_| RwLock::new(vec![0.0; len])).collect(),
+            shares: shares(&starts, len, shares_of),
         }
     }
 
     /// Applies one update to shard `index` with `grads` (whole flat vectors).
     fn update(&self, index: usize, grads: &[&[f32]], step: u64, epoch: f64) {
-        write(&self.shards[index]).update(self.optimizer, grads, step, epoch);
+        write(&self.shards[index]).update(self.optimizer, grads, 0, step, epoch);
     }
 }
 
@@ -365,7 +383,7 @@ mod tests {
             state: vec![vec![0.0]],
         };
         for _ in 0..UPDATES {
-            one.update(&sgd, &[&[1.0]], STEP, 0.0);
+            one.update(&sgd, &[&[1.0]], 0, STEP, 0.0);
             expected.push((one.params[0], one.state[0][0]));
         }
         let (begun, done) = (AtomicU64::new(0), AtomicU64::new(0));

@@ -37,12 +37,15 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R> + ?Sized>(
     if let Some(failure) = pool.retired().first() {
         return Err(failure.clone().into());
     }
-    let workers = pool.len();
+    // Across ranks, the run's workers are every rank's, in rank order.
+    let local = pool.len();
+    let (rank, ranks) = job.ranks.map_or((0, 1), |r| (r.rank(), r.ranks()));
+    let workers = local * ranks;
     let global_batch = (workers * job.batches.batch_size) as u64;
     let epochs = Epochs::new(job.examples, global_batch);
     let store = job.store;
     let log_every = job.observer.log_every();
-    let losses: Vec<AtomicU32> = (0..workers).map(|_| AtomicU32::new(0)).collect();
+    let losses: Vec<AtomicU32> = (0..local).map(|_| AtomicU32::new(0)).collect();
     let stop = AtomicBool::new(false);
     let start_step = state.step;
     let started = Instant::now();
@@ -67,7 +70,7 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R> + ?Sized>(
             ctx.set_step(step + 1);
             store.load(me, replica)?;
             order.fill(
-                epochs.position(step) + (me * job.batches.batch_size) as u64,
+                epochs.position(step) + ((rank * local + me) * job.batches.batch_size) as u64,
                 &mut batch,
             );
             step_losses.record(step + 1, replica.compute_gradients(&batch)?)?;
@@ -80,19 +83,28 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R> + ?Sized>(
             }
             store.publish(me, replica)?;
             ctx.barrier()?;
-            // Read between the barriers: every worker has stored this step's loss, and nobody
-            // stores the next one before the second barrier.
-            let data_loss = losses
-                .iter()
-                .map(|l| f32::from_bits(l.load(Ordering::Relaxed)))
-                .sum::<f32>()
-                / workers as f32;
-
             let epoch = epochs.epoch_at(step);
             store.update_share(me, step, epoch)?;
-            // Worker 0 decides for everyone, before the barrier, so all stop after the same step.
-            if me == 0 && job.observer.should_stop() {
-                stop.store(true, Ordering::Relaxed);
+            let mut data_loss = 0.0;
+            if me == 0 {
+                // Read between the barriers: every worker has stored this step's loss, and
+                // nobody stores the next one before the second barrier.
+                let mut agreed = [
+                    f64::from(
+                        losses
+                            .iter()
+                            .map(|l| f32::from_bits(l.load(Ordering::Relaxed)))
+                            .sum::<f32>(),
+                    ),
+                    f64::from(u8::from(job.observer.should_stop())),
+                ];
+                // Worker 0 (of every rank, together) decides for everyone, before the barrier,
+                // so all stop after the same step.
+                if let Some(ranks) = job.ranks {
+                    ranks.all_sum(0, &mut agreed);
+                }
+                data_loss = agreed[0] as f32 / workers as f32;
+                stop.store(agreed[1] > 0.0, Ordering::Relaxed);
             }
             ctx.barrier()?;
             done = step + 1;

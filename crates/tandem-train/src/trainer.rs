@@ -3,13 +3,13 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tandem_core::{ParamSpan, Replica, ReplicaError, TrainState};
 use tandem_pool::{Device, DeviceSpec, GpuCount, WorkerPool};
 use tandem_strategy::checkpoint::{self, Checkpoint, CheckpointDir};
-use tandem_strategy::{Batches, Observer, Staleness, Stall, StepReport, TrainReport};
+use tandem_strategy::{Batches, Observer, Ranks, Staleness, Stall, StepReport, TrainReport};
 
 use crate::config::{ModelId, RecordedOptimizer, RunConfig};
 use crate::error::Conflict;
@@ -116,6 +116,11 @@ pub struct Setup {
     pub gpus: fn() -> GpuCount,
     /// The largest batch size a checkpoint may record.
     pub max_batch: u64,
+    /// The processes of a run that spans several (`None`, or one rank: this process alone).
+    /// Every rank opens the trainer with the same arguments and as many devices; rank 0 alone
+    /// reads the checkpoint it resumes from and should be the only one given a checkpoint
+    /// directory, and sends every rank the run's configuration and state.
+    pub ranks: Option<Arc<dyn Ranks>>,
 }
 
 impl Setup {
@@ -126,6 +131,7 @@ impl Setup {
             devices,
             gpus: || GpuCount::NoCuda,
             max_batch: Self::MAX_BATCH,
+            ranks: None,
         }
     }
 
@@ -309,6 +315,8 @@ pub struct Trainer<M: Model, O> {
     pool: WorkerPool<M::Replica>,
     checkpoints: Option<Checkpoints>,
     resumed_from: Option<PathBuf>,
+    /// The run's processes, when there are several.
+    ranks: Option<Arc<dyn Ranks>>,
 }
 
 /// Warns when CPU workers outnumber the cores: they would only take turns.
@@ -348,14 +356,21 @@ impl<M: Model, O: RecordedOptimizer> Trainer<M, O> {
             .devices
             .resolve_noting(setup.gpus, |note| output::warn(format!("warning: {note}")))?;
         let examples = model.training_examples();
-        let (config, state, resumed_from) = match start {
+        let ranks = setup.ranks.clone().filter(|r| r.ranks() > 1);
+        // The run's workers: every rank's.
+        let workers = devices.len() * ranks.as_ref().map_or(1, |r| r.ranks());
+        if let Some(ranks) = ranks.as_ref().filter(|r| r.rank() != 0) {
+            let (config, state) = from_rank0(&model, setup, &**ranks)?;
+            return Self::with_pool(model, config, state, devices, checkpoints, None, Some(ranks.clone()));
+        }
+        let (mut config, state, resumed_from) = match start {
             Start::Fresh(fresh) => {
                 if let Some(target) = &checkpoints {
                     target.refuse_other_runs()?;
                 }
                 let mut config = RunConfig {
                     mode: fresh.mode,
-                    workers: devices.len(),
+                    workers,
                     optimizer: fresh.optimizer,
                     batches: fresh.batches,
                     end_step: 0,
@@ -369,10 +384,27 @@ impl<M: Model, O: RecordedOptimizer> Trainer<M, O> {
             }
             Start::Resume(resume) => {
                 let (path, config, state) =
-                    resume_from(&model, &resume, setup, checkpoints.as_ref(), devices.len())?;
+                    resume_from(&model, &resume, setup, checkpoints.as_ref(), workers)?;
                 (config, state, Some(path))
             }
         };
+        if let Some(ranks) = &ranks {
+            to_ranks(&model, &mut config, &state, &**ranks)?;
+        }
+        Self::with_pool(model, config, state, devices, checkpoints, resumed_from, ranks)
+    }
+
+    /// The trainer of a run whose configuration and state are settled: a replica on each of
+    /// `devices`.
+    fn with_pool(
+        model: M,
+        config: RunConfig<O>,
+        state: TrainState,
+        devices: Vec<Device>,
+        checkpoints: Option<Checkpoints>,
+        resumed_from: Option<PathBuf>,
+        ranks: Option<Arc<dyn Ranks>>,
+    ) -> Result<Self, RunError> {
         let batch = config.batches.batch_size;
         let pool = WorkerPool::new(devices, |device| {
             model
@@ -389,6 +421,7 @@ impl<M: Model, O: RecordedOptimizer> Trainer<M, O> {
             pool,
             checkpoints,
             resumed_from,
+            ranks,
         })
     }
 
@@ -457,7 +490,14 @@ impl<M: Model, O: RecordedOptimizer> Trainer<M, O> {
         };
         while self.state.step < plan.end_step {
             let to = plan.next_stop(self.state.step);
-            let report = advance(&mut self.pool, &mut self.state, &self.config, to, &observer)?;
+            let report = advance(
+                self.ranks.as_deref(),
+                &mut self.pool,
+                &mut self.state,
+                &self.config,
+                to,
+                &observer,
+            )?;
             if let Some(progress) = watch.progress {
                 progress.end_segment(&report);
             }
@@ -562,6 +602,7 @@ fn resume_from<M: Model, O: RecordedOptimizer>(
 
 /// Trains until global step `to` (or until `observer` stops it) in the run's mode.
 fn advance<R: Replica, O: RecordedOptimizer>(
+    ranks: Option<&dyn Ranks>,
     pool: &mut WorkerPool<R>,
     state: &mut TrainState,
     config: &RunConfig<O>,
@@ -569,6 +610,18 @@ fn advance<R: Replica, O: RecordedOptimizer>(
     observer: &dyn Observer,
 ) -> Result<TrainReport, RunError> {
     let (optimizer, batches) = (&config.optimizer, &config.batches);
+    if let Some(ranks) = ranks {
+        return Ok(tandem_strategy::train_across(
+            ranks,
+            config.mode,
+            pool,
+            state,
+            optimizer,
+            batches,
+            to,
+            observer,
+        )?);
+    }
     Ok(tandem_strategy::train(
         config.mode,
         pool,
@@ -578,6 +631,36 @@ fn advance<R: Replica, O: RecordedOptimizer>(
         to,
         observer,
     )?)
+}
+
+/// Rank 0: sends every rank the run's configuration and state, as a checkpoint's bytes.
+fn to_ranks<M: Model, O: RecordedOptimizer>(
+    model: &M,
+    config: &mut RunConfig<O>,
+    state: &TrainState,
+    ranks: &dyn Ranks,
+) -> Result<(), RunError> {
+    let metadata = config.to_metadata(&model.id());
+    let mut bytes = checkpoint::to_bytes(state, &model.layout(), &metadata)
+        .map_err(|e| RunError::Config(format!("cannot send the run to the other ranks: {e}")))?;
+    ranks.broadcast(&mut bytes);
+    Ok(())
+}
+
+/// Every rank but 0: the run's configuration and state as rank 0 sent them, checked like a
+/// checkpoint read from a file.
+fn from_rank0<M: Model, O: RecordedOptimizer>(
+    model: &M,
+    setup: &Setup,
+    ranks: &dyn Ranks,
+) -> Result<(RunConfig<O>, TrainState), RunError> {
+    let mut bytes = Vec::new();
+    ranks.broadcast(&mut bytes);
+    let source = Path::new("the run rank 0 sent");
+    let received = checkpoint::from_bytes(&bytes, source, &model.layout())?;
+    let config = check_checkpoint::<O>(&received, &model.id(), setup.max_batch)
+        .map_err(|reason| RunError::Config(format!("{}: {reason}", source.display())))?;
+    Ok((config, received.state))
 }
 
 /// Writes a run's checkpoints into its directory.

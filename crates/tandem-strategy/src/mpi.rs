@@ -1,0 +1,206 @@
+//! [`Ranks`] over MPI (the `mpi` feature; the `mpi` crate over the system's MPI library, e.g.
+//! Open MPI): one rank per process started by `mpirun`.
+
+use std::sync::RwLock;
+
+use mpi::collective::SystemOperation;
+use mpi::datatype::{Partition, PartitionMut};
+use mpi::environment::Universe;
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::*;
+use mpi::Threading;
+
+use crate::ranks::{Channel, Ranks};
+
+/// A communicator that worker threads share. MPI is initialised with `MPI_THREAD_MULTIPLE`
+/// ([`MpiRanks::init`] refuses a library without it), under which any thread may call MPI on
+/// any communicator; the one rule left, that collectives on one communicator are not
+/// concurrent, is kept by giving each lane its own.
+struct Shared(SimpleCommunicator);
+
+// SAFETY: see `Shared`: the handle is only passed to MPI, which allows any thread to use it.
+unsafe impl Send for Shared {}
+// SAFETY: as above.
+unsafe impl Sync for Shared {}
+
+/// Why MPI cannot carry a run.
+#[derive(Debug, thiserror::Error)]
+pub enum MpiError {
+    /// MPI was initialised already in this process.
+    #[error("MPI is already initialised in this process")]
+    AlreadyInitialised,
+    /// The MPI library cannot be used from several threads at once.
+    #[error(
+        "the MPI library offers {0:?} threading, and tandem's workers need Multiple \
+         (MPI_THREAD_MULTIPLE): use an MPI built with thread support (Open MPI is)"
+    )]
+    Threading(Threading),
+}
+
+/// The ranks of the `mpirun` job this process belongs to (a process started without `mpirun`
+/// is rank 0 of 1). Dropping it finalises MPI.
+pub struct MpiRanks {
+    // Declared before `universe`: communicators are freed before MPI is finalised.
+    lanes: RwLock<Vec<std::sync::Arc<Shared>>>,
+    requests: Shared,
+    replies: Shared,
+    world: Shared,
+    _universe: Universe,
+}
+
+impl MpiRanks {
+    /// Initialises MPI for multi-threaded use.
+    pub fn init() -> Result<Self, MpiError> {
+        let (universe, threading) = mpi::initialize_with_threading(Threading::Multiple)
+            .ok_or(MpiError::AlreadyInitialised)?;
+        if threading < Threading::Multiple {
+            return Err(MpiError::Threading(threading));
+        }
+        let world = universe.world();
+        Ok(Self {
+            lanes: RwLock::new(Vec::new()),
+            requests: Shared(world.duplicate()),
+            replies: Shared(world.duplicate()),
+            world: Shared(world),
+            _universe: universe,
+        })
+    }
+
+    fn lane(&self, lane: usize) -> std::sync::Arc<Shared> {
+        let lanes = self.lanes.read().unwrap_or_else(|p| p.into_inner());
+        match lanes.get(lane) {
+            Some(comm) => comm.clone(),
+            // A strategy opens its lanes before its workers use them; this would be its bug,
+            // and a job that cannot exchange must not wait forever.
+            None => self.abort_with(&format!("MPI lane {lane} used before it was opened")),
+        }
+    }
+
+    fn channel(&self, channel: Channel) -> &SimpleCommunicator {
+        match channel {
+            Channel::Request => &self.requests.0,
+            Channel::Reply => &self.replies.0,
+        }
+    }
+
+    fn abort_with(&self, message: &str) -> ! {
+        eprintln!("error: rank {}: {message}", self.rank());
+        self.abort(70)
+    }
+}
+
+/// `(counts, displacements)` as MPI takes them.
+fn partition(counts: &[usize]) -> (Vec<i32>, Vec<i32>) {
+    let counts: Vec<i32> = counts.iter().map(|&c| count(c)).collect();
+    let displs = counts
+        .iter()
+        .scan(0i32, |at, &c| {
+            let here = *at;
+            *at += c;
+            Some(here)
+        })
+        .collect();
+    (counts, displs)
+}
+
+/// A count as MPI's `int`: a model's parameters are far below 2^31.
+fn count(n: usize) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+impl Ranks for MpiRanks {
+    fn rank(&self) -> usize {
+        self.world.0.rank() as usize
+    }
+
+    fn ranks(&self) -> usize {
+        self.world.0.size() as usize
+    }
+
+    fn open_lanes(&self, lanes: usize) {
+        let mut open = self.lanes.write().unwrap_or_else(|p| p.into_inner());
+        while open.len() < lanes {
+            open.push(std::sync::Arc::new(Shared(self.world.0.duplicate())));
+        }
+    }
+
+    fn all_to_all(
+        &self,
+        lane: usize,
+        send: &[f32],
+        send_counts: &[usize],
+        recv: &mut [f32],
+        recv_counts: &[usize],
+    ) {
+        let comm = self.lane(lane);
+        let (sc, sd) = partition(send_counts);
+        let (rc, rd) = partition(recv_counts);
+        comm.0.all_to_all_varcount_into(
+            &Partition::new(send, sc, sd),
+            &mut PartitionMut::new(recv, rc, rd),
+        );
+    }
+
+    fn all_gather(&self, lane: usize, mine: &[f32], all: &mut [f32], counts: &[usize]) {
+        let comm = self.lane(lane);
+        let (c, d) = partition(counts);
+        comm.0
+            .all_gather_varcount_into(mine, &mut PartitionMut::new(all, c, d));
+    }
+
+    fn all_sum(&self, lane: usize, values: &mut [f64]) {
+        let send = values.to_vec();
+        self.lane(lane)
+            .0
+            .all_reduce_into(&send[..], values, SystemOperation::sum());
+    }
+
+    fn all_max(&self, lane: usize, values: &mut [u64]) {
+        let send = values.to_vec();
+        self.lane(lane)
+            .0
+            .all_reduce_into(&send[..], values, SystemOperation::max());
+    }
+
+    fn broadcast(&self, bytes: &mut Vec<u8>) {
+        let root = self.world.0.process_at_rank(0);
+        let mut len = [bytes.len() as u64];
+        root.broadcast_into(&mut len[..]);
+        bytes.resize(len[0] as usize, 0);
+        root.broadcast_into(&mut bytes[..]);
+    }
+
+    fn send(&self, channel: Channel, to: usize, tag: u16, header: &[u64], payload: &[f32]) {
+        let target = self.channel(channel).process_at_rank(to as i32);
+        target.send_with_tag(header, i32::from(tag));
+        target.send_with_tag(payload, i32::from(tag));
+    }
+
+    fn poll_request(&self) -> Option<(usize, u16)> {
+        let status = self.requests.0.any_process().immediate_probe()?;
+        Some((status.source_rank() as usize, status.tag() as u16))
+    }
+
+    fn receive(
+        &self,
+        channel: Channel,
+        from: usize,
+        tag: u16,
+        header: &mut Vec<u64>,
+        payload: &mut Vec<f32>,
+    ) {
+        let source = self.channel(channel).process_at_rank(from as i32);
+        *header = source.receive_vec_with_tag::<u64>(i32::from(tag)).0;
+        *payload = source.receive_vec_with_tag::<f32>(i32::from(tag)).0;
+    }
+
+    fn abort(&self, code: i32) -> ! {
+        self.world.0.abort(code)
+    }
+}
+
+impl std::fmt::Debug for MpiRanks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MpiRanks(rank {} of {})", self.rank(), self.ranks())
+    }
+}

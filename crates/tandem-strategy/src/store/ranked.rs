@@ -1,0 +1,537 @@
+//! The parameters of record of a run that spans several processes ([`Ranks`]): every rank keeps
+//! a [`HostStore`] of all the parameters, and the stores exchange what their workers need.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use tandem_core::{Optimizer, ParamSpan, Replica, ReplicaError, TrainState};
+
+use super::{read, write, HostStore, ParamStore};
+use crate::asynchronous::Schedule;
+use crate::ranks::{Channel, Ranks};
+
+impl<O: Optimizer + ?Sized> HostStore<'_, O> {
+    /// The parameters that shards `shards` hold.
+    fn params_of(&self, shards: &Range<usize>) -> Range<usize> {
+        let start = |index: usize| {
+            self.shards
+                .get(index)
+                .map_or(self.len, |shard| read(shard).offset)
+        };
+        start(shards.start)..start(shards.end)
+    }
+
+    /// Copies parameters `range` (whole shards) out of the store.
+    fn copy_params(&self, range: &Range<usize>, out: &mut Vec<f32>) {
+        out.clear();
+        for shard in &self.shards {
+            let shard = read(shard);
+            if range.contains(&shard.offset) {
+                out.extend_from_slice(&shard.params);
+            }
+        }
+    }
+
+    /// Overwrites parameters `range` (whole shards) with `values`.
+    fn set_params(&self, range: &Range<usize>, values: &[f32]) {
+        for shard in &self.shards {
+            let mut shard = write(shard);
+            if range.contains(&shard.offset) {
+                let at = shard.offset - range.start;
+                let len = shard.params.len();
+                shard.params.copy_from_slice(&values[at..at + len]);
+            }
+        }
+    }
+
+    /// Gathers every rank's `owned` part of the optimiser state into every rank's store
+    /// (collective, on lane 0): the state stays with its owner while training.
+    fn gather_state(&self, ranks: &dyn Ranks, owned: &[Range<usize>]) {
+        let me = &owned[ranks.rank()];
+        let counts: Vec<usize> = owned.iter().map(|r| r.len()).collect();
+        let mut all = vec![0.0; self.len];
+        for slot in 0..self.slot_names.len() {
+            let mut mine = Vec::with_capacity(me.len());
+            for shard in &self.shards {
+                let shard = read(shard);
+                if me.contains(&shard.offset) {
+                    mine.extend_from_slice(&shard.state[slot]);
+                }
+            }
+            ranks.all_gather(0, &mine, &mut all, &counts);
+            for shard in &self.shards {
+                let mut shard = write(shard);
+                let range = shard.range();
+                shard.state[slot].copy_from_slice(&all[range]);
+            }
+        }
+    }
+}
+
+/// Synchronous training across ranks. Global worker `g` (rank `g / local`, local worker
+/// `g % local`) owns share `g` of the parameters, as worker `g` of one process would. A step's
+/// update of share `g`:
+///
+/// 1. on lane `g % local`, every rank sends each of its workers' gradients of the shares of
+///    that lane to their owners (all-to-all), so the owner holds every worker's gradients of
+///    its share, in global worker order;
+/// 2. the owner updates its share with their mean, summed in that order: the arithmetic of
+///    one process, bitwise;
+/// 3. every rank gathers the updated shares of the lane (all-gather).
+///
+/// Each rank sends `local + 1` times its part of the parameters per step and receives as
+/// much: about `(local + 1) * parameters`, whatever the number of ranks. The optimiser's
+/// state stays with the share's owner until [`save_into`](ParamStore::save_into) gathers it.
+pub(crate) struct RankedSyncStore<'o, 'r, O: Optimizer + ?Sized> {
+    host: HostStore<'o, O>,
+    ranks: &'r dyn Ranks,
+    local: usize,
+    /// Each global worker's share, as parameters.
+    shares: Vec<Range<usize>>,
+    /// Per lane: the gradients sent, the gradients received, the parameters gathered.
+    scratch: Vec<Mutex<[Vec<f32>; 3]>>,
+}
+
+impl<'o, 'r, O: Optimizer + ?Sized> RankedSyncStore<'o, 'r, O> {
+    /// The store of rank `ranks.rank()`, with `local` workers on every rank. Collective: opens
+    /// `local` lanes.
+    pub fn new(
+        state: &TrainState,
+        layout: &[ParamSpan],
+        optimizer: &'o O,
+        ranks: &'r dyn Ranks,
+        local: usize,
+    ) -> Self {
+        let host = HostStore::with_shares(state, layout, optimizer, local, ranks.ranks() * local);
+        let shares = host.shares.iter().map(|s| host.params_of(s)).collect();
+        ranks.open_lanes(local);
+        Self {
+            host,
+            ranks,
+            local,
+            shares,
+            scratch: (0..local).map(|_| Mutex::new(Default::default())).collect(),
+        }
+    }
+
+    /// The shares of lane `lane`, one per rank, in rank order.
+    fn lane_shares(&self, lane: usize) -> impl Iterator<Item = &Range<usize>> + '_ {
+        (0..self.ranks.ranks()).map(move |rank| &self.shares[rank * self.local + lane])
+    }
+
+    /// The parameters each rank owns: its workers' shares, contiguous.
+    fn owned(&self) -> Vec<Range<usize>> {
+        (0..self.ranks.ranks())
+            .map(|rank| {
+                let first = &self.shares[rank * self.local];
+                let last = &self.shares[rank * self.local + self.local - 1];
+                first.start..last.end
+            })
+            .collect()
+    }
+}
+
+impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for RankedSyncStore<'_, '_, O> {
+    fn load(&self, worker: usize, replica: &mut R) -> Result<(), ReplicaError> {
+        self.host.load(worker, replica)
+    }
+
+    fn publish(&self, worker: usize, replica: &mut R) -> Result<(), ReplicaError> {
+        ParamStore::<R>::publish(&self.host, worker, replica)
+    }
+
+    fn update_share(&self, worker: usize, step: u64, epoch: f64) -> Result<(), ReplicaError> {
+        let lane = worker;
+        let mut scratch = self.scratch[lane].lock().unwrap_or_else(|p| p.into_inner());
+        let [send, received, gathered] = &mut *scratch;
+        let mine = self.shares[self.ranks.rank() * self.local + lane].clone();
+
+        // 1. Every local worker's gradients of each rank's share on this lane, to that rank.
+        send.clear();
+        let mut send_counts = Vec::with_capacity(self.ranks.ranks());
+        {
+            let grads: Vec<_> = self.host.grads.iter().map(|g| g.read().unwrap_or_else(|p| p.into_inner())).collect();
+            for share in self.lane_shares(lane) {
+                for g in &grads {
+                    send.extend_from_slice(&g[share.clone()]);
+                }
+                send_counts.push(self.local * share.len());
+            }
+        }
+        let recv_counts = vec![self.local * mine.len(); self.ranks.ranks()];
+        received.resize(recv_counts.iter().sum(), 0.0);
+        self.ranks
+            .all_to_all(lane, send, &send_counts, received, &recv_counts);
+
+        // 2. The update of this worker's share, the gradients in global worker order.
+        if !mine.is_empty() {
+            let parts: Vec<&[f32]> = received.chunks(mine.len()).collect();
+            for index in self.host.shares[self.ranks.rank() * self.local + lane].clone() {
+                write(&self.host.shards[index]).update(
+                    self.host.optimizer,
+                    &parts,
+                    mine.start,
+                    step,
+                    epoch,
+                );
+            }
+        }
+
+        // 3. Every rank's updated share of this lane.
+        let counts: Vec<usize> = self.lane_shares(lane).map(Range::len).collect();
+        let mut own = Vec::with_capacity(mine.len());
+        self.host.copy_params(&mine, &mut own);
+        gathered.resize(counts.iter().sum(), 0.0);
+        self.ranks.all_gather(lane, &own, gathered, &counts);
+        let mut at = 0;
+        for (rank, share) in self.lane_shares(lane).enumerate() {
+            if rank != self.ranks.rank() {
+                self.host.set_params(share, &gathered[at..at + share.len()]);
+            }
+            at += share.len();
+        }
+        Ok(())
+    }
+
+    fn apply(
+        &self,
+        _: (usize, usize),
+        _: &mut R,
+        _: &mut dyn FnMut() -> (u64, f64),
+    ) -> Result<(), ReplicaError> {
+        Err("a synchronous store applies no asynchronous update".into())
+    }
+
+    fn l2_loss(&self, worker: usize, weight_decay: f32) -> Result<f32, ReplicaError> {
+        ParamStore::<R>::l2_loss(&self.host, worker, weight_decay)
+    }
+
+    /// Collective: every rank saves at the same step.
+    fn save_into(&self, state: &mut TrainState) -> Result<(), ReplicaError> {
+        self.host.gather_state(self.ranks, &self.owned());
+        ParamStore::<R>::save_into(&self.host, state)
+    }
+
+    /// Never: a copy needs every rank, and this is asked for when a worker hangs.
+    fn consistent_copy(&self, _: &dyn Fn() -> Option<u64>) -> Option<TrainState> {
+        None
+    }
+
+    fn empty_state(&self, step: u64) -> TrainState {
+        ParamStore::<R>::empty_state(&self.host, step)
+    }
+}
+
+/// What a worker asks a rank's service (the first value of a request's header).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(u64)]
+enum Request {
+    /// Rank 0: the next batch ticket, and the updates begun so far (the version read). The
+    /// second header value is 1 when the asking rank wants the run to stop.
+    Ticket,
+    /// Rank 0: the step of an update about to be applied.
+    Begin,
+    /// The owner's current parameters.
+    Fetch,
+    /// Apply these gradients (the payload) to the owner's parameters as update `header[1]` at
+    /// epoch `f64::from_bits(header[2])`.
+    Push,
+    /// The sending rank's workers are done.
+    Done,
+}
+
+impl Request {
+    const ALL: [Request; 5] = [
+        Request::Ticket,
+        Request::Begin,
+        Request::Fetch,
+        Request::Push,
+        Request::Done,
+    ];
+}
+
+/// The tag of [`Request::Done`]: no worker's lane (lanes are local worker indices).
+const DONE_TAG: u16 = i16::MAX as u16;
+
+/// How long a rank's service sleeps when no request waits: short next to a step (ms), long
+/// enough that an idle service costs its core nothing.
+const POLL: std::time::Duration = std::time::Duration::from_micros(20);
+
+/// A ticket that says the run is over.
+const NO_TICKET: u64 = u64::MAX;
+
+/// Asynchronous training across ranks, parameter-server style: the parameters are sharded over
+/// the ranks (rank `q` owns `owned[q]`, whole shards of its [`HostStore`]), and each rank runs a
+/// service ([`serve`](Self::serve)) that answers for its part: the current parameters to a
+/// worker that fetches them, and each pushed update applied on arrival, under the shard locks
+/// that its own workers take. Rank 0's service also hands out the batch tickets and counts the
+/// updates begun, for every worker of every rank, so staleness (updates begun between a
+/// worker's read and its own) is measured across all of them. Nobody waits for anybody but the
+/// owners' answers.
+pub(crate) struct RankedAsyncStore<'o, 'r, O: Optimizer + ?Sized> {
+    host: HostStore<'o, O>,
+    ranks: &'r dyn Ranks,
+    owned: Vec<Range<usize>>,
+    end_step: u64,
+    /// Rank 0's counters (unused elsewhere).
+    tickets: AtomicU64,
+    begun: AtomicU64,
+    stop: AtomicBool,
+}
+
+impl<'o, 'r, O: Optimizer + ?Sized> RankedAsyncStore<'o, 'r, O> {
+    /// The store of rank `ranks.rank()` for a run from `state` to `end_step`.
+    pub fn new(
+        state: &TrainState,
+        layout: &[ParamSpan],
+        optimizer: &'o O,
+        ranks: &'r dyn Ranks,
+        end_step: u64,
+    ) -> Self {
+        let host = HostStore::with_shares(state, layout, optimizer, 0, ranks.ranks());
+        let owned = host.shares.iter().map(|s| host.params_of(s)).collect();
+        Self {
+            host,
+            ranks,
+            owned,
+            end_step,
+            tickets: AtomicU64::new(state.step),
+            begun: AtomicU64::new(state.step),
+            stop: AtomicBool::new(false),
+        }
+    }
+
+    fn mine(&self) -> &Range<usize> {
+        &self.owned[self.ranks.rank()]
+    }
+
+    /// Rank 0: the next ticket and the updates begun (or [`NO_TICKET`]).
+    fn next_ticket(&self, stop: bool) -> [u64; 2] {
+        if stop {
+            self.stop.store(true, Ordering::Relaxed);
+        }
+        if self.stop.load(Ordering::Relaxed) {
+            return [NO_TICKET, 0];
+        }
+        let ticket = self.tickets.fetch_add(1, Ordering::Relaxed);
+        if ticket >= self.end_step {
+            return [NO_TICKET, 0];
+        }
+        [ticket, self.begun.load(Ordering::Acquire)]
+    }
+
+    /// Asks rank 0's service (or, on rank 0, does it).
+    fn ask_rank0(&self, lane: usize, header: &[u64]) -> Vec<u64> {
+        let (mut reply, mut payload) = (Vec::new(), Vec::new());
+        self.ranks
+            .send(Channel::Request, 0, lane as u16, header, &[]);
+        self.ranks
+            .receive(Channel::Reply, 0, lane as u16, &mut reply, &mut payload);
+        reply
+    }
+
+    /// Applies update `step` at `epoch` with `grads` (of this rank's part) to this rank's part.
+    fn update_mine(&self, grads: &[f32], step: u64, epoch: f64) {
+        let mine = self.mine();
+        for index in self.host.shares[self.ranks.rank()].clone() {
+            write(&self.host.shards[index]).update(
+                self.host.optimizer,
+                &[grads],
+                mine.start,
+                step,
+                epoch,
+            );
+        }
+    }
+
+    /// Answers requests until every rank's workers are done ([`Schedule::done`]).
+    fn serve_requests(&self) {
+        let (mut header, mut payload, mut params) = (Vec::new(), Vec::new(), Vec::new());
+        let mut done = 0;
+        while done < self.ranks.ranks() {
+            let Some((from, tag)) = self.ranks.poll_request() else {
+                std::thread::sleep(POLL);
+                continue;
+            };
+            self.ranks
+                .receive(Channel::Request, from, tag, &mut header, &mut payload);
+            let request = header
+                .first()
+                .and_then(|&kind| Request::ALL.get(kind as usize).copied());
+            let reply = |header: &[u64], payload: &[f32]| {
+                self.ranks.send(Channel::Reply, from, tag, header, payload)
+            };
+            match request {
+                Some(Request::Ticket) => reply(&self.next_ticket(header.get(1) == Some(&1)), &[]),
+                Some(Request::Begin) => reply(&[self.begun.fetch_add(1, Ordering::AcqRel)], &[]),
+                Some(Request::Fetch) => {
+                    self.host.copy_params(self.mine(), &mut params);
+                    reply(&[], &params);
+                }
+                Some(Request::Push) if header.len() == 3 && payload.len() == self.mine().len() => {
+                    self.update_mine(&payload, header[1], f64::from_bits(header[2]));
+                }
+                Some(Request::Done) => done += 1,
+                // Only tandem's own ranks send here; anything else is a version mismatch
+                // between the ranks' binaries, and guessing would corrupt the run.
+                _ => {
+                    eprintln!(
+                        "error: rank {}: a malformed request from rank {from} (header {header:?}, \
+                         {} values): are all ranks running the same tandem?",
+                        self.ranks.rank(),
+                        payload.len()
+                    );
+                    self.ranks.abort(70)
+                }
+            }
+        }
+    }
+}
+
+impl<O: Optimizer + ?Sized> Schedule for RankedAsyncStore<'_, '_, O> {
+    fn ticket(&self, lane: usize, stop: bool) -> Option<(u64, u64)> {
+        let [ticket, version] = match self.ranks.rank() {
+            0 => self.next_ticket(stop),
+            _ => match self.ask_rank0(lane, &[Request::Ticket as u64, u64::from(stop)])[..] {
+                [ticket, version] => [ticket, version],
+                _ => [NO_TICKET, 0],
+            },
+        };
+        (ticket != NO_TICKET).then_some((ticket, version))
+    }
+
+    fn begin(&self, lane: usize) -> u64 {
+        match self.ranks.rank() {
+            0 => self.begun.fetch_add(1, Ordering::AcqRel),
+            _ => self
+                .ask_rank0(lane, &[Request::Begin as u64])
+                .first()
+                .copied()
+                .unwrap_or(self.end_step),
+        }
+    }
+
+    fn complete(&self) {}
+
+    fn version(&self) -> Option<u64> {
+        None
+    }
+
+    fn serve(&self) {
+        self.serve_requests()
+    }
+
+    fn done(&self) {
+        for rank in 0..self.ranks.ranks() {
+            self.ranks.send(
+                Channel::Request,
+                rank,
+                DONE_TAG,
+                &[Request::Done as u64],
+                &[],
+            );
+        }
+    }
+
+    fn finish(&self) -> (u64, bool) {
+        // Rank 0 knows; the others give 0 to the maximum.
+        let mut ours = match self.ranks.rank() {
+            0 => [
+                self.begun.load(Ordering::Acquire),
+                u64::from(self.stop.load(Ordering::Relaxed)),
+            ],
+            _ => [0, 0],
+        };
+        self.ranks.all_max(0, &mut ours);
+        (ours[0], ours[1] == 1)
+    }
+}
+
+impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for RankedAsyncStore<'_, '_, O> {
+    fn load(&self, worker: usize, replica: &mut R) -> Result<(), ReplicaError> {
+        let lane = worker as u16;
+        let (mut header, mut payload) = (Vec::new(), Vec::new());
+        replica.set_params(&mut |dst| {
+            let me = self.ranks.rank();
+            // Ask every owner first, so that they answer while this rank copies its own part.
+            for rank in (0..self.ranks.ranks()).filter(|&r| r != me) {
+                self.ranks
+                    .send(Channel::Request, rank, lane, &[Request::Fetch as u64], &[]);
+            }
+            for shard in &self.host.shards[self.host.shares[me].clone()] {
+                let shard = read(shard);
+                dst[shard.range()].copy_from_slice(&shard.params);
+            }
+            for (rank, part) in self.owned.iter().enumerate().filter(|&(r, _)| r != me) {
+                self.ranks
+                    .receive(Channel::Reply, rank, lane, &mut header, &mut payload);
+                if payload.len() == part.len() {
+                    dst[part.clone()].copy_from_slice(&payload);
+                    // Kept for the L2 term of the reported loss.
+                    self.host.set_params(part, &payload);
+                }
+            }
+        })
+    }
+
+    fn publish(&self, _: usize, _: &mut R) -> Result<(), ReplicaError> {
+        Err("an asynchronous store takes no synchronous gradients".into())
+    }
+
+    fn update_share(&self, _: usize, _: u64, _: f64) -> Result<(), ReplicaError> {
+        Err("an asynchronous store makes no synchronous update".into())
+    }
+
+    fn apply(
+        &self,
+        (worker, _): (usize, usize),
+        replica: &mut R,
+        begin: &mut dyn FnMut() -> (u64, f64),
+    ) -> Result<(), ReplicaError> {
+        replica.read_gradients(&mut |g| {
+            let (step, epoch) = begin();
+            let me = self.ranks.rank();
+            for (rank, part) in self.owned.iter().enumerate().filter(|&(r, _)| r != me) {
+                self.ranks.send(
+                    Channel::Request,
+                    rank,
+                    worker as u16,
+                    &[Request::Push as u64, step, epoch.to_bits()],
+                    &g[part.clone()],
+                );
+            }
+            self.update_mine(&g[self.mine().clone()], step, epoch);
+        })
+    }
+
+    /// The L2 term of this rank's part now and the others' as its workers last fetched them.
+    fn l2_loss(&self, worker: usize, weight_decay: f32) -> Result<f32, ReplicaError> {
+        ParamStore::<R>::l2_loss(&self.host, worker, weight_decay)
+    }
+
+    /// Collective: every rank saves when the run ends.
+    fn save_into(&self, state: &mut TrainState) -> Result<(), ReplicaError> {
+        let counts: Vec<usize> = self.owned.iter().map(Range::len).collect();
+        let mut mine = Vec::new();
+        self.host.copy_params(self.mine(), &mut mine);
+        let mut all = vec![0.0; self.host.len];
+        self.ranks.all_gather(0, &mine, &mut all, &counts);
+        for (rank, part) in self.owned.iter().enumerate() {
+            if rank != self.ranks.rank() {
+                self.host.set_params(part, &all[part.clone()]);
+            }
+        }
+        self.host.gather_state(self.ranks, &self.owned);
+        ParamStore::<R>::save_into(&self.host, state)
+    }
+
+    /// Never: a copy needs every rank, and this is asked for when a worker hangs.
+    fn consistent_copy(&self, _: &dyn Fn() -> Option<u64>) -> Option<TrainState> {
+        None
+    }
+
+    fn empty_state(&self, step: u64) -> TrainState {
+        ParamStore::<R>::empty_state(&self.host, step)
+    }
+}
