@@ -50,9 +50,7 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R> + ?Sized>(
         let mut tally = Tally::default();
         let mut step_losses = StepLosses::new(log_every);
         let lane = ctx.worker();
-        while let Some((ticket, read_version)) =
-            schedule.ticket(lane, job.observer.should_stop())
-        {
+        while let Some((ticket, read_version)) = schedule.ticket(lane, job.observer.should_stop()) {
             ctx.set_step(ticket + 1);
             store.load(ctx.worker(), replica)?;
             order.fill(epochs.position(ticket), &mut batch);

@@ -30,26 +30,38 @@ pub(crate) struct Job<'a, R, O: ?Sized, S: ?Sized> {
 }
 
 /// Checks that every rank runs the same job: as many workers, training examples and
-/// parameters, and the same step. Collective; every rank gets the same answer.
+/// parameters, and the same steps. Collective; every rank gets the same answer.
 pub(crate) fn validate_across<R: Replica>(
     ranks: &dyn Ranks,
     pool: &WorkerPool<R>,
     state: &TrainState,
     examples: usize,
+    end_step: u64,
 ) -> Result<(), TrainError> {
     let mine = [
         pool.len() as u64,
         examples as u64,
         state.params.len() as u64,
         state.step,
+        end_step,
     ];
     // The maxima of the values and of their complements: the largest and the smallest.
-    let mut spread: Vec<u64> = mine.iter().copied().chain(mine.iter().map(|v| !v)).collect();
+    let mut spread: Vec<u64> = mine
+        .iter()
+        .copied()
+        .chain(mine.iter().map(|v| !v))
+        .collect();
     ranks.open_lanes(1);
     ranks.all_max(0, &mut spread);
-    let what = ["workers", "training examples", "parameters", "starting step"];
+    let what = [
+        "workers",
+        "training examples",
+        "parameters",
+        "starting step",
+        "end step",
+    ];
     for (i, name) in what.iter().enumerate() {
-        let (most, least) = (spread[i], !spread[i + 4]);
+        let (most, least) = (spread[i], !spread[i + what.len()]);
         if most != least {
             return Err(TrainError::Config(format!(
                 "the ranks disagree on their {name}: from {least} to {most} (every rank must \

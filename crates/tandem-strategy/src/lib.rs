@@ -119,7 +119,9 @@ pub fn train<R: Replica, O: Optimizer + ?Sized>(
     end_step: u64,
     observer: &dyn Observer,
 ) -> Result<TrainReport, TrainError> {
-    run(None, mode, pool, state, optimizer, batches, end_step, observer)
+    run(
+        None, mode, pool, state, optimizer, batches, end_step, observer,
+    )
 }
 
 /// [`train`] as rank `ranks.rank()` of a run that spans `ranks.ranks()` processes, each with a
@@ -140,7 +142,9 @@ pub fn train_across<R: Replica, O: Optimizer + ?Sized>(
     observer: &dyn Observer,
 ) -> Result<TrainReport, TrainError> {
     let ranks = (ranks.ranks() > 1).then_some(ranks);
-    run(ranks, mode, pool, state, optimizer, batches, end_step, observer)
+    run(
+        ranks, mode, pool, state, optimizer, batches, end_step, observer,
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -157,7 +161,7 @@ fn run<R: Replica, O: Optimizer + ?Sized>(
     let examples = common::validate(pool, state, optimizer, batches)?;
     let layout = pool.replicas()[0].layout().to_vec();
     if let Some(ranks) = ranks {
-        common::validate_across(ranks, pool, state, examples)?;
+        common::validate_across(ranks, pool, state, examples, end_step)?;
     }
     // Asynchronous across ranks, the store also keeps the counters (at rank 0's service).
     let counters = asynchronous::Counters::new(state.step, end_step);

@@ -81,4 +81,3 @@ pub trait Ranks: Sync + std::fmt::Debug {
     /// keeps the others from waiting for it forever.
     fn abort(&self, code: i32) -> !;
 }
-

@@ -361,7 +361,15 @@ impl<M: Model, O: RecordedOptimizer> Trainer<M, O> {
         let workers = devices.len() * ranks.as_ref().map_or(1, |r| r.ranks());
         if let Some(ranks) = ranks.as_ref().filter(|r| r.rank() != 0) {
             let (config, state) = from_rank0(&model, setup, &**ranks)?;
-            return Self::with_pool(model, config, state, devices, checkpoints, None, Some(ranks.clone()));
+            return Self::with_pool(
+                model,
+                config,
+                state,
+                devices,
+                checkpoints,
+                None,
+                Some(ranks.clone()),
+            );
         }
         let (mut config, state, resumed_from) = match start {
             Start::Fresh(fresh) => {
@@ -391,7 +399,15 @@ impl<M: Model, O: RecordedOptimizer> Trainer<M, O> {
         if let Some(ranks) = &ranks {
             to_ranks(&model, &mut config, &state, &**ranks)?;
         }
-        Self::with_pool(model, config, state, devices, checkpoints, resumed_from, ranks)
+        Self::with_pool(
+            model,
+            config,
+            state,
+            devices,
+            checkpoints,
+            resumed_from,
+            ranks,
+        )
     }
 
     /// The trainer of a run whose configuration and state are settled: a replica on each of
@@ -444,9 +460,10 @@ impl<M: Model, O: RecordedOptimizer> Trainer<M, O> {
             .steps_per_epoch();
         Plan {
             end_step: self.config.end_step,
-            save_every: match self.checkpoints {
-                Some(_) => self.config.save_every.unwrap_or(epoch),
-                None => 0,
+            // Across ranks every rank stops where rank 0 saves: the segments are collective.
+            save_every: match (&self.checkpoints, &self.ranks) {
+                (None, None) => 0,
+                _ => self.config.save_every.unwrap_or(epoch),
             },
             evaluate_every,
             evaluate_at: Vec::new(),

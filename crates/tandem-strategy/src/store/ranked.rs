@@ -151,7 +151,12 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for RankedSyncStore<'_, '_
         send.clear();
         let mut send_counts = Vec::with_capacity(self.ranks.ranks());
         {
-            let grads: Vec<_> = self.host.grads.iter().map(|g| g.read().unwrap_or_else(|p| p.into_inner())).collect();
+            let grads: Vec<_> = self
+                .host
+                .grads
+                .iter()
+                .map(|g| g.read().unwrap_or_else(|p| p.into_inner()))
+                .collect();
             for share in self.lane_shares(lane) {
                 for g in &grads {
                     send.extend_from_slice(&g[share.clone()]);
