@@ -167,7 +167,13 @@ fn run<R: Replica, O: Optimizer + ?Sized>(
     let counters = asynchronous::Counters::new(state.step, end_step);
     let ranked_async = match (mode, ranks) {
         (Mode::Async, Some(ranks)) => Some(RankedAsyncStore::new(
-            state, &layout, optimizer, ranks, end_step,
+            state,
+            &layout,
+            optimizer,
+            ranks,
+            pool.len(),
+            // The asynchronous schedule's: a step is one worker's batch.
+            (end_step, Epochs::new(examples, batches.batch_size as u64)),
         )),
         _ => None,
     };

@@ -23,6 +23,10 @@ unsafe impl Send for Shared {}
 // SAFETY: as above.
 unsafe impl Sync for Shared {}
 
+/// How long a waiting thread sleeps between looks for its message: short next to a training
+/// step (milliseconds), long enough that waiting costs its core nothing.
+pub(crate) const IDLE: std::time::Duration = std::time::Duration::from_micros(20);
+
 /// Why MPI cannot carry a run.
 #[derive(Debug, thiserror::Error)]
 pub enum MpiError {
@@ -190,6 +194,12 @@ impl Ranks for MpiRanks {
         payload: &mut Vec<f32>,
     ) {
         let source = self.channel(channel).process_at_rank(from as i32);
+        // Waits asleep rather than in MPI's spinning receive: a rank's service and workers
+        // share cores with the computing workers, and a spinning wait would take the core that
+        // the answer has to be computed on.
+        while source.immediate_probe_with_tag(i32::from(tag)).is_none() {
+            std::thread::sleep(IDLE);
+        }
         *header = source.receive_vec_with_tag::<u64>(i32::from(tag)).0;
         *payload = source.receive_vec_with_tag::<f32>(i32::from(tag)).0;
     }

@@ -10,6 +10,7 @@ use tandem_core::{Optimizer, ParamSpan, Replica, ReplicaError, TrainState};
 use super::{read, write, HostStore, ParamStore};
 use crate::asynchronous::Schedule;
 use crate::ranks::{Channel, Ranks};
+use crate::Epochs;
 
 impl<O: Optimizer + ?Sized> HostStore<'_, O> {
     /// The parameters that shards `shards` hold.
@@ -232,15 +233,16 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for RankedSyncStore<'_, '_
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 #[repr(u64)]
 enum Request {
-    /// Rank 0: the next batch ticket, and the updates begun so far (the version read). The
-    /// second header value is 1 when the asking rank wants the run to stop.
-    Ticket,
-    /// Rank 0: the step of an update about to be applied.
-    Begin,
+    /// Rank 0: the next batch ticket and the updates begun so far (the version read), with
+    /// rank 0's part of the parameters. The second header value is 1 when the asking rank
+    /// wants the run to stop.
+    TicketFetch,
+    /// Rank 0: begin an update, applying these gradients of rank 0's part (the payload) at
+    /// once; the reply is the update's step.
+    PushBegin,
     /// The owner's current parameters.
     Fetch,
-    /// Apply these gradients (the payload) to the owner's parameters as update `header[1]` at
-    /// epoch `f64::from_bits(header[2])`.
+    /// Apply these gradients (the payload) to the owner's parameters as update `header[1]`.
     Push,
     /// The sending rank's workers are done.
     Done,
@@ -248,8 +250,8 @@ enum Request {
 
 impl Request {
     const ALL: [Request; 5] = [
-        Request::Ticket,
-        Request::Begin,
+        Request::TicketFetch,
+        Request::PushBegin,
         Request::Fetch,
         Request::Push,
         Request::Done,
@@ -266,19 +268,35 @@ const POLL: std::time::Duration = std::time::Duration::from_micros(20);
 /// A ticket that says the run is over.
 const NO_TICKET: u64 = u64::MAX;
 
+/// What a worker of a rank other than 0 got from rank 0 in the round trip that also brought its
+/// ticket or its step, kept for the call that uses it.
+#[derive(Default)]
+struct FromRank0 {
+    /// Rank 0's part of the parameters, fetched with the ticket, for the next `load`.
+    params: Vec<f32>,
+    /// The step of the update being applied, for `begin`.
+    step: u64,
+}
+
 /// Asynchronous training across ranks, parameter-server style: the parameters are sharded over
 /// the ranks (rank `q` owns `owned[q]`, whole shards of its [`HostStore`]), and each rank runs a
-/// service ([`serve`](Self::serve)) that answers for its part: the current parameters to a
-/// worker that fetches them, and each pushed update applied on arrival, under the shard locks
-/// that its own workers take. Rank 0's service also hands out the batch tickets and counts the
-/// updates begun, for every worker of every rank, so staleness (updates begun between a
-/// worker's read and its own) is measured across all of them. Nobody waits for anybody but the
-/// owners' answers.
+/// service ([`Schedule::serve`]) that answers for its part: the current parameters to a worker
+/// that fetches them, and each pushed update applied on arrival, under the shard locks that its
+/// own workers take. Rank 0's service also hands out the batch tickets and counts the updates
+/// begun, for every worker of every rank, so staleness (updates begun between a worker's read
+/// and its own) is measured across all of them. Nobody waits for anybody but the owners'
+/// answers: per update, a worker of rank `r > 0` makes two round trips to rank 0 (ticket with
+/// rank 0's part; rank 0's gradients with the step), one to every other rank (its part), and
+/// sends every other rank its gradients.
 pub(crate) struct RankedAsyncStore<'o, 'r, O: Optimizer + ?Sized> {
     host: HostStore<'o, O>,
     ranks: &'r dyn Ranks,
     owned: Vec<Range<usize>>,
     end_step: u64,
+    /// The schedule's epochs, for the updates rank 0's service begins.
+    epochs: Epochs,
+    /// Per local worker, on ranks other than 0.
+    from_rank0: Vec<Mutex<FromRank0>>,
     /// Rank 0's counters (unused elsewhere).
     tickets: AtomicU64,
     begun: AtomicU64,
@@ -286,13 +304,15 @@ pub(crate) struct RankedAsyncStore<'o, 'r, O: Optimizer + ?Sized> {
 }
 
 impl<'o, 'r, O: Optimizer + ?Sized> RankedAsyncStore<'o, 'r, O> {
-    /// The store of rank `ranks.rank()` for a run from `state` to `end_step`.
+    /// The store of rank `ranks.rank()`, with `local` workers, for a run from `state` to
+    /// `end_step` over `epochs`.
     pub fn new(
         state: &TrainState,
         layout: &[ParamSpan],
         optimizer: &'o O,
         ranks: &'r dyn Ranks,
-        end_step: u64,
+        local: usize,
+        (end_step, epochs): (u64, Epochs),
     ) -> Self {
         let host = HostStore::with_shares(state, layout, optimizer, 0, ranks.ranks());
         let owned = host.shares.iter().map(|s| host.params_of(s)).collect();
@@ -301,6 +321,8 @@ impl<'o, 'r, O: Optimizer + ?Sized> RankedAsyncStore<'o, 'r, O> {
             ranks,
             owned,
             end_step,
+            epochs,
+            from_rank0: (0..local).map(|_| Mutex::default()).collect(),
             tickets: AtomicU64::new(state.step),
             begun: AtomicU64::new(state.step),
             stop: AtomicBool::new(false),
@@ -309,6 +331,12 @@ impl<'o, 'r, O: Optimizer + ?Sized> RankedAsyncStore<'o, 'r, O> {
 
     fn mine(&self) -> &Range<usize> {
         &self.owned[self.ranks.rank()]
+    }
+
+    fn kept_from_rank0(&self, lane: usize) -> std::sync::MutexGuard<'_, FromRank0> {
+        self.from_rank0[lane]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// Rank 0: the next ticket and the updates begun (or [`NO_TICKET`]).
@@ -326,19 +354,10 @@ impl<'o, 'r, O: Optimizer + ?Sized> RankedAsyncStore<'o, 'r, O> {
         [ticket, self.begun.load(Ordering::Acquire)]
     }
 
-    /// Asks rank 0's service (or, on rank 0, does it).
-    fn ask_rank0(&self, lane: usize, header: &[u64]) -> Vec<u64> {
-        let (mut reply, mut payload) = (Vec::new(), Vec::new());
-        self.ranks
-            .send(Channel::Request, 0, lane as u16, header, &[]);
-        self.ranks
-            .receive(Channel::Reply, 0, lane as u16, &mut reply, &mut payload);
-        reply
-    }
-
-    /// Applies update `step` at `epoch` with `grads` (of this rank's part) to this rank's part.
-    fn update_mine(&self, grads: &[f32], step: u64, epoch: f64) {
+    /// Applies update `step` with `grads` (of this rank's part) to this rank's part.
+    fn update_mine(&self, grads: &[f32], step: u64) {
         let mine = self.mine();
+        let epoch = self.epochs.epoch_at(step);
         for index in self.host.shares[self.ranks.rank()].clone() {
             write(&self.host.shards[index]).update(
                 self.host.optimizer,
@@ -367,15 +386,27 @@ impl<'o, 'r, O: Optimizer + ?Sized> RankedAsyncStore<'o, 'r, O> {
             let reply = |header: &[u64], payload: &[f32]| {
                 self.ranks.send(Channel::Reply, from, tag, header, payload)
             };
+            let whole = payload.len() == self.mine().len();
             match request {
-                Some(Request::Ticket) => reply(&self.next_ticket(header.get(1) == Some(&1)), &[]),
-                Some(Request::Begin) => reply(&[self.begun.fetch_add(1, Ordering::AcqRel)], &[]),
+                Some(Request::TicketFetch) => {
+                    let ticket = self.next_ticket(header.get(1) == Some(&1));
+                    params.clear();
+                    if ticket[0] != NO_TICKET {
+                        self.host.copy_params(self.mine(), &mut params);
+                    }
+                    reply(&ticket, &params);
+                }
+                Some(Request::PushBegin) if whole => {
+                    let step = self.begun.fetch_add(1, Ordering::AcqRel);
+                    self.update_mine(&payload, step);
+                    reply(&[step], &[]);
+                }
                 Some(Request::Fetch) => {
                     self.host.copy_params(self.mine(), &mut params);
                     reply(&[], &params);
                 }
-                Some(Request::Push) if header.len() == 3 && payload.len() == self.mine().len() => {
-                    self.update_mine(&payload, header[1], f64::from_bits(header[2]));
+                Some(Request::Push) if header.len() == 2 && whole => {
+                    self.update_mine(&payload, header[1]);
                 }
                 Some(Request::Done) => done += 1,
                 // Only tandem's own ranks send here; anything else is a version mismatch
@@ -398,22 +429,29 @@ impl<O: Optimizer + ?Sized> Schedule for RankedAsyncStore<'_, '_, O> {
     fn ticket(&self, lane: usize, stop: bool) -> Option<(u64, u64)> {
         let [ticket, version] = match self.ranks.rank() {
             0 => self.next_ticket(stop),
-            _ => match self.ask_rank0(lane, &[Request::Ticket as u64, u64::from(stop)])[..] {
-                [ticket, version] => [ticket, version],
-                _ => [NO_TICKET, 0],
-            },
+            _ => {
+                let request = [Request::TicketFetch as u64, u64::from(stop)];
+                self.ranks
+                    .send(Channel::Request, 0, lane as u16, &request, &[]);
+                let mut reply = Vec::new();
+                let mut kept = self.kept_from_rank0(lane);
+                self.ranks
+                    .receive(Channel::Reply, 0, lane as u16, &mut reply, &mut kept.params);
+                match reply[..] {
+                    [ticket, version] => [ticket, version],
+                    _ => [NO_TICKET, 0],
+                }
+            }
         };
         (ticket != NO_TICKET).then_some((ticket, version))
     }
 
+    /// On ranks other than 0 the step came back from rank 0 with its part of the update
+    /// (`apply`), just before this call.
     fn begin(&self, lane: usize) -> u64 {
         match self.ranks.rank() {
             0 => self.begun.fetch_add(1, Ordering::AcqRel),
-            _ => self
-                .ask_rank0(lane, &[Request::Begin as u64])
-                .first()
-                .copied()
-                .unwrap_or(self.end_step),
+            _ => self.kept_from_rank0(lane).step,
         }
     }
 
@@ -456,11 +494,15 @@ impl<O: Optimizer + ?Sized> Schedule for RankedAsyncStore<'_, '_, O> {
 impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for RankedAsyncStore<'_, '_, O> {
     fn load(&self, worker: usize, replica: &mut R) -> Result<(), ReplicaError> {
         let lane = worker as u16;
+        let me = self.ranks.rank();
         let (mut header, mut payload) = (Vec::new(), Vec::new());
+        // Rank 0's part came with the ticket.
+        let fetched_with_ticket = |rank: usize| rank == 0 && me != 0;
+        let others = || (0..self.ranks.ranks()).filter(move |&r| r != me);
+        let mut short = None;
         replica.set_params(&mut |dst| {
-            let me = self.ranks.rank();
             // Ask every owner first, so that they answer while this rank copies its own part.
-            for rank in (0..self.ranks.ranks()).filter(|&r| r != me) {
+            for rank in others().filter(|&r| !fetched_with_ticket(r)) {
                 self.ranks
                     .send(Channel::Request, rank, lane, &[Request::Fetch as u64], &[]);
             }
@@ -468,16 +510,32 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for RankedAsyncStore<'_, '
                 let shard = read(shard);
                 dst[shard.range()].copy_from_slice(&shard.params);
             }
-            for (rank, part) in self.owned.iter().enumerate().filter(|&(r, _)| r != me) {
-                self.ranks
-                    .receive(Channel::Reply, rank, lane, &mut header, &mut payload);
-                if payload.len() == part.len() {
-                    dst[part.clone()].copy_from_slice(&payload);
-                    // Kept for the L2 term of the reported loss.
-                    self.host.set_params(part, &payload);
+            for rank in others() {
+                let part = &self.owned[rank];
+                let mut kept = self.kept_from_rank0(worker);
+                if fetched_with_ticket(rank) {
+                    std::mem::swap(&mut kept.params, &mut payload);
+                } else {
+                    self.ranks
+                        .receive(Channel::Reply, rank, lane, &mut header, &mut payload);
                 }
+                if payload.len() != part.len() {
+                    short = Some((rank, payload.len(), part.len()));
+                    continue;
+                }
+                dst[part.clone()].copy_from_slice(&payload);
+                // Kept for the L2 term of the reported loss.
+                self.host.set_params(part, &payload);
             }
-        })
+        })?;
+        match short {
+            Some((rank, sent, part)) => Err(format!(
+                "rank {rank} sent {sent} parameters for its part of {part}: are all ranks \
+                 running the same model?"
+            )
+            .into()),
+            None => Ok(()),
+        }
     }
 
     fn publish(&self, _: usize, _: &mut R) -> Result<(), ReplicaError> {
@@ -494,22 +552,37 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for RankedAsyncStore<'_, '
         replica: &mut R,
         begin: &mut dyn FnMut() -> (u64, f64),
     ) -> Result<(), ReplicaError> {
+        let lane = worker as u16;
+        let me = self.ranks.rank();
         replica.read_gradients(&mut |g| {
-            let (step, epoch) = begin();
-            let me = self.ranks.rank();
-            for (rank, part) in self.owned.iter().enumerate().filter(|&(r, _)| r != me) {
+            if me != 0 {
+                // Rank 0 begins the update with its part, and says which step it is.
+                let request = [Request::PushBegin as u64];
+                self.ranks.send(
+                    Channel::Request,
+                    0,
+                    lane,
+                    &request,
+                    &g[self.owned[0].clone()],
+                );
+                let (mut reply, mut none) = (Vec::new(), Vec::new());
+                self.ranks
+                    .receive(Channel::Reply, 0, lane, &mut reply, &mut none);
+                self.kept_from_rank0(worker).step = reply.first().copied().unwrap_or(self.end_step);
+            }
+            let (step, _) = begin();
+            for rank in (1..self.ranks.ranks()).filter(|&r| r != me) {
                 self.ranks.send(
                     Channel::Request,
                     rank,
-                    worker as u16,
-                    &[Request::Push as u64, step, epoch.to_bits()],
-                    &g[part.clone()],
+                    lane,
+                    &[Request::Push as u64, step],
+                    &g[self.owned[rank].clone()],
                 );
             }
-            self.update_mine(&g[self.mine().clone()], step, epoch);
+            self.update_mine(&g[self.mine().clone()], step);
         })
     }
-
     /// The L2 term of this rank's part now and the others' as its workers last fetched them.
     fn l2_loss(&self, worker: usize, weight_decay: f32) -> Result<f32, ReplicaError> {
         ParamStore::<R>::l2_loss(&self.host, worker, weight_decay)
