@@ -12,10 +12,12 @@ use common::{async_train, sync_train};
 
 use std::time::Duration;
 
-use common::{ema, pool_of, weights_and_bias, within, Loss, Model, TestReplica};
+use common::{across, ema, pool_of, weights_and_bias, within, Loss, Model, TestReplica};
 use tandem_core::{ParamSpan, TrainState};
 use tandem_pool::WorkerPool;
-use tandem_strategy::{Batches, NoObserver, Observer, Sgd, TrainError, TrainReport};
+use tandem_strategy::{
+    train_across, Batches, Mode, NoObserver, Observer, Sgd, TrainError, TrainReport,
+};
 
 /// The learning rate, and so the step of every parameter: 2^-10.
 const LR: f32 = 1.0 / 1024.0;
@@ -219,4 +221,49 @@ fn a_sync_nan_loss_never_reaches_the_stored_parameters() {
     let moved = (initial_state().params[0] - state.params[0]) / LR;
     assert!(moved <= 5.0, "{moved}");
     assert_moved_by("sync with a NaN loss", &state, moved as u64);
+}
+
+/// Across ranks (threads standing in for MPI processes, [`common::ranks`]), each rank owning a
+/// part of the store: after 2 x 2 workers' updates, in two segments, every parameter on every
+/// rank has received each update exactly once, and staleness is measured across ranks.
+#[test]
+fn async_across_ranks_applies_every_update_to_every_part_exactly_once() {
+    const END: u64 = 80;
+    let results = within("async on 2 ranks x 2 workers", || {
+        across(2, |rank| {
+            let mut pool = pool(2, None);
+            let mut state = initial_state();
+            let mut staleness = Vec::new();
+            for end in [30, END] {
+                let report = train_across(
+                    rank,
+                    Mode::Async,
+                    &mut pool,
+                    &mut state,
+                    &sgd(),
+                    &batches(),
+                    end,
+                    &NoObserver,
+                )
+                .unwrap();
+                assert!(report.failures.is_empty(), "{:?}", report.failures);
+                assert_eq!(state.step, end);
+                staleness.push(report.staleness.expect("async measures staleness"));
+            }
+            (state, staleness)
+        })
+    });
+    for (rank, (state, staleness)) in results.iter().enumerate() {
+        assert_moved_by(&format!("rank {rank}"), state, END);
+        // Every rank counts its own workers' updates; some of them waited for others'.
+        assert!(
+            staleness.iter().all(|s| s.mean.is_finite()),
+            "{staleness:?}"
+        );
+    }
+    let most = results
+        .iter()
+        .flat_map(|(_, s)| s.iter().map(|s| s.max))
+        .max();
+    assert!(most >= Some(1), "no update was ever stale across 4 workers");
 }

@@ -14,10 +14,10 @@ use common::{async_train, sync_train};
 use std::ops::Range;
 use std::time::Duration;
 
-use common::{ema, pool_of, weights_and_bias, within, Loss, Model, TestReplica};
+use common::{across, ema, pool_of, weights_and_bias, within, Loss, Model, TestReplica};
 use tandem_core::{ParamSpan, TrainState};
 use tandem_pool::WorkerPool;
-use tandem_strategy::{Batches, EpochOrder, NoObserver, Sgd};
+use tandem_strategy::{train_across, Batches, EpochOrder, Mode, NoObserver, Sgd};
 use tandem_tensor::cpu::{sgd_ema_update, UpdateStep};
 
 /// Training examples the batch indices address.
@@ -328,4 +328,45 @@ fn async_with_one_worker_equals_sync_with_one_worker_bitwise() {
     });
     assert_bitwise("async, 1 worker", &found, &expected);
     assert_bitwise("sync, 1 worker", &train_sync(1, false, STEPS), &found);
+}
+
+/// A run over ranks (threads standing in for MPI processes, [`common::ranks`]) is the run of
+/// one process with all their workers, bitwise, on every rank, across segments too: 2 x 1,
+/// 2 x 2 and 3 x 1 ranks x workers.
+#[test]
+fn sync_across_ranks_equals_one_process_of_all_their_workers() {
+    const STEPS: u64 = 20;
+    for (ranks, local) in [(2, 1), (2, 2), (3, 1)] {
+        let expected = expected_sync(&initial_state(), ranks * local, STEPS);
+        let what = format!("sync on {ranks} ranks x {local} workers");
+        let states = within(&what, move || {
+            across(ranks, |rank| {
+                let mut pool = pool(local, true);
+                let mut state = initial_state();
+                for (start, end) in [(0, 8), (8, STEPS)] {
+                    let mode = Mode::Sync;
+                    let (sgd, batches) = (sgd(), batches());
+                    let report = train_across(
+                        rank,
+                        mode,
+                        &mut pool,
+                        &mut state,
+                        &sgd,
+                        &batches,
+                        end,
+                        &NoObserver,
+                    )
+                    .unwrap();
+                    assert_eq!(
+                        report.examples,
+                        (end - 8).max(8) * (ranks * local * 3) as u64
+                    );
+                }
+                state
+            })
+        });
+        for (rank, state) in states.iter().enumerate() {
+            assert_bitwise(&format!("{what}, rank {rank}"), state, &expected);
+        }
+    }
 }

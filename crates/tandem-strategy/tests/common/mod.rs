@@ -4,6 +4,7 @@
 #![allow(dead_code)] // each test binary uses its own part of this module
 
 pub mod checkpoints;
+pub mod ranks;
 
 use std::sync::mpsc;
 use std::time::Duration;
@@ -231,4 +232,20 @@ pub fn async_train<R: Replica, O: tandem_core::Optimizer + ?Sized>(
 ) -> Result<tandem_strategy::TrainReport, tandem_strategy::TrainError> {
     let mode = tandem_strategy::Mode::Async;
     tandem_strategy::train(mode, pool, state, optimizer, batches, end_step, observer)
+}
+
+/// Runs `rank_run` on each of `ranks` ranks of a cluster of threads ([`ranks::cluster`]), as
+/// `mpirun` would run a process per rank; returns each rank's result, in rank order.
+pub fn across<T: Send>(ranks: usize, rank_run: impl Fn(&ranks::ThreadRank) -> T + Sync) -> Vec<T> {
+    let cluster = ranks::cluster(ranks);
+    std::thread::scope(|scope| {
+        let running: Vec<_> = cluster
+            .iter()
+            .map(|rank| scope.spawn(|| rank_run(rank)))
+            .collect();
+        running
+            .into_iter()
+            .map(|r| r.join().expect("a rank panicked"))
+            .collect()
+    })
 }
