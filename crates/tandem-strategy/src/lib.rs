@@ -127,7 +127,7 @@ pub fn train<R: Replica, O: Optimizer + ?Sized>(
 /// [`train`] as rank `ranks.rank()` of a run that spans `ranks.ranks()` processes, each with a
 /// pool of as many workers. Every rank calls it with the same arguments (and the same `state`)
 /// and ends with the same `state`. The run's workers are every rank's, in rank order
-/// ([`ranks`](crate::ranks)): its global batch, data order and schedule are those of one
+/// ([`ranks`]): its global batch, data order and schedule are those of one
 /// process with all of them, and a synchronous run's result is bitwise that one process's.
 /// Step reports count every rank's examples. With one rank this is [`train`].
 #[allow(clippy::too_many_arguments)]

@@ -1,6 +1,6 @@
 //! The processes of a run: [`Ranks`], the exchanges the strategies make between them when one
 //! run spans several processes (MPI ranks, with the crate's `mpi` feature:
-//! [`crate::mpi::MpiRanks`]).
+//! `mpi::MpiRanks`).
 //!
 //! Every rank runs the same program with the same number of local workers; the run's workers
 //! are the ranks' local workers in rank order (global worker `rank * local + worker`), so the
