@@ -322,3 +322,28 @@ fn one_process_built_with_mpi_trains_as_without_it() {
         stdout(&out)
     );
 }
+
+#[test]
+fn a_worker_failing_on_a_rank_ends_the_job_naming_rank_worker_and_step() {
+    // Diverges at once: every rank's worker fails on a NaN loss.
+    let output = run(mpirun(
+        2,
+        &[
+            "--sync",
+            "--devices",
+            "cpu:1",
+            "--lr",
+            "1e10",
+            "--steps",
+            "50",
+        ],
+    ));
+    let said = stderr(&output);
+    assert!(!output.status.success(), "{said}");
+    assert!(
+        said.contains("error: rank ")
+            && said.contains(": worker 0 (cpu:0) failed at step ")
+            && said.contains("training diverged"),
+        "{said}"
+    );
+}

@@ -50,7 +50,10 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R> + ?Sized>(
         let mut tally = Tally::default();
         let mut step_losses = StepLosses::new(log_every);
         let lane = ctx.worker();
-        while let Some((ticket, read_version)) = schedule.ticket(lane, job.observer.should_stop()) {
+        // Asked after each update, so that a stop requested before the first still lets every
+        // worker finish one.
+        let mut stop = false;
+        while let Some((ticket, read_version)) = schedule.ticket(lane, stop) {
             ctx.set_step(ticket + 1);
             store.load(ctx.worker(), replica)?;
             order.fill(epochs.position(ticket), &mut batch);
@@ -65,6 +68,7 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R> + ?Sized>(
             if !measured {
                 tally.add(step - read_version);
             }
+            stop = job.observer.should_stop();
             let logs = reports(log_every, step + 1);
             if !(logs || step_losses.due()) {
                 continue;
