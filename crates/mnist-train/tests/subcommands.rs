@@ -10,7 +10,7 @@ use image::imageops::{self, FilterType};
 use image::GrayImage;
 use tandem_mnist::{Mnist, COLS, ROWS};
 
-use common::{data_dir, line_starting, mnist_train, stderr, stdout, succeed};
+use common::{arg, command, data_dir, line_starting, mnist_train, stderr, stdout, succeed};
 
 /// How a digit is written out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -229,4 +229,27 @@ fn compare_writes_a_report() {
         .collect();
     assert_eq!(accuracy.len(), 2, "{md}");
     assert!(accuracy.iter().all(|&a| a > 0.9), "{md}");
+}
+
+/// Under `mpirun` (as its environment says), what would run once per process on its own is
+/// refused: training without the MPI transport, and every subcommand.
+#[test]
+fn what_mpirun_would_run_once_per_process_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let under_mpirun = |args: &[&str]| {
+        let output = command(args)
+            .env("OMPI_COMM_WORLD_SIZE", "2")
+            .output()
+            .unwrap();
+        assert!(!output.status.success(), "{args:?}");
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    let report = tmp.path().join("report");
+    let said = under_mpirun(&["compare", "--epochs", "1", "--report", arg(&report)]);
+    assert!(said.contains("run them without mpirun"), "{said}");
+    if !cfg!(feature = "mpi") {
+        let said = under_mpirun(&["--steps", "2"]);
+        assert!(said.contains("this build has no MPI transport"), "{said}");
+    }
+    assert!(std::fs::read_dir(tmp.path()).unwrap().next().is_none());
 }
