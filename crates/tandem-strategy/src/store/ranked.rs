@@ -371,6 +371,7 @@ impl<'o, 'r, O: Optimizer + ?Sized> RankedAsyncStore<'o, 'r, O> {
 
     /// Answers requests until every rank's workers are done ([`Schedule::done`]).
     fn serve_requests(&self) {
+        prefer_prompt_wakeups();
         let (mut header, mut payload, mut params) = (Vec::new(), Vec::new(), Vec::new());
         let mut done = 0;
         while done < self.ranks.ranks() {
@@ -424,6 +425,51 @@ impl<'o, 'r, O: Optimizer + ?Sized> RankedAsyncStore<'o, 'r, O> {
         }
     }
 }
+
+/// Asks the scheduler to run this thread as soon as it wakes, ahead of computing threads: a
+/// time slice of 0.1 ms instead of the default few (EEVDF's custom slice, Linux 6.12 and later:
+/// `sched_setattr` with `sched_runtime`, which any user may set). A rank's service sleeps until
+/// a request comes and answers in well under that; with the default slice it waited for a
+/// computing worker's slice to end (2 ranks on 2 busy cores: about 1.5 ms per fetch, and 16%
+/// fewer examples/sec). Elsewhere it does nothing: the request is advice.
+#[cfg(target_os = "linux")]
+fn prefer_prompt_wakeups() {
+    /// `struct sched_attr` (`SCHED_ATTR_SIZE_VER1`), as `sched_setattr(2)` takes it.
+    #[repr(C)]
+    struct SchedAttr {
+        size: u32,
+        policy: u32,
+        flags: u64,
+        nice: i32,
+        priority: u32,
+        runtime: u64,
+        deadline: u64,
+        period: u64,
+        util_min: u32,
+        util_max: u32,
+    }
+    let attr = SchedAttr {
+        size: std::mem::size_of::<SchedAttr>() as u32,
+        policy: libc::SCHED_OTHER as u32,
+        flags: 0,
+        nice: 0,
+        priority: 0,
+        runtime: 100_000,
+        deadline: 0,
+        period: 0,
+        util_min: 0,
+        util_max: 0,
+    };
+    // SAFETY: `attr` is a valid `sched_attr` of the size it states, read by the kernel only
+    // during the call; pid 0 is this thread. A kernel that refuses it leaves the thread as it
+    // was, which is fine.
+    unsafe {
+        libc::syscall(libc::SYS_sched_setattr, 0, &attr as *const SchedAttr, 0);
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn prefer_prompt_wakeups() {}
 
 impl<O: Optimizer + ?Sized> Schedule for RankedAsyncStore<'_, '_, O> {
     fn ticket(&self, lane: usize, stop: bool) -> Option<(u64, u64)> {
