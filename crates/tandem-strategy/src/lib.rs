@@ -177,38 +177,37 @@ fn run<R: Replica, O: Optimizer + ?Sized>(
         )),
         _ => None,
     };
-    let schedule: &dyn asynchronous::Schedule = match &ranked_async {
-        Some(store) => store,
-        None => &counters,
-    };
-    let other: Option<Box<dyn ParamStore<R> + '_>> = match (&ranked_async, ranks) {
-        (Some(_), _) => None,
-        (None, Some(ranks)) => Some(Box::new(RankedSyncStore::new(
-            state,
-            &layout,
-            optimizer,
-            ranks,
-            pool.len(),
-        ))),
-        (None, None) => {
-            // Sync publishes every worker's gradients into the store; async applies them at once.
-            let gradient_slots = match mode {
-                Mode::Sync => pool.len(),
-                Mode::Async => 0,
+    let other: Box<dyn ParamStore<R> + '_>;
+    let (store, schedule): (&dyn ParamStore<R>, &dyn asynchronous::Schedule) = match &ranked_async {
+        Some(store) => (store, store),
+        None => {
+            other = match ranks {
+                Some(ranks) => Box::new(RankedSyncStore::new(
+                    state,
+                    &layout,
+                    optimizer,
+                    ranks,
+                    pool.len(),
+                )),
+                None => {
+                    // Sync publishes every worker's gradients into the store; async applies
+                    // them at once.
+                    let gradient_slots = match mode {
+                        Mode::Sync => pool.len(),
+                        Mode::Async => 0,
+                    };
+                    // Beside replicas that compute on one device, the parameters of record
+                    // stay there.
+                    match DeviceStore::open(mode, pool.replicas(), state, &layout, optimizer)
+                        .map_err(TrainError::Device)?
+                    {
+                        Some(store) => Box::new(store),
+                        None => Box::new(HostStore::new(state, &layout, optimizer, gradient_slots)),
+                    }
+                }
             };
-            // Beside replicas that compute on one device, the parameters of record stay there.
-            let device = DeviceStore::open(mode, pool.replicas(), state, &layout, optimizer)
-                .map_err(TrainError::Device)?;
-            Some(match device {
-                Some(store) => Box::new(store),
-                None => Box::new(HostStore::new(state, &layout, optimizer, gradient_slots)),
-            })
+            (&*other, &counters)
         }
-    };
-    let store: &dyn ParamStore<R> = match (&ranked_async, &other) {
-        (Some(store), _) => store,
-        (None, Some(store)) => &**store,
-        (None, None) => unreachable!("one of the two is set above"),
     };
     let job = common::Job {
         pool,

@@ -23,6 +23,11 @@ impl<O: Optimizer + ?Sized> HostStore<'_, O> {
         start(shards.start)..start(shards.end)
     }
 
+    /// The parameters of each synchronous share.
+    fn share_params(&self) -> Vec<Range<usize>> {
+        self.shares.iter().map(|s| self.params_of(s)).collect()
+    }
+
     /// Copies parameters `range` (whole shards) out of the store.
     fn copy_params(&self, range: &Range<usize>, out: &mut Vec<f32>) {
         out.clear();
@@ -90,8 +95,9 @@ pub(crate) struct RankedSyncStore<'o, 'r, O: Optimizer + ?Sized> {
     local: usize,
     /// Each global worker's share, as parameters.
     shares: Vec<Range<usize>>,
-    /// Per lane: the gradients sent, the gradients received, the parameters gathered.
-    scratch: Vec<Mutex<[Vec<f32>; 3]>>,
+    /// Per lane: the gradients sent, the gradients received, this rank's updated share, the
+    /// parameters gathered.
+    scratch: Vec<Mutex<[Vec<f32>; 4]>>,
 }
 
 impl<'o, 'r, O: Optimizer + ?Sized> RankedSyncStore<'o, 'r, O> {
@@ -105,7 +111,7 @@ impl<'o, 'r, O: Optimizer + ?Sized> RankedSyncStore<'o, 'r, O> {
         local: usize,
     ) -> Self {
         let host = HostStore::with_shares(state, layout, optimizer, local, ranks.ranks() * local);
-        let shares = host.shares.iter().map(|s| host.params_of(s)).collect();
+        let shares = host.share_params();
         ranks.open_lanes(local);
         Self {
             host,
@@ -145,7 +151,7 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for RankedSyncStore<'_, '_
     fn update_share(&self, worker: usize, step: u64, epoch: f64) -> Result<(), ReplicaError> {
         let lane = worker;
         let mut scratch = self.scratch[lane].lock().unwrap_or_else(|p| p.into_inner());
-        let [send, received, gathered] = &mut *scratch;
+        let [send, received, own, gathered] = &mut *scratch;
         let mine = self.shares[self.ranks.rank() * self.local + lane].clone();
 
         // 1. Every local worker's gradients of each rank's share on this lane, to that rank.
@@ -186,10 +192,9 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for RankedSyncStore<'_, '_
 
         // 3. Every rank's updated share of this lane.
         let counts: Vec<usize> = self.lane_shares(lane).map(Range::len).collect();
-        let mut own = Vec::with_capacity(mine.len());
-        self.host.copy_params(&mine, &mut own);
+        self.host.copy_params(&mine, own);
         gathered.resize(counts.iter().sum(), 0.0);
-        self.ranks.all_gather(lane, &own, gathered, &counts);
+        self.ranks.all_gather(lane, own, gathered, &counts);
         let mut at = 0;
         for (rank, share) in self.lane_shares(lane).enumerate() {
             if rank != self.ranks.rank() {
@@ -315,7 +320,7 @@ impl<'o, 'r, O: Optimizer + ?Sized> RankedAsyncStore<'o, 'r, O> {
         (end_step, epochs): (u64, Epochs),
     ) -> Self {
         let host = HostStore::with_shares(state, layout, optimizer, 0, ranks.ranks());
-        let owned = host.shares.iter().map(|s| host.params_of(s)).collect();
+        let owned = host.share_params();
         Self {
             host,
             ranks,
