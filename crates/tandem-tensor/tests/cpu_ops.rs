@@ -204,6 +204,29 @@ fn gather_scales_bytes_and_copies_labels() {
     );
 }
 
+/// Rows as long as MNIST's, more of them than the gather prefetches ahead, every byte value
+/// in every position modulo 256: the vectorised body and its remainder against `f64`.
+#[test]
+fn gather_scales_every_byte_of_long_rows_exactly() {
+    let (features, rows) = (784, 9);
+    let values: Vec<u8> = (0..features * rows).map(|i| (i * 7 % 256) as u8).collect();
+    let labels: Vec<u8> = (0..rows as u8).collect();
+    let examples = ExampleSet::new(features, values.clone(), labels).unwrap();
+    let indices: Vec<u32> = (0..rows as u32).rev().collect();
+    let mut x = vec![f32::NAN; features * rows];
+    let mut got = vec![u32::MAX; rows];
+    CpuBackend
+        .gather(&examples, &indices, &mut x, &mut got)
+        .unwrap();
+    for (r, &i) in indices.iter().enumerate() {
+        assert_eq!(got[r], i);
+        for c in 0..features {
+            let byte = values[i as usize * features + c];
+            assert_eq!(x[r * features + c], (f64::from(byte) / 255.0) as f32, "{r} {c}");
+        }
+    }
+}
+
 #[test]
 fn backend_rejects_short_operands_and_bad_labels_instead_of_panicking() {
     let cpu = CpuBackend;
