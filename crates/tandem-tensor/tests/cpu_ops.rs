@@ -222,7 +222,11 @@ fn gather_scales_every_byte_of_long_rows_exactly() {
         assert_eq!(got[r], i);
         for c in 0..features {
             let byte = values[i as usize * features + c];
-            assert_eq!(x[r * features + c], (f64::from(byte) / 255.0) as f32, "{r} {c}");
+            assert_eq!(
+                x[r * features + c],
+                (f64::from(byte) / 255.0) as f32,
+                "{r} {c}"
+            );
         }
     }
 }
