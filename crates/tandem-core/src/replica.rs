@@ -58,6 +58,22 @@ pub trait Replica: Send {
     /// [`take_losses`](Self::take_losses). Regularisation is the strategy's.
     fn compute_gradients(&mut self, batch: &[u32]) -> Result<StepLoss, ReplicaError>;
 
+    /// [`compute_gradients`](Self::compute_gradients) from `params` (the whole flat vector, in
+    /// host memory) instead of the replica's own parameters, where the replica computes in host
+    /// memory: a store whose workers all read the same parameters lends them to every replica
+    /// instead of copying them into each. `None` (the default) where it cannot: then nothing
+    /// was computed. The parameters are a `Vec`, not a slice, so that a backend whose buffers
+    /// are `Vec`s computes from them as from its own.
+    #[allow(clippy::ptr_arg)]
+    fn compute_gradients_from(
+        &mut self,
+        params: &Vec<f32>,
+        batch: &[u32],
+    ) -> Result<Option<StepLoss>, ReplicaError> {
+        let _ = (params, batch);
+        Ok(None)
+    }
+
     /// Appends to `losses` the losses that [`compute_gradients`](Self::compute_gradients) left
     /// on the device since the last call, oldest first (waiting for the device). A replica
     /// whose losses are always [`StepLoss::Known`] has none.
@@ -106,6 +122,14 @@ impl<R: Replica + ?Sized> Replica for Box<R> {
 
     fn compute_gradients(&mut self, batch: &[u32]) -> Result<StepLoss, ReplicaError> {
         (**self).compute_gradients(batch)
+    }
+
+    fn compute_gradients_from(
+        &mut self,
+        params: &Vec<f32>,
+        batch: &[u32],
+    ) -> Result<Option<StepLoss>, ReplicaError> {
+        (**self).compute_gradients_from(params, batch)
     }
 
     fn take_losses(&mut self, losses: &mut Vec<f32>) -> Result<(), ReplicaError> {

@@ -1,5 +1,5 @@
 use tandem_core::{ParamSpan, Replica, ReplicaError, Residence, StepLoss};
-use tandem_tensor::{Backend, ExampleSet, Gemm};
+use tandem_tensor::{Backend, ExampleSet, Gemm, ShapeError};
 
 use crate::Mlp;
 
@@ -94,8 +94,9 @@ impl<B: Backend> MlpReplica<B> {
         Ok(())
     }
 
-    /// The forward and backward pass; see [`Replica::compute_gradients`].
-    fn step(&mut self, batch: &[u32]) -> Result<StepLoss, B::Error> {
+    /// The forward and backward pass from `lent` parameters, or the replica's own; see
+    /// [`Replica::compute_gradients`].
+    fn step(&mut self, lent: Option<&B::Buffer>, batch: &[u32]) -> Result<StepLoss, B::Error> {
         let rows = batch.len();
         if rows > self.capacity {
             self.grow(rows)?;
@@ -111,13 +112,14 @@ impl<B: Backend> MlpReplica<B> {
             capacity,
             mlp,
             examples,
-            params,
+            params: own,
             grads,
             batch: buffers,
             losses,
             backend,
             ..
         } = self;
+        let params = lent.unwrap_or(own);
         // A device replica's loss goes to a fixed place inside the step (which the backend may
         // replay as one graph) and is copied to its slot after it.
         let mut known = None;
@@ -254,7 +256,22 @@ impl<B: Backend> Replica for MlpReplica<B> {
     }
 
     fn compute_gradients(&mut self, batch: &[u32]) -> Result<StepLoss, ReplicaError> {
-        Ok(self.step(batch)?)
+        Ok(self.step(None, batch)?)
+    }
+
+    fn compute_gradients_from(
+        &mut self,
+        params: &Vec<f32>,
+        batch: &[u32],
+    ) -> Result<Option<StepLoss>, ReplicaError> {
+        let Some(view) = self.backend.host_view(params) else {
+            return Ok(None);
+        };
+        // Too long is as wrong as too short: another model's parameters must not be cut.
+        let needed = self.mlp.num_params();
+        ShapeError::check_exact("compute_gradients_from", "params", needed, params.len())
+            .map_err(B::Error::from)?;
+        Ok(Some(self.step(Some(view), batch)?))
     }
 
     fn take_losses(&mut self, losses: &mut Vec<f32>) -> Result<(), ReplicaError> {

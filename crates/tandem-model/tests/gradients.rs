@@ -169,3 +169,40 @@ fn exchanged_gradients_are_the_steps_and_the_next_step_overwrites_what_it_receiv
     assert!(!replica.exchange_gradients(&mut short).unwrap());
     assert_eq!(short, [0.0; 3]);
 }
+
+#[test]
+fn gradients_from_lent_parameters_are_those_of_the_parameters_set_and_leave_its_own_alone() {
+    let (mlp, examples) = tiny();
+    let params = mlp.init(0.3, &mut ChaCha8Rng::seed_from_u64(1));
+    let batch = [1, 2, 3];
+    let gradients = |replica: &mut MlpReplica<CpuBackend>| {
+        let mut grads = Vec::new();
+        replica.read_gradients(&mut |g| grads = g.to_vec()).unwrap();
+        grads
+    };
+
+    let mut set = MlpReplica::new(mlp, CpuBackend, &examples, 4).unwrap();
+    set.set_params(&mut |p| p.copy_from_slice(&params)).unwrap();
+    let StepLoss::Known(loss) = set.compute_gradients(&batch).unwrap() else {
+        panic!("a CPU replica knows its loss");
+    };
+
+    // A replica whose own parameters stay zero computes from the lent ones.
+    let mut lent = MlpReplica::new(mlp, CpuBackend, &examples, 4).unwrap();
+    let from = lent.compute_gradients_from(&params, &batch).unwrap();
+    assert_eq!(from, Some(StepLoss::Known(loss)));
+    assert_eq!(gradients(&mut lent), gradients(&mut set));
+    let own = lent.compute_gradients(&batch).unwrap();
+    assert_ne!(
+        own,
+        StepLoss::Known(loss),
+        "its own (zero) parameters were overwritten"
+    );
+
+    // Parameters of another model, shorter or longer, are an error.
+    for len in [params.len() - 1, params.len() + 1] {
+        assert!(lent
+            .compute_gradients_from(&vec![0.0; len], &batch)
+            .is_err());
+    }
+}

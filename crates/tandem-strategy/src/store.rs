@@ -2,14 +2,16 @@
 //! [`HostStore`], the store in host memory.
 
 use std::ops::Range;
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::RwLock;
 use std::time::Duration;
 
-use tandem_core::{Optimizer, ParamSpan, Piece, Replica, ReplicaError, Slot, TrainState};
+use tandem_core::{Optimizer, ParamSpan, Replica, ReplicaError, Slot, StepLoss, TrainState};
 use tandem_tensor::cpu;
 
 mod ranked;
+mod shards;
 pub(crate) use ranked::{RankedAsyncStore, RankedSyncStore};
+use shards::Shards;
 
 /// Parameters per shard: small enough that workers updating different shards rarely wait for
 /// each other, large enough that locking costs nothing next to the arithmetic.
@@ -26,6 +28,18 @@ const COPY_TRIES: usize = 200;
 pub trait ParamStore<R: Replica>: Sync {
     /// Gives `worker`'s `replica` the current parameters.
     fn load(&self, worker: usize, replica: &mut R) -> Result<(), ReplicaError>;
+
+    /// Synchronous: `worker`'s `replica` computes its gradients on `batch` from the current
+    /// parameters. A store may lend them to the replica rather than copy them into it (the
+    /// default: [`load`](Self::load), then compute).
+    fn compute(
+        &self,
+        worker: usize,
+        replica: &mut R,
+        batch: &[u32],
+    ) -> Result<StepLoss, ReplicaError> {
+        load_then_compute(self, worker, replica, batch)
+    }
 
     /// Synchronous: makes `worker`'s gradients of its last step available to
     /// [`update_share`](Self::update_share).
@@ -96,60 +110,26 @@ pub trait ParamStore<R: Replica>: Sync {
     fn empty_state(&self, step: u64) -> TrainState;
 }
 
-/// One contiguous piece of the parameters and their optimiser state.
-struct Shard {
-    offset: usize,
-    weight_decay: bool,
-    params: Vec<f32>,
-    state: Vec<Vec<f32>>,
-}
-
-impl Shard {
-    fn range(&self) -> Range<usize> {
-        self.offset..self.offset + self.params.len()
-    }
-
-    /// Applies `optimizer`'s update with `grads` (one per replica, each the gradients of the
-    /// parameters from `base` on).
-    fn update<O: Optimizer + ?Sized>(
-        &mut self,
-        optimizer: &O,
-        grads: &[&[f32]],
-        base: usize,
-        step: u64,
-        epoch: f64,
-    ) {
-        let range = self.range();
-        let range = range.start - base..range.end - base;
-        let parts: Vec<&[f32]> = grads.iter().map(|g| &g[range.clone()]).collect();
-        let mut state: Vec<&mut [f32]> = self.state.iter_mut().map(Vec::as_mut_slice).collect();
-        let piece = Piece {
-            params: &mut self.params,
-            state: &mut state,
-            grads: &parts,
-            weight_decay: self.weight_decay,
-        };
-        optimizer.update(piece, step, epoch);
-    }
-}
-
-fn read(shard: &RwLock<Shard>) -> RwLockReadGuard<'_, Shard> {
-    // A poisoned shard was being updated by a worker that panicked in the optimiser; the run
-    // fails with that worker's panic, and what the shard holds is still saved as it is.
-    shard.read().unwrap_or_else(|p| p.into_inner())
-}
-
-fn write(shard: &RwLock<Shard>) -> RwLockWriteGuard<'_, Shard> {
-    shard.write().unwrap_or_else(|p| p.into_inner())
+/// [`ParamStore::compute`] by copying: `store` loads the replica, which then computes.
+fn load_then_compute<R: Replica, S: ParamStore<R> + ?Sized>(
+    store: &S,
+    worker: usize,
+    replica: &mut R,
+    batch: &[u32],
+) -> Result<StepLoss, ReplicaError> {
+    store.load(worker, replica)?;
+    replica.compute_gradients(batch)
 }
 
 /// The parameters of record in host memory, split into shards that are locked one at a time,
 /// so that workers can read and update different parts at once. Shards never straddle two
 /// parameter spans, so each one is either regularised or not. For synchronous training it
-/// also holds one gradient buffer per worker.
+/// also holds one gradient buffer per worker, and lends the parameters to replicas that
+/// compute in host memory ([`Replica::compute_gradients_from`]): every worker reads the same
+/// parameters between the barriers, so none needs a copy of its own.
 pub struct HostStore<'o, O: Optimizer + ?Sized> {
     optimizer: &'o O,
-    shards: Vec<RwLock<Shard>>,
+    shards: Shards,
     slot_names: Vec<String>,
     len: usize,
     grads: Vec<RwLock<Vec<f32>>>,
@@ -215,24 +195,10 @@ impl<'o, O: Optimizer + ?Sized> HostStore<'o, O> {
         let ranges = shard_ranges(layout);
         let len = ranges.last().map_or(0, |(range, _)| range.end);
         let starts: Vec<usize> = ranges.iter().map(|(range, _)| range.start).collect();
-        let shards = ranges
-            .into_iter()
-            .map(|(range, weight_decay)| {
-                RwLock::new(Shard {
-                    offset: range.start,
-                    weight_decay,
-                    params: state.params[range.clone()].to_vec(),
-                    state: state
-                        .slots
-                        .iter()
-                        .map(|s| s.values[range.clone()].to_vec())
-                        .collect(),
-                })
-            })
-            .collect();
+        let slots_of: Vec<&[f32]> = state.slots.iter().map(|s| s.values.as_slice()).collect();
         Self {
             optimizer,
-            shards,
+            shards: Shards::new(state.params.clone(), &slots_of, ranges),
             slot_names: state.slots.iter().map(|s| s.name.clone()).collect(),
             len,
             grads: (0..slots).map(|_| RwLock::new(vec![0.0; len])).collect(),
@@ -242,18 +208,35 @@ impl<'o, O: Optimizer + ?Sized> HostStore<'o, O> {
 
     /// Applies one update to shard `index` with `grads` (whole flat vectors).
     fn update(&self, index: usize, grads: &[&[f32]], step: u64, epoch: f64) {
-        write(&self.shards[index]).update(self.optimizer, grads, 0, step, epoch);
+        self.shards
+            .write(index)
+            .update(self.optimizer, grads, 0, step, epoch);
     }
 }
 
 impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for HostStore<'_, O> {
     fn load(&self, _: usize, replica: &mut R) -> Result<(), ReplicaError> {
         replica.set_params(&mut |dst| {
-            for shard in &self.shards {
-                let shard = read(shard);
-                dst[shard.range()].copy_from_slice(&shard.params);
+            for index in 0..self.shards.len() {
+                let shard = self.shards.read(index);
+                dst[shard.range()].copy_from_slice(shard.params());
             }
         })
+    }
+
+    fn compute(
+        &self,
+        worker: usize,
+        replica: &mut R,
+        batch: &[u32],
+    ) -> Result<StepLoss, ReplicaError> {
+        if let Some(loss) = self
+            .shards
+            .lend(|params| replica.compute_gradients_from(params, batch))?
+        {
+            return Ok(loss);
+        }
+        load_then_compute(self, worker, replica, batch)
     }
 
     fn publish(&self, worker: usize, replica: &mut R) -> Result<(), ReplicaError> {
@@ -297,20 +280,18 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for HostStore<'_, O> {
     }
 
     fn l2_loss(&self, _: usize, weight_decay: f32) -> Result<f32, ReplicaError> {
-        let sum: f64 = self
-            .shards
-            .iter()
-            .map(read)
-            .filter(|s| s.weight_decay)
-            .map(|s| cpu::sum_squares(&s.params))
+        let sum: f64 = (0..self.shards.len())
+            .map(|index| self.shards.read(index))
+            .filter(|s| s.weight_decay())
+            .map(|s| cpu::sum_squares(s.params()))
             .sum();
         Ok(l2_term(weight_decay, sum))
     }
 
     fn save_into(&self, state: &mut TrainState) -> Result<(), ReplicaError> {
-        for shard in &self.shards {
-            let shard = read(shard);
-            state.params[shard.range()].copy_from_slice(&shard.params);
+        for index in 0..self.shards.len() {
+            let shard = self.shards.read(index);
+            state.params[shard.range()].copy_from_slice(shard.params());
             for (slot, values) in state.slots.iter_mut().zip(&shard.state) {
                 slot.values[shard.range()].copy_from_slice(values);
             }
@@ -376,15 +357,11 @@ mod tests {
         const UPDATES: u64 = 2_000;
         // Every value follows the same sequence: after k updates, `expected[k]`.
         let mut expected = vec![(0.0f32, 0.0f32)];
-        let mut one = Shard {
-            offset: 0,
-            weight_decay: false,
-            params: vec![0.0],
-            state: vec![vec![0.0]],
-        };
+        let one = Shards::new(vec![0.0], &[&[0.0]], vec![(0..1, false)]);
         for _ in 0..UPDATES {
-            one.update(&sgd, &[&[1.0]], 0, STEP, 0.0);
-            expected.push((one.params[0], one.state[0][0]));
+            one.write(0).update(&sgd, &[&[1.0]], 0, STEP, 0.0);
+            let piece = one.read(0);
+            expected.push((piece.params()[0], piece.state[0][0]));
         }
         let (begun, done) = (AtomicU64::new(0), AtomicU64::new(0));
         let version = || {

@@ -1,6 +1,7 @@
 //! Synchronous data parallelism.
 //!
-//! Each step, every worker loads the same parameters, computes gradients on its own shard of
+//! Each step, every worker reads the same parameters (lent by the store where the replica
+//! computes in host memory, copied into it otherwise), computes gradients on its own shard of
 //! the global batch (`workers x batch_size` consecutive examples of the [`EpochOrder`]) and
 //! publishes them. After a barrier, each worker averages the gradients of its own slice of the
 //! parameters over all workers, always in worker order, and applies the update to that slice;
@@ -68,12 +69,11 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R> + ?Sized>(
         let mut done = start_step;
         for step in start_step..job.end_step {
             ctx.set_step(step + 1);
-            store.load(me, replica)?;
             order.fill(
                 epochs.position(step) + ((rank * local + me) * job.batches.batch_size) as u64,
                 &mut batch,
             );
-            step_losses.record(step + 1, replica.compute_gradients(&batch)?)?;
+            step_losses.record(step + 1, store.compute(me, replica, &batch)?)?;
             let logs = reports(log_every, step + 1);
             if logs || step_losses.due() {
                 // Before the update: a non-finite loss fails the step before it is applied.

@@ -99,6 +99,15 @@ fn pool(workers: usize, jitter: bool) -> WorkerPool<TestReplica<Noisy>> {
     pool_of(workers, layout(), EXAMPLES, |_| Noisy { jitter })
 }
 
+/// [`pool`] of replicas that compute from the parameters the store lends them.
+fn borrowing_pool(workers: usize, jitter: bool) -> WorkerPool<TestReplica<Noisy>> {
+    let mut pool = pool(workers, jitter);
+    for replica in pool.replicas_mut() {
+        replica.borrows = true;
+    }
+    pool
+}
+
 fn sgd() -> Sgd {
     Sgd {
         learning_rate: 0.05,
@@ -208,11 +217,17 @@ fn assert_bitwise(what: &str, found: &TrainState, expected: &TrainState) {
     }
 }
 
-fn train_sync(workers: usize, jitter: bool, steps: u64) -> TrainState {
+/// `steps` steps of sync training on `workers` replicas that borrow the store's parameters or
+/// have them copied in; fails if a borrowing replica was ever loaded, or a copying one not
+/// every step.
+fn train_sync(workers: usize, jitter: bool, borrows: bool, steps: u64) -> TrainState {
     within(
         &format!("sync training with {workers} workers"),
         move || {
-            let mut pool = pool(workers, jitter);
+            let mut pool = match borrows {
+                true => borrowing_pool(workers, jitter),
+                false => pool(workers, jitter),
+            };
             let mut state = initial_state();
             let report = sync_train(
                 &mut pool,
@@ -224,6 +239,13 @@ fn train_sync(workers: usize, jitter: bool, steps: u64) -> TrainState {
             )
             .unwrap();
             assert_eq!(report.steps, steps);
+            let loads: Vec<u64> = pool.replicas().iter().map(|r| r.loads).collect();
+            let expected = if borrows { 0 } else { steps };
+            assert_eq!(
+                loads,
+                vec![expected; workers],
+                "parameter loads per replica"
+            );
             state
         },
     )
@@ -268,8 +290,11 @@ fn sync_equals_the_fused_update_of_the_gradients_in_worker_order() {
     const STEPS: u64 = 25;
     for workers in [1, 2, 3, 4] {
         let expected = expected_sync(&initial_state(), workers, STEPS);
-        let found = train_sync(workers, false, STEPS);
-        assert_bitwise(&format!("{workers} workers"), &found, &expected);
+        for borrows in [false, true] {
+            let found = train_sync(workers, false, borrows, STEPS);
+            let what = format!("{workers} workers, borrowing {borrows}");
+            assert_bitwise(&what, &found, &expected);
+        }
     }
 }
 
@@ -280,8 +305,9 @@ fn sync_with_3_and_4_workers_is_bitwise_reproducible_whatever_the_timing() {
     const STEPS: u64 = 30;
     for workers in [3, 4] {
         let expected = expected_sync(&initial_state(), workers, STEPS);
-        let first = train_sync(workers, true, STEPS);
-        let second = train_sync(workers, true, STEPS);
+        // The first run copies the parameters into the replicas, the second lends them.
+        let first = train_sync(workers, true, false, STEPS);
+        let second = train_sync(workers, true, true, STEPS);
         assert_bitwise(&format!("{workers} workers, first run"), &first, &expected);
         assert_bitwise(
             &format!("{workers} workers, second run"),
@@ -311,7 +337,9 @@ fn async_with_one_worker_equals_sync_with_one_worker_bitwise() {
     const STEPS: u64 = 25;
     let expected = expected_sync(&initial_state(), 1, STEPS);
     let found = within("async training with one worker", || {
-        let mut pool = pool(1, false);
+        // Replicas that could borrow: async copies the parameters into them all the same,
+        // since they change under a worker's step.
+        let mut pool = borrowing_pool(1, false);
         let mut state = initial_state();
         let report = async_train(
             &mut pool,
@@ -324,10 +352,16 @@ fn async_with_one_worker_equals_sync_with_one_worker_bitwise() {
         .unwrap();
         assert_eq!(report.steps, STEPS);
         assert!(report.failures.is_empty(), "{:?}", report.failures);
+        assert_eq!(
+            pool.replicas()[0].loads,
+            STEPS,
+            "async loads before every update"
+        );
         state
     });
     assert_bitwise("async, 1 worker", &found, &expected);
-    assert_bitwise("sync, 1 worker", &train_sync(1, false, STEPS), &found);
+    let sync = train_sync(1, false, true, STEPS);
+    assert_bitwise("sync, 1 worker", &sync, &found);
 }
 
 /// A run over ranks (threads standing in for MPI processes, [`common::ranks`]) is the run of

@@ -236,6 +236,13 @@ pub trait Backend: Send {
         let _ = (buffer, host);
         false
     }
+    /// `values` as this backend's buffer, without a copy, where its buffers are host `Vec`s
+    /// (the CPU); `None` (the default: device memory) where they are not.
+    #[allow(clippy::ptr_arg)]
+    fn host_view<'a>(&self, values: &'a Vec<f32>) -> Option<&'a Self::Buffer> {
+        let _ = values;
+        None
+    }
     /// Makes a data set resident (once per replica; the CPU shares it).
     fn upload_examples(&self, examples: &ExampleSet) -> Result<Self::Examples, Self::Error>;
     /// Gathers the examples at `indices` into the first rows of `x` (scaled to `[0, 1]`) and
@@ -405,6 +412,10 @@ impl Backend for CpuBackend {
             std::mem::swap(buffer, host);
         }
         same
+    }
+
+    fn host_view<'a>(&self, values: &'a Vec<f32>) -> Option<&'a Vec<f32>> {
+        Some(values)
     }
 
     fn upload_examples(&self, examples: &ExampleSet) -> Result<ExampleSet, ShapeError> {

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 
 use tandem_core::{Optimizer, ParamSpan, Replica, ReplicaError, TrainState};
 
-use super::{read, write, HostStore, ParamStore};
+use super::{HostStore, ParamStore};
 use crate::asynchronous::Schedule;
 use crate::ranks::{Channel, Ranks};
 use crate::Epochs;
@@ -15,10 +15,9 @@ use crate::Epochs;
 impl<O: Optimizer + ?Sized> HostStore<'_, O> {
     /// The parameters that shards `shards` hold.
     fn params_of(&self, shards: &Range<usize>) -> Range<usize> {
-        let start = |index: usize| {
-            self.shards
-                .get(index)
-                .map_or(self.len, |shard| read(shard).offset)
+        let start = |index: usize| match index < self.shards.len() {
+            true => self.shards.offset(index),
+            false => self.len,
         };
         start(shards.start)..start(shards.end)
     }
@@ -31,22 +30,22 @@ impl<O: Optimizer + ?Sized> HostStore<'_, O> {
     /// Copies parameters `range` (whole shards) out of the store.
     fn copy_params(&self, range: &Range<usize>, out: &mut Vec<f32>) {
         out.clear();
-        for shard in &self.shards {
-            let shard = read(shard);
-            if range.contains(&shard.offset) {
-                out.extend_from_slice(&shard.params);
+        for index in 0..self.shards.len() {
+            if range.contains(&self.shards.offset(index)) {
+                out.extend_from_slice(self.shards.read(index).params());
             }
         }
     }
 
     /// Overwrites parameters `range` (whole shards) with `values`.
     fn set_params(&self, range: &Range<usize>, values: &[f32]) {
-        for shard in &self.shards {
-            let mut shard = write(shard);
-            if range.contains(&shard.offset) {
-                let at = shard.offset - range.start;
-                let len = shard.params.len();
-                shard.params.copy_from_slice(&values[at..at + len]);
+        for index in 0..self.shards.len() {
+            let offset = self.shards.offset(index);
+            if range.contains(&offset) {
+                let mut shard = self.shards.write(index);
+                let at = offset - range.start;
+                let params = shard.params_mut();
+                params.copy_from_slice(&values[at..at + params.len()]);
             }
         }
     }
@@ -59,15 +58,14 @@ impl<O: Optimizer + ?Sized> HostStore<'_, O> {
         let mut all = vec![0.0; self.len];
         for slot in 0..self.slot_names.len() {
             let mut mine = Vec::with_capacity(me.len());
-            for shard in &self.shards {
-                let shard = read(shard);
-                if me.contains(&shard.offset) {
-                    mine.extend_from_slice(&shard.state[slot]);
+            for index in 0..self.shards.len() {
+                if me.contains(&self.shards.offset(index)) {
+                    mine.extend_from_slice(&self.shards.read(index).state[slot]);
                 }
             }
             ranks.all_gather(0, &mine, &mut all, &counts);
-            for shard in &self.shards {
-                let mut shard = write(shard);
+            for index in 0..self.shards.len() {
+                let mut shard = self.shards.write(index);
                 let range = shard.range();
                 shard.state[slot].copy_from_slice(&all[range]);
             }
@@ -180,7 +178,7 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for RankedSyncStore<'_, '_
         if !mine.is_empty() {
             let parts: Vec<&[f32]> = received.chunks(mine.len()).collect();
             for index in self.host.shares[self.ranks.rank() * self.local + lane].clone() {
-                write(&self.host.shards[index]).update(
+                self.host.shards.write(index).update(
                     self.host.optimizer,
                     &parts,
                     mine.start,
@@ -364,7 +362,7 @@ impl<'o, 'r, O: Optimizer + ?Sized> RankedAsyncStore<'o, 'r, O> {
         let mine = self.mine();
         let epoch = self.epochs.epoch_at(step);
         for index in self.host.shares[self.ranks.rank()].clone() {
-            write(&self.host.shards[index]).update(
+            self.host.shards.write(index).update(
                 self.host.optimizer,
                 &[grads],
                 mine.start,
@@ -557,9 +555,9 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for RankedAsyncStore<'_, '
                 self.ranks
                     .send(Channel::Request, rank, lane, &[Request::Fetch as u64], &[]);
             }
-            for shard in &self.host.shards[self.host.shares[me].clone()] {
-                let shard = read(shard);
-                dst[shard.range()].copy_from_slice(&shard.params);
+            for index in self.host.shares[me].clone() {
+                let shard = self.host.shards.read(index);
+                dst[shard.range()].copy_from_slice(shard.params());
             }
             for rank in others() {
                 let part = &self.owned[rank];

@@ -71,7 +71,22 @@ pub struct TestReplica<M> {
     examples: usize,
     /// How many gradient computations were started.
     pub calls: u64,
+    /// Whether it computes from parameters a store lends it
+    /// ([`Replica::compute_gradients_from`]), as a replica in host memory does, rather than
+    /// only from its own copy.
+    pub borrows: bool,
+    /// How many times its parameters were set (copied into it).
+    pub loads: u64,
     pub model: M,
+}
+
+impl<M: Model> TestReplica<M> {
+    fn compute_with(&mut self, lent: Option<&[f32]>, batch: &[u32]) -> Result<f32, ReplicaError> {
+        self.calls += 1;
+        let params = lent.unwrap_or(&self.params);
+        self.model
+            .gradients(self.calls, batch, params, &mut self.grads)
+    }
 }
 
 impl<M: Model> Replica for TestReplica<M> {
@@ -79,14 +94,28 @@ impl<M: Model> Replica for TestReplica<M> {
         &self.layout
     }
     fn set_params(&mut self, fill: &mut dyn FnMut(&mut [f32])) -> Result<(), ReplicaError> {
+        self.loads += 1;
         fill(&mut self.params);
         Ok(())
     }
     fn compute_gradients(&mut self, batch: &[u32]) -> Result<StepLoss, ReplicaError> {
-        self.calls += 1;
-        self.model
-            .gradients(self.calls, batch, &self.params, &mut self.grads)
-            .map(StepLoss::Known)
+        self.compute_with(None, batch).map(StepLoss::Known)
+    }
+    fn compute_gradients_from(
+        &mut self,
+        params: &Vec<f32>,
+        batch: &[u32],
+    ) -> Result<Option<StepLoss>, ReplicaError> {
+        if !self.borrows {
+            return Ok(None);
+        }
+        assert_eq!(
+            params.len(),
+            self.params.len(),
+            "lent parameters of another model"
+        );
+        self.compute_with(Some(params), batch)
+            .map(|loss| Some(StepLoss::Known(loss)))
     }
     fn read_gradients(&mut self, read: &mut dyn FnMut(&[f32])) -> Result<(), ReplicaError> {
         self.model.read_gradients(&self.grads, read);
@@ -117,6 +146,8 @@ pub fn pool_of<M: Model>(
             grads: vec![0.0; len],
             examples,
             calls: 0,
+            borrows: false,
+            loads: 0,
             model: model(worker),
         })
     })
