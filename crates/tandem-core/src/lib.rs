@@ -3,7 +3,9 @@
 //! trained, the [`Optimizer`] trait that turns gradients into updates, and the [`TrainState`] a
 //! strategy reads and leaves behind (parameters and the optimiser's named state).
 //!
-//! The crate knows no threads or CUDA: a model crate depends on it (and on its tensor layer)
+//! Threads appear only as [`Helpers`], idle workers a replica may hand tasks to.
+//!
+//! The crate knows no thread pools or CUDA: a model crate depends on it (and on its tensor layer)
 //! without pulling in a worker pool, and a strategy drives any model through it. Device memory
 //! appears only as addresses and the [`DeviceQueue`] trait a device backend implements, so that
 //! a store can keep the parameters of record beside replicas that compute on a device.
@@ -63,11 +65,13 @@
 #![warn(missing_docs)]
 
 mod device;
+mod helpers;
 mod optimizer;
 mod replica;
 mod state;
 
 pub use device::{DeviceAlloc, DeviceEvent, DeviceOp, DeviceQueue, FusedSgd, Residence, StepLoss};
+pub use helpers::{Alone, Helpers};
 pub use optimizer::{Optimizer, Piece};
 pub use replica::{ParamSpan, Replica, ReplicaError};
 pub use state::{Slot, TrainState};

@@ -1,4 +1,4 @@
-use crate::{Residence, StepLoss};
+use crate::{Helpers, Residence, StepLoss};
 
 /// A named, contiguous span of a model's flat parameter vector.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,14 +63,16 @@ pub trait Replica: Send {
     /// memory: a store whose workers all read the same parameters lends them to every replica
     /// instead of copying them into each. `None` (the default) where it cannot: then nothing
     /// was computed. The parameters are a `Vec`, not a slice, so that a backend whose buffers
-    /// are `Vec`s computes from them as from its own.
+    /// are `Vec`s computes from them as from its own. `helpers` may run some of the step's
+    /// tasks (other workers, done with their own step, that would otherwise wait for this one).
     #[allow(clippy::ptr_arg)]
     fn compute_gradients_from(
         &mut self,
         params: &Vec<f32>,
         batch: &[u32],
+        helpers: &dyn Helpers,
     ) -> Result<Option<StepLoss>, ReplicaError> {
-        let _ = (params, batch);
+        let _ = (params, batch, helpers);
         Ok(None)
     }
 
@@ -128,8 +130,9 @@ impl<R: Replica + ?Sized> Replica for Box<R> {
         &mut self,
         params: &Vec<f32>,
         batch: &[u32],
+        helpers: &dyn Helpers,
     ) -> Result<Option<StepLoss>, ReplicaError> {
-        (**self).compute_gradients_from(params, batch)
+        (**self).compute_gradients_from(params, batch, helpers)
     }
 
     fn take_losses(&mut self, losses: &mut Vec<f32>) -> Result<(), ReplicaError> {

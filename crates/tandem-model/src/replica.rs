@@ -1,4 +1,4 @@
-use tandem_core::{ParamSpan, Replica, ReplicaError, Residence, StepLoss};
+use tandem_core::{Alone, Helpers, ParamSpan, Replica, ReplicaError, Residence, StepLoss};
 use tandem_tensor::{Backend, ExampleSet, Gemm, ShapeError};
 
 use crate::Mlp;
@@ -94,9 +94,14 @@ impl<B: Backend> MlpReplica<B> {
         Ok(())
     }
 
-    /// The forward and backward pass from `lent` parameters, or the replica's own; see
-    /// [`Replica::compute_gradients`].
-    fn step(&mut self, lent: Option<&B::Buffer>, batch: &[u32]) -> Result<StepLoss, B::Error> {
+    /// The forward and backward pass from `lent` parameters, or the replica's own, with
+    /// `helpers` that may take part; see [`Replica::compute_gradients`].
+    fn step(
+        &mut self,
+        lent: Option<&B::Buffer>,
+        batch: &[u32],
+        helpers: &dyn Helpers,
+    ) -> Result<StepLoss, B::Error> {
         let rows = batch.len();
         if rows > self.capacity {
             self.grow(rows)?;
@@ -152,6 +157,7 @@ impl<B: Backend> MlpReplica<B> {
                 (&buffers.dlogits, classes),
                 rows,
                 (grads, o.w2, o.b2),
+                &Alone,
             )?;
             let dh = Gemm::nt(rows, hidden, classes);
             b.matmul(
@@ -162,12 +168,14 @@ impl<B: Backend> MlpReplica<B> {
             )?;
             b.relu_backward(&mut buffers.dhidden, &buffers.hidden, rows * hidden)?;
             // Layer 1: dW1 = X^T . dH, db1 = colsum(dH). The input gradient is never needed.
+            // The step's largest product, and its last: the one idle workers can take part in.
             dense_grads(
                 b,
                 (&buffers.x, inputs),
                 (&buffers.dhidden, hidden),
                 rows,
                 (grads, o.w1, o.b1),
+                helpers,
             )
         })?;
         if let Some(loss) = known {
@@ -225,19 +233,21 @@ impl<B: Backend> DeviceLosses<B> {
 
 /// A dense layer's parameter gradients from its `rows x ins` input and the `rows x outs`
 /// gradient of its output: `dW = input^T . delta` at `w` in `grads`, `db = colsum(delta)` at
-/// `bias`.
+/// `bias`; `helpers` may take part in `dW`.
 fn dense_grads<B: Backend>(
     b: &B,
     (input, ins): (&B::Buffer, usize),
     (delta, outs): (&B::Buffer, usize),
     rows: usize,
     (grads, w, bias): (&mut B::Buffer, usize, usize),
+    helpers: &dyn Helpers,
 ) -> Result<(), B::Error> {
-    b.matmul(
+    b.matmul_shared(
         Gemm::tn(ins, outs, rows),
         (input, 0),
         (delta, 0),
         (grads, w),
+        helpers,
     )?;
     b.column_sum(delta, rows, outs, (grads, bias))
 }
@@ -256,13 +266,14 @@ impl<B: Backend> Replica for MlpReplica<B> {
     }
 
     fn compute_gradients(&mut self, batch: &[u32]) -> Result<StepLoss, ReplicaError> {
-        Ok(self.step(None, batch)?)
+        Ok(self.step(None, batch, &Alone)?)
     }
 
     fn compute_gradients_from(
         &mut self,
         params: &Vec<f32>,
         batch: &[u32],
+        helpers: &dyn Helpers,
     ) -> Result<Option<StepLoss>, ReplicaError> {
         let Some(view) = self.backend.host_view(params) else {
             return Ok(None);
@@ -271,7 +282,7 @@ impl<B: Backend> Replica for MlpReplica<B> {
         let needed = self.mlp.num_params();
         ShapeError::check_exact("compute_gradients_from", "params", needed, params.len())
             .map_err(B::Error::from)?;
-        Ok(Some(self.step(Some(view), batch)?))
+        Ok(Some(self.step(Some(view), batch, helpers)?))
     }
 
     fn take_losses(&mut self, losses: &mut Vec<f32>) -> Result<(), ReplicaError> {

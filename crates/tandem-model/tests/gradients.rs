@@ -3,7 +3,7 @@
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use tandem_core::{Replica, StepLoss};
+use tandem_core::{Alone, Helpers, Replica, StepLoss};
 use tandem_model::{Mlp, MlpReplica};
 use tandem_tensor::{CpuBackend, ExampleSet};
 
@@ -189,7 +189,9 @@ fn gradients_from_lent_parameters_are_those_of_the_parameters_set_and_leave_its_
 
     // A replica whose own parameters stay zero computes from the lent ones.
     let mut lent = MlpReplica::new(mlp, CpuBackend, &examples, 4).unwrap();
-    let from = lent.compute_gradients_from(&params, &batch).unwrap();
+    let from = lent
+        .compute_gradients_from(&params, &batch, &Alone)
+        .unwrap();
     assert_eq!(from, Some(StepLoss::Known(loss)));
     assert_eq!(gradients(&mut lent), gradients(&mut set));
     let own = lent.compute_gradients(&batch).unwrap();
@@ -202,7 +204,46 @@ fn gradients_from_lent_parameters_are_those_of_the_parameters_set_and_leave_its_
     // Parameters of another model, shorter or longer, are an error.
     for len in [params.len() - 1, params.len() + 1] {
         assert!(lent
-            .compute_gradients_from(&vec![0.0; len], &batch)
+            .compute_gradients_from(&vec![0.0; len], &batch, &Alone)
             .is_err());
     }
+}
+
+/// Helpers that run every task on threads of their own, last first.
+struct Eager;
+
+impl Helpers for Eager {
+    fn share(&self, count: usize, task: &(dyn Fn(usize) + Sync)) {
+        std::thread::scope(|scope| {
+            for i in (0..count).rev() {
+                scope.spawn(move || task(i));
+            }
+        });
+    }
+}
+
+/// The MNIST model's step with helpers that compute its shared product elsewhere gives the
+/// very gradients of the step computed alone.
+#[test]
+fn gradients_computed_with_helpers_are_bitwise_those_computed_alone() {
+    let mlp = Mlp::MNIST;
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let pixels: Vec<u8> = (0..20 * mlp.inputs).map(|_| rng.random()).collect();
+    let labels: Vec<u8> = (0..20).map(|i| i % 10).collect();
+    let examples = ExampleSet::new(mlp.inputs, pixels, labels).unwrap();
+    let params = mlp.init(0.1, &mut rng);
+    let batch: Vec<u32> = (0..20).rev().collect();
+    let mut gradients = Vec::new();
+    for helpers in [&Alone as &dyn Helpers, &Eager] {
+        let mut replica = MlpReplica::new(mlp, CpuBackend, &examples, 20).unwrap();
+        let loss = replica
+            .compute_gradients_from(&params, &batch, helpers)
+            .unwrap();
+        let mut grads = Vec::new();
+        replica.read_gradients(&mut |g| grads = g.to_vec()).unwrap();
+        let bits: Vec<u32> = grads.iter().map(|g| g.to_bits()).collect();
+        gradients.push((loss, bits));
+    }
+    assert!(gradients[0].1.iter().any(|&b| b != 0));
+    assert_eq!(gradients[0], gradients[1]);
 }

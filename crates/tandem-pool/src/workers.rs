@@ -86,6 +86,11 @@ struct RunShared {
 /// twice a step.
 const SPIN: Duration = Duration::from_micros(100);
 
+/// How long a worker that may help the others ([`WorkerContext::barrier_helping`]) spins before
+/// it parks: long enough for a worker slowed down by a busy core to reach the work it shares
+/// out (a few hundred microseconds behind), short enough not to hold a core through a stall.
+const HELPING_SPIN: Duration = Duration::from_millis(2);
+
 const NO_STEP: u64 = u64::MAX;
 
 /// `Slot::activity` values that are not times (584 years of nanoseconds lie below them).
@@ -178,6 +183,18 @@ impl WorkerContext<'_> {
     /// Waits until every worker of this run has arrived, or returns [`Aborted`] as soon as one
     /// has failed.
     pub fn barrier(&self) -> Result<(), Aborted> {
+        self.arrive(SPIN, &mut || false)
+    }
+
+    /// [`barrier`](Self::barrier), calling `help` while it waits: work for the workers still
+    /// to arrive (tasks they share out), which returns whether it did any. It waits busy for
+    /// longer than `barrier` before it sleeps, since work may still come.
+    pub fn barrier_helping(&self, help: &mut dyn FnMut() -> bool) -> Result<(), Aborted> {
+        self.arrive(HELPING_SPIN, help)
+    }
+
+    /// The barrier: spins for `spin` (from the last time `help` did something), then sleeps.
+    fn arrive(&self, spin: Duration, help: &mut dyn FnMut() -> bool) -> Result<(), Aborted> {
         let mut state = self.shared.lock();
         if state.aborted {
             return Err(Aborted);
@@ -194,13 +211,16 @@ impl WorkerContext<'_> {
         }
         let generation = state.generation;
         drop(state);
-        let spin_start = Instant::now();
-        while spin_start.elapsed() < SPIN {
+        let mut spin_start = Instant::now();
+        while spin_start.elapsed() < spin {
             for _ in 0..64 {
                 if self.shared.generation.load(Ordering::Acquire) != generation {
                     return Ok(());
                 }
                 std::hint::spin_loop();
+            }
+            if help() {
+                spin_start = Instant::now();
             }
         }
         // Parked, this worker waits for the others: a watcher must not take it for stalled.
@@ -576,6 +596,35 @@ mod tests {
         });
         assert!(outcome.failures.is_empty());
         assert!(outcome.results.iter().all(|r| *r == Some(true)));
+    }
+
+    /// Workers that arrive early call `help` until the last one arrives (who never calls it),
+    /// and the barrier still holds: nobody leaves before everyone has arrived.
+    #[test]
+    fn a_helping_barrier_helps_while_it_waits_and_still_holds() {
+        let mut pool = cpu_pool(3);
+        let arrived = AtomicU64::new(0);
+        let outcome = pool.run(FailurePolicy::StopAll, |ctx, id| {
+            let mut helped = 0u64;
+            for round in 0..20u64 {
+                if *id == 2 {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                arrived.fetch_add(1, Ordering::SeqCst);
+                ctx.barrier_helping(&mut || {
+                    helped += 1;
+                    helped.is_multiple_of(2)
+                })?;
+                assert!(arrived.load(Ordering::SeqCst) >= 3 * (round + 1));
+                ctx.barrier()?;
+            }
+            Ok(helped)
+        });
+        assert!(outcome.failures.is_empty(), "{:?}", outcome.failures);
+        let helped: Vec<u64> = outcome.results.into_iter().flatten().collect();
+        assert_eq!(helped.len(), 3);
+        // Worker 2 arrives last every round (a millisecond late), so it never waits.
+        assert!(helped[0] > 0 && helped[1] > 0, "{helped:?}");
     }
 
     #[test]

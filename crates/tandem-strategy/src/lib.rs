@@ -65,6 +65,7 @@ pub mod checkpoint;
 mod common;
 mod device_store;
 mod epochs;
+mod helping;
 mod hyper;
 #[cfg(feature = "mpi")]
 pub mod mpi;

@@ -2,10 +2,12 @@
 //! [`HostStore`], the store in host memory.
 
 use std::ops::Range;
-use std::sync::RwLock;
+use std::sync::{Mutex, RwLock};
 use std::time::Duration;
 
-use tandem_core::{Optimizer, ParamSpan, Replica, ReplicaError, Slot, StepLoss, TrainState};
+use tandem_core::{
+    Helpers, Optimizer, ParamSpan, Replica, ReplicaError, Slot, StepLoss, TrainState,
+};
 use tandem_tensor::cpu;
 
 mod ranked;
@@ -30,14 +32,17 @@ pub trait ParamStore<R: Replica>: Sync {
     fn load(&self, worker: usize, replica: &mut R) -> Result<(), ReplicaError>;
 
     /// Synchronous: `worker`'s `replica` computes its gradients on `batch` from the current
-    /// parameters. A store may lend them to the replica rather than copy them into it (the
-    /// default: [`load`](Self::load), then compute).
+    /// parameters. A store may lend them to the replica rather than copy them into it, and then
+    /// lets `helpers` take part ([`Replica::compute_gradients_from`]); the default:
+    /// [`load`](Self::load), then compute.
     fn compute(
         &self,
         worker: usize,
         replica: &mut R,
         batch: &[u32],
+        helpers: &dyn Helpers,
     ) -> Result<StepLoss, ReplicaError> {
+        let _ = helpers;
         load_then_compute(self, worker, replica, batch)
     }
 
@@ -45,10 +50,12 @@ pub trait ParamStore<R: Replica>: Sync {
     /// [`update_share`](Self::update_share).
     fn publish(&self, worker: usize, replica: &mut R) -> Result<(), ReplicaError>;
 
-    /// Synchronous: applies update `step` (at `epoch`) to `worker`'s share of the parameters
-    /// (the shares of all workers cover them once), with the mean of every worker's published
-    /// gradients, summed in worker order. A store may leave the work to the worker's next
-    /// step, if everything it hands out before then holds the update.
+    /// Synchronous: `worker`'s part of update `step` (at `epoch`), with the mean of every
+    /// worker's published gradients, summed in worker order. Every worker calls it once a step,
+    /// between the same two barriers, and together they update every parameter once: a store
+    /// may divide the work as it goes, so that workers done early help the others. A store may
+    /// also leave the work to the worker's next step, if everything it hands out before then
+    /// holds the update.
     fn update_share(&self, worker: usize, step: u64, epoch: f64) -> Result<(), ReplicaError>;
 
     /// Asynchronous: applies `replica`'s gradients of its last step as one update, at once
@@ -133,9 +140,42 @@ pub struct HostStore<'o, O: Optimizer + ?Sized> {
     slot_names: Vec<String>,
     len: usize,
     grads: Vec<RwLock<Vec<f32>>>,
-    /// The shards each synchronous worker updates, computed once: a step must not lock shards
-    /// that other workers are updating just to find its own.
+    /// The shards each synchronous worker updates first, computed once: a step must not lock
+    /// shards that other workers are updating just to find its own.
     shares: Vec<Range<usize>>,
+    /// Which shards of each share are still to be updated in the step under way.
+    claims: Mutex<Claims>,
+}
+
+/// The synchronous update's division of work in one step: each share's shards not yet claimed,
+/// `next[w]..last[w]`. Its owner takes them from the front, workers done with their own share
+/// from the back, so that a worker slowed down (a busy core) is helped, while each keeps
+/// updating the same shards step after step. Who updates a shard does not change the result.
+struct Claims {
+    /// The step these claims are of; the first claim of another step starts afresh.
+    step: Option<u64>,
+    next: Vec<usize>,
+    last: Vec<usize>,
+}
+
+impl Claims {
+    /// A shard for `worker` to update in `step`: the next of its own share, else the last
+    /// unclaimed one of the next share that has any; `None` when every shard is claimed.
+    fn claim(&mut self, shares: &[Range<usize>], worker: usize, step: u64) -> Option<usize> {
+        if self.step != Some(step) {
+            self.step = Some(step);
+            self.next = shares.iter().map(|share| share.start).collect();
+            self.last = shares.iter().map(|share| share.end).collect();
+        }
+        if self.next[worker] < self.last[worker] {
+            self.next[worker] += 1;
+            return Some(self.next[worker] - 1);
+        }
+        let others = (worker + 1..shares.len()).chain(0..worker);
+        let victim = others.into_iter().find(|&w| self.next[w] < self.last[w])?;
+        self.last[victim] -= 1;
+        Some(self.last[victim])
+    }
 }
 
 /// The shards of the parameters of `layout`: [`SHARD_LEN`] values at most, never straddling
@@ -203,6 +243,11 @@ impl<'o, O: Optimizer + ?Sized> HostStore<'o, O> {
             len,
             grads: (0..slots).map(|_| RwLock::new(vec![0.0; len])).collect(),
             shares: shares(&starts, len, shares_of),
+            claims: Mutex::new(Claims {
+                step: None,
+                next: Vec::new(),
+                last: Vec::new(),
+            }),
         }
     }
 
@@ -229,10 +274,11 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for HostStore<'_, O> {
         worker: usize,
         replica: &mut R,
         batch: &[u32],
+        helpers: &dyn Helpers,
     ) -> Result<StepLoss, ReplicaError> {
         if let Some(loss) = self
             .shards
-            .lend(|params| replica.compute_gradients_from(params, batch))?
+            .lend(|params| replica.compute_gradients_from(params, batch, helpers))?
         {
             return Ok(loss);
         }
@@ -257,7 +303,13 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for HostStore<'_, O> {
             .map(|g| g.read().unwrap_or_else(|p| p.into_inner()))
             .collect();
         let all: Vec<&[f32]> = all.iter().map(|g| g.as_slice()).collect();
-        for shard in self.shares[worker].clone() {
+        let claim = || {
+            self.claims
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .claim(&self.shares, worker, step)
+        };
+        while let Some(shard) = claim() {
             self.update(shard, &all, step, epoch);
         }
         Ok(())
@@ -331,6 +383,32 @@ mod tests {
 
     use super::*;
     use crate::Sgd;
+
+    /// Each shard of a step is claimed once: owners from the front of their share, a worker
+    /// done with its own from the back of the next share with any left; a new step starts
+    /// afresh.
+    #[test]
+    fn claims_hand_out_every_shard_of_a_step_once_owners_first() {
+        let shares = [0..3, 3..6, 6..6];
+        let mut claims = Claims {
+            step: None,
+            next: Vec::new(),
+            last: Vec::new(),
+        };
+        let mut claim = |worker, step| claims.claim(&shares, worker, step);
+        assert_eq!(claim(0, 7), Some(0));
+        // Worker 2 has no shard of its own: it helps worker 0, from the back.
+        assert_eq!(claim(2, 7), Some(2));
+        assert_eq!(claim(1, 7), Some(3));
+        assert_eq!(claim(0, 7), Some(1));
+        // Worker 0 is done with its own share, and takes worker 1's last.
+        assert_eq!(claim(0, 7), Some(5));
+        assert_eq!(claim(1, 7), Some(4));
+        for worker in 0..3 {
+            assert_eq!(claim(worker, 7), None);
+        }
+        assert_eq!(claim(1, 8), Some(3), "the next step starts afresh");
+    }
 
     /// The asynchronous protocol (begin, write every shard, complete) against copies taken at
     /// the same time: a copy never holds part of an update, and its step is the updates it holds.

@@ -24,6 +24,7 @@ use tandem_core::{Optimizer, Replica};
 use tandem_pool::{FailurePolicy, RunWatch, WorkerContext};
 
 use crate::common::{watchdog, Job, StepLosses};
+use crate::helping::Board;
 use crate::hyper::reports;
 use crate::store::ParamStore;
 use crate::{EpochOrder, Epochs, StepReport, TrainError, TrainReport};
@@ -48,6 +49,7 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R> + ?Sized>(
     let log_every = job.observer.log_every();
     let losses: Vec<AtomicU32> = (0..local).map(|_| AtomicU32::new(0)).collect();
     let stop = AtomicBool::new(false);
+    let board = Board::new(local);
     let start_step = state.step;
     let started = Instant::now();
 
@@ -73,7 +75,8 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R> + ?Sized>(
                 epochs.position(step) + ((rank * local + me) * job.batches.batch_size) as u64,
                 &mut batch,
             );
-            step_losses.record(step + 1, store.compute(me, replica, &batch)?)?;
+            let helpers = board.helpers(me);
+            step_losses.record(step + 1, store.compute(me, replica, &batch, &helpers)?)?;
             let logs = reports(log_every, step + 1);
             if logs || step_losses.due() {
                 // Before the update: a non-finite loss fails the step before it is applied.
@@ -82,7 +85,8 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R> + ?Sized>(
                 }
             }
             store.publish(me, replica)?;
-            ctx.barrier()?;
+            // Waiting for the others, it finishes what they share out of their steps.
+            ctx.barrier_helping(&mut || board.help(me))?;
             let epoch = epochs.epoch_at(step);
             store.update_share(me, step, epoch)?;
             let mut data_loss = 0.0;

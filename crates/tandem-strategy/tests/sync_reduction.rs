@@ -12,10 +12,12 @@ mod common;
 use common::{async_train, sync_train};
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{across, ema, pool_of, weights_and_bias, within, Loss, Model, TestReplica};
-use tandem_core::{ParamSpan, TrainState};
+use tandem_core::{Helpers, ParamSpan, TrainState};
 use tandem_pool::WorkerPool;
 use tandem_strategy::{train_across, Batches, EpochOrder, Mode, NoObserver, Sgd};
 use tandem_tensor::cpu::{sgd_ema_update, UpdateStep};
@@ -68,14 +70,59 @@ fn seed_of(batch: &[u32], params: &[f32]) -> u64 {
 /// order.
 fn noisy_gradients(batch: &[u32], params: &[f32], grads: &mut [f32]) -> f32 {
     let seed = mix(seed_of(batch, params));
-    for (i, g) in grads.iter_mut().enumerate() {
+    noisy_values(seed, 0, grads);
+    1.0 + (seed % 1000) as f32 / 1000.0
+}
+
+/// The values of [`noisy_gradients`] from index `first` on, for the gradient seed `seed`.
+fn noisy_values(seed: u64, first: usize, grads: &mut [f32]) {
+    for (i, g) in (first..).zip(grads.iter_mut()) {
         let r = mix(seed ^ i as u64);
         let magnitude = 1.0 + (r >> 40) as f32 / (1u64 << 24) as f32;
         let exponent = (r % 17) as i32 - 12;
         let sign = if r & (1 << 20) == 0 { 1.0 } else { -1.0 };
         *g = sign * magnitude * 2f32.powi(exponent);
     }
-    1.0 + (seed % 1000) as f32 / 1000.0
+}
+
+/// [`noisy_gradients`] in [`SHARED_TASKS`] tasks that the other workers may take part in. The
+/// slow worker's tasks each take a millisecond, so the others, done first, take some of them;
+/// `helped` counts the tasks run on another thread than their owner's.
+struct Shared {
+    slow: bool,
+    helped: Arc<AtomicUsize>,
+}
+
+const SHARED_TASKS: usize = 8;
+
+impl Model for Shared {
+    fn gradients(&mut self, _call: u64, batch: &[u32], params: &[f32], grads: &mut [f32]) -> Loss {
+        Ok(noisy_gradients(batch, params, grads))
+    }
+
+    fn gradients_helped(
+        &mut self,
+        _call: u64,
+        batch: &[u32],
+        params: &[f32],
+        grads: &mut [f32],
+        helpers: &dyn Helpers,
+    ) -> Loss {
+        let seed = mix(seed_of(batch, params));
+        let per_task = grads.len().div_ceil(SHARED_TASKS);
+        let tasks: Vec<Mutex<&mut [f32]>> = grads.chunks_mut(per_task).map(Mutex::new).collect();
+        let owner = std::thread::current().id();
+        helpers.share(tasks.len(), &|task| {
+            if self.slow {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if std::thread::current().id() != owner {
+                self.helped.fetch_add(1, Ordering::Relaxed);
+            }
+            noisy_values(seed, task * per_task, &mut tasks[task].lock().unwrap());
+        });
+        Ok(1.0 + (seed % 1000) as f32 / 1000.0)
+    }
 }
 
 /// A model whose gradients are [`noisy_gradients`]; with `jitter`, it also takes a
@@ -313,6 +360,48 @@ fn sync_with_3_and_4_workers_is_bitwise_reproducible_whatever_the_timing() {
             &format!("{workers} workers, second run"),
             &second,
             &expected,
+        );
+    }
+}
+
+/// A worker slowed down (a busy core) shares out its gradients' tasks: the others, done first,
+/// run some of them while they wait at the barrier, and the run is still the trajectory.
+#[test]
+fn workers_done_first_help_a_slow_one_and_the_run_is_unchanged() {
+    const STEPS: u64 = 12;
+    for workers in [2, 3] {
+        let expected = expected_sync(&initial_state(), workers, STEPS);
+        let helped = Arc::new(AtomicUsize::new(0));
+        let counter = helped.clone();
+        let found = within(
+            &format!("sync training with {workers} workers"),
+            move || {
+                let mut pool = pool_of(workers, layout(), EXAMPLES, |w| Shared {
+                    slow: w == workers - 1,
+                    helped: counter.clone(),
+                });
+                for replica in pool.replicas_mut() {
+                    replica.borrows = true;
+                }
+                let mut state = initial_state();
+                sync_train(
+                    &mut pool,
+                    &mut state,
+                    &sgd(),
+                    &batches(),
+                    STEPS,
+                    &NoObserver,
+                )
+                .unwrap();
+                state
+            },
+        );
+        assert_bitwise(&format!("{workers} workers, helped"), &found, &expected);
+        // The slow worker's 8 tasks take 8 ms a step; the others are done at once.
+        let helped = helped.load(Ordering::Relaxed);
+        assert!(
+            helped as u64 >= STEPS,
+            "{workers} workers: {helped} tasks helped in {STEPS} steps"
         );
     }
 }

@@ -1,6 +1,6 @@
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use tandem_core::Residence;
+use tandem_core::{Helpers, Residence};
 
 use crate::check::{self, Operand};
 use crate::cpu;
@@ -262,6 +262,20 @@ pub trait Backend: Send {
         b: (&Self::Buffer, usize),
         c: (&mut Self::Buffer, usize),
     ) -> Result<(), Self::Error>;
+    /// [`matmul`](Self::matmul), cut into tasks that `helpers` may share out where the backend
+    /// can split it (the CPU: blocks of rows of C, fixed by the shape, so that the result never
+    /// depends on who computes them); the default computes it alone.
+    fn matmul_shared(
+        &self,
+        spec: Gemm,
+        a: (&Self::Buffer, usize),
+        b: (&Self::Buffer, usize),
+        c: (&mut Self::Buffer, usize),
+        helpers: &dyn Helpers,
+    ) -> Result<(), Self::Error> {
+        let _ = helpers;
+        self.matmul(spec, a, b, c)
+    }
     /// `C = max(0, op(A) . op(B) + bias)`: [`matmul`](Self::matmul), then
     /// [`bias_add`](Self::bias_add) with [`Activation::Relu`] over C, in one pass where the
     /// backend can fuse them (a device backend adds the bias in the product's epilogue: one
@@ -366,6 +380,12 @@ pub trait Backend: Send {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CpuBackend;
 
+/// Rows of C per task of [`CpuBackend`]'s [`Backend::matmul_shared`]: the MNIST model's largest
+/// product (784 rows) in 4 tasks, fine enough for a helper to take up to half of it, coarse
+/// enough that the extra calls cost about 2% of the product. Its blocks happen to be bitwise
+/// the whole product for that shape, but that is `gemm`'s choice, not a promise.
+const SHARED_ROWS: usize = 200;
+
 impl Backend for CpuBackend {
     type Buffer = Vec<f32>;
     type Labels = Vec<u32>;
@@ -457,6 +477,35 @@ impl Backend for CpuBackend {
         let b = &b[b_at..b_at + spec.k * spec.n];
         let c = &mut c[c_at..c_at + spec.m * spec.n];
         cpu::matmul(spec, a, b, c);
+        Ok(())
+    }
+
+    fn matmul_shared(
+        &self,
+        spec: Gemm,
+        (a, a_at): (&Vec<f32>, usize),
+        (b, b_at): (&Vec<f32>, usize),
+        (c, c_at): (&mut Vec<f32>, usize),
+        helpers: &dyn Helpers,
+    ) -> Result<(), ShapeError> {
+        check::matmul(
+            spec,
+            Operand::at(a.len(), a_at),
+            Operand::at(b.len(), b_at),
+            Operand::at(c.len(), c_at),
+        )?;
+        let a = &a[a_at..a_at + spec.m * spec.k];
+        let b = &b[b_at..b_at + spec.k * spec.n];
+        let blocks: Vec<Mutex<&mut [f32]>> = c[c_at..c_at + spec.m * spec.n]
+            .chunks_mut(SHARED_ROWS * spec.n.max(1))
+            .map(Mutex::new)
+            .collect();
+        helpers.share(blocks.len(), &|block| {
+            // Each block is one task's alone: its lock is never contended.
+            let mut c = blocks[block].lock().unwrap_or_else(|p| p.into_inner());
+            let first = block * SHARED_ROWS;
+            cpu::matmul_rows(spec, a, b, first..(first + SHARED_ROWS).min(spec.m), &mut c);
+        });
         Ok(())
     }
 

@@ -7,6 +7,8 @@
 //! for the baseline, and pick at run time (`multiversion`): the same arithmetic in the same
 //! order, so the results are bitwise those of the baseline build.
 
+use std::ops::Range;
+
 use multiversion::multiversion;
 
 use crate::{ExampleSet, Gemm};
@@ -16,6 +18,14 @@ use crate::{ExampleSet, Gemm};
 /// Single-threaded: each data-parallel worker owns one core, and at the model's batch sizes two
 /// one-thread replicas beat one two-thread replica.
 pub fn matmul(spec: Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
+    matmul_rows(spec, a, b, 0..spec.m, c);
+}
+
+/// Rows `rows` of [`matmul`]'s `c` into `c_rows` (`rows.len() x n`): a product cut into row
+/// blocks that different threads may compute. A block's values are those of the same block
+/// computed anywhere else, but `gemm` may round them differently from the whole product (its
+/// blocking depends on the shape).
+pub fn matmul_rows(spec: Gemm, a: &[f32], b: &[f32], rows: Range<usize>, c_rows: &mut [f32]) {
     let Gemm {
         m,
         n,
@@ -23,31 +33,36 @@ pub fn matmul(spec: Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
         a_transposed,
         b_transposed,
     } = spec;
-    debug_assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n);
-    // Strides (column stride, row stride) of op(a) as an m x k matrix and op(b) as k x n.
-    let (a_cs, a_rs) = if a_transposed {
-        (m as isize, 1)
+    assert!(
+        rows.start <= rows.end && rows.end <= m,
+        "rows {rows:?} of {m}"
+    );
+    assert!(a.len() >= m * k && b.len() >= k * n && c_rows.len() >= rows.len() * n);
+    // Strides (column stride, row stride) of op(a) as an m x k matrix and op(b) as k x n, and
+    // where op(a)'s first row of the block starts.
+    let (a_cs, a_rs, a_first) = if a_transposed {
+        (m as isize, 1, rows.start)
     } else {
-        (1, k as isize)
+        (1, k as isize, rows.start * k)
     };
     let (b_cs, b_rs) = if b_transposed {
         (k as isize, 1)
     } else {
         (1, n as isize)
     };
-    // SAFETY: the three pointers cover m*k, k*n and m*n elements (checked by the caller and the
-    // debug assertion above) and the strides stay inside them; `c` does not alias `a` or `b`
-    // since it is borrowed mutably.
+    // SAFETY: op(a)'s rows `rows` (from `a_first` on, with the strides above) lie inside the
+    // m*k values of `a`, `b` covers k*n and `c_rows` the block's rows*n (all checked above);
+    // `c_rows` does not alias `a` or `b` since it is borrowed mutably.
     unsafe {
         gemm::gemm(
-            m,
+            rows.len(),
             n,
             k,
-            c.as_mut_ptr(),
+            c_rows.as_mut_ptr(),
             1,
             n as isize,
             false,
-            a.as_ptr(),
+            a.as_ptr().add(a_first),
             a_cs,
             a_rs,
             b.as_ptr(),

@@ -2,6 +2,7 @@
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use tandem_core::{Alone, Helpers};
 use tandem_tensor::cpu::{self, UpdateStep};
 use tandem_tensor::{Activation, Backend, CpuBackend, ExampleSet, Gemm, ShapeError};
 
@@ -229,6 +230,64 @@ fn gather_scales_every_byte_of_long_rows_exactly() {
             );
         }
     }
+}
+
+/// Helpers on other threads that take every task they can, last first, so that the blocks of
+/// a shared product are computed out of order and mostly elsewhere.
+struct Eager;
+
+impl Helpers for Eager {
+    fn share(&self, count: usize, task: &(dyn Fn(usize) + Sync)) {
+        std::thread::scope(|scope| {
+            for i in (0..count).rev() {
+                scope.spawn(move || task(i));
+            }
+        });
+    }
+}
+
+/// A shared product is the same whoever computes its blocks, bitwise, and the product, for
+/// products cut into one block, several, and a last short one; it checks its operands like
+/// `matmul`.
+#[test]
+fn a_shared_product_is_the_product_whoever_computes_its_blocks() {
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let cpu = CpuBackend;
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for (m, n, k) in [(784, 500, 100), (1, 3, 2), (200, 7, 9), (401, 12, 33)] {
+        for (a_transposed, b_transposed) in [(true, false), (false, false), (false, true)] {
+            let spec = Gemm::new(m, n, k, a_transposed, b_transposed);
+            let a = random(m * k + 3, &mut rng);
+            let b = random(k * n + 2, &mut rng);
+            let mut whole = vec![f32::NAN; m * n + 5];
+            cpu.matmul(spec, (&a, 3), (&b, 2), (&mut whole, 5)).unwrap();
+            let mut helped = vec![f32::NAN; m * n + 5];
+            cpu.matmul_shared(spec, (&a, 3), (&b, 2), (&mut helped, 5), &Eager)
+                .unwrap();
+            let mut alone = vec![f32::NAN; m * n + 5];
+            cpu.matmul_shared(spec, (&a, 3), (&b, 2), (&mut alone, 5), &Alone)
+                .unwrap();
+            let case = format!("{m}x{n}x{k} {a_transposed} {b_transposed}");
+            assert_eq!(bits(&helped), bits(&alone), "{case}");
+            assert_eq!(
+                bits(&helped[..5]),
+                bits(&[f32::NAN; 5]),
+                "{case}: wrote before c"
+            );
+            for (h, w) in helped[5..].iter().zip(&whole[5..]) {
+                assert!(
+                    close(f64::from(*h), f64::from(*w), 1e-5),
+                    "{case}: {h} vs {w}"
+                );
+            }
+        }
+    }
+    let spec = Gemm::nn(4, 4, 4);
+    let (ok, short) = (vec![0.0; 16], vec![0.0; 15]);
+    let err = cpu
+        .matmul_shared(spec, (&ok, 0), (&short, 0), (&mut vec![0.0; 16], 0), &Eager)
+        .unwrap_err();
+    assert_eq!(err.operand, "b");
 }
 
 #[test]

@@ -9,7 +9,7 @@ pub mod ranks;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use tandem_core::{ParamSpan, Replica, ReplicaError, StepLoss, TrainState};
+use tandem_core::{Alone, Helpers, ParamSpan, Replica, ReplicaError, StepLoss, TrainState};
 use tandem_pool::{Device, WorkerPool};
 use tandem_strategy::{Batches, Sgd};
 
@@ -57,6 +57,20 @@ pub trait Model: Send {
     /// gradients of `batch` into `grads` (or leaves the last ones there) and returns the loss.
     fn gradients(&mut self, call: u64, batch: &[u32], params: &[f32], grads: &mut [f32]) -> Loss;
 
+    /// [`gradients`](Self::gradients) where `helpers` (the other workers) may take part: what
+    /// a replica computing from lent parameters is given.
+    fn gradients_helped(
+        &mut self,
+        call: u64,
+        batch: &[u32],
+        params: &[f32],
+        grads: &mut [f32],
+        helpers: &dyn Helpers,
+    ) -> Loss {
+        let _ = helpers;
+        self.gradients(call, batch, params, grads)
+    }
+
     /// Hands the gradients to `read`, the strategy reading them.
     fn read_gradients(&mut self, grads: &[f32], read: &mut dyn FnMut(&[f32])) {
         read(grads);
@@ -81,11 +95,16 @@ pub struct TestReplica<M> {
 }
 
 impl<M: Model> TestReplica<M> {
-    fn compute_with(&mut self, lent: Option<&[f32]>, batch: &[u32]) -> Result<f32, ReplicaError> {
+    fn compute_with(
+        &mut self,
+        lent: Option<&[f32]>,
+        batch: &[u32],
+        helpers: &dyn Helpers,
+    ) -> Result<f32, ReplicaError> {
         self.calls += 1;
         let params = lent.unwrap_or(&self.params);
         self.model
-            .gradients(self.calls, batch, params, &mut self.grads)
+            .gradients_helped(self.calls, batch, params, &mut self.grads, helpers)
     }
 }
 
@@ -99,12 +118,13 @@ impl<M: Model> Replica for TestReplica<M> {
         Ok(())
     }
     fn compute_gradients(&mut self, batch: &[u32]) -> Result<StepLoss, ReplicaError> {
-        self.compute_with(None, batch).map(StepLoss::Known)
+        self.compute_with(None, batch, &Alone).map(StepLoss::Known)
     }
     fn compute_gradients_from(
         &mut self,
         params: &Vec<f32>,
         batch: &[u32],
+        helpers: &dyn Helpers,
     ) -> Result<Option<StepLoss>, ReplicaError> {
         if !self.borrows {
             return Ok(None);
@@ -114,7 +134,7 @@ impl<M: Model> Replica for TestReplica<M> {
             self.params.len(),
             "lent parameters of another model"
         );
-        self.compute_with(Some(params), batch)
+        self.compute_with(Some(params), batch, helpers)
             .map(|loss| Some(StepLoss::Known(loss)))
     }
     fn read_gradients(&mut self, read: &mut dyn FnMut(&[f32])) -> Result<(), ReplicaError> {
