@@ -2,7 +2,7 @@
 //! and two CPU workers, alternated round after round (these machines are noisy), with the median
 //! examples/sec of each configuration and its fraction of the floor: the rate of a step's
 //! matrix products alone on as many threads at once as there are workers (`gemm-floor` of
-//! tandem-benches), measured at the start of each round.
+//! tandem-benches), measured just before each run.
 
 use std::path::Path;
 use std::process::Command;
@@ -32,20 +32,16 @@ pub fn train(root: &Path, rounds: u64, epochs: u64) -> Result<()> {
     let floor_binary = root.join("target/release/gemm-floor");
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); CONFIGS.len()];
     let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); CONFIGS.len()];
-    let mut floors = Vec::new();
+    // The floors measured, for one and two threads.
+    let mut floors: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     for round in 1..=rounds {
-        // The floors of this round, for one and two workers: the matrix products alone on as
-        // many threads at once, measured beside its trainings.
-        let floor: Vec<f64> = ["1", "2"]
-            .iter()
-            .map(|threads| floor_rate(&output(Command::new(&floor_binary).arg(threads))?))
-            .collect::<Result<_>>()?;
-        println!(
-            "round {round}: gemm floor {:>8.0} examples/sec on 1 thread, {:>8.0} on 2",
-            floor[0], floor[1]
-        );
-        floors.push(floor.clone());
         for (i, (mode, workers)) in CONFIGS.iter().enumerate() {
+            // The floor of this run: the products alone on as many threads at once, measured
+            // just before it (the machine's speed drifts within seconds).
+            let floor = floor_rate(&output(
+                Command::new(&floor_binary).arg(workers.to_string()),
+            )?)?;
+            floors[workers - 1].push(floor);
             let text = output(Command::new(&binary).current_dir(root).args([
                 &format!("--{mode}"),
                 "--devices",
@@ -57,18 +53,17 @@ pub fn train(root: &Path, rounds: u64, epochs: u64) -> Result<()> {
             ]))?;
             let rate = field(&text, "examples/sec:")?;
             let accuracy = field(&text, "test accuracy:")?;
-            let ratio = rate / floor[workers - 1];
+            let ratio = rate / floor;
             println!(
-                "round {round}: {mode:5} x{workers}: {rate:>8.0} examples/sec ({ratio:.2} of \
-                 the floor), test accuracy {accuracy:.4}"
+                "round {round}: {mode:5} x{workers}: {rate:>8.0} examples/sec, floor {floor:>8.0} \
+                 ({ratio:.2} of it), test accuracy {accuracy:.4}"
             );
             rates[i].push(rate);
             ratios[i].push(ratio);
         }
     }
     println!("\nmedian of {rounds} alternating runs, {epochs} epochs each:");
-    for threads in [1, 2] {
-        let mut rates: Vec<f64> = floors.iter().map(|f| f[threads - 1]).collect();
+    for (threads, mut rates) in (1..).zip(floors) {
         println!(
             "gemm floor on {threads} thread(s): {:.0} examples/sec",
             median(&mut rates)
