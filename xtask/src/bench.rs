@@ -2,7 +2,7 @@
 //! and two CPU workers, alternated round after round (these machines are noisy), with the median
 //! examples/sec of each configuration and its fraction of the floor: the rate of a step's
 //! matrix products alone on as many threads at once as there are workers (`gemm-floor` of
-//! tandem-benches), measured just before each run.
+//! tandem-benches), measured just before and just after each run.
 
 use std::path::Path;
 use std::process::Command;
@@ -37,11 +37,13 @@ pub fn train(root: &Path, rounds: u64, epochs: u64) -> Result<()> {
     for round in 1..=rounds {
         for (i, (mode, workers)) in CONFIGS.iter().enumerate() {
             // The floor of this run: the products alone on as many threads at once, measured
-            // just before it (the machine's speed drifts within seconds).
-            let floor = floor_rate(&output(
-                Command::new(&floor_binary).arg(workers.to_string()),
-            )?)?;
-            floors[workers - 1].push(floor);
+            // just before it and just after it (the machine's speed drifts within seconds).
+            let measure_floor = || {
+                floor_rate(&output(
+                    Command::new(&floor_binary).arg(workers.to_string()),
+                )?)
+            };
+            let before = measure_floor()?;
             let text = output(Command::new(&binary).current_dir(root).args([
                 &format!("--{mode}"),
                 "--devices",
@@ -51,6 +53,8 @@ pub fn train(root: &Path, rounds: u64, epochs: u64) -> Result<()> {
                 "--log-every",
                 "0",
             ]))?;
+            let floor = (before + measure_floor()?) / 2.0;
+            floors[workers - 1].push(floor);
             let rate = field(&text, "examples/sec:")?;
             let accuracy = field(&text, "test accuracy:")?;
             let ratio = rate / floor;

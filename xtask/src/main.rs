@@ -8,7 +8,7 @@
 //!   GPU machine that has no Rust toolchain.
 //! * `bench-train [--rounds N] [--epochs N]`: whole training runs, sync and async at one and two
 //!   CPU workers, alternated, with the median examples/sec of each and its fraction of the GEMM
-//!   floor measured in the same rounds.
+//!   floor measured just before and after each run.
 //! * `mutants [ARGS]`: mutation testing (cargo-mutants) of the code that decides results.
 
 #[cfg(test)]

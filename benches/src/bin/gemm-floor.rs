@@ -14,9 +14,11 @@ use std::time::Instant;
 use tandem_benches::{random, BATCH, STEP_PRODUCTS};
 use tandem_tensor::cpu;
 
-/// Steps' worth of products timed together, and how many such timings the mean is of.
+/// Steps' worth of products timed together, and how many such timings the mean is of: about
+/// 2.5 seconds in all, so that the machine's swings in speed (a shared host's, over seconds)
+/// weigh in the floor about as they do in a training run.
 const STEPS_PER_SAMPLE: usize = 20;
-const SAMPLES: usize = 15;
+const SAMPLES: usize = 100;
 
 fn main() {
     let threads = match std::env::args().nth(1).map(|arg| arg.parse::<usize>()) {
