@@ -264,6 +264,14 @@ fn assert_bitwise(what: &str, found: &TrainState, expected: &TrainState) {
     }
 }
 
+/// The state after `steps` steps of sync training on `pool` from [`initial_state`].
+fn sync_from_the_start<M: Model>(pool: &mut WorkerPool<TestReplica<M>>, steps: u64) -> TrainState {
+    let mut state = initial_state();
+    let report = sync_train(pool, &mut state, &sgd(), &batches(), steps, &NoObserver).unwrap();
+    assert_eq!(report.steps, steps);
+    state
+}
+
 /// `steps` steps of sync training on `workers` replicas that borrow the store's parameters or
 /// have them copied in; fails if a borrowing replica was ever loaded, or a copying one not
 /// every step.
@@ -275,17 +283,7 @@ fn train_sync(workers: usize, jitter: bool, borrows: bool, steps: u64) -> TrainS
                 true => borrowing_pool(workers, jitter),
                 false => pool(workers, jitter),
             };
-            let mut state = initial_state();
-            let report = sync_train(
-                &mut pool,
-                &mut state,
-                &sgd(),
-                &batches(),
-                steps,
-                &NoObserver,
-            )
-            .unwrap();
-            assert_eq!(report.steps, steps);
+            let state = sync_from_the_start(&mut pool, steps);
             let loads: Vec<u64> = pool.replicas().iter().map(|r| r.loads).collect();
             let expected = if borrows { 0 } else { steps };
             assert_eq!(
@@ -383,17 +381,7 @@ fn workers_done_first_help_a_slow_one_and_the_run_is_unchanged() {
                 for replica in pool.replicas_mut() {
                     replica.borrows = true;
                 }
-                let mut state = initial_state();
-                sync_train(
-                    &mut pool,
-                    &mut state,
-                    &sgd(),
-                    &batches(),
-                    STEPS,
-                    &NoObserver,
-                )
-                .unwrap();
-                state
+                sync_from_the_start(&mut pool, STEPS)
             },
         );
         assert_bitwise(&format!("{workers} workers, helped"), &found, &expected);

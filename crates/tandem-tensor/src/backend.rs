@@ -380,6 +380,29 @@ pub trait Backend: Send {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CpuBackend;
 
+/// A product's `a`, `b` and `c`, each cut to the values it reads or writes.
+type ProductSlices<'a> = (&'a [f32], &'a [f32], &'a mut [f32]);
+
+/// A product's operands checked ([`check::matmul`]) and cut to the values it reads and writes.
+fn matmul_operands<'a>(
+    spec: Gemm,
+    (a, a_at): (&'a Vec<f32>, usize),
+    (b, b_at): (&'a Vec<f32>, usize),
+    (c, c_at): (&'a mut Vec<f32>, usize),
+) -> Result<ProductSlices<'a>, ShapeError> {
+    check::matmul(
+        spec,
+        Operand::at(a.len(), a_at),
+        Operand::at(b.len(), b_at),
+        Operand::at(c.len(), c_at),
+    )?;
+    Ok((
+        &a[a_at..a_at + spec.m * spec.k],
+        &b[b_at..b_at + spec.k * spec.n],
+        &mut c[c_at..c_at + spec.m * spec.n],
+    ))
+}
+
 /// Rows of C per task of [`CpuBackend`]'s [`Backend::matmul_shared`]: the MNIST model's largest
 /// product (784 rows) in 4 tasks, fine enough for a helper to take up to half of it, coarse
 /// enough that the extra calls cost about 2% of the product. Its blocks happen to be bitwise
@@ -463,19 +486,11 @@ impl Backend for CpuBackend {
     fn matmul(
         &self,
         spec: Gemm,
-        (a, a_at): (&Vec<f32>, usize),
-        (b, b_at): (&Vec<f32>, usize),
-        (c, c_at): (&mut Vec<f32>, usize),
+        a: (&Vec<f32>, usize),
+        b: (&Vec<f32>, usize),
+        c: (&mut Vec<f32>, usize),
     ) -> Result<(), ShapeError> {
-        check::matmul(
-            spec,
-            Operand::at(a.len(), a_at),
-            Operand::at(b.len(), b_at),
-            Operand::at(c.len(), c_at),
-        )?;
-        let a = &a[a_at..a_at + spec.m * spec.k];
-        let b = &b[b_at..b_at + spec.k * spec.n];
-        let c = &mut c[c_at..c_at + spec.m * spec.n];
+        let (a, b, c) = matmul_operands(spec, a, b, c)?;
         cpu::matmul(spec, a, b, c);
         Ok(())
     }
@@ -483,20 +498,13 @@ impl Backend for CpuBackend {
     fn matmul_shared(
         &self,
         spec: Gemm,
-        (a, a_at): (&Vec<f32>, usize),
-        (b, b_at): (&Vec<f32>, usize),
-        (c, c_at): (&mut Vec<f32>, usize),
+        a: (&Vec<f32>, usize),
+        b: (&Vec<f32>, usize),
+        c: (&mut Vec<f32>, usize),
         helpers: &dyn Helpers,
     ) -> Result<(), ShapeError> {
-        check::matmul(
-            spec,
-            Operand::at(a.len(), a_at),
-            Operand::at(b.len(), b_at),
-            Operand::at(c.len(), c_at),
-        )?;
-        let a = &a[a_at..a_at + spec.m * spec.k];
-        let b = &b[b_at..b_at + spec.k * spec.n];
-        let blocks: Vec<Mutex<&mut [f32]>> = c[c_at..c_at + spec.m * spec.n]
+        let (a, b, c) = matmul_operands(spec, a, b, c)?;
+        let blocks: Vec<Mutex<&mut [f32]>> = c
             .chunks_mut(SHARED_ROWS * spec.n.max(1))
             .map(Mutex::new)
             .collect();
