@@ -6,6 +6,7 @@
 //! Every task writes its own part of the owner's buffers and computes it exactly as the owner
 //! would, so who runs it never changes the run's numbers.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use tandem_core::Helpers;
@@ -28,14 +29,28 @@ unsafe impl Send for Posted {}
 /// One slot of posted tasks per worker.
 pub(crate) struct Board {
     slots: Vec<Mutex<Option<Posted>>>,
+    /// Whether every worker has a core of its own: otherwise a worker waiting busy for work
+    /// takes the core of one that has work.
+    cores_enough: bool,
+    /// Whether any worker has posted tasks yet (replicas on a device never do).
+    posted: AtomicBool,
 }
 
 impl Board {
     /// A board for `workers` workers.
     pub fn new(workers: usize) -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
         Self {
             slots: (0..workers).map(|_| Mutex::new(None)).collect(),
+            cores_enough: workers <= cores,
+            posted: AtomicBool::new(false),
         }
+    }
+
+    /// Whether a worker waiting for the others should wait busy, ready to help: where every
+    /// worker has a core and the workers share tasks out.
+    pub fn worth_waiting_for(&self) -> bool {
+        self.cores_enough && self.posted.load(Ordering::Relaxed)
     }
 
     /// `worker`'s helpers: the other workers, through this board.
@@ -104,6 +119,7 @@ impl Helpers for WorkerHelpers<'_> {
         // unwinds; helpers call `task` only for tasks counted as running under the slot's lock.
         let erased: *const (dyn Fn(usize) + Sync + '_) = task;
         let erased: *const (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(erased) };
+        self.board.posted.store(true, Ordering::Relaxed);
         *self.board.slot(self.worker) = Some(Posted {
             task: erased,
             count,

@@ -86,7 +86,11 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R> + ?Sized>(
             }
             store.publish(me, replica)?;
             // Waiting for the others, it finishes what they share out of their steps.
-            ctx.barrier_helping(&mut || board.help(me))?;
+            if board.worth_waiting_for() {
+                ctx.barrier_helping(&mut || board.help(me))?;
+            } else {
+                ctx.barrier()?;
+            }
             let epoch = epochs.epoch_at(step);
             store.update_share(me, step, epoch)?;
             let mut data_loss = 0.0;
