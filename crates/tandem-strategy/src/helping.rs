@@ -22,6 +22,16 @@ struct Posted {
     running: usize,
 }
 
+impl Posted {
+    /// The next task nobody has taken yet, now taken.
+    fn take(&mut self) -> Option<usize> {
+        (self.next < self.count).then(|| {
+            self.next += 1;
+            self.next - 1
+        })
+    }
+}
+
 // SAFETY: `task` points to a `Sync` closure (callable from any thread) that outlives every call
 // made through the board (see `WorkerHelpers::share`).
 unsafe impl Send for Posted {}
@@ -72,11 +82,9 @@ impl Board {
         let others = (worker + 1..self.slots.len()).chain(0..worker);
         for owner in others {
             let taken = self.slot(owner).as_mut().and_then(|posted| {
-                (posted.next < posted.count).then(|| {
-                    posted.next += 1;
-                    posted.running += 1;
-                    (posted.task, posted.next - 1)
-                })
+                let index = posted.take()?;
+                posted.running += 1;
+                Some((posted.task, index))
             });
             if let Some((task, index)) = taken {
                 let _running = Running { board: self, owner };
@@ -128,12 +136,7 @@ impl Helpers for WorkerHelpers<'_> {
         });
         let _withdraw = Withdraw(self);
         loop {
-            let next = self.board.slot(self.worker).as_mut().and_then(|posted| {
-                (posted.next < posted.count).then(|| {
-                    posted.next += 1;
-                    posted.next - 1
-                })
-            });
+            let next = self.board.slot(self.worker).as_mut().and_then(Posted::take);
             match next {
                 Some(index) => task(index),
                 None => break,
