@@ -1,9 +1,11 @@
 //! Asynchronous data parallelism (parameter-server style).
 //!
 //! The parameters of record live in a sharded store. Each worker, on its own schedule, takes
-//! the next batch ticket, copies the current parameters from the store, computes gradients on
-//! that batch and applies its update to the store at once, shard by shard under each shard's
-//! lock, so no update is lost. Nobody waits for anybody: an update may be computed from
+//! the next batch ticket, computes gradients on that batch from its copy of the current
+//! parameters and applies its update to the store at once, shard by shard under each shard's
+//! lock, so no update is lost. Where the store can, the update also refreshes the worker's copy
+//! as it goes, each shard just after writing it, for the next step, which starts at once;
+//! otherwise the worker copies the parameters from the store before each step. Nobody waits for anybody: an update may be computed from
 //! parameters that others have changed since (its staleness, recorded for every update).
 //!
 //! A worker that fails drops out; the others carry on and the report lists the failure. The
@@ -53,18 +55,29 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R> + ?Sized>(
         // Asked after each update, so that a stop requested before the first still lets every
         // worker finish one.
         let mut stop = false;
-        while let Some((ticket, read_version)) = schedule.ticket(lane, stop) {
+        // The version of the parameters the replica holds, where its last update left them
+        // there; each run loads first (the store may have been reset between runs).
+        let mut holds = None;
+        while let Some((ticket, latest)) = schedule.ticket(lane, stop) {
             ctx.set_step(ticket + 1);
-            store.load(ctx.worker(), replica)?;
+            let read_version = match holds.take() {
+                Some(version) => version,
+                None => {
+                    store.load(ctx.worker(), replica)?;
+                    latest
+                }
+            };
             order.fill(epochs.position(ticket), &mut batch);
             step_losses.record(ticket + 1, replica.compute_gradients(&batch)?)?;
             let (mut step, mut epoch) = (0, 0.0);
-            store.apply((ctx.worker(), workers), replica, &mut || {
+            let refreshed = store.apply((ctx.worker(), workers), replica, &mut || {
                 step = schedule.begin(lane);
                 epoch = epochs.epoch_at(step);
                 (step, epoch)
             })?;
             schedule.complete();
+            // It holds every update begun up to its own.
+            holds = refreshed.then_some(step + 1);
             if !measured {
                 tally.add(step - read_version);
             }

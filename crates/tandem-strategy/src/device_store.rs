@@ -613,7 +613,7 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for DeviceStore<'_, O> {
         (worker, workers): (usize, usize),
         _: &mut R,
         begin: &mut dyn FnMut() -> (u64, f64),
-    ) -> Result<(), ReplicaError> {
+    ) -> Result<bool, ReplicaError> {
         let Record::Async {
             params,
             ema,
@@ -661,7 +661,8 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for DeviceStore<'_, O> {
             unsafe { queue.run(&ops)? };
             queue.record(&**event)?;
         }
-        Ok(())
+        // The replica loads from the record on the device before its next step.
+        Ok(false)
     }
 
     fn l2_loss(&self, worker: usize, weight_decay: f32) -> Result<f32, ReplicaError> {

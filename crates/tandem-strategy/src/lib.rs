@@ -191,19 +191,13 @@ fn run<R: Replica, O: Optimizer + ?Sized>(
                     pool.len(),
                 )),
                 None => {
-                    // Sync publishes every worker's gradients into the store; async applies
-                    // them at once.
-                    let gradient_slots = match mode {
-                        Mode::Sync => pool.len(),
-                        Mode::Async => 0,
-                    };
                     // Beside replicas that compute on one device, the parameters of record
                     // stay there.
                     match DeviceStore::open(mode, pool.replicas(), state, &layout, optimizer)
                         .map_err(TrainError::Device)?
                     {
                         Some(store) => Box::new(store),
-                        None => Box::new(HostStore::new(state, &layout, optimizer, gradient_slots)),
+                        None => Box::new(HostStore::new(state, &layout, optimizer, pool.len())),
                     }
                 }
             };

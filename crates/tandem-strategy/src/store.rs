@@ -13,7 +13,7 @@ use tandem_tensor::cpu;
 mod ranked;
 mod shards;
 pub(crate) use ranked::{RankedAsyncStore, RankedSyncStore};
-use shards::Shards;
+use shards::{ShardWrite, Shards};
 
 /// Parameters per shard: small enough that workers updating different shards rarely wait for
 /// each other, large enough that locking costs nothing next to the arithmetic.
@@ -59,15 +59,22 @@ pub trait ParamStore<R: Replica>: Sync {
     fn update_share(&self, worker: usize, step: u64, epoch: f64) -> Result<(), ReplicaError>;
 
     /// Asynchronous: applies `replica`'s gradients of its last step as one update, at once
-    /// for this worker (`worker_of`: the worker and how many there are), while others may update too (each piece under
-    /// its own lock, each worker starting at its own piece so that workers rarely queue). `begin` is called once, just before the
-    /// first piece is written, and returns the update's step and epoch.
+    /// for this worker (`worker_of`: the worker and how many there are), while others may
+    /// update too (each piece under its own lock, each worker starting at its own piece so
+    /// that workers rarely queue). `begin` is called once, just before the first piece is
+    /// written, and returns the update's step and epoch.
+    ///
+    /// Returns whether it also gave `replica` the parameters as it left them, each piece read
+    /// just after this update wrote it (while it is still in cache): the worker's next step,
+    /// which starts at once, computes from them without a [`load`](Self::load). They are the
+    /// latest but for what other workers write to a piece between its update and the step's
+    /// start, which the step after sees.
     fn apply(
         &self,
         worker_of: (usize, usize),
         replica: &mut R,
         begin: &mut dyn FnMut() -> (u64, f64),
-    ) -> Result<(), ReplicaError>;
+    ) -> Result<bool, ReplicaError>;
 
     /// Asynchronous: whether the store measures staleness itself, where the updates land
     /// ([`take_staleness`](Self::take_staleness)); otherwise (the default) the strategy counts
@@ -130,10 +137,13 @@ fn load_then_compute<R: Replica, S: ParamStore<R> + ?Sized>(
 
 /// The parameters of record in host memory, split into shards that are locked one at a time,
 /// so that workers can read and update different parts at once. Shards never straddle two
-/// parameter spans, so each one is either regularised or not. For synchronous training it
-/// also holds one gradient buffer per worker, and lends the parameters to replicas that
-/// compute in host memory ([`Replica::compute_gradients_from`]): every worker reads the same
-/// parameters between the barriers, so none needs a copy of its own.
+/// parameter spans, so each one is either regularised or not. It holds one gradient buffer per
+/// worker, which replicas in host memory exchange theirs with rather than copy them. In
+/// synchronous training it lends the parameters to such replicas
+/// ([`Replica::compute_gradients_from`]): every worker reads the same parameters between the
+/// barriers, so none needs a copy of its own. In asynchronous training each needs a copy (the
+/// parameters change under a step), and an update writes it shard by shard as it goes
+/// ([`ParamStore::apply`]), rather than the next step reading every shard again.
 pub struct HostStore<'o, O: Optimizer + ?Sized> {
     optimizer: &'o O,
     shards: Shards,
@@ -217,7 +227,7 @@ fn shares(starts: &[usize], len: usize, workers: usize) -> Vec<Range<usize>> {
 
 impl<'o, O: Optimizer + ?Sized> HostStore<'o, O> {
     /// A store holding `state`'s parameters and optimiser state in `layout`'s spans, with
-    /// gradient buffers for `workers` synchronous workers (0 for asynchronous training).
+    /// gradient buffers for `workers` workers.
     /// `state` must fit `layout` and `optimizer` (the strategies check it first).
     pub fn new(state: &TrainState, layout: &[ParamSpan], optimizer: &'o O, workers: usize) -> Self {
         Self::with_shares(state, layout, optimizer, workers, workers)
@@ -251,11 +261,35 @@ impl<'o, O: Optimizer + ?Sized> HostStore<'o, O> {
         }
     }
 
-    /// Applies one update to shard `index` with `grads` (whole flat vectors).
-    fn update(&self, index: usize, grads: &[&[f32]], step: u64, epoch: f64) {
-        self.shards
-            .write(index)
-            .update(self.optimizer, grads, 0, step, epoch);
+    /// Applies one update to shard `index` with `grads` (whole flat vectors), and hands the
+    /// shard to `written` before unlocking it.
+    fn update(
+        &self,
+        index: usize,
+        grads: &[&[f32]],
+        (step, epoch): (u64, f64),
+        written: &mut dyn FnMut(&ShardWrite<'_>),
+    ) {
+        let mut shard = self.shards.write(index);
+        shard.update(self.optimizer, grads, 0, step, epoch);
+        written(&shard);
+    }
+
+    /// One asynchronous update with `grads` (a whole flat vector) of every shard, worker
+    /// `worker` of `workers` starting at its own; see [`ParamStore::apply`].
+    fn update_all(
+        &self,
+        (worker, workers): (usize, usize),
+        grads: &[f32],
+        begin: &mut dyn FnMut() -> (u64, f64),
+        written: &mut dyn FnMut(&ShardWrite<'_>),
+    ) {
+        let shards = self.shards.len();
+        let first = worker * shards / workers.max(1);
+        let step = begin();
+        for shard in (first..shards).chain(0..first) {
+            self.update(shard, &[grads], step, written);
+        }
     }
 }
 
@@ -310,25 +344,34 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for HostStore<'_, O> {
                 .claim(&self.shares, worker, step)
         };
         while let Some(shard) = claim() {
-            self.update(shard, &all, step, epoch);
+            self.update(shard, &all, (step, epoch), &mut |_| {});
         }
         Ok(())
     }
 
     fn apply(
         &self,
-        (worker, workers): (usize, usize),
+        worker_of: (usize, usize),
         replica: &mut R,
         begin: &mut dyn FnMut() -> (u64, f64),
-    ) -> Result<(), ReplicaError> {
-        let shards = self.shards.len();
-        let first = worker * shards / workers.max(1);
-        replica.read_gradients(&mut |g| {
-            let (step, epoch) = begin();
-            for shard in (first..shards).chain(0..first) {
-                self.update(shard, &[g], step, epoch);
+    ) -> Result<bool, ReplicaError> {
+        // Where the replica's gradients are host memory, they change places with the worker's
+        // buffer, and its parameters are written from each shard just updated.
+        if let Some(slot) = self.grads.get(worker_of.0) {
+            let mut grads = slot.write().unwrap_or_else(|p| p.into_inner());
+            if replica.exchange_gradients(&mut grads)? {
+                replica.set_params(&mut |params| {
+                    self.update_all(worker_of, &grads, begin, &mut |shard| {
+                        params[shard.range()].copy_from_slice(shard.params());
+                    })
+                })?;
+                return Ok(true);
             }
-        })
+        }
+        replica.read_gradients(&mut |grads| {
+            self.update_all(worker_of, grads, begin, &mut |_| {});
+        })?;
+        Ok(false)
     }
 
     fn l2_loss(&self, _: usize, weight_decay: f32) -> Result<f32, ReplicaError> {
@@ -464,7 +507,7 @@ mod tests {
                     // Last shard first (asynchronous workers start at different shards): an
                     // update that begins during a copy writes ahead of it.
                     for shard in (0..shards).rev() {
-                        store.update(shard, &[&ones], STEP, 0.0);
+                        store.update(shard, &[&ones], (STEP, 0.0), &mut |_| {});
                         // Leaves the update half-applied for a while, as a preempted worker
                         // would, so that copies meet it.
                         std::thread::yield_now();

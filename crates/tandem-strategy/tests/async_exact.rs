@@ -10,6 +10,8 @@ mod common;
 
 use common::{async_train, sync_train};
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::{across, ema, pool_of, weights_and_bias, within, Loss, Model, TestReplica};
@@ -47,10 +49,24 @@ fn initial_state() -> TrainState {
 struct Constant {
     poison_at: Option<u64>,
     worker: usize,
+    /// The fewest steps that the parameters a step computes from may have moved by (the state a
+    /// run starts from), where the test sets it.
+    moved_at_least: Option<Arc<AtomicU64>>,
 }
 
 impl Model for Constant {
-    fn gradients(&mut self, call: u64, _batch: &[u32], _params: &[f32], grads: &mut [f32]) -> Loss {
+    fn gradients(&mut self, call: u64, _batch: &[u32], params: &[f32], grads: &mut [f32]) -> Loss {
+        if let Some(least) = &self.moved_at_least {
+            let moved = (initial_state().params[0] - params[0]) / LR;
+            let least = least.load(Ordering::Acquire);
+            if moved < least as f32 {
+                return Err(format!(
+                    "a step computed from parameters {moved} steps from the start, \
+                                    where the run started from {least}"
+                )
+                .into());
+            }
+        }
         // A little time that differs from worker to worker and call to call, so that updates
         // interleave differently.
         let wait = (call * 7 + self.worker as u64 * 13) % 5;
@@ -69,7 +85,18 @@ fn pool(workers: usize, poisoned: Option<(usize, u64)>) -> WorkerPool<TestReplic
     pool_of(workers, layout(), 1000, |worker| Constant {
         poison_at: poisoned.and_then(|(w, at)| (w == worker).then_some(at)),
         worker,
+        moved_at_least: None,
     })
+}
+
+/// [`pool`] of replicas whose gradients are host memory, as CPU replicas' are: a store takes
+/// them in exchange for a buffer of its own, and its update leaves the parameters in them.
+fn host_pool(workers: usize) -> WorkerPool<TestReplica<Constant>> {
+    let mut pool = pool(workers, None);
+    pool.replicas_mut()
+        .iter_mut()
+        .for_each(|r| r.exchanges = true);
+    pool
 }
 
 /// A constant learning rate of [`LR`], no L2.
@@ -168,22 +195,70 @@ fn every_async_update_reaches_every_shard_exactly_once() {
     }
 }
 
-/// A second segment on the same pool continues where the first stopped, losing nothing.
+/// Replicas in host memory, whose updates leave the parameters in them for their next step:
+/// every update still reaches every parameter once, and a worker loads the parameters only at
+/// the start of a run (its parameters are set once then and once by each of its updates).
+#[test]
+fn async_updates_that_leave_the_parameters_in_the_replica_lose_nothing() {
+    const UPDATES: u64 = 120;
+    for workers in [2, 3] {
+        let what = format!("async, {workers} workers in host memory");
+        let (state, report, loads) = within(&what, move || {
+            let mut pool = host_pool(workers);
+            let (mut state, sgd, batches) = (initial_state(), sgd(), batches());
+            let report = async_train(&mut pool, &mut state, &sgd, &batches, UPDATES, &NoObserver);
+            // Parameters set per replica, and what they would be with one load when the run
+            // starts and one as each of its updates goes.
+            let loads: Vec<(u64, u64)> = pool
+                .replicas()
+                .iter()
+                .map(|r| (r.loads, r.calls + 1))
+                .collect();
+            (state, report, loads)
+        });
+        let report = report.unwrap();
+        assert!(report.failures.is_empty(), "{what}: {:?}", report.failures);
+        for (loads, expected) in loads {
+            assert_eq!(loads, expected, "{what}: parameter loads");
+        }
+        assert_eq!(state.step, UPDATES, "{what}");
+        assert_moved_by(&what, &state, UPDATES);
+    }
+}
+
+/// A second segment on the same pool continues where the first stopped, losing nothing, with
+/// replicas that copy the parameters in before every step and with replicas in host memory
+/// (which must load them again when a run starts: the state may have changed in between).
 #[test]
 fn async_segments_lose_no_update() {
-    let (state, steps) = within("async in three segments", || {
-        let mut pool = pool(4, None);
-        let mut state = initial_state();
-        let mut steps = 0;
-        for end in [30, 31, 90] {
-            steps += async_train(&mut pool, &mut state, &sgd(), &batches(), end, &NoObserver)
-                .unwrap()
-                .steps;
-        }
-        (state, steps)
-    });
-    assert_eq!((steps, state.step), (90, 90));
-    assert_moved_by("async in three segments", &state, 90);
+    for in_host_memory in [false, true] {
+        let what = format!("async in three segments, in host memory: {in_host_memory}");
+        let (state, steps) = within(&what.clone(), move || {
+            let mut pool = match in_host_memory {
+                true => host_pool(4),
+                false => pool(4, None),
+            };
+            let moved = Arc::new(AtomicU64::new(0));
+            for replica in pool.replicas_mut() {
+                replica.model.moved_at_least = Some(Arc::clone(&moved));
+            }
+            let mut state = initial_state();
+            let mut steps = 0;
+            for end in [30, 31, 90] {
+                let start = (initial_state().params[0] - state.params[0]) / LR;
+                moved.store(start as u64, Ordering::Release);
+                steps += async_train(&mut pool, &mut state, &sgd(), &batches(), end, &NoObserver)
+                    .unwrap()
+                    .steps;
+                // What another run does to the state between segments (a resume from another
+                // checkpoint) must reach the next segment's first steps.
+                state.params.iter_mut().for_each(|p| *p -= LR);
+            }
+            (state, steps)
+        });
+        assert_eq!((steps, state.step), (90, 90), "{what}");
+        assert_moved_by(&what, &state, 90 + 3);
+    }
 }
 
 #[test]

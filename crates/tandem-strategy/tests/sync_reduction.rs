@@ -416,37 +416,45 @@ fn sync_in_two_segments_equals_the_trajectory() {
     assert_bitwise("3 workers, 8 + 12 steps", &found, &expected);
 }
 
-/// One asynchronous worker applies exactly the updates one synchronous worker does.
+/// One asynchronous worker applies exactly the updates one synchronous worker does: whether it
+/// copies the parameters in before every step, or (a replica in host memory) its update leaves
+/// them in it for the next step, which must then be exactly the latest.
 #[test]
 fn async_with_one_worker_equals_sync_with_one_worker_bitwise() {
     const STEPS: u64 = 25;
     let expected = expected_sync(&initial_state(), 1, STEPS);
-    let found = within("async training with one worker", || {
-        // Replicas that could borrow: async copies the parameters into them all the same,
-        // since they change under a worker's step.
-        let mut pool = borrowing_pool(1, false);
-        let mut state = initial_state();
-        let report = async_train(
-            &mut pool,
-            &mut state,
-            &sgd(),
-            &batches(),
-            STEPS,
-            &NoObserver,
-        )
-        .unwrap();
-        assert_eq!(report.steps, STEPS);
-        assert!(report.failures.is_empty(), "{:?}", report.failures);
-        assert_eq!(
-            pool.replicas()[0].loads,
-            STEPS,
-            "async loads before every update"
+    // Parameters set: before every step, or when the run starts and by every update.
+    for (in_host_memory, loads) in [(false, STEPS), (true, 1 + STEPS)] {
+        let what = format!("async, 1 worker, in host memory: {in_host_memory}");
+        let found = within(&what.clone(), move || {
+            // Replicas that could borrow: async does not lend the parameters, since they
+            // change under a worker's step.
+            let mut pool = borrowing_pool(1, false);
+            pool.replicas_mut()[0].exchanges = in_host_memory;
+            let mut state = initial_state();
+            let report = async_train(
+                &mut pool,
+                &mut state,
+                &sgd(),
+                &batches(),
+                STEPS,
+                &NoObserver,
+            )
+            .unwrap();
+            assert_eq!(report.steps, STEPS, "{what}");
+            assert!(report.failures.is_empty(), "{what}: {:?}", report.failures);
+            assert_eq!(report.staleness.map(|s| s.max), Some(0), "{what}");
+            assert_eq!(pool.replicas()[0].loads, loads, "{what}: parameter loads");
+            state
+        });
+        assert_bitwise(
+            &format!("async, 1 worker, in host memory: {in_host_memory}"),
+            &found,
+            &expected,
         );
-        state
-    });
-    assert_bitwise("async, 1 worker", &found, &expected);
+    }
     let sync = train_sync(1, false, true, STEPS);
-    assert_bitwise("sync, 1 worker", &sync, &found);
+    assert_bitwise("sync, 1 worker", &sync, &expected);
 }
 
 /// A run over ranks (threads standing in for MPI processes, [`common::ranks`]) is the run of

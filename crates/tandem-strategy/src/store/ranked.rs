@@ -208,7 +208,7 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for RankedSyncStore<'_, '_
         _: (usize, usize),
         _: &mut R,
         _: &mut dyn FnMut() -> (u64, f64),
-    ) -> Result<(), ReplicaError> {
+    ) -> Result<bool, ReplicaError> {
         Err("a synchronous store applies no asynchronous update".into())
     }
 
@@ -600,7 +600,7 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for RankedAsyncStore<'_, '
         (worker, _): (usize, usize),
         replica: &mut R,
         begin: &mut dyn FnMut() -> (u64, f64),
-    ) -> Result<(), ReplicaError> {
+    ) -> Result<bool, ReplicaError> {
         let lane = worker as u16;
         let me = self.ranks.rank();
         replica.read_gradients(&mut |g| {
@@ -630,7 +630,9 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for RankedAsyncStore<'_, '
                 );
             }
             self.update_mine(&g[self.mine().clone()], step);
-        })
+        })?;
+        // The other ranks' parts come with the next ticket.
+        Ok(false)
     }
     /// The L2 term of this rank's part now and the others' as its workers last fetched them.
     fn l2_loss(&self, worker: usize, weight_decay: f32) -> Result<f32, ReplicaError> {

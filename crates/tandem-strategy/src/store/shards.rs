@@ -176,6 +176,11 @@ pub(super) struct ShardWrite<'a> {
 }
 
 impl ShardWrite<'_> {
+    /// The piece's parameters.
+    pub fn params(&self) -> &[f32] {
+        self.params
+    }
+
     /// The piece's parameters, to overwrite.
     pub fn params_mut(&mut self) -> &mut [f32] {
         self.params

@@ -89,6 +89,10 @@ pub struct TestReplica<M> {
     /// ([`Replica::compute_gradients_from`]), as a replica in host memory does, rather than
     /// only from its own copy.
     pub borrows: bool,
+    /// Whether its gradients are host memory that a store may take in exchange for a buffer of
+    /// its own ([`Replica::exchange_gradients`]), as a replica in host memory's are. Its model
+    /// must then write every gradient every step.
+    pub exchanges: bool,
     /// How many times its parameters were set (copied into it).
     pub loads: u64,
     pub model: M,
@@ -141,6 +145,13 @@ impl<M: Model> Replica for TestReplica<M> {
         self.model.read_gradients(&self.grads, read);
         Ok(())
     }
+    fn exchange_gradients(&mut self, buffer: &mut Vec<f32>) -> Result<bool, ReplicaError> {
+        let exchanged = self.exchanges && buffer.len() == self.grads.len();
+        if exchanged {
+            std::mem::swap(buffer, &mut self.grads);
+        }
+        Ok(exchanged)
+    }
     fn training_examples(&self) -> usize {
         self.examples
     }
@@ -167,6 +178,7 @@ pub fn pool_of<M: Model>(
             examples,
             calls: 0,
             borrows: false,
+            exchanges: false,
             loads: 0,
             model: model(worker),
         })
