@@ -8,6 +8,13 @@ pub trait Helpers: Sync {
     /// Runs `task(i)` once for every `i` in `0..count`, on the calling thread and on any helper
     /// that is free meanwhile, and returns when every task has run.
     fn share(&self, count: usize, task: &(dyn Fn(usize) + Sync));
+
+    /// Whether another thread may ever run one of the tasks: where none can, a computation
+    /// may run as one piece instead of tasks (cutting a product into blocks costs time). The
+    /// default: `true`.
+    fn may_help(&self) -> bool {
+        true
+    }
 }
 
 /// No helpers: every task runs on the calling thread, in order.
@@ -18,6 +25,10 @@ impl Helpers for Alone {
     fn share(&self, count: usize, task: &(dyn Fn(usize) + Sync)) {
         (0..count).for_each(task);
     }
+
+    fn may_help(&self) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]
@@ -27,6 +38,7 @@ mod tests {
 
     #[test]
     fn alone_runs_every_task_once_in_order_on_the_calling_thread() {
+        assert!(!Alone.may_help());
         let ran = Mutex::new(Vec::new());
         let me = std::thread::current().id();
         Alone.share(5, &|i| {
