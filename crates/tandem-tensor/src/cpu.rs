@@ -248,28 +248,42 @@ pub fn sgd_ema_update(params: &mut [f32], ema: &mut [f32], grads: &[&[f32]], ste
         weight_decay: wd,
         ema_decay: d,
     } = step;
-    let Some((first, rest)) = grads.split_first() else {
-        return;
-    };
     let inv_n = 1.0 / grads.len() as f32;
-    // Sum the gradients block by block into a small stack buffer: plain vectorisable loops,
-    // always in the order given.
-    const BLOCK: usize = 256;
-    let mut sum = [0.0f32; BLOCK];
-    for (start, (p, e)) in (0..)
-        .step_by(BLOCK)
-        .zip(params.chunks_mut(BLOCK).zip(ema.chunks_mut(BLOCK)))
-    {
-        let g = &mut sum[..p.len()];
-        g.copy_from_slice(&first[start..start + p.len()]);
-        for other in rest {
-            for (acc, x) in g.iter_mut().zip(&other[start..start + p.len()]) {
-                *acc += x;
-            }
-        }
-        for ((p, e), g) in p.iter_mut().zip(e.iter_mut()).zip(g.iter()) {
+    let descend = |p: &mut [f32], e: &mut [f32], g: &[f32]| {
+        for ((p, e), g) in p.iter_mut().zip(e.iter_mut()).zip(g) {
             *p -= lr * (g * inv_n + wd * *p);
             *e = d * *e + (1.0 - d) * *p;
+        }
+    };
+    match grads {
+        [] => {}
+        // One replica's gradients (every async update, sync on one worker): read in place.
+        [only] => descend(params, ema, &only[..params.len()]),
+        // Sum the gradients block by block into a small stack buffer: plain vectorisable
+        // loops, always in the order given, the first two added as they are read.
+        [first, second, rest @ ..] => {
+            const BLOCK: usize = 256;
+            let mut sum = [0.0f32; BLOCK];
+            for (start, (p, e)) in (0..)
+                .step_by(BLOCK)
+                .zip(params.chunks_mut(BLOCK).zip(ema.chunks_mut(BLOCK)))
+            {
+                let span = start..start + p.len();
+                let g = &mut sum[..p.len()];
+                for ((acc, a), b) in g
+                    .iter_mut()
+                    .zip(&first[span.clone()])
+                    .zip(&second[span.clone()])
+                {
+                    *acc = a + b;
+                }
+                for other in rest {
+                    for (acc, x) in g.iter_mut().zip(&other[span.clone()]) {
+                        *acc += x;
+                    }
+                }
+                descend(p, e, g);
+            }
         }
     }
 }
