@@ -166,7 +166,14 @@ fn fused_update_is_the_formula_in_order_and_matches_it_in_f64() {
     let mut rng = ChaCha8Rng::seed_from_u64(4);
     // Not a multiple of the pass's block or of any vector width, so its tails run too.
     let len = 1000;
-    let grads: Vec<Vec<f32>> = (0..4).map(|_| random(len, &mut rng)).collect();
+    // `random`'s values are multiples of 2^-23 whose sums are exact in any order: products of
+    // two have full mantissas and spread exponents, so a reordered sum rounds otherwise.
+    let grads: Vec<Vec<f32>> = (0..4)
+        .map(|_| {
+            let (a, b) = (random(len, &mut rng), random(len, &mut rng));
+            a.iter().zip(&b).map(|(a, b)| a * b * 10.0).collect()
+        })
+        .collect();
     let params = random(len, &mut rng);
     let ema = random(len, &mut rng);
     // A learning rate that is no power of two, so that a reordered descent rounds otherwise.
