@@ -159,7 +159,7 @@ fn elementwise_and_reduction_ops_match_direct_loops() {
 }
 
 /// Within 1e-5 of the formula in f64, and bitwise the formula in f32 taken in the documented
-/// order (the sum left to right, then the descent, then the average), which is what keeps
+/// order (the sum left to right, its mean, the descent, then the moving average), which keeps
 /// runs reproducible from one version of the vectorised pass to the next.
 #[test]
 fn fused_update_is_the_formula_in_order_and_matches_it_in_f64() {
