@@ -2,7 +2,7 @@ use std::path::PathBuf;
 
 use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
 use tandem_pool::DeviceSpec;
-use tandem_strategy::Batches;
+use tandem_strategy::{AsyncRule, Batches, Warmup};
 use tandem_train::sgd::{ema_decay, learning_rate, lr_decay, weight_decay};
 use tandem_train::{Display, Mode, DEFAULT_LOG_EVERY, MAX_STEPS};
 
@@ -98,9 +98,16 @@ pub struct CompareArgs {
     pub report: PathBuf,
 
     /// Devices, one replica each, for both modes: auto (all GPUs, else one CPU worker per
-    /// core), cpu:N, cuda:0,1 or cuda:0x4.
+    /// core), cpu:N, sim:N (simulated workers), cuda:0,1 or cuda:0x4; with --workers, the
+    /// kind of worker: cpu or sim.
     #[arg(long, default_value = "auto", value_name = "SPEC")]
     pub devices: DeviceSpec,
+
+    /// Sweep over worker counts instead (e.g. 1,2,4,8,16): both modes at each count, on the
+    /// kind of --devices (cpu or sim), and a scaling report (sweep.png, sweep.svg, sweep.md:
+    /// final test accuracy, time and examples to 97% and 98%, staleness).
+    #[arg(long, value_name = "N,N,...", value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..=tandem_pool::MAX_REPLICAS as u64))]
+    pub workers: Option<Vec<u64>>,
 
     /// Training budget of each mode, in passes over the 55,000 training examples.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=1000))]
@@ -118,10 +125,19 @@ pub struct CompareArgs {
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=100))]
     pub evals_per_epoch: u64,
 
-    /// Base learning rate of both modes, a finite number > 0 (asynchronous training on many
-    /// workers can need a lower one than the default) [default: 0.8].
+    /// Base learning rate of both modes, a finite number > 0 [default: 0.8].
     #[arg(long = "lr", alias = "learning-rate", value_name = "RATE", allow_negative_numbers = true, value_parser = learning_rate)]
     pub learning_rate: Option<f32>,
+
+    /// What asynchronous updates do about staleness: scaled or plain (see the training
+    /// command's --async-rule).
+    #[arg(long, value_name = "RULE", default_value_t = AsyncRule::DEFAULT, value_parser = async_rule)]
+    pub async_rule: AsyncRule,
+
+    /// Asynchronous training's first epochs on one worker: auto or a number of epochs (see the
+    /// training command's --async-warmup).
+    #[arg(long, value_name = "EPOCHS", default_value_t = Warmup::Auto, value_parser = async_warmup)]
+    pub async_warmup: Warmup,
 
     /// Directory holding the four MNIST IDX files (gzip or plain) [default: $TANDEM_MNIST_DIR,
     /// else data/mnist under the current directory].
@@ -165,8 +181,23 @@ pub struct TrainArgs {
     #[arg(long = "async", id = "asynchronous")]
     pub asynchronous: bool,
 
+    /// What asynchronous updates do about staleness (the other updates that landed between a
+    /// worker's read of the parameters and its update): scaled divides each update's learning
+    /// rate by its staleness (at least 1), plain applies every update at the full rate (which
+    /// diverges from about 4 workers) [default: scaled].
+    #[arg(long, value_name = "RULE", value_parser = async_rule)]
+    pub async_rule: Option<AsyncRule>,
+
+    /// Asynchronous training's first epochs on one worker before the others join: auto (5 on
+    /// 4 or more workers, where stale updates hurt, none on fewer) or a number of epochs (0:
+    /// none) [default: auto].
+    #[arg(long, value_name = "EPOCHS", value_parser = async_warmup)]
+    pub async_warmup: Option<Warmup>,
+
     /// Devices, one replica each: auto (all GPUs, else one CPU worker per core), cpu:N,
-    /// cuda:0,1 (GPUs 0 and 1) or cuda:0x4 (four replicas on GPU 0); at most 256 replicas.
+    /// cuda:0,1 (GPUs 0 and 1), cuda:0x4 (four replicas on GPU 0) or sim:N (N simulated
+    /// workers: exactly as N equally fast parallel workers would train, at one core's speed);
+    /// at most 256 replicas.
     #[arg(long, default_value = "auto", value_name = "SPEC")]
     pub devices: DeviceSpec,
 
@@ -265,6 +296,18 @@ pub const MAX_EPOCHS: u64 = 100_000;
 /// The largest per-worker batch: the training set has 55,000 examples.
 pub const MAX_BATCH: u64 = 60_000;
 
+/// `--async-rule`: a rule's name.
+pub fn async_rule(text: &str) -> Result<AsyncRule, String> {
+    text.parse()
+        .map_err(|e: tandem_strategy::UnknownRule| e.to_string())
+}
+
+/// `--async-warmup`: auto or a number of epochs.
+pub fn async_warmup(text: &str) -> Result<Warmup, String> {
+    text.parse()
+        .map_err(|e: tandem_strategy::InvalidWarmup| e.to_string())
+}
+
 /// `--init-stddev`: in (0, 10].
 pub fn init_stddev(text: &str) -> Result<f32, String> {
     tandem_train::parse_finite(
@@ -317,6 +360,8 @@ mod tests {
             ("weight-decay", h.weight_decay.to_string()),
             ("ema-decay", h.ema_decay.to_string()),
             ("init-stddev", DEFAULT_INIT_STDDEV.to_string()),
+            ("async-rule", AsyncRule::DEFAULT.to_string()),
+            ("async-warmup", Warmup::Auto.to_string()),
             ("seed", b.seed.to_string()),
         ]
     }

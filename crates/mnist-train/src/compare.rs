@@ -6,9 +6,10 @@
 use anyhow::{bail, Context, Result};
 use tandem_core::TrainState;
 use tandem_model::Mlp;
+use tandem_pool::DeviceSpec;
 use tandem_strategy::{Batches, Epochs, Sgd};
 use tandem_tensor::CpuBackend;
-use tandem_train::report::{self, Point, Report, Run};
+use tandem_train::report::{self, Point, Report, Run, Sweep, SweepPoint};
 use tandem_train::{out, Fresh, Interrupt, Length, Mode, Plan, Start, Trainer, Watch};
 
 use crate::cli::{CompareArgs, DEFAULT_INIT_STDDEV};
@@ -30,10 +31,13 @@ pub fn run(args: &CompareArgs) -> Result<()> {
     })?;
     let data = data::load(args.data_dir.as_deref())?;
     let interrupt = Interrupt::on_ctrl_c()?;
+    if let Some(counts) = &args.workers {
+        return sweep(args, counts, &data, &interrupt);
+    }
     let mut runs = Vec::new();
     let mut devices = Vec::new();
     for mode in [Mode::Sync, Mode::Async] {
-        let (run, names) = train(mode, args, &data, &interrupt)?;
+        let (run, names) = train(mode, args, &args.devices, &data, &interrupt)?;
         runs.push(run);
         devices = names;
     }
@@ -54,6 +58,55 @@ pub fn run(args: &CompareArgs) -> Result<()> {
         runs,
     };
     let written = report::write(&report, &args.report)?;
+    out!();
+    out!("{}", written.table.trim_end());
+    out!();
+    for path in written.paths() {
+        out!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// `compare --workers`: both modes at each worker count, on CPU or simulated workers, then
+/// the scaling report.
+fn sweep(args: &CompareArgs, counts: &[u64], data: &Data, interrupt: &Interrupt) -> Result<()> {
+    let (kind, spec): (&str, fn(usize) -> DeviceSpec) = match args.devices {
+        DeviceSpec::Sim(_) => ("sim", DeviceSpec::Sim),
+        DeviceSpec::Cpu(_) => ("cpu", DeviceSpec::Cpu),
+        ref other => bail!(
+            "--workers sweeps CPU or simulated workers: give --devices cpu or --devices sim, \
+             not {other}"
+        ),
+    };
+    let mut points = Vec::new();
+    for workers in counts.iter().map(|&n| n as usize) {
+        let mut runs = Vec::new();
+        let mut devices = Vec::new();
+        for mode in [Mode::Sync, Mode::Async] {
+            let (run, names) = train(mode, args, &spec(workers), data, interrupt)?;
+            runs.push(run);
+            devices = names;
+        }
+        points.push(SweepPoint {
+            workers,
+            devices,
+            runs,
+        });
+    }
+    let sweep = Sweep {
+        title: "MNIST 784-500-10".into(),
+        heading: format!(
+            "tandem: synchronous vs asynchronous data parallelism on MNIST as workers grow ({kind})"
+        ),
+        kind: kind.into(),
+        epochs: args.epochs,
+        batch_size: args.batch_size as usize,
+        seed: args.seed,
+        async_rule: format!("{}, warm-up {}", args.async_rule, args.async_warmup),
+        milestones: MILESTONES.to_vec(),
+        points,
+    };
+    let written = report::write_sweep(&sweep, &args.report)?;
     out!();
     out!("{}", written.table.trim_end());
     out!();
@@ -84,6 +137,7 @@ fn segment_ends(epochs: Epochs, count: u64, per_epoch: u64) -> Vec<u64> {
 fn train(
     mode: Mode,
     args: &CompareArgs,
+    devices: &DeviceSpec,
     data: &Data,
     interrupt: &Interrupt,
 ) -> Result<(Run, Vec<String>)> {
@@ -93,6 +147,8 @@ fn train(
     };
     let start = Start::Fresh(Fresh {
         mode,
+        async_rule: args.async_rule,
+        async_warmup: args.async_warmup,
         optimizer: Sgd {
             learning_rate: args.learning_rate.unwrap_or(Sgd::DEFAULT.learning_rate),
             ..Sgd::DEFAULT
@@ -103,7 +159,7 @@ fn train(
         params: model::initial_params(DEFAULT_INIT_STDDEV, args.seed),
     });
     let model = Mnist { train: &data.train };
-    let mut trainer = Trainer::open(model, start, &model::setup(&args.devices), None)?;
+    let mut trainer = Trainer::open(model, start, &model::setup(devices), None)?;
     let config = trainer.config.clone();
     let epochs = config.epochs(data.train.len());
     let plan = Plan {

@@ -74,7 +74,9 @@ impl tandem_train::Model for Mnist<'_> {
     fn open(&self, device: &Device, batch: usize) -> Result<Box<dyn Replica>, ReplicaError> {
         let (mlp, train) = (Mlp::MNIST, self.train);
         match device {
-            Device::Cpu { .. } => Ok(Box::new(MlpReplica::new(mlp, CpuBackend, train, batch)?)),
+            Device::Cpu { .. } | Device::Sim { .. } => {
+                Ok(Box::new(MlpReplica::new(mlp, CpuBackend, train, batch)?))
+            }
             #[cfg(feature = "cuda")]
             Device::Cuda { ordinal } => {
                 let backend = tandem_kernels::CudaBackend::new(*ordinal)?;

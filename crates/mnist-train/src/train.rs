@@ -9,7 +9,7 @@ use serde_json::json;
 use tandem_strategy::{Batches, Ranks, Sgd};
 use tandem_train::{
     out, output, Checkpoints, Fresh, Interrupt, Length, Mode, Progress, Requested, Resume, Setup,
-    Start, Summary, Trainer, Watch,
+    Start, Summary, Trainer, Warmup, Watch, ASYNC_RULE, ASYNC_WARMUP,
 };
 
 use crate::cli::{TrainArgs, DEFAULT_EPOCHS, DEFAULT_INIT_STDDEV};
@@ -32,6 +32,8 @@ fn start(args: &TrainArgs) -> Result<Start<Sgd>> {
         };
         return Ok(Start::Fresh(Fresh {
             mode: args.mode().unwrap_or(Mode::Sync),
+            async_rule: args.async_rule.unwrap_or_default(),
+            async_warmup: args.async_warmup.unwrap_or(Warmup::Auto),
             optimizer: Sgd {
                 learning_rate: args.learning_rate.unwrap_or(sgd.learning_rate),
                 lr_decay: args.lr_decay.unwrap_or(sgd.lr_decay),
@@ -57,6 +59,8 @@ fn start(args: &TrainArgs) -> Result<Start<Sgd>> {
     }
     let requested = [
         given("mode", "--sync/--async", args.mode().map(Mode::name)),
+        given(ASYNC_RULE, "--async-rule", args.async_rule),
+        given(ASYNC_WARMUP, "--async-warmup", args.async_warmup),
         given("batch_size", "--batch-size", args.batch_size),
         given("learning_rate", "--lr", args.learning_rate),
         given("lr_decay", "--lr-decay", args.lr_decay),
@@ -178,17 +182,6 @@ fn train(args: &TrainArgs, ranks: Option<Arc<dyn Ranks>>) -> Result<Option<i32>>
             .map(|p| format!(", resumed from {}", p.display()))
             .unwrap_or_default()
     ));
-    // Measured on a 16-core machine: 3,000 async steps at 0.8 reached 0.19-0.22 test accuracy on
-    // cpu:4 and 0.11 on cpu:8; cuda:0x4 at --lr 0.4 reached 0.977.
-    let lr = config.optimizer.learning_rate;
-    if config.mode == Mode::Async && config.workers >= 4 && lr >= Sgd::DEFAULT.learning_rate {
-        output::warn(format!(
-            "warning: asynchronous training on {} workers at a learning rate of {lr} can \
-             diverge (every worker applies the full rate); if the loss does not fall, train \
-             at --lr 0.4 (4 workers) or lower",
-            config.workers
-        ));
-    }
     let watch = Watch {
         progress: Some(&progress),
         log_every: args.log_every,
@@ -265,7 +258,17 @@ fn summarise(
     let validation = data::accuracy(state, &data.validation)?;
     let test = data::accuracy(state, &data.test)?;
     out!("== summary ==");
-    out!("mode:                {}", trainer.config.mode.name());
+    match trainer.config.mode {
+        Mode::Sync => out!("mode:                sync"),
+        Mode::Async => out!(
+            "mode:                async, rule {}, warm-up {} epoch(s) on one worker",
+            trainer.config.async_rule,
+            trainer
+                .config
+                .async_warmup
+                .epochs(trainer.config.workers * ranks.map_or(1, |r| r.ranks()))
+        ),
+    }
     out!(
         "devices:             {} [{}]",
         trainer.config.workers,

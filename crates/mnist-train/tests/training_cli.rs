@@ -288,17 +288,75 @@ fn without_data_it_says_where_it_looked_and_how_to_point_at_the_files() {
     assert!(out.status.success(), "{}", stderr(&out));
 }
 
-/// Async on 4 or more workers at the default learning rate warns (it can diverge); a lower
-/// rate, fewer workers or sync do not.
+/// Async on many workers trains at the default flags with no warning to lower the rate, and
+/// the summary says which rule and warm-up it used; the rule and warm-up are checked as flags
+/// and kept by a resume, which refuses to change them.
 #[test]
-fn async_on_many_workers_at_the_default_rate_is_a_warning() {
-    let warns = |args: &[&str]| {
-        let output = mnist_train(&[&["--steps", "2", "--log-every", "0"], args].concat());
-        assert!(output.status.success(), "{}", stderr(&output));
-        stderr(&output).contains("can diverge")
+fn async_names_its_rule_and_a_resume_keeps_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    let run = |extra: &[&str]| {
+        let base = ["--async", "--devices", "sim:8", "--log-every", "0"];
+        mnist_train(&[&base[..], extra].concat())
     };
-    assert!(warns(&["--async", "--devices", "cpu:4"]));
-    assert!(!warns(&["--async", "--devices", "cpu:4", "--lr", "0.4"]));
-    assert!(!warns(&["--async", "--devices", "cpu:3"]));
-    assert!(!warns(&["--sync", "--devices", "cpu:4"]));
+    let default = run(&["--steps", "30", "--checkpoint-dir", arg(&dir)]);
+    assert!(default.status.success(), "{}", stderr(&default));
+    assert!(!stderr(&default).contains("--lr"), "{}", stderr(&default));
+    let text = common::stdout(&default);
+    line_starting(
+        &text,
+        "mode:                async, rule scaled, warm-up 5 epoch(s)",
+    );
+    let plain = succeed(&[
+        "--async",
+        "--devices",
+        "sim:8",
+        "--log-every",
+        "0",
+        "--steps",
+        "3",
+        "--async-rule",
+        "plain",
+        "--async-warmup",
+        "0",
+    ]);
+    line_starting(
+        &plain,
+        "mode:                async, rule plain, warm-up 0 epoch(s)",
+    );
+    for (flag, bad, says) in [
+        ("--async-rule", "faster", "expected plain or scaled"),
+        ("--async-warmup", "-2", "expected auto or a number"),
+    ] {
+        let message = fail(&["--async", "--steps", "1", flag, bad]);
+        assert!(message.contains(says), "{flag} {bad}: {message}");
+    }
+    // A resume continues with the recorded rule, and refuses another.
+    let again = run(&[
+        "--resume",
+        arg(&dir),
+        "--steps",
+        "40",
+        "--async-rule",
+        "scaled",
+    ]);
+    assert!(again.status.success(), "{}", stderr(&again));
+    let message = fail(&[
+        "--resume",
+        arg(&dir),
+        "--steps",
+        "50",
+        "--async-rule",
+        "plain",
+    ]);
+    assert!(message.contains("--async-rule"), "{message}");
+    let message = fail(&[
+        "--resume",
+        arg(&dir),
+        "--steps",
+        "50",
+        "--async-warmup",
+        "0",
+    ]);
+    assert!(message.contains("--async-warmup"), "{message}");
 }

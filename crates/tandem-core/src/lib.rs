@@ -59,7 +59,7 @@
 //! assert_eq!(replica.compute_gradients(&[2]).unwrap(), StepLoss::Known(8.0));
 //! replica.read_gradients(&mut |g| assert_eq!(g, [-8.0])).unwrap();
 //! let mut w = [1.0];
-//! Descent.update(Piece { params: &mut w, state: &mut [], grads: &[&[-8.0]], weight_decay: false }, 0, 0.0);
+//! Descent.update(Piece { params: &mut w, state: &mut [], grads: &[&[-8.0]], weight_decay: false, rate_scale: 1.0 }, 0, 0.0);
 //! assert_eq!(w, [1.8]);
 //! ```
 #![warn(missing_docs)]

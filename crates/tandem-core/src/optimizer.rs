@@ -13,6 +13,10 @@ pub struct Piece<'p, 's> {
     /// Whether the piece lies in a span that L2 regularisation applies to
     /// ([`ParamSpan::weight_decay`](crate::ParamSpan::weight_decay)).
     pub weight_decay: bool,
+    /// The factor the update's learning rate is multiplied by: 1, but where an asynchronous
+    /// run's staleness rule lowers the rate of a stale update (see `tandem_strategy`'s
+    /// `AsyncRule`). An optimiser with a learning rate applies it.
+    pub rate_scale: f32,
 }
 
 /// Turns gradients into updates of the parameters of record. The strategies call it on pieces

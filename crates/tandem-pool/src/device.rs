@@ -14,6 +14,13 @@ pub enum Device {
         /// The GPU's ordinal.
         ordinal: usize,
     },
+    /// A simulated worker: a CPU replica that takes turns with the pool's other simulated
+    /// workers, so that together they behave as that many equally fast, truly parallel workers
+    /// on any machine (the strategies say how), at one core's speed.
+    Sim {
+        /// Which simulated worker (0-based).
+        worker: usize,
+    },
 }
 
 impl fmt::Display for Device {
@@ -21,6 +28,7 @@ impl fmt::Display for Device {
         match self {
             Device::Cpu { worker } => write!(f, "cpu:{worker}"),
             Device::Cuda { ordinal } => write!(f, "cuda:{ordinal}"),
+            Device::Sim { worker } => write!(f, "sim:{worker}"),
         }
     }
 }
@@ -39,6 +47,8 @@ pub enum DeviceSpec {
     Cpu(usize),
     /// GPUs by ordinal, each with a number of replicas (`cuda:0,1` or `cuda:0x4`).
     Cuda(Vec<(usize, usize)>),
+    /// This many simulated workers ([`Device::Sim`]).
+    Sim(usize),
 }
 
 /// A device specification that cannot be parsed or opened.
@@ -47,7 +57,7 @@ pub enum DeviceError {
     /// The text is not a device specification.
     #[error(
         "invalid device specification {spec:?}: {reason} \
-         (expected auto, cpu:N, cuda, cuda:0,1 or cuda:0x4)"
+         (expected auto, cpu:N, sim:N, cuda, cuda:0,1 or cuda:0x4)"
     )]
     Invalid {
         /// The text given.
@@ -114,12 +124,18 @@ impl FromStr for DeviceSpec {
         match text.trim() {
             "auto" => Ok(DeviceSpec::Auto),
             "cpu" => Ok(DeviceSpec::Cpu(1)),
+            "sim" => Ok(DeviceSpec::Sim(1)),
             "cuda" => Ok(DeviceSpec::Cuda(Vec::new())),
             t => {
                 if let Some(n) = t.strip_prefix("cpu:") {
                     match bounded(n, "worker count")? {
                         0 => Err(invalid("at least one CPU worker is needed")),
                         n => Ok(DeviceSpec::Cpu(n)),
+                    }
+                } else if let Some(n) = t.strip_prefix("sim:") {
+                    match bounded(n, "worker count")? {
+                        0 => Err(invalid("at least one simulated worker is needed")),
+                        n => Ok(DeviceSpec::Sim(n)),
                     }
                 } else if let Some(list) = t.strip_prefix("cuda:") {
                     let gpus = list
@@ -155,6 +171,7 @@ impl fmt::Display for DeviceSpec {
         match self {
             DeviceSpec::Auto => write!(f, "auto"),
             DeviceSpec::Cpu(n) => write!(f, "cpu:{n}"),
+            DeviceSpec::Sim(n) => write!(f, "sim:{n}"),
             DeviceSpec::Cuda(gpus) if gpus.is_empty() => write!(f, "cuda"),
             DeviceSpec::Cuda(gpus) => {
                 let items: Vec<String> = gpus
@@ -218,6 +235,9 @@ impl DeviceSpec {
     ) -> Result<Vec<Device>, DeviceError> {
         let asked = match self {
             DeviceSpec::Cpu(n) => return Ok(cpus(*n)),
+            DeviceSpec::Sim(n) => {
+                return Ok((0..*n).map(|worker| Device::Sim { worker }).collect())
+            }
             DeviceSpec::Auto => {
                 let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
                 let (devices, why) = auto(gpus(), cores);
@@ -265,6 +285,7 @@ mod tests {
         assert_eq!("auto".parse(), Ok(DeviceSpec::Auto));
         assert_eq!("cpu:4".parse(), Ok(DeviceSpec::Cpu(4)));
         assert_eq!("cpu".parse(), Ok(DeviceSpec::Cpu(1)));
+        assert_eq!("sim:64".parse(), Ok(DeviceSpec::Sim(64)));
         assert_eq!(
             "cuda:0,1".parse(),
             Ok(DeviceSpec::Cuda(vec![(0, 1), (1, 1)]))
@@ -282,6 +303,7 @@ mod tests {
         for text in [
             "auto",
             "cpu:3",
+            "sim:16",
             "cuda",
             "cuda:0,1",
             "cuda:0x4",
@@ -304,6 +326,9 @@ mod tests {
             "",
             "cpu:257",
             "cpu:5000",
+            "sim:0",
+            "sim:257",
+            "sim:x",
             "cuda:0x1000",
             "cuda:0x200,1x200",
         ] {
@@ -395,6 +420,16 @@ mod tests {
             devices,
             vec![Device::Cpu { worker: 0 }, Device::Cpu { worker: 1 }]
         );
+        let sims = DeviceSpec::Sim(3)
+            .resolve(|| panic!("sim:3 asked for the GPU count"))
+            .unwrap();
+        assert_eq!(
+            sims,
+            (0..3)
+                .map(|worker| Device::Sim { worker })
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(sims[2].to_string(), "sim:2");
         assert!(!DeviceSpec::Auto
             .resolve(|| GpuCount::NoCuda)
             .unwrap()

@@ -574,7 +574,7 @@ mod tests {
         let devices = (0..n).map(|worker| Device::Cpu { worker }).collect();
         WorkerPool::new(devices, |d| match d {
             Device::Cpu { worker } => Ok::<_, ReplicaError>(*worker),
-            Device::Cuda { .. } => Err("no".into()),
+            Device::Cuda { .. } | Device::Sim { .. } => Err("no".into()),
         })
         .unwrap()
     }

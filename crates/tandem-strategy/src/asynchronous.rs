@@ -8,6 +8,15 @@
 //! otherwise the worker copies the parameters from the store before each step. Nobody waits for anybody: an update may be computed from
 //! parameters that others have changed since (its staleness, recorded for every update).
 //!
+//! What an update does about its staleness is the run's [`AsyncRule`](crate::AsyncRule): by
+//! default its learning rate is divided by it.
+//!
+//! Simulated workers ([`tandem_pool::Device::Sim`]) take turns ([`Turns`]): the order of their
+//! reads and updates is the one N equally fast, truly parallel workers make (every worker reads
+//! the initial parameters, then each update is followed by its worker's next read), one worker
+//! computing at a time. Every update is then exactly as stale as on such workers: 0, 1, ..,
+//! N - 1 in the first round, N - 1 ever after; and a run is bitwise reproducible.
+//!
 //! A worker that fails drops out; the others carry on and the report lists the failure. The
 //! pool retires it, so later runs on the same pool (the segments of a long run) leave it out
 //! too and do not report it again. A run fails only when every worker has failed.
@@ -17,6 +26,7 @@
 //! full (see [`Observer::on_abandon`](crate::Observer::on_abandon)).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 use tandem_core::{Optimizer, Replica, ReplicaError};
@@ -24,7 +34,7 @@ use tandem_pool::{FailurePolicy, RunWatch, WorkerContext};
 
 use crate::common::{watchdog, Job, StepLosses};
 use crate::hyper::reports;
-use crate::store::ParamStore;
+use crate::store::{ParamStore, UpdateAt};
 use crate::{EpochOrder, Epochs, Staleness, StepReport, TrainError, TrainReport};
 
 /// [`crate::train`] in this mode, on a validated job.
@@ -43,6 +53,8 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R> + ?Sized>(
 
     let snapshot = |_: &RunWatch<'_>| store.consistent_copy(&|| schedule.version());
     let work = |ctx: &WorkerContext<'_>, replica: &mut R| {
+        // However the worker ends, the schedule stops counting on it.
+        let _leaves = Leaves(schedule, ctx.worker());
         replica.bind_thread()?;
         let mut order = EpochOrder::new(job.batches.seed, job.examples);
         let mut batch = vec![0u32; job.batches.batch_size];
@@ -73,7 +85,11 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R> + ?Sized>(
             let refreshed = store.apply((ctx.worker(), workers), replica, &mut || {
                 step = schedule.begin(lane);
                 epoch = epochs.epoch_at(step);
-                (step, epoch)
+                UpdateAt {
+                    step,
+                    epoch,
+                    rate_scale: job.rule.rate_scale(step.saturating_sub(read_version)),
+                }
             })?;
             schedule.complete();
             // It holds every update begun up to its own.
@@ -177,6 +193,21 @@ pub(crate) trait Schedule: Sync {
     /// The updates begun by all workers and whether a stop was asked for, once every worker has
     /// ended (collective across ranks).
     fn finish(&self) -> (u64, bool);
+
+    /// The worker on `lane` has ended (its last ticket used, or failed): nobody waits for it.
+    fn leave(&self, lane: usize) {
+        let _ = lane;
+    }
+}
+
+/// Tells the schedule that a worker has ended, when it goes out of scope (also when the worker
+/// fails or panics).
+struct Leaves<'s>(&'s dyn Schedule, usize);
+
+impl Drop for Leaves<'_> {
+    fn drop(&mut self) {
+        self.0.leave(self.1);
+    }
 }
 
 /// The counters of a run in one process.
@@ -189,30 +220,55 @@ pub(crate) struct Counters {
     completed: AtomicU64,
     stop: AtomicBool,
     end_step: u64,
+    /// The worker that trains alone during the warm-up.
+    leader: usize,
+    /// The step the others join at (tickets before it are the leader's).
+    warmup_end: u64,
+    /// The leader has ended: nobody waits for the warm-up's end any longer.
+    leader_left: AtomicBool,
 }
 
+/// How long a worker waiting for the warm-up's end sleeps between looks: nothing next to an
+/// epoch.
+const WARMUP_POLL: std::time::Duration = std::time::Duration::from_millis(1);
+
 impl Counters {
-    /// Counters of a run from `step` to `end_step`.
-    pub fn new(step: u64, end_step: u64) -> Self {
+    /// Counters of a run from `step` to `end_step`, in which `leader` trains alone until step
+    /// `warmup_end` (`(leader, warmup_end)`).
+    pub fn new(step: u64, end_step: u64, (leader, warmup_end): (usize, u64)) -> Self {
         Self {
             tickets: AtomicU64::new(step),
             applied: AtomicU64::new(step),
             completed: AtomicU64::new(step),
             stop: AtomicBool::new(false),
             end_step,
+            leader,
+            warmup_end,
+            leader_left: AtomicBool::new(false),
         }
+    }
+
+    /// Whether `lane` may take tickets now: the leader always, the others once the warm-up's
+    /// tickets are all taken (or the leader has ended).
+    fn admits(&self, lane: usize) -> bool {
+        lane == self.leader
+            || self.tickets.load(Ordering::Acquire) >= self.warmup_end.min(self.end_step)
+            || self.leader_left.load(Ordering::Acquire)
     }
 }
 
 impl Schedule for Counters {
-    fn ticket(&self, _: usize, stop: bool) -> Option<(u64, u64)> {
+    fn ticket(&self, lane: usize, stop: bool) -> Option<(u64, u64)> {
         if stop {
             self.stop.store(true, Ordering::Relaxed);
+        }
+        while !self.admits(lane) && !self.stop.load(Ordering::Relaxed) {
+            std::thread::sleep(WARMUP_POLL);
         }
         if self.stop.load(Ordering::Relaxed) {
             return None;
         }
-        let ticket = self.tickets.fetch_add(1, Ordering::Relaxed);
+        let ticket = self.tickets.fetch_add(1, Ordering::AcqRel);
         (ticket < self.end_step).then(|| (ticket, self.applied.load(Ordering::Acquire)))
     }
 
@@ -244,6 +300,140 @@ impl Schedule for Counters {
             self.applied.load(Ordering::Acquire),
             self.stop.load(Ordering::Relaxed),
         )
+    }
+
+    fn leave(&self, lane: usize) {
+        if lane == self.leader {
+            self.leader_left.store(true, Ordering::Release);
+        }
+    }
+}
+
+/// The turns of simulated workers over [`Counters`]: one worker runs at a time, and the turn
+/// passes when a worker is about to apply an update ([`Schedule::begin`]): to the next worker
+/// that has not read the parameters yet (the first round), else to the one holding the oldest
+/// ticket, which applies it, takes its next ticket (reading the parameters its update left in
+/// it) and computes, until it is about to apply that. Equally fast parallel workers make the
+/// same order of reads and updates, and the values depend only on that order.
+pub(crate) struct Turns<'c> {
+    counters: &'c Counters,
+    state: Mutex<TurnState>,
+    /// One per lane: its turn has come.
+    wake: Vec<Condvar>,
+}
+
+struct TurnState {
+    /// The lane whose turn it is.
+    turn: usize,
+    /// Per lane: the ticket it has read for and not applied yet.
+    holds: Vec<Option<u64>>,
+    /// Per lane: ended (or retired before the run), never given the turn.
+    left: Vec<bool>,
+}
+
+impl<'c> Turns<'c> {
+    /// Turns over `counters` for lanes whose `active` entry is true (retired workers do not run).
+    pub fn new(counters: &'c Counters, active: impl IntoIterator<Item = bool>) -> Self {
+        let left: Vec<bool> = active.into_iter().map(|a| !a).collect();
+        let lanes = left.len();
+        Self {
+            counters,
+            state: Mutex::new(TurnState {
+                turn: left.iter().position(|l| !l).unwrap_or(0),
+                holds: vec![None; lanes],
+                left,
+            }),
+            wake: (0..lanes).map(|_| Condvar::new()).collect(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, TurnState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits, holding `state`, until it is `lane`'s turn.
+    fn wait_turn<'g>(
+        &self,
+        mut state: MutexGuard<'g, TurnState>,
+        lane: usize,
+    ) -> MutexGuard<'g, TurnState> {
+        while state.turn != lane {
+            state = self.wake[lane]
+                .wait(state)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+        state
+    }
+
+    /// Gives the turn away from `lane` (see [`Turns`]).
+    fn pass(&self, state: &mut TurnState, lane: usize) {
+        let lanes = state.holds.len();
+        let waiting = |l: usize| !state.left[l] && self.counters.admits(l);
+        let unread = (1..=lanes)
+            .map(|k| (lane + k) % lanes)
+            .find(|&l| waiting(l) && state.holds[l].is_none());
+        let oldest = (0..lanes)
+            .filter(|&l| waiting(l))
+            .filter_map(|l| state.holds[l].map(|t| (t, l)))
+            .min()
+            .map(|(_, l)| l);
+        if let Some(next) = unread.or(oldest) {
+            state.turn = next;
+            self.wake[next].notify_one();
+        }
+    }
+}
+
+impl Schedule for Turns<'_> {
+    fn ticket(&self, lane: usize, stop: bool) -> Option<(u64, u64)> {
+        let mut state = self.wait_turn(self.lock(), lane);
+        let ticket = self.counters.ticket(lane, stop);
+        match ticket {
+            Some((t, _)) => state.holds[lane] = Some(t),
+            None => {
+                state.left[lane] = true;
+                self.pass(&mut state, lane);
+            }
+        }
+        ticket
+    }
+
+    fn begin(&self, lane: usize) -> u64 {
+        let mut state = self.lock();
+        self.pass(&mut state, lane);
+        let _turn = self.wait_turn(state, lane);
+        self.counters.begin(lane)
+    }
+
+    fn complete(&self) {
+        let mut state = self.lock();
+        let turn = state.turn;
+        state.holds[turn] = None;
+        self.counters.complete();
+    }
+
+    fn version(&self) -> Option<u64> {
+        self.counters.version()
+    }
+
+    fn serve(&self) {}
+
+    fn done(&self) {}
+
+    fn finish(&self) -> (u64, bool) {
+        self.counters.finish()
+    }
+
+    /// Also where the leader's leaving ends a warm-up: whoever it could not pass the turn to
+    /// when its tickets ran out may have it now.
+    fn leave(&self, lane: usize) {
+        self.counters.leave(lane);
+        let mut state = self.lock();
+        state.left[lane] = true;
+        state.holds[lane] = None;
+        if state.turn == lane {
+            self.pass(&mut state, lane);
+        }
     }
 }
 

@@ -4,10 +4,10 @@
 use std::time::{Duration, Instant};
 
 use tandem_core::{Optimizer, Replica, ReplicaError, StepLoss, TrainState};
-use tandem_pool::{RunWatch, WorkerActivity, WorkerContext, WorkerPool};
+use tandem_pool::{Device, RunWatch, WorkerActivity, WorkerContext, WorkerPool};
 
 use crate::ranks::Ranks;
-use crate::{Batches, NonFiniteLoss, Observer, Stall, TrainError};
+use crate::{AsyncRule, Batches, NonFiniteLoss, Observer, Stall, TrainError};
 
 /// How often the watchdog looks at the workers: a stall or an abandon is reported within this
 /// of its deadline, and a wake-up this rare costs nothing next to training.
@@ -27,6 +27,27 @@ pub(crate) struct Job<'a, R, O: ?Sized, S: ?Sized> {
     pub store: &'a S,
     /// The other processes of the run, when it spans several.
     pub ranks: Option<&'a dyn Ranks>,
+    /// What asynchronous updates do about staleness.
+    pub rule: AsyncRule,
+}
+
+/// Whether the pool's workers are simulated ([`Device::Sim`]): all of them or none, and not
+/// across processes (a simulation is one process's turns).
+pub(crate) fn simulated(devices: &[Device], across_ranks: bool) -> Result<bool, TrainError> {
+    let sims = devices
+        .iter()
+        .filter(|d| matches!(d, Device::Sim { .. }))
+        .count();
+    match sims {
+        0 => Ok(false),
+        _ if sims < devices.len() => Err(TrainError::Config(
+            "simulated workers (sim:N) cannot train beside real ones".into(),
+        )),
+        _ if across_ranks => Err(TrainError::Config(
+            "simulated workers (sim:N) train in one process, not across ranks".into(),
+        )),
+        _ => Ok(true),
+    }
 }
 
 /// Checks that every rank runs the same job: as many workers, training examples and

@@ -13,7 +13,7 @@ use tandem_core::{
 };
 use tandem_tensor::cpu;
 
-use crate::store::{l2_term, zeros, ParamStore};
+use crate::store::{l2_term, zeros, ParamStore, UpdateAt};
 use crate::Mode;
 
 /// The device address of value `index` of the `f32` array at `base`.
@@ -297,14 +297,15 @@ impl<'o, O: Optimizer + ?Sized> DeviceStore<'o, O> {
         }))
     }
 
-    /// What `worker`'s `hyper` must hold for update `step` (at `epoch`).
-    fn hyper_upload(&self, worker: usize, step: u64, epoch: f64) -> Result<DeviceOp, ReplicaError> {
+    /// What `worker`'s `hyper` must hold for update `at`.
+    fn hyper_upload(&self, worker: usize, at: UpdateAt) -> Result<DeviceOp, ReplicaError> {
         let mut values = Vec::with_capacity(6);
         for decayed in [true, false] {
-            let fused = self
+            let mut fused = self
                 .optimizer
-                .fused_sgd(step, epoch, decayed)
+                .fused_sgd(at.step, at.epoch, decayed)
                 .ok_or("the optimiser has no fused device update")?;
+            fused.learning_rate *= at.rate_scale;
             values.extend(fused.values());
         }
         Ok(DeviceOp::Upload {
@@ -365,7 +366,7 @@ impl<'o, O: Optimizer + ?Sized> DeviceStore<'o, O> {
                 _ => grads.push(theirs),
             }
         }
-        ops.push(self.hyper_upload(worker, pending.step, pending.epoch)?);
+        ops.push(self.hyper_upload(worker, UpdateAt::full(pending.step, pending.epoch))?);
         let params = self.members[worker].residence.params;
         ops.extend(self.update_ops(worker, (params, me.ema.address(), 0), &grads, 0..self.len));
         Ok(ops)
@@ -446,6 +447,7 @@ impl<'o, O: Optimizer + ?Sized> DeviceStore<'o, O> {
                 state: &mut [&mut ema[range.clone()]],
                 grads: &parts,
                 weight_decay: *decayed,
+                rate_scale: 1.0,
             };
             self.optimizer.update(piece, pending.step, pending.epoch);
         }
@@ -612,7 +614,7 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for DeviceStore<'_, O> {
         &self,
         (worker, workers): (usize, usize),
         _: &mut R,
-        begin: &mut dyn FnMut() -> (u64, f64),
+        begin: &mut dyn FnMut() -> UpdateAt,
     ) -> Result<bool, ReplicaError> {
         let Record::Async {
             params,
@@ -626,7 +628,7 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for DeviceStore<'_, O> {
         };
         let member = &self.members[worker];
         let queue = member.queue();
-        let (step, epoch) = begin();
+        let update = begin();
         let first = worker * shards.len() / workers.max(1);
         let mut seen = lock(&seen[worker]);
         // What others had begun when this update begins (the second half of its record), then
@@ -644,7 +646,7 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for DeviceStore<'_, O> {
                     dst: at(begun.address(), worker),
                     values: vec![f32::from_bits(seen.own)],
                 },
-                self.hyper_upload(worker, step, epoch)?,
+                self.hyper_upload(worker, update)?,
             ])?;
         }
         for shard in shards[first..].iter().chain(&shards[..first]) {

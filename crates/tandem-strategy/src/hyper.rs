@@ -67,7 +67,7 @@ impl Optimizer for Sgd {
             ema_decay,
         } = self.step(step, epoch, piece.weight_decay);
         let update = UpdateStep {
-            learning_rate,
+            learning_rate: learning_rate * piece.rate_scale,
             weight_decay,
             ema_decay,
         };
@@ -169,6 +169,7 @@ mod tests {
                     state: &mut [&mut e],
                     grads: &[&[0.5], &[1.5]],
                     weight_decay: decayed,
+                    rate_scale: 1.0,
                 },
                 100,
                 0.0,

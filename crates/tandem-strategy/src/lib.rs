@@ -71,6 +71,7 @@ mod hyper;
 pub mod mpi;
 mod order;
 pub mod ranks;
+mod staleness;
 mod store;
 pub mod sync;
 
@@ -79,7 +80,8 @@ pub use epochs::Epochs;
 pub use hyper::{Batches, Sgd};
 pub use order::EpochOrder;
 pub use ranks::Ranks;
-pub use store::{HostStore, ParamStore};
+pub use staleness::{AsyncRule, InvalidWarmup, Strategy, UnknownRule, Warmup, MAX_WARMUP_EPOCHS};
+pub use store::{HostStore, ParamStore, UpdateAt};
 
 use std::time::Duration;
 
@@ -107,12 +109,18 @@ impl Mode {
     }
 }
 
-/// Trains the replicas of `pool` from `state` with `optimizer` on `batches`, in `mode`, until
+/// Trains the replicas of `pool` from `state` with `optimizer` on `batches`, with `strategy`
+/// (a [`Mode`], or a [`Strategy`] that also names the asynchronous [`AsyncRule`]), until
 /// `state.step == end_step` (or the observer stops it), leaving the final parameters,
 /// optimiser state and step in `state`. A sync step trains on every worker's batch; an async
 /// step is one worker's update. [`sync`] and [`asynchronous`] say how each mode works.
+///
+/// A pool of simulated workers ([`tandem_pool::Device::Sim`], every one of them) trains as
+/// that many equally fast, truly parallel workers would, taking turns on one core: bitwise
+/// reproducibly, and asynchronous updates exactly N - 1 stale in steady state
+/// ([`asynchronous`]).
 pub fn train<R: Replica, O: Optimizer + ?Sized>(
-    mode: Mode,
+    strategy: impl Into<Strategy>,
     pool: &mut WorkerPool<R>,
     state: &mut TrainState,
     optimizer: &O,
@@ -121,7 +129,14 @@ pub fn train<R: Replica, O: Optimizer + ?Sized>(
     observer: &dyn Observer,
 ) -> Result<TrainReport, TrainError> {
     run(
-        None, mode, pool, state, optimizer, batches, end_step, observer,
+        None,
+        strategy.into(),
+        pool,
+        state,
+        optimizer,
+        batches,
+        end_step,
+        observer,
     )
 }
 
@@ -134,7 +149,7 @@ pub fn train<R: Replica, O: Optimizer + ?Sized>(
 #[allow(clippy::too_many_arguments)]
 pub fn train_across<R: Replica, O: Optimizer + ?Sized>(
     ranks: &dyn Ranks,
-    mode: Mode,
+    strategy: impl Into<Strategy>,
     pool: &mut WorkerPool<R>,
     state: &mut TrainState,
     optimizer: &O,
@@ -144,14 +159,21 @@ pub fn train_across<R: Replica, O: Optimizer + ?Sized>(
 ) -> Result<TrainReport, TrainError> {
     let ranks = (ranks.ranks() > 1).then_some(ranks);
     run(
-        ranks, mode, pool, state, optimizer, batches, end_step, observer,
+        ranks,
+        strategy.into(),
+        pool,
+        state,
+        optimizer,
+        batches,
+        end_step,
+        observer,
     )
 }
 
 #[allow(clippy::too_many_arguments)]
 fn run<R: Replica, O: Optimizer + ?Sized>(
     ranks: Option<&dyn Ranks>,
-    mode: Mode,
+    Strategy { mode, rule, warmup }: Strategy,
     pool: &mut WorkerPool<R>,
     state: &mut TrainState,
     optimizer: &O,
@@ -160,12 +182,37 @@ fn run<R: Replica, O: Optimizer + ?Sized>(
     observer: &dyn Observer,
 ) -> Result<TrainReport, TrainError> {
     let examples = common::validate(pool, state, optimizer, batches)?;
+    let simulated = common::simulated(pool.devices(), ranks.is_some())?;
     let layout = pool.replicas()[0].layout().to_vec();
     if let Some(ranks) = ranks {
         common::validate_across(ranks, pool, state, examples, end_step)?;
     }
-    // Asynchronous across ranks, the store also keeps the counters (at rank 0's service).
-    let counters = asynchronous::Counters::new(state.step, end_step);
+    // The first of the workers trains alone until the warm-up's end.
+    let warmup_end = match mode {
+        Mode::Sync => 0,
+        Mode::Async => {
+            let workers = pool.len() * ranks.map_or(1, |r| r.ranks());
+            Epochs::new(examples, batches.batch_size as u64)
+                .end_step(warmup.epochs(workers))
+                .unwrap_or(u64::MAX)
+        }
+    };
+    if ranks.is_some() && warmup_end > state.step {
+        return Err(TrainError::Config(
+            "a warm-up on one worker is not implemented across ranks: train with a warm-up of \
+             0 epochs"
+                .into(),
+        ));
+    }
+    let leader = (0..pool.len()).find(|&w| !pool.is_retired(w)).unwrap_or(0);
+    // Asynchronous across ranks, the store also keeps the counters (at rank 0's service);
+    // simulated workers take turns.
+    let counters = asynchronous::Counters::new(state.step, end_step, (leader, warmup_end));
+    let turns = asynchronous::Turns::new(&counters, (0..pool.len()).map(|w| !pool.is_retired(w)));
+    let local: &dyn asynchronous::Schedule = match simulated {
+        true => &turns,
+        false => &counters,
+    };
     let ranked_async = match (mode, ranks) {
         (Mode::Async, Some(ranks)) => Some(RankedAsyncStore::new(
             state,
@@ -175,6 +222,7 @@ fn run<R: Replica, O: Optimizer + ?Sized>(
             pool.len(),
             // The asynchronous schedule's: a step is one worker's batch.
             (end_step, Epochs::new(examples, batches.batch_size as u64)),
+            rule,
         )),
         _ => None,
     };
@@ -201,7 +249,7 @@ fn run<R: Replica, O: Optimizer + ?Sized>(
                     }
                 }
             };
-            (&*other, &counters)
+            (&*other, local)
         }
     };
     let job = common::Job {
@@ -214,6 +262,7 @@ fn run<R: Replica, O: Optimizer + ?Sized>(
         examples,
         store,
         ranks,
+        rule,
     };
     match mode {
         Mode::Sync => sync::run(job),

@@ -22,6 +22,29 @@ const SHARD_LEN: usize = 16 * 1024;
 /// How many times [`ParamStore::consistent_copy`] tries before it gives up, a millisecond apart.
 const COPY_TRIES: usize = 200;
 
+/// Which update a store applies: its step (updates before it), its epoch (for schedules) and
+/// the factor its learning rate is scaled by ([`crate::AsyncRule`]; 1 in synchronous training).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct UpdateAt {
+    /// Updates applied before this one.
+    pub step: u64,
+    /// Its position in passes over the training set.
+    pub epoch: f64,
+    /// The factor of its learning rate.
+    pub rate_scale: f32,
+}
+
+impl UpdateAt {
+    /// Update `step` at `epoch`, at the full learning rate.
+    pub fn full(step: u64, epoch: f64) -> Self {
+        Self {
+            step,
+            epoch,
+            rate_scale: 1.0,
+        }
+    }
+}
+
 /// The parameters of record and the optimiser's state, as the strategies use them. Every
 /// operation names the replica (or the worker) it serves rather than handing out host memory,
 /// so that a store may keep everything where the replicas compute: [`HostStore`] in host
@@ -62,7 +85,7 @@ pub trait ParamStore<R: Replica>: Sync {
     /// for this worker (`worker_of`: the worker and how many there are), while others may
     /// update too (each piece under its own lock, each worker starting at its own piece so
     /// that workers rarely queue). `begin` is called once, just before the first piece is
-    /// written, and returns the update's step and epoch.
+    /// written, and returns which update it is.
     ///
     /// Returns whether it also gave `replica` the parameters as it left them, each piece read
     /// just after this update wrote it (while it is still in cache): the worker's next step,
@@ -73,7 +96,7 @@ pub trait ParamStore<R: Replica>: Sync {
         &self,
         worker_of: (usize, usize),
         replica: &mut R,
-        begin: &mut dyn FnMut() -> (u64, f64),
+        begin: &mut dyn FnMut() -> UpdateAt,
     ) -> Result<bool, ReplicaError>;
 
     /// Asynchronous: whether the store measures staleness itself, where the updates land
@@ -267,11 +290,11 @@ impl<'o, O: Optimizer + ?Sized> HostStore<'o, O> {
         &self,
         index: usize,
         grads: &[&[f32]],
-        (step, epoch): (u64, f64),
+        at: UpdateAt,
         written: &mut dyn FnMut(&ShardWrite<'_>),
     ) {
         let mut shard = self.shards.write(index);
-        shard.update(self.optimizer, grads, 0, step, epoch);
+        shard.update(self.optimizer, grads, 0, at);
         written(&shard);
     }
 
@@ -281,14 +304,14 @@ impl<'o, O: Optimizer + ?Sized> HostStore<'o, O> {
         &self,
         (worker, workers): (usize, usize),
         grads: &[f32],
-        begin: &mut dyn FnMut() -> (u64, f64),
+        begin: &mut dyn FnMut() -> UpdateAt,
         written: &mut dyn FnMut(&ShardWrite<'_>),
     ) {
         let shards = self.shards.len();
         let first = worker * shards / workers.max(1);
-        let step = begin();
+        let at = begin();
         for shard in (first..shards).chain(0..first) {
-            self.update(shard, &[grads], step, written);
+            self.update(shard, &[grads], at, written);
         }
     }
 }
@@ -344,7 +367,7 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for HostStore<'_, O> {
                 .claim(&self.shares, worker, step)
         };
         while let Some(shard) = claim() {
-            self.update(shard, &all, (step, epoch), &mut |_| {});
+            self.update(shard, &all, UpdateAt::full(step, epoch), &mut |_| {});
         }
         Ok(())
     }
@@ -353,7 +376,7 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for HostStore<'_, O> {
         &self,
         worker_of: (usize, usize),
         replica: &mut R,
-        begin: &mut dyn FnMut() -> (u64, f64),
+        begin: &mut dyn FnMut() -> UpdateAt,
     ) -> Result<bool, ReplicaError> {
         // Where the replica's gradients are host memory, they change places with the worker's
         // buffer, and its parameters are written from each shard just updated.
@@ -480,7 +503,8 @@ mod tests {
         let mut expected = vec![(0.0f32, 0.0f32)];
         let one = Shards::new(vec![0.0], &[&[0.0]], vec![(0..1, false)]);
         for _ in 0..UPDATES {
-            one.write(0).update(&sgd, &[&[1.0]], 0, STEP, 0.0);
+            one.write(0)
+                .update(&sgd, &[&[1.0]], 0, UpdateAt::full(STEP, 0.0));
             let piece = one.read(0);
             expected.push((piece.params()[0], piece.state[0][0]));
         }
@@ -507,7 +531,7 @@ mod tests {
                     // Last shard first (asynchronous workers start at different shards): an
                     // update that begins during a copy writes ahead of it.
                     for shard in (0..shards).rev() {
-                        store.update(shard, &[&ones], (STEP, 0.0), &mut |_| {});
+                        store.update(shard, &[&ones], UpdateAt::full(STEP, 0.0), &mut |_| {});
                         // Leaves the update half-applied for a while, as a preempted worker
                         // would, so that copies meet it.
                         std::thread::yield_now();

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{async_train, sync_train};
+use common::{async_train, sync_train, PLAIN_ASYNC};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -17,9 +17,7 @@ use std::time::Duration;
 use common::{across, ema, pool_of, weights_and_bias, within, Loss, Model, TestReplica};
 use tandem_core::{ParamSpan, TrainState};
 use tandem_pool::WorkerPool;
-use tandem_strategy::{
-    train_across, Batches, Mode, NoObserver, Observer, Sgd, TrainError, TrainReport,
-};
+use tandem_strategy::{train_across, Batches, NoObserver, Observer, Sgd, TrainError, TrainReport};
 
 /// The learning rate, and so the step of every parameter: 2^-10.
 const LR: f32 = 1.0 / 1024.0;
@@ -312,7 +310,7 @@ fn async_across_ranks_applies_every_update_to_every_part_exactly_once() {
             for end in [30, END] {
                 let report = train_across(
                     rank,
-                    Mode::Async,
+                    PLAIN_ASYNC,
                     &mut pool,
                     &mut state,
                     &sgd(),

@@ -10,8 +10,8 @@ use std::sync::LazyLock;
 use tandem_core::{ParamSpan, Replica, ReplicaError, StepLoss, TrainState};
 use tandem_pool::{Device, DeviceSpec};
 use tandem_strategy::{Batches, Sgd};
-use tandem_train::{Checkpoints, Fresh, Interrupt, Length, Mode, Model, ModelId, Resume};
-use tandem_train::{Setup, Start, Trainer, Watch};
+use tandem_train::{AsyncRule, Checkpoints, Fresh, Interrupt, Length, Mode, Model, ModelId};
+use tandem_train::{Resume, Setup, Start, Trainer, Warmup, Watch};
 
 const EXAMPLES: usize = 2_000;
 /// The weights and bias that generate the targets, and that training must find.
@@ -118,6 +118,8 @@ fn main() -> Result<(), Box<dyn Error>> {
         let (length, save_every, params) = (Length::Steps(300), Some(100), vec![0.0; 4]);
         let fresh = Fresh {
             mode,
+            async_rule: AsyncRule::DEFAULT,
+            async_warmup: Warmup::Auto,
             optimizer,
             batches,
             length,

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
 
 use tandem_pool::MAX_REPLICAS;
-use tandem_strategy::{Batches, Epochs, Sgd};
+use tandem_strategy::{AsyncRule, Batches, Epochs, Sgd, Strategy, Warmup};
 
 use crate::{Mode, RunError};
 
@@ -137,6 +137,11 @@ impl RecordedOptimizer for Sgd {
 pub struct RunConfig<O> {
     /// Sync or async.
     pub mode: Mode,
+    /// What asynchronous updates do about staleness (recorded for asynchronous runs; a
+    /// synchronous run has none and ignores it).
+    pub async_rule: AsyncRule,
+    /// How long an asynchronous run trains on one worker first (recorded for asynchronous runs).
+    pub async_warmup: Warmup,
     /// How many workers the run trains on (sync: part of its identity).
     pub workers: usize,
     /// The optimiser and its configuration.
@@ -150,10 +155,24 @@ pub struct RunConfig<O> {
     pub save_every: Option<u64>,
 }
 
+/// The metadata key of an asynchronous run's [`AsyncRule`].
+pub const ASYNC_RULE: &str = "async_rule";
+/// The metadata key of an asynchronous run's [`Warmup`].
+pub const ASYNC_WARMUP: &str = "async_warmup";
+
 /// The keys of a run's identity before the optimiser's: what a resume keeps fixed.
 const RUN_KEYS: &[&str] = &["format", "model", "mode", "batch_size", "seed"];
 
 impl<O: RecordedOptimizer> RunConfig<O> {
+    /// How the run trains: its mode and asynchronous rule.
+    pub fn strategy(&self) -> Strategy {
+        Strategy {
+            mode: self.mode,
+            rule: self.async_rule,
+            warmup: self.async_warmup,
+        }
+    }
+
     /// Training examples per global step: sync, every worker's batch; async, one.
     pub fn examples_per_step(&self) -> u64 {
         let batch = self.batches.batch_size as u64;
@@ -192,7 +211,15 @@ impl<O: RecordedOptimizer> RunConfig<O> {
             ("seed", self.batches.seed.to_string()),
         ];
         let optimizer = O::KEYS.iter().copied().zip(self.optimizer.values());
+        let asynchronous = [
+            (ASYNC_RULE, self.async_rule.to_string()),
+            (ASYNC_WARMUP, self.async_warmup.to_string()),
+        ];
+        let asynchronous = asynchronous
+            .into_iter()
+            .filter(|_| self.mode == Mode::Async);
         run.into_iter()
+            .chain(asynchronous)
             .chain(optimizer)
             .chain(self.save_every.map(|n| ("save_every", n.to_string())))
             .map(|(k, v)| (k.to_string(), v))
@@ -249,6 +276,22 @@ impl<O: RecordedOptimizer> RunConfig<O> {
             "async" => Mode::Async,
             other => return Err(format!("its metadata mode = {other:?}: unknown mode")),
         };
+        let async_rule = match (mode, meta.get(ASYNC_RULE)) {
+            (Mode::Sync, _) => AsyncRule::DEFAULT,
+            // Written before the rule existed, when every update was at the full rate.
+            (Mode::Async, None) => AsyncRule::Plain,
+            (Mode::Async, Some(text)) => text
+                .parse()
+                .map_err(|e| format!("its metadata {ASYNC_RULE}: {e}"))?,
+        };
+        let async_warmup = match (mode, meta.get(ASYNC_WARMUP)) {
+            (Mode::Sync, _) => Warmup::Auto,
+            // Written before the warm-up existed.
+            (Mode::Async, None) => Warmup::Epochs(0),
+            (Mode::Async, Some(text)) => text
+                .parse()
+                .map_err(|e| format!("its metadata {ASYNC_WARMUP}: {e}"))?,
+        };
         let save_every = match meta.get("save_every") {
             // Written by versions that did not record the cadence: the default, once an epoch
             // (`Epochs::steps_per_epoch`, the same as theirs when the global batch divides the
@@ -258,6 +301,8 @@ impl<O: RecordedOptimizer> RunConfig<O> {
         };
         Ok(Self {
             mode,
+            async_rule,
+            async_warmup,
             workers: integer("workers", 1..=MAX_REPLICAS as u64)? as usize,
             optimizer: O::from_values(&|key| meta.get(key).cloned())?,
             batches: Batches {
@@ -295,6 +340,8 @@ mod tests {
     fn config(mode: Mode) -> RunConfig<Sgd> {
         RunConfig {
             mode,
+            async_rule: AsyncRule::Scaled,
+            async_warmup: Warmup::Auto,
             workers: 3,
             optimizer: Sgd {
                 learning_rate: 0.25,
@@ -350,10 +397,41 @@ mod tests {
                 "{key}={bad}: {err}"
             );
         }
+        let mut rule = config(Mode::Async).to_metadata(&model());
+        rule.insert(ASYNC_RULE.into(), "faster".into());
+        let err = RunConfig::<Sgd>::from_metadata(&rule, &model(), 100).unwrap_err();
+        assert!(
+            err.contains("async_rule") && err.contains("\"faster\""),
+            "{err}"
+        );
         let mut missing = good;
         missing.remove("seed");
         let err = RunConfig::<Sgd>::from_metadata(&missing, &model(), 100).unwrap_err();
         assert_eq!(err, "its metadata has no seed");
+    }
+
+    /// Async runs record their rule and warm-up, sync runs nothing of them; an async checkpoint written before
+    /// the rule existed trained every update at the full rate.
+    #[test]
+    fn an_async_run_records_its_rule_and_older_ones_read_as_plain() {
+        let sync = config(Mode::Sync).to_metadata(&model());
+        assert!(!sync.contains_key(ASYNC_RULE) && !sync.contains_key(ASYNC_WARMUP));
+        let mut plain = config(Mode::Async);
+        plain.async_rule = AsyncRule::Plain;
+        plain.async_warmup = Warmup::Epochs(3);
+        let meta = plain.to_metadata(&model());
+        assert_eq!(meta[ASYNC_RULE], "plain");
+        assert_eq!(meta[ASYNC_WARMUP], "3");
+        assert_eq!(
+            RunConfig::<Sgd>::from_metadata(&meta, &model(), 100).unwrap(),
+            plain
+        );
+        let mut older = config(Mode::Async).to_metadata(&model());
+        older.remove(ASYNC_RULE);
+        older.remove(ASYNC_WARMUP);
+        let read = RunConfig::<Sgd>::from_metadata(&older, &model(), 100).unwrap();
+        assert_eq!(read.async_rule, AsyncRule::Plain);
+        assert_eq!(read.async_warmup, Warmup::Epochs(0));
     }
 
     #[test]

@@ -18,6 +18,9 @@ use plotters::style::FontStyle;
 
 use crate::Mode;
 
+mod sweep;
+pub use sweep::{sweep_table, write_sweep, Sweep, SweepPoint};
+
 /// Size of the PNG and SVG, in pixels.
 const SIZE: (u32, u32) = (1600, 1150);
 /// The font every text of the plots uses, registered under plotters' "sans-serif" family.

@@ -9,7 +9,9 @@ use std::time::Duration;
 use tandem_core::{ParamSpan, Replica, ReplicaError, TrainState};
 use tandem_pool::{Device, DeviceSpec, GpuCount, WorkerPool};
 use tandem_strategy::checkpoint::{self, Checkpoint, CheckpointDir};
-use tandem_strategy::{Batches, Observer, Ranks, Staleness, Stall, StepReport, TrainReport};
+use tandem_strategy::{
+    AsyncRule, Batches, Observer, Ranks, Staleness, Stall, StepReport, TrainReport, Warmup,
+};
 
 use crate::config::{ModelId, RecordedOptimizer, RunConfig};
 use crate::error::Conflict;
@@ -48,6 +50,10 @@ pub enum Length {
 pub struct Fresh<O> {
     /// Sync or async.
     pub mode: Mode,
+    /// What asynchronous updates do about staleness (a synchronous run ignores it).
+    pub async_rule: AsyncRule,
+    /// How long an asynchronous run trains on one worker first (a synchronous run ignores it).
+    pub async_warmup: Warmup,
     /// The optimiser.
     pub optimizer: O,
     /// Batch size and seed of the data order.
@@ -378,6 +384,8 @@ impl<M: Model, O: RecordedOptimizer> Trainer<M, O> {
                 }
                 let mut config = RunConfig {
                     mode: fresh.mode,
+                    async_rule: fresh.async_rule,
+                    async_warmup: fresh.async_warmup,
                     workers,
                     optimizer: fresh.optimizer,
                     batches: fresh.batches,
@@ -582,11 +590,13 @@ fn resume_from<M: Model, O: RecordedOptimizer>(
     }
     let mut config = check_checkpoint::<O>(&saved, &id, setup.max_batch)
         .map_err(|reason| RunError::Config(format!("{}: {reason}", path.display())))?;
+    let recorded = config.to_metadata(&id);
     let conflicts: Vec<Conflict> = resume
         .requested
         .iter()
         .filter_map(|r| {
-            let saved = saved.metadata.get(r.key).cloned().unwrap_or_default();
+            // As the run's configuration writes it (a key older checkpoints lack has its value).
+            let saved = recorded.get(r.key).cloned().unwrap_or_default();
             (r.value != saved).then(|| Conflict {
                 label: r.label.to_string(),
                 given: r.value.clone(),
@@ -630,7 +640,7 @@ fn advance<R: Replica, O: RecordedOptimizer>(
     if let Some(ranks) = ranks {
         return Ok(tandem_strategy::train_across(
             ranks,
-            config.mode,
+            config.strategy(),
             pool,
             state,
             optimizer,
@@ -640,7 +650,7 @@ fn advance<R: Replica, O: RecordedOptimizer>(
         )?);
     }
     Ok(tandem_strategy::train(
-        config.mode,
+        config.strategy(),
         pool,
         state,
         optimizer,
@@ -868,6 +878,8 @@ mod tests {
     fn fresh(mode: Mode, steps: u64) -> Start<Sgd> {
         Start::Fresh(Fresh {
             mode,
+            async_rule: AsyncRule::DEFAULT,
+            async_warmup: Warmup::Auto,
             optimizer: Sgd {
                 learning_rate: 0.5,
                 ..Sgd::DEFAULT

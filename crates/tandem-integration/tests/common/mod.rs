@@ -30,7 +30,22 @@ pub fn mnist() -> &'static Data {
 }
 
 pub fn cpu_pool(workers: usize, batch: usize) -> WorkerPool<MlpReplica<CpuBackend>> {
-    let devices = (0..workers).map(|worker| Device::Cpu { worker }).collect();
+    pool_on(
+        (0..workers).map(|worker| Device::Cpu { worker }).collect(),
+        batch,
+    )
+}
+
+/// `workers` simulated workers ([`Device::Sim`]) of the MLP on the CPU.
+#[allow(dead_code)] // Not every test binary simulates.
+pub fn sim_pool(workers: usize, batch: usize) -> WorkerPool<MlpReplica<CpuBackend>> {
+    pool_on(
+        (0..workers).map(|worker| Device::Sim { worker }).collect(),
+        batch,
+    )
+}
+
+fn pool_on(devices: Vec<Device>, batch: usize) -> WorkerPool<MlpReplica<CpuBackend>> {
     WorkerPool::new(devices, |_| {
         MlpReplica::new(Mlp::MNIST, CpuBackend, &mnist().train, batch)
     })
@@ -62,6 +77,7 @@ pub fn test_accuracy(state: &TrainState) -> (f64, f64) {
     (evaluate(ema(state)), evaluate(&state.params))
 }
 
+#[allow(dead_code)] // Not every test binary trains on two CPU workers.
 /// Trains `state` in `mode` on two fresh CPU workers of batches of 100 with the reference's
 /// optimiser, in `batches`' order, until `end_step` (or until `observer` stops it).
 pub fn train_on_two_cpus(

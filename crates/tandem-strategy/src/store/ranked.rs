@@ -7,10 +7,10 @@ use std::sync::Mutex;
 
 use tandem_core::{Optimizer, ParamSpan, Replica, ReplicaError, TrainState};
 
-use super::{HostStore, ParamStore};
+use super::{HostStore, ParamStore, UpdateAt};
 use crate::asynchronous::Schedule;
 use crate::ranks::{Channel, Ranks};
-use crate::Epochs;
+use crate::{AsyncRule, Epochs};
 
 impl<O: Optimizer + ?Sized> HostStore<'_, O> {
     /// The parameters that shards `shards` hold.
@@ -182,8 +182,7 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for RankedSyncStore<'_, '_
                     self.host.optimizer,
                     &parts,
                     mine.start,
-                    step,
-                    epoch,
+                    UpdateAt::full(step, epoch),
                 );
             }
         }
@@ -207,7 +206,7 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for RankedSyncStore<'_, '_
         &self,
         _: (usize, usize),
         _: &mut R,
-        _: &mut dyn FnMut() -> (u64, f64),
+        _: &mut dyn FnMut() -> UpdateAt,
     ) -> Result<bool, ReplicaError> {
         Err("a synchronous store applies no asynchronous update".into())
     }
@@ -279,6 +278,9 @@ struct FromRank0 {
     params: Vec<f32>,
     /// The step of the update being applied, for `begin`.
     step: u64,
+    /// The version of the parameters the worker's ticket came with (every rank): its next
+    /// update's gradients are computed from them.
+    read: u64,
 }
 
 /// Asynchronous training across ranks, parameter-server style: the parameters are sharded over
@@ -298,8 +300,10 @@ pub(crate) struct RankedAsyncStore<'o, 'r, O: Optimizer + ?Sized> {
     end_step: u64,
     /// The schedule's epochs, for the updates rank 0's service begins.
     epochs: Epochs,
-    /// Per local worker, on ranks other than 0.
+    /// Per local worker: what it got from rank 0 (on ranks other than 0) and its read version.
     from_rank0: Vec<Mutex<FromRank0>>,
+    /// What updates do about staleness.
+    rule: AsyncRule,
     /// Rank 0's counters (unused elsewhere).
     tickets: AtomicU64,
     begun: AtomicU64,
@@ -308,7 +312,7 @@ pub(crate) struct RankedAsyncStore<'o, 'r, O: Optimizer + ?Sized> {
 
 impl<'o, 'r, O: Optimizer + ?Sized> RankedAsyncStore<'o, 'r, O> {
     /// The store of rank `ranks.rank()`, with `local` workers, for a run from `state` to
-    /// `end_step` over `epochs`.
+    /// `end_step` over `epochs`, its updates treating staleness by `rule`.
     pub fn new(
         state: &TrainState,
         layout: &[ParamSpan],
@@ -316,6 +320,7 @@ impl<'o, 'r, O: Optimizer + ?Sized> RankedAsyncStore<'o, 'r, O> {
         ranks: &'r dyn Ranks,
         local: usize,
         (end_step, epochs): (u64, Epochs),
+        rule: AsyncRule,
     ) -> Self {
         let host = HostStore::with_shares(state, layout, optimizer, 0, ranks.ranks());
         let owned = host.share_params();
@@ -326,6 +331,7 @@ impl<'o, 'r, O: Optimizer + ?Sized> RankedAsyncStore<'o, 'r, O> {
             end_step,
             epochs,
             from_rank0: (0..local).map(|_| Mutex::default()).collect(),
+            rule,
             tickets: AtomicU64::new(state.step),
             begun: AtomicU64::new(state.step),
             stop: AtomicBool::new(false),
@@ -357,18 +363,20 @@ impl<'o, 'r, O: Optimizer + ?Sized> RankedAsyncStore<'o, 'r, O> {
         [ticket, self.begun.load(Ordering::Acquire)]
     }
 
-    /// Applies update `step` with `grads` (of this rank's part) to this rank's part.
-    fn update_mine(&self, grads: &[f32], step: u64) {
+    /// Applies update `step` with `grads` (of this rank's part) to this rank's part, its
+    /// learning rate scaled by `rate_scale`.
+    fn update_mine(&self, grads: &[f32], step: u64, rate_scale: f32) {
         let mine = self.mine();
-        let epoch = self.epochs.epoch_at(step);
+        let at = UpdateAt {
+            step,
+            epoch: self.epochs.epoch_at(step),
+            rate_scale,
+        };
         for index in self.host.shares[self.ranks.rank()].clone() {
-            self.host.shards.write(index).update(
-                self.host.optimizer,
-                &[grads],
-                mine.start,
-                step,
-                epoch,
-            );
+            self.host
+                .shards
+                .write(index)
+                .update(self.host.optimizer, &[grads], mine.start, at);
         }
     }
 
@@ -400,17 +408,19 @@ impl<'o, 'r, O: Optimizer + ?Sized> RankedAsyncStore<'o, 'r, O> {
                     }
                     reply(&ticket, &params);
                 }
-                Some(Request::PushBegin) if whole => {
+                Some(Request::PushBegin) if header.len() == 2 && whole => {
                     let step = self.begun.fetch_add(1, Ordering::AcqRel);
-                    self.update_mine(&payload, step);
+                    let scale = self.rule.rate_scale(step.saturating_sub(header[1]));
+                    self.update_mine(&payload, step, scale);
                     reply(&[step], &[]);
                 }
                 Some(Request::Fetch) => {
                     self.host.copy_params(self.mine(), &mut params);
                     reply(&[], &params);
                 }
-                Some(Request::Push) if header.len() == 2 && whole => {
-                    self.update_mine(&payload, header[1]);
+                Some(Request::Push) if header.len() == 3 && whole => {
+                    let scale = f32::from_bits(header[2] as u32);
+                    self.update_mine(&payload, header[1], scale);
                 }
                 Some(Request::Done) => done += 1,
                 // Only tandem's own ranks send here; anything else is a version mismatch
@@ -492,6 +502,7 @@ impl<O: Optimizer + ?Sized> Schedule for RankedAsyncStore<'_, '_, O> {
                 }
             }
         };
+        self.kept_from_rank0(lane).read = version;
         (ticket != NO_TICKET).then_some((ticket, version))
     }
 
@@ -599,14 +610,15 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for RankedAsyncStore<'_, '
         &self,
         (worker, _): (usize, usize),
         replica: &mut R,
-        begin: &mut dyn FnMut() -> (u64, f64),
+        begin: &mut dyn FnMut() -> UpdateAt,
     ) -> Result<bool, ReplicaError> {
         let lane = worker as u16;
         let me = self.ranks.rank();
         replica.read_gradients(&mut |g| {
             if me != 0 {
                 // Rank 0 begins the update with its part, and says which step it is.
-                let request = [Request::PushBegin as u64];
+                // With the version its gradients were computed from: its staleness.
+                let request = [Request::PushBegin as u64, self.kept_from_rank0(worker).read];
                 self.ranks.send(
                     Channel::Request,
                     0,
@@ -619,17 +631,20 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for RankedAsyncStore<'_, '
                     .receive(Channel::Reply, 0, lane, &mut reply, &mut none);
                 self.kept_from_rank0(worker).step = reply.first().copied().unwrap_or(self.end_step);
             }
-            let (step, _) = begin();
+            let UpdateAt {
+                step, rate_scale, ..
+            } = begin();
+            let header = [Request::Push as u64, step, u64::from(rate_scale.to_bits())];
             for rank in (1..self.ranks.ranks()).filter(|&r| r != me) {
                 self.ranks.send(
                     Channel::Request,
                     rank,
                     lane,
-                    &[Request::Push as u64, step],
+                    &header,
                     &g[self.owned[rank].clone()],
                 );
             }
-            self.update_mine(&g[self.mine().clone()], step);
+            self.update_mine(&g[self.mine().clone()], step, rate_scale);
         })?;
         // The other ranks' parts come with the next ticket.
         Ok(false)

@@ -198,8 +198,7 @@ impl ShardWrite<'_> {
         optimizer: &O,
         grads: &[&[f32]],
         base: usize,
-        step: u64,
-        epoch: f64,
+        at: super::UpdateAt,
     ) {
         let range = self.range.start - base..self.range.end - base;
         let parts: Vec<&[f32]> = grads.iter().map(|g| &g[range.clone()]).collect();
@@ -210,8 +209,9 @@ impl ShardWrite<'_> {
             state: &mut state,
             grads: &parts,
             weight_decay: self.weight_decay,
+            rate_scale: at.rate_scale,
         };
-        optimizer.update(piece, step, epoch);
+        optimizer.update(piece, at.step, at.epoch);
     }
 }
 

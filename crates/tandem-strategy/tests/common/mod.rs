@@ -163,13 +163,23 @@ pub fn pool_of<M: Model>(
     workers: usize,
     layout: Vec<ParamSpan>,
     examples: usize,
+    model: impl FnMut(usize) -> M,
+) -> WorkerPool<TestReplica<M>> {
+    let devices = (0..workers).map(|worker| Device::Cpu { worker }).collect();
+    pool_on(devices, layout, examples, model)
+}
+
+/// [`pool_of`] on `devices`: CPU workers ([`Device::Cpu`]) or simulated ones ([`Device::Sim`]).
+pub fn pool_on<M: Model>(
+    devices: Vec<Device>,
+    layout: Vec<ParamSpan>,
+    examples: usize,
     mut model: impl FnMut(usize) -> M,
 ) -> WorkerPool<TestReplica<M>> {
     let len: usize = layout.iter().map(ParamSpan::len).sum();
-    let devices = (0..workers).map(|worker| Device::Cpu { worker }).collect();
     WorkerPool::new(devices, |d| {
-        let Device::Cpu { worker } = *d else {
-            unreachable!("CPU devices only")
+        let (Device::Cpu { worker } | Device::Sim { worker }) = *d else {
+            unreachable!("CPU or simulated devices only")
         };
         Ok::<_, ReplicaError>(TestReplica {
             layout: layout.clone(),
@@ -236,15 +246,42 @@ impl<Q: Quirks> Model for LeastSquaresFit<Q> {
 /// A pool of `workers` least-squares replicas, worker `w` with the quirks `quirks(w)`.
 pub fn pool<Q: Quirks>(
     workers: usize,
-    mut quirks: impl FnMut(usize) -> Q,
+    quirks: impl FnMut(usize) -> Q,
 ) -> WorkerPool<LeastSquares<Q>> {
-    let layout = vec![ParamSpan {
+    pool_on_devices(
+        (0..workers).map(|worker| Device::Cpu { worker }).collect(),
+        quirks,
+    )
+}
+
+/// [`pool`] of simulated workers ([`Device::Sim`]).
+pub fn sim_pool<Q: Quirks>(
+    workers: usize,
+    quirks: impl FnMut(usize) -> Q,
+) -> WorkerPool<LeastSquares<Q>> {
+    pool_on_devices(
+        (0..workers).map(|worker| Device::Sim { worker }).collect(),
+        quirks,
+    )
+}
+
+/// The least-squares fit's parameters: two, regularised.
+pub fn least_squares_layout() -> Vec<ParamSpan> {
+    vec![ParamSpan {
         name: "w".into(),
         shape: vec![2],
         weight_decay: true,
-    }];
-    pool_of(workers, layout, EXAMPLES, |worker| LeastSquaresFit {
-        quirks: quirks(worker),
+    }]
+}
+
+fn pool_on_devices<Q: Quirks>(
+    devices: Vec<Device>,
+    mut quirks: impl FnMut(usize) -> Q,
+) -> WorkerPool<LeastSquares<Q>> {
+    pool_on(devices, least_squares_layout(), EXAMPLES, |worker| {
+        LeastSquaresFit {
+            quirks: quirks(worker),
+        }
     })
 }
 
@@ -284,7 +321,17 @@ pub fn sync_train<R: Replica, O: tandem_core::Optimizer + ?Sized>(
     tandem_strategy::train(mode, pool, state, optimizer, batches, end_step, observer)
 }
 
-/// [`tandem_strategy::train`] in async mode, as a function the tests can pass around.
+/// Asynchronous training at the full learning rate for every update, every worker from the
+/// start: the tests of the strategy's bookkeeping count exact steps and stale updates (the
+/// rules and the warm-up have their own tests).
+pub const PLAIN_ASYNC: tandem_strategy::Strategy = tandem_strategy::Strategy {
+    mode: tandem_strategy::Mode::Async,
+    rule: tandem_strategy::AsyncRule::Plain,
+    warmup: tandem_strategy::Warmup::Epochs(0),
+};
+
+/// [`tandem_strategy::train`] in async mode with the [`PLAIN_ASYNC`] rule, as a function the
+/// tests can pass around.
 pub fn async_train<R: Replica, O: tandem_core::Optimizer + ?Sized>(
     pool: &mut WorkerPool<R>,
     state: &mut TrainState,
@@ -293,8 +340,15 @@ pub fn async_train<R: Replica, O: tandem_core::Optimizer + ?Sized>(
     end_step: u64,
     observer: &dyn tandem_strategy::Observer,
 ) -> Result<tandem_strategy::TrainReport, tandem_strategy::TrainError> {
-    let mode = tandem_strategy::Mode::Async;
-    tandem_strategy::train(mode, pool, state, optimizer, batches, end_step, observer)
+    tandem_strategy::train(
+        PLAIN_ASYNC,
+        pool,
+        state,
+        optimizer,
+        batches,
+        end_step,
+        observer,
+    )
 }
 
 /// Runs `rank_run` on each of `ranks` ranks of a cluster of threads ([`ranks::cluster`]), as
