@@ -25,11 +25,10 @@ EPOCHS=${EPOCHS:-30}
 LIMIT=${LIMIT:-90}
 # The least final test accuracy (averaged parameters) a tandem run must reach.
 MIN_ACCURACY=${MIN_ACCURACY:-0.975}
-# Asynchronous training on 4 or more replicas at the default learning rate (0.8) diverges,
-# on CPU workers too: measured on a 16-core GPU machine, 3000 steps of --async reached 0.19-0.22
-# test accuracy on cpu:4 and 0.11 on cpu:8, 0.28-0.96 on cuda:0x4 by seed, 0.977 at --lr 0.4.
-# Those runs use MANY_ASYNC_LR.
-MANY_ASYNC_LR=${MANY_ASYNC_LR:-0.4}
+# Every run at the default flags: asynchronous training on 4 or more replicas trains there too
+# (the scaled rule and the warm-up on one worker; README, "Many workers"). ASYNC_FLAGS adds
+# flags to the async runs, e.g. ASYNC_FLAGS="--async-rule plain --async-warmup 0".
+read -r -a async_flags <<<"${ASYNC_FLAGS:-}"
 export TANDEM_MNIST_DIR=$PWD/data/mnist
 # A GPU test that finds no device fails here instead of skipping.
 export TANDEM_REQUIRE_GPU=1
@@ -82,11 +81,6 @@ device_sets=(cuda:0 cuda:0x2 cuda:0x4)
 if [ "${gpus:-0}" -gt 1 ]; then device_sets+=("cuda:$(seq -s, 0 $((gpus - 1)))"); fi
 for devices in "${device_sets[@]}"; do
     name=${devices//[:,]/-}
-    # Replicas: N of cuda:0xN, else one per listed device.
-    if [[ $devices == *x* ]]; then replicas=${devices##*x}; else
-        commas=${devices//[^,]/}; replicas=$((${#commas} + 1)); fi
-    async_flags=()
-    [ "$replicas" -ge 4 ] && async_flags=(--lr "$MANY_ASYNC_LR")
     # The run a user starts: its accuracy and examples/sec. Then `compare` for the time to 98%
     # (it stops every epoch to evaluate, and reads the loss back more often than a plain run).
     for mode in sync async; do
@@ -106,13 +100,13 @@ for devices in "${device_sets[@]}"; do
             failed=1
         fi
     done
-    # Sync's time from a compare at the default learning rate, async's from one at its own.
+    # Each mode's time to 98% from a compare at its flags.
     for column in 1 2; do
         mode=$([ "$column" = 1 ] && echo sync || echo async)
         flags=()
         [ "$mode" = async ] && flags=("${async_flags[@]}")
-        report="logs/report-$name${flags[1]:+-lr${flags[1]}}/compare.md"
-        log="logs/compare-$name${flags[1]:+-lr${flags[1]}}.log"
+        report="logs/report-$name-$mode/compare.md"
+        log="logs/compare-$name-$mode.log"
         if [ ! -e "$log" ]; then
             echo "== mnist-train compare --devices $devices --epochs $EPOCHS ${flags[*]}"
             if ! timeout "$LIMIT" bin/mnist-train compare --devices "$devices" --epochs "$EPOCHS" \
@@ -124,7 +118,7 @@ for devices in "${device_sets[@]}"; do
         fi
         t98=$(cell 'time to 98%' "$column" "$report" 2>/dev/null | sed 's/ (.*//')
         log="logs/train-$mode-$name.log"
-        rows+=("tandem $mode $devices${flags[1]:+ lr ${flags[1]}}|$(summary 'test accuracy' "$log")|$(summary 'examples/sec' "$log")|$t98")
+        rows+=("tandem $mode $devices${flags[*]:+ ${flags[*]}}|$(summary 'test accuracy' "$log")|$(summary 'examples/sec' "$log")|$t98")
     done
 done
 

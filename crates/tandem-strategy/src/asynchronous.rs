@@ -11,7 +11,7 @@
 //! What an update does about its staleness is the run's [`AsyncRule`](crate::AsyncRule): by
 //! default its learning rate is divided by it.
 //!
-//! Simulated workers ([`tandem_pool::Device::Sim`]) take turns ([`Turns`]): the order of their
+//! Simulated workers ([`tandem_pool::Device::Sim`]) take turns: the order of their
 //! reads and updates is the one N equally fast, truly parallel workers make (every worker reads
 //! the initial parameters, then each update is followed by its worker's next read), one worker
 //! computing at a time. Every update is then exactly as stale as on such workers: 0, 1, ..,
