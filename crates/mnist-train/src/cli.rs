@@ -136,7 +136,7 @@ pub struct CompareArgs {
 
     /// Asynchronous training's first epochs on one worker: auto or a number of epochs (see the
     /// training command's --async-warmup).
-    #[arg(long, value_name = "EPOCHS", default_value_t = Warmup::Auto, value_parser = async_warmup)]
+    #[arg(long, value_name = "EPOCHS", default_value_t = Warmup::Auto, allow_negative_numbers = true, value_parser = async_warmup)]
     pub async_warmup: Warmup,
 
     /// Directory holding the four MNIST IDX files (gzip or plain) [default: $TANDEM_MNIST_DIR,
@@ -191,7 +191,7 @@ pub struct TrainArgs {
     /// Asynchronous training's first epochs on one worker before the others join: auto (5 on
     /// 4 or more workers, where stale updates hurt, none on fewer) or a number of epochs (0:
     /// none) [default: auto].
-    #[arg(long, value_name = "EPOCHS", value_parser = async_warmup)]
+    #[arg(long, value_name = "EPOCHS", allow_negative_numbers = true, value_parser = async_warmup)]
     pub async_warmup: Option<Warmup>,
 
     /// Devices, one replica each: auto (all GPUs, else one CPU worker per core), cpu:N,

@@ -9,7 +9,7 @@ use tandem_model::Mlp;
 use tandem_pool::DeviceSpec;
 use tandem_strategy::{Batches, Epochs, Sgd};
 use tandem_tensor::CpuBackend;
-use tandem_train::report::{self, Point, Report, Run, Sweep, SweepPoint};
+use tandem_train::report::{self, Point, Report, Run, Sweep, SweepPoint, Written};
 use tandem_train::{out, Fresh, Interrupt, Length, Mode, Plan, Start, Trainer, Watch};
 
 use crate::cli::{CompareArgs, DEFAULT_INIT_STDDEV};
@@ -57,13 +57,7 @@ pub fn run(args: &CompareArgs) -> Result<()> {
         milestones: MILESTONES.to_vec(),
         runs,
     };
-    let written = report::write(&report, &args.report)?;
-    out!();
-    out!("{}", written.table.trim_end());
-    out!();
-    for path in written.paths() {
-        out!("wrote {}", path.display());
-    }
+    print(&report::write(&report, &args.report)?);
     Ok(())
 }
 
@@ -106,14 +100,18 @@ fn sweep(args: &CompareArgs, counts: &[u64], data: &Data, interrupt: &Interrupt)
         milestones: MILESTONES.to_vec(),
         points,
     };
-    let written = report::write_sweep(&sweep, &args.report)?;
+    print(&report::write_sweep(&sweep, &args.report)?);
+    Ok(())
+}
+
+/// Prints a written report's table and files.
+fn print(written: &Written) {
     out!();
     out!("{}", written.table.trim_end());
     out!();
     for path in written.paths() {
         out!("wrote {}", path.display());
     }
-    Ok(())
 }
 
 /// The global steps at which a run of `count` epochs stops to evaluate, `per_epoch` times an

@@ -153,7 +153,10 @@ fn async_training_learns_and_reports_staleness() {
         "--log-every",
         "0",
     ]);
-    assert_eq!(line_starting(&out, "mode:"), "mode:                async");
+    assert_eq!(
+        line_starting(&out, "mode:"),
+        "mode:                async, rule scaled, warm-up 0 epoch(s) on one worker"
+    );
     let staleness = number_after(&out, "staleness:           mean");
     assert!((0.0..10.0).contains(&staleness), "{out}");
     assert!(number_after(&out, "test accuracy:") > 0.9, "{out}");

@@ -165,20 +165,9 @@ impl Written {
 
 /// Writes `compare.png`, `compare.svg` and `compare.md` into `dir`, creating it if needed.
 pub fn write(report: &Report, dir: &Path) -> Result<Written, ReportError> {
-    fs::create_dir_all(dir).map_err(|source| ReportError::Create {
-        path: dir.to_path_buf(),
-        source,
-    })?;
-    let written = Written {
-        png: dir.join("compare.png"),
-        svg: dir.join("compare.svg"),
-        markdown: dir.join("compare.md"),
-        table: table(report),
-    };
-    write_png(&written.png, report)?;
-    write_svg(&written.svg, report)?;
-    write_file(&written.markdown, markdown(report, &written.table))?;
-    Ok(written)
+    write_all(dir, "compare", report, table(report), |t| {
+        markdown(report, t)
+    })
 }
 
 fn write_file(path: &Path, contents: impl AsRef<[u8]>) -> Result<(), ReportError> {
@@ -343,13 +332,24 @@ fn register_font(path: &Path) -> Result<(), ReportError> {
     }
 }
 
-fn write_png(path: &Path, report: &Report) -> Result<(), ReportError> {
+/// What a report draws, on any of plotters' backends.
+trait Chart {
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB>;
+}
+
+impl Chart for Report {
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB> {
+        draw(root, self)
+    }
+}
+
+fn write_png(path: &Path, chart: &impl Chart) -> Result<(), ReportError> {
     register_font(path)?;
     let (w, h) = SIZE;
     let mut pixels = vec![0u8; (w * h * 3) as usize];
     {
         let root = BitMapBackend::with_buffer(&mut pixels, SIZE).into_drawing_area();
-        draw(&root, report).map_err(|e| ReportError::draw(path, e))?;
+        chart.draw(&root).map_err(|e| ReportError::draw(path, e))?;
         root.present().map_err(|e| ReportError::draw(path, e))?;
     }
     // plotters' own PNG encoder would pull in a second version of `image`; encode here, in
@@ -361,15 +361,40 @@ fn write_png(path: &Path, report: &Report) -> Result<(), ReportError> {
     write_file(path, bytes)
 }
 
-fn write_svg(path: &Path, report: &Report) -> Result<(), ReportError> {
+fn write_svg(path: &Path, chart: &impl Chart) -> Result<(), ReportError> {
     register_font(path)?;
     let mut text = String::new();
     {
         let root = SVGBackend::with_string(&mut text, SIZE).into_drawing_area();
-        draw(&root, report).map_err(|e| ReportError::draw(path, e))?;
+        chart.draw(&root).map_err(|e| ReportError::draw(path, e))?;
         root.present().map_err(|e| ReportError::draw(path, e))?;
     }
     write_file(path, text)
+}
+
+/// Creates `dir` and writes `chart` into `<name>.png` and `<name>.svg` there, and `markdown`
+/// (given the table) into `<name>.md`.
+fn write_all(
+    dir: &Path,
+    name: &str,
+    chart: &impl Chart,
+    table: String,
+    markdown: impl FnOnce(&str) -> String,
+) -> Result<Written, ReportError> {
+    fs::create_dir_all(dir).map_err(|source| ReportError::Create {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let written = Written {
+        png: dir.join(format!("{name}.png")),
+        svg: dir.join(format!("{name}.svg")),
+        markdown: dir.join(format!("{name}.md")),
+        table,
+    };
+    write_png(&written.png, chart)?;
+    write_svg(&written.svg, chart)?;
+    write_file(&written.markdown, markdown(&written.table))?;
+    Ok(written)
 }
 
 /// Matplotlib's first two colours: distinguishable, also for most colour-blind readers.

@@ -3,17 +3,14 @@
 //! worker count).
 
 use std::fmt::Write as _;
-use std::fs;
 use std::path::Path;
 
-use image::codecs::png::PngEncoder;
-use image::{ExtendedColorType, ImageEncoder};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use super::{
-    draw_legend, percent, register_font, thousands, write_file, DrawResult, ReportError, Run,
-    Written, COLOURS, SIZE,
+    draw_legend, percent, thousands, write_all, Chart, DrawResult, ReportError, Run, Written,
+    COLOURS,
 };
 use crate::Mode;
 
@@ -60,40 +57,15 @@ impl Sweep {
 
 /// Writes `sweep.png`, `sweep.svg` and `sweep.md` into `dir`, creating it if needed.
 pub fn write_sweep(sweep: &Sweep, dir: &Path) -> Result<Written, ReportError> {
-    fs::create_dir_all(dir).map_err(|source| ReportError::Create {
-        path: dir.to_path_buf(),
-        source,
-    })?;
-    let written = Written {
-        png: dir.join("sweep.png"),
-        svg: dir.join("sweep.svg"),
-        markdown: dir.join("sweep.md"),
-        table: sweep_table(sweep),
-    };
-    register_font(&written.png)?;
-    let (w, h) = SIZE;
-    let mut pixels = vec![0u8; (w * h * 3) as usize];
-    {
-        let root = BitMapBackend::with_buffer(&mut pixels, SIZE).into_drawing_area();
-        draw(&root, sweep).map_err(|e| ReportError::draw(&written.png, e))?;
-        root.present()
-            .map_err(|e| ReportError::draw(&written.png, e))?;
+    write_all(dir, "sweep", sweep, sweep_table(sweep), |t| {
+        markdown(sweep, t)
+    })
+}
+
+impl Chart for Sweep {
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB> {
+        draw(root, self)
     }
-    let mut bytes = Vec::new();
-    PngEncoder::new(&mut bytes)
-        .write_image(&pixels, w, h, ExtendedColorType::Rgb8)
-        .map_err(|e| ReportError::draw(&written.png, e))?;
-    write_file(&written.png, bytes)?;
-    let mut text = String::new();
-    {
-        let root = SVGBackend::with_string(&mut text, SIZE).into_drawing_area();
-        draw(&root, sweep).map_err(|e| ReportError::draw(&written.svg, e))?;
-        root.present()
-            .map_err(|e| ReportError::draw(&written.svg, e))?;
-    }
-    write_file(&written.svg, text)?;
-    write_file(&written.markdown, markdown(sweep, &written.table))?;
-    Ok(written)
 }
 
 /// The sweep's table: a row per worker count and mode.
@@ -290,6 +262,8 @@ fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, sweep: &Sweep) -> Dra
 
 #[cfg(test)]
 mod tests {
+    use std::fs;
+
     use super::*;
     use crate::report::Point;
 
