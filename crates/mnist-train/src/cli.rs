@@ -2,7 +2,7 @@ use std::path::PathBuf;
 
 use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
 use tandem_pool::DeviceSpec;
-use tandem_strategy::{AsyncRule, Batches, Warmup};
+use tandem_strategy::{AsyncRule, BatchScaling, Batches, StalenessBound, Warmup};
 use tandem_train::sgd::{ema_decay, learning_rate, lr_decay, weight_decay};
 use tandem_train::{Display, Mode, DEFAULT_LOG_EVERY, MAX_STEPS};
 
@@ -139,6 +139,16 @@ pub struct CompareArgs {
     #[arg(long, value_name = "EPOCHS", default_value_t = Warmup::Auto, allow_negative_numbers = true, value_parser = async_warmup)]
     pub async_warmup: Warmup,
 
+    /// How stale an asynchronous update may be: none, wait:S or drop:S (see the training
+    /// command's --async-bound).
+    #[arg(long, value_name = "BOUND", default_value_t = StalenessBound::Unbounded, value_parser = async_bound)]
+    pub async_bound: StalenessBound,
+
+    /// How synchronous training's learning rate follows its global batch: auto or a factor
+    /// (see the training command's --lr-scaling).
+    #[arg(long, value_name = "SCALING", default_value_t = BatchScaling::Auto, value_parser = lr_scaling)]
+    pub lr_scaling: BatchScaling,
+
     /// Directory holding the four MNIST IDX files (gzip or plain) [default: $TANDEM_MNIST_DIR,
     /// else data/mnist under the current directory].
     #[arg(long, value_name = "DIR")]
@@ -193,6 +203,19 @@ pub struct TrainArgs {
     /// none) [default: auto].
     #[arg(long, value_name = "EPOCHS", allow_negative_numbers = true, value_parser = async_warmup)]
     pub async_warmup: Option<Warmup>,
+
+    /// A limit S on how stale an asynchronous update may be: none; wait:S (at most S + 1
+    /// workers compute at once, the others wait to read); or drop:S (an update more than S
+    /// stale is dropped and its batch computed again from fresh parameters) [default: none].
+    #[arg(long, value_name = "BOUND", value_parser = async_bound)]
+    pub async_bound: Option<StalenessBound>,
+
+    /// Synchronous training's learning rate as the global batch (every worker's batch) grows:
+    /// auto (the rate times global batch / 800 above 800 examples, at most twice, as on 9 or
+    /// more workers of 100) or a factor from 1 to 64 (1: none); a scaled rate grows linearly
+    /// from the base over the first 5 epochs [default: auto].
+    #[arg(long, value_name = "SCALING", value_parser = lr_scaling)]
+    pub lr_scaling: Option<BatchScaling>,
 
     /// Devices, one replica each: auto (all GPUs, else one CPU worker per core), cpu:N,
     /// cuda:0,1 (GPUs 0 and 1), cuda:0x4 (four replicas on GPU 0) or sim:N (N simulated
@@ -308,6 +331,18 @@ pub fn async_warmup(text: &str) -> Result<Warmup, String> {
         .map_err(|e: tandem_strategy::InvalidWarmup| e.to_string())
 }
 
+/// `--async-bound`: none, wait:S or drop:S.
+pub fn async_bound(text: &str) -> Result<StalenessBound, String> {
+    text.parse()
+        .map_err(|e: tandem_strategy::InvalidBound| e.to_string())
+}
+
+/// `--lr-scaling`: auto or a factor.
+pub fn lr_scaling(text: &str) -> Result<BatchScaling, String> {
+    text.parse()
+        .map_err(|e: tandem_strategy::InvalidScaling| e.to_string())
+}
+
 /// `--init-stddev`: in (0, 10].
 pub fn init_stddev(text: &str) -> Result<f32, String> {
     tandem_train::parse_finite(
@@ -362,6 +397,8 @@ mod tests {
             ("init-stddev", DEFAULT_INIT_STDDEV.to_string()),
             ("async-rule", AsyncRule::DEFAULT.to_string()),
             ("async-warmup", Warmup::Auto.to_string()),
+            ("async-bound", StalenessBound::Unbounded.to_string()),
+            ("lr-scaling", BatchScaling::Auto.to_string()),
             ("seed", b.seed.to_string()),
         ]
     }

@@ -96,7 +96,10 @@ fn sweep(args: &CompareArgs, counts: &[u64], data: &Data, interrupt: &Interrupt)
         epochs: args.epochs,
         batch_size: args.batch_size as usize,
         seed: args.seed,
-        async_rule: format!("{}, warm-up {}", args.async_rule, args.async_warmup),
+        settings: format!(
+            "async rule {}, warm-up {}, bound {}; sync learning-rate scaling {}",
+            args.async_rule, args.async_warmup, args.async_bound, args.lr_scaling
+        ),
         milestones: MILESTONES.to_vec(),
         points,
     };
@@ -147,6 +150,8 @@ fn train(
         mode,
         async_rule: args.async_rule,
         async_warmup: args.async_warmup,
+        async_bound: args.async_bound,
+        lr_scaling: args.lr_scaling,
         optimizer: Sgd {
             learning_rate: args.learning_rate.unwrap_or(Sgd::DEFAULT.learning_rate),
             ..Sgd::DEFAULT

@@ -8,8 +8,9 @@ use anyhow::{bail, Result};
 use serde_json::json;
 use tandem_strategy::{Batches, Ranks, Sgd};
 use tandem_train::{
-    out, output, Checkpoints, Fresh, Interrupt, Length, Mode, Progress, Requested, Resume, Setup,
-    Start, Summary, Trainer, Warmup, Watch, ASYNC_RULE, ASYNC_WARMUP,
+    out, output, BatchScaling, Checkpoints, Fresh, Interrupt, Length, Mode, Progress, Requested,
+    Resume, Setup, Start, Summary, Trainer, Warmup, Watch, ASYNC_BOUND, ASYNC_RULE, ASYNC_WARMUP,
+    LR_SCALING,
 };
 
 use crate::cli::{TrainArgs, DEFAULT_EPOCHS, DEFAULT_INIT_STDDEV};
@@ -34,6 +35,8 @@ fn start(args: &TrainArgs) -> Result<Start<Sgd>> {
             mode: args.mode().unwrap_or(Mode::Sync),
             async_rule: args.async_rule.unwrap_or_default(),
             async_warmup: args.async_warmup.unwrap_or(Warmup::Auto),
+            async_bound: args.async_bound.unwrap_or_default(),
+            lr_scaling: args.lr_scaling.unwrap_or_default(),
             optimizer: Sgd {
                 learning_rate: args.learning_rate.unwrap_or(sgd.learning_rate),
                 lr_decay: args.lr_decay.unwrap_or(sgd.lr_decay),
@@ -61,6 +64,8 @@ fn start(args: &TrainArgs) -> Result<Start<Sgd>> {
         given("mode", "--sync/--async", args.mode().map(Mode::name)),
         given(ASYNC_RULE, "--async-rule", args.async_rule),
         given(ASYNC_WARMUP, "--async-warmup", args.async_warmup),
+        given(ASYNC_BOUND, "--async-bound", args.async_bound),
+        given(LR_SCALING, "--lr-scaling", args.lr_scaling),
         given("batch_size", "--batch-size", args.batch_size),
         given("learning_rate", "--lr", args.learning_rate),
         given("lr_decay", "--lr-decay", args.lr_decay),
@@ -258,15 +263,27 @@ fn summarise(
     let validation = data::accuracy(state, &data.validation)?;
     let test = data::accuracy(state, &data.test)?;
     out!("== summary ==");
-    match trainer.config.mode {
-        Mode::Sync => out!("mode:                sync"),
+    let config = &trainer.config;
+    // Every rank's.
+    let workers = config.workers;
+    match config.mode {
+        Mode::Sync => {
+            let examples = config.batches.batch_size as u64 * workers as u64;
+            match config.lr_scaling.factor(examples) {
+                1.0 => out!("mode:                sync"),
+                factor => out!(
+                    "mode:                sync, learning rate x{factor} for a global batch of \
+                     {examples} (scaling {}, reached over the first {} epochs)",
+                    config.lr_scaling,
+                    BatchScaling::WARMUP_EPOCHS
+                ),
+            }
+        }
         Mode::Async => out!(
-            "mode:                async, rule {}, warm-up {} epoch(s) on one worker",
-            trainer.config.async_rule,
-            trainer
-                .config
-                .async_warmup
-                .epochs(trainer.config.workers * ranks.map_or(1, |r| r.ranks()))
+            "mode:                async, rule {}, warm-up {} epoch(s) on one worker, bound {}",
+            config.async_rule,
+            config.async_warmup.epochs(workers),
+            config.async_bound
         ),
     }
     out!(
@@ -282,9 +299,13 @@ fn summarise(
     out!("examples/sec:        {:.0}", totals.examples_per_sec());
     if let Some(staleness) = totals.staleness() {
         out!(
-            "staleness:           mean {:.2}, max {}",
+            "staleness:           mean {:.2}, max {}{}",
             staleness.mean,
-            staleness.max
+            staleness.max,
+            match staleness.dropped {
+                0 => String::new(),
+                n => format!(", {n} too stale dropped"),
+            }
         );
     }
     for failure in &totals.failures {

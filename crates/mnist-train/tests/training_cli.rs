@@ -317,19 +317,28 @@ fn async_names_its_rule_and_a_resume_keeps_it() {
         "--log-every",
         "0",
         "--steps",
-        "3",
+        "30",
         "--async-rule",
         "plain",
         "--async-warmup",
         "0",
+        "--async-bound",
+        "drop:2",
     ]);
     line_starting(
         &plain,
-        "mode:                async, rule plain, warm-up 0 epoch(s)",
+        "mode:                async, rule plain, warm-up 0 epoch(s) on one worker, bound drop:2",
+    );
+    // 8 workers, none landing more than 2 stale: the others are dropped, and say so.
+    let staleness = line_starting(&plain, "staleness:           mean ");
+    assert!(
+        staleness.contains("max 2,") && staleness.contains("too stale dropped"),
+        "{staleness}"
     );
     for (flag, bad, says) in [
         ("--async-rule", "faster", "expected plain or scaled"),
         ("--async-warmup", "-2", "expected auto or a number"),
+        ("--async-bound", "wait", "expected none, wait:S or drop:S"),
     ] {
         let message = fail(&["--async", "--steps", "1", flag, bad]);
         assert!(message.contains(says), "{flag} {bad}: {message}");
@@ -362,4 +371,13 @@ fn async_names_its_rule_and_a_resume_keeps_it() {
         "0",
     ]);
     assert!(message.contains("--async-warmup"), "{message}");
+    let message = fail(&[
+        "--resume",
+        arg(&dir),
+        "--steps",
+        "50",
+        "--async-bound",
+        "wait:3",
+    ]);
+    assert!(message.contains("--async-bound"), "{message}");
 }

@@ -35,6 +35,7 @@ fn without_warmup(rule: AsyncRule) -> Strategy {
         mode: Mode::Async,
         rule,
         warmup: Warmup::Epochs(0),
+        ..Strategy::from(Mode::Async)
     }
 }
 

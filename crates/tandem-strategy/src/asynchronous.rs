@@ -9,7 +9,9 @@
 //! parameters that others have changed since (its staleness, recorded for every update).
 //!
 //! What an update does about its staleness is the run's [`AsyncRule`](crate::AsyncRule): by
-//! default its learning rate is divided by it.
+//! default its learning rate is divided by it. A [`StalenessBound`] may also limit it: workers
+//! wait before reading while too many compute, or an update too stale is dropped and its batch
+//! computed anew from fresh parameters.
 //!
 //! Simulated workers ([`tandem_pool::Device::Sim`]) take turns: the order of their
 //! reads and updates is the one N equally fast, truly parallel workers make (every worker reads
@@ -35,7 +37,7 @@ use tandem_pool::{FailurePolicy, RunWatch, WorkerContext};
 use crate::common::{watchdog, Job, StepLosses};
 use crate::hyper::reports;
 use crate::store::{ParamStore, UpdateAt};
-use crate::{EpochOrder, Epochs, Staleness, StepReport, TrainError, TrainReport};
+use crate::{EpochOrder, Epochs, Staleness, StalenessBound, StepReport, TrainError, TrainReport};
 
 /// [`crate::train`] in this mode, on a validated job.
 pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R> + ?Sized>(
@@ -72,18 +74,37 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R> + ?Sized>(
         let mut holds = None;
         while let Some((ticket, latest)) = schedule.ticket(lane, stop) {
             ctx.set_step(ticket + 1);
-            let read_version = match holds.take() {
-                Some(version) => version,
-                None => {
+            // A worker let through a waiting bound's gate reads what is there now, not what
+            // its last update left it (others may have landed while it waited).
+            let waited = matches!(job.bound, StalenessBound::Wait(_));
+            let mut read_version = match holds.take() {
+                Some(version) if !waited || version == latest => version,
+                _ => {
                     store.load(ctx.worker(), replica)?;
                     latest
                 }
             };
             order.fill(epochs.position(ticket), &mut batch);
             step_losses.record(ticket + 1, replica.compute_gradients(&batch)?)?;
+            // Under a dropping bound the update's step is taken here, where a too stale one can
+            // still be given up for a fresh read and the same batch computed again.
+            let claimed = match job.bound {
+                StalenessBound::Drop(limit) => loop {
+                    match schedule.claim(lane, read_version, limit) {
+                        Ok(step) => break Some(step),
+                        Err(version) => {
+                            tally.dropped += 1;
+                            store.load(ctx.worker(), replica)?;
+                            read_version = version;
+                            step_losses.record(ticket + 1, replica.compute_gradients(&batch)?)?;
+                        }
+                    }
+                },
+                _ => None,
+            };
             let (mut step, mut epoch) = (0, 0.0);
             let refreshed = store.apply((ctx.worker(), workers), replica, &mut || {
-                step = schedule.begin(lane);
+                step = claimed.unwrap_or_else(|| schedule.begin(lane));
                 epoch = epochs.epoch_at(step);
                 UpdateAt {
                     step,
@@ -123,7 +144,7 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R> + ?Sized>(
         if measured {
             tally.take(store, ctx.worker())?;
         }
-        Ok((tally.sum, tally.max, tally.updates))
+        Ok((tally.sum, tally.max, tally.updates, tally.dropped))
     };
     // Across ranks, this rank's service answers the others' workers for as long as any works.
     let outcome = std::thread::scope(|scope| {
@@ -141,12 +162,12 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R> + ?Sized>(
             return Err(failure.clone().into());
         }
     }
-    let (sum, max, updates) = outcome
+    let (sum, max, updates, dropped) = outcome
         .results
         .iter()
         .flatten()
-        .fold((0, 0, 0), |(s, m, n), &(ws, wm, wn)| {
-            (s + ws, m.max(wm), n + wn)
+        .fold((0, 0, 0, 0), |(s, m, n, d), &(ws, wm, wn, wd)| {
+            (s + ws, m.max(wm), n + wn, d + wd)
         });
     store.save_into(state).map_err(TrainError::Device)?;
     state.step = begun;
@@ -159,6 +180,7 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R> + ?Sized>(
         staleness: Some(Staleness {
             mean: sum as f64 / updates.max(1) as f64,
             max,
+            dropped,
         }),
         failures: outcome.failures,
         stopped: state.step < job.end_step && stopped,
@@ -175,6 +197,11 @@ pub(crate) trait Schedule: Sync {
 
     /// The step of an update about to be applied (updates begun before it).
     fn begin(&self, lane: usize) -> u64;
+
+    /// [`begin`](Self::begin), for an update computed from the parameters at `read_version`,
+    /// if it is at most `limit` updates stale then; otherwise `Err` with the version of the
+    /// parameters the worker is to read again.
+    fn claim(&self, lane: usize, read_version: u64, limit: u64) -> Result<u64, u64>;
 
     /// An update has written every piece of the store.
     fn complete(&self);
@@ -226,6 +253,54 @@ pub(crate) struct Counters {
     warmup_end: u64,
     /// The leader has ended: nobody waits for the warm-up's end any longer.
     leader_left: AtomicBool,
+    /// Under a waiting bound, the workers between a read and their update.
+    computing: Option<Gate>,
+}
+
+/// At most `limit` workers between their read of the parameters and their update.
+struct Gate {
+    limit: usize,
+    /// Per lane: it has read and not begun its update.
+    inside: Mutex<Vec<bool>>,
+    /// A worker has left the gate.
+    freed: Condvar,
+}
+
+/// How long a worker waiting at the gate sleeps at most before it looks for a stop again.
+const GATE_POLL: std::time::Duration = std::time::Duration::from_millis(10);
+
+impl Gate {
+    fn lock(&self) -> MutexGuard<'_, Vec<bool>> {
+        self.inside.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn admits(inside: &[bool], limit: usize, lane: usize) -> bool {
+        inside[lane] || inside.iter().filter(|&&i| i).count() < limit
+    }
+
+    /// Lets `lane` in, waiting while the gate is full; `false` if `stopped` turns true first.
+    fn enter(&self, lane: usize, stopped: &AtomicBool) -> bool {
+        let mut inside = self.lock();
+        while !Self::admits(&inside, self.limit, lane) {
+            if stopped.load(Ordering::Relaxed) {
+                return false;
+            }
+            inside = self
+                .freed
+                .wait_timeout(inside, GATE_POLL)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        inside[lane] = true;
+        true
+    }
+
+    fn leave(&self, lane: usize) {
+        let mut inside = self.lock();
+        if std::mem::replace(&mut inside[lane], false) {
+            self.freed.notify_one();
+        }
+    }
 }
 
 /// How long a worker waiting for the warm-up's end sleeps between looks: nothing next to an
@@ -234,8 +309,14 @@ const WARMUP_POLL: std::time::Duration = std::time::Duration::from_millis(1);
 
 impl Counters {
     /// Counters of a run from `step` to `end_step`, in which `leader` trains alone until step
-    /// `warmup_end` (`(leader, warmup_end)`).
-    pub fn new(step: u64, end_step: u64, (leader, warmup_end): (usize, u64)) -> Self {
+    /// `warmup_end` (`(leader, warmup_end)`), of `lanes` workers of which at most `computing`
+    /// may be between a read and their update at once, if given.
+    pub fn new(
+        step: u64,
+        end_step: u64,
+        (leader, warmup_end): (usize, u64),
+        (lanes, computing): (usize, Option<u64>),
+    ) -> Self {
         Self {
             tickets: AtomicU64::new(step),
             applied: AtomicU64::new(step),
@@ -245,15 +326,36 @@ impl Counters {
             leader,
             warmup_end,
             leader_left: AtomicBool::new(false),
+            computing: computing.map(|limit| Gate {
+                limit: usize::try_from(limit).unwrap_or(usize::MAX),
+                inside: Mutex::new(vec![false; lanes]),
+                freed: Condvar::new(),
+            }),
         }
     }
 
-    /// Whether `lane` may take tickets now: the leader always, the others once the warm-up's
-    /// tickets are all taken (or the leader has ended).
-    fn admits(&self, lane: usize) -> bool {
+    /// Whether the warm-up lets `lane` take tickets now: the leader always, the others once
+    /// the warm-up's tickets are all taken (or the leader has ended).
+    fn warmed_up(&self, lane: usize) -> bool {
         lane == self.leader
             || self.tickets.load(Ordering::Acquire) >= self.warmup_end.min(self.end_step)
             || self.leader_left.load(Ordering::Acquire)
+    }
+
+    /// Whether `lane` may take a ticket now without waiting: warmed up, and let in by the gate.
+    fn admits(&self, lane: usize) -> bool {
+        self.warmed_up(lane)
+            && self
+                .computing
+                .as_ref()
+                .is_none_or(|gate| Gate::admits(&gate.lock(), gate.limit, lane))
+    }
+
+    /// `lane`'s update begins: it leaves the gate.
+    fn left_gate(&self, lane: usize) {
+        if let Some(gate) = &self.computing {
+            gate.leave(lane);
+        }
     }
 }
 
@@ -262,18 +364,46 @@ impl Schedule for Counters {
         if stop {
             self.stop.store(true, Ordering::Relaxed);
         }
-        while !self.admits(lane) && !self.stop.load(Ordering::Relaxed) {
+        while !self.warmed_up(lane) && !self.stop.load(Ordering::Relaxed) {
             std::thread::sleep(WARMUP_POLL);
         }
-        if self.stop.load(Ordering::Relaxed) {
+        let entered = self
+            .computing
+            .as_ref()
+            .is_none_or(|gate| gate.enter(lane, &self.stop));
+        if !entered || self.stop.load(Ordering::Relaxed) {
             return None;
         }
         let ticket = self.tickets.fetch_add(1, Ordering::AcqRel);
         (ticket < self.end_step).then(|| (ticket, self.applied.load(Ordering::Acquire)))
     }
 
-    fn begin(&self, _: usize) -> u64 {
-        self.applied.fetch_add(1, Ordering::AcqRel)
+    fn begin(&self, lane: usize) -> u64 {
+        // Counted before the gate lets another worker read: that read is after this update.
+        let step = self.applied.fetch_add(1, Ordering::AcqRel);
+        self.left_gate(lane);
+        step
+    }
+
+    fn claim(&self, lane: usize, read_version: u64, limit: u64) -> Result<u64, u64> {
+        let mut begun = self.applied.load(Ordering::Acquire);
+        loop {
+            if begun.saturating_sub(read_version) > limit {
+                return Err(begun);
+            }
+            match self.applied.compare_exchange_weak(
+                begun,
+                begun + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(step) => {
+                    self.left_gate(lane);
+                    return Ok(step);
+                }
+                Err(now) => begun = now,
+            }
+        }
     }
 
     fn complete(&self) {
@@ -303,6 +433,7 @@ impl Schedule for Counters {
     }
 
     fn leave(&self, lane: usize) {
+        self.left_gate(lane);
         if lane == self.leader {
             self.leader_left.store(true, Ordering::Release);
         }
@@ -312,9 +443,10 @@ impl Schedule for Counters {
 /// The turns of simulated workers over [`Counters`]: one worker runs at a time, and the turn
 /// passes when a worker is about to apply an update ([`Schedule::begin`]): to the next worker
 /// that has not read the parameters yet (the first round), else to the one holding the oldest
-/// ticket, which applies it, takes its next ticket (reading the parameters its update left in
-/// it) and computes, until it is about to apply that. Equally fast parallel workers make the
-/// same order of reads and updates, and the values depend only on that order.
+/// read, which applies its update, takes its next ticket (reading the parameters its update
+/// left in it) and computes, until it is about to apply that. Equally fast parallel workers
+/// make the same order of reads and updates, and the values depend only on that order. A
+/// worker whose update is dropped ([`Schedule::claim`]) reads again at once, keeping the turn.
 pub(crate) struct Turns<'c> {
     counters: &'c Counters,
     state: Mutex<TurnState>,
@@ -325,8 +457,11 @@ pub(crate) struct Turns<'c> {
 struct TurnState {
     /// The lane whose turn it is.
     turn: usize,
-    /// Per lane: the ticket it has read for and not applied yet.
+    /// Per lane: when it read the parameters for the update it has not applied yet (reads are
+    /// numbered in their order).
     holds: Vec<Option<u64>>,
+    /// Reads so far.
+    reads: u64,
     /// Per lane: ended (or retired before the run), never given the turn.
     left: Vec<bool>,
 }
@@ -341,6 +476,7 @@ impl<'c> Turns<'c> {
             state: Mutex::new(TurnState {
                 turn: left.iter().position(|l| !l).unwrap_or(0),
                 holds: vec![None; lanes],
+                reads: 0,
                 left,
             }),
             wake: (0..lanes).map(|_| Condvar::new()).collect(),
@@ -349,6 +485,12 @@ impl<'c> Turns<'c> {
 
     fn lock(&self) -> MutexGuard<'_, TurnState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `lane` reads the parameters now.
+    fn read(state: &mut TurnState, lane: usize) {
+        state.holds[lane] = Some(state.reads);
+        state.reads += 1;
     }
 
     /// Waits, holding `state`, until it is `lane`'s turn.
@@ -389,7 +531,7 @@ impl Schedule for Turns<'_> {
         let mut state = self.wait_turn(self.lock(), lane);
         let ticket = self.counters.ticket(lane, stop);
         match ticket {
-            Some((t, _)) => state.holds[lane] = Some(t),
+            Some(_) => Self::read(&mut state, lane),
             None => {
                 state.left[lane] = true;
                 self.pass(&mut state, lane);
@@ -403,6 +545,18 @@ impl Schedule for Turns<'_> {
         self.pass(&mut state, lane);
         let _turn = self.wait_turn(state, lane);
         self.counters.begin(lane)
+    }
+
+    fn claim(&self, lane: usize, read_version: u64, limit: u64) -> Result<u64, u64> {
+        let mut state = self.lock();
+        self.pass(&mut state, lane);
+        let mut state = self.wait_turn(state, lane);
+        // Nobody else runs: the counters cannot change between the look and the claim.
+        self.counters
+            .claim(lane, read_version, limit)
+            .inspect_err(|_| {
+                Self::read(&mut state, lane);
+            })
     }
 
     fn complete(&self) {
@@ -445,6 +599,8 @@ struct Tally {
     updates: u64,
     /// The staleness of its latest update counted.
     last: Option<u64>,
+    /// Its gradients dropped for being too stale.
+    dropped: u64,
 }
 
 impl Tally {

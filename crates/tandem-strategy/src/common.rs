@@ -7,7 +7,7 @@ use tandem_core::{Optimizer, Replica, ReplicaError, StepLoss, TrainState};
 use tandem_pool::{Device, RunWatch, WorkerActivity, WorkerContext, WorkerPool};
 
 use crate::ranks::Ranks;
-use crate::{AsyncRule, Batches, NonFiniteLoss, Observer, Stall, TrainError};
+use crate::{AsyncRule, Batches, NonFiniteLoss, Observer, StalenessBound, Stall, TrainError};
 
 /// How often the watchdog looks at the workers: a stall or an abandon is reported within this
 /// of its deadline, and a wake-up this rare costs nothing next to training.
@@ -29,6 +29,8 @@ pub(crate) struct Job<'a, R, O: ?Sized, S: ?Sized> {
     pub ranks: Option<&'a dyn Ranks>,
     /// What asynchronous updates do about staleness.
     pub rule: AsyncRule,
+    /// How stale an asynchronous update may be.
+    pub bound: StalenessBound,
 }
 
 /// Whether the pool's workers are simulated ([`Device::Sim`]): all of them or none, and not

@@ -61,6 +61,7 @@
 #![warn(missing_docs)]
 
 pub mod asynchronous;
+mod batch_scaling;
 pub mod checkpoint;
 mod common;
 mod device_store;
@@ -75,12 +76,16 @@ mod staleness;
 mod store;
 pub mod sync;
 
+pub use batch_scaling::{BatchScaling, InvalidScaling};
 pub use device_store::DeviceStore;
 pub use epochs::Epochs;
 pub use hyper::{Batches, Sgd};
 pub use order::EpochOrder;
 pub use ranks::Ranks;
-pub use staleness::{AsyncRule, InvalidWarmup, Strategy, UnknownRule, Warmup, MAX_WARMUP_EPOCHS};
+pub use staleness::{
+    AsyncRule, InvalidBound, InvalidWarmup, StalenessBound, Strategy, UnknownRule, Warmup,
+    MAX_WARMUP_EPOCHS,
+};
 pub use store::{HostStore, ParamStore, UpdateAt};
 
 use std::time::Duration;
@@ -170,10 +175,45 @@ pub fn train_across<R: Replica, O: Optimizer + ?Sized>(
     )
 }
 
+/// [`train_across`], with a synchronous run's learning rate scaled for its global batch.
 #[allow(clippy::too_many_arguments)]
 fn run<R: Replica, O: Optimizer + ?Sized>(
     ranks: Option<&dyn Ranks>,
-    Strategy { mode, rule, warmup }: Strategy,
+    strategy: Strategy,
+    pool: &mut WorkerPool<R>,
+    state: &mut TrainState,
+    optimizer: &O,
+    batches: &Batches,
+    end_step: u64,
+    observer: &dyn Observer,
+) -> Result<TrainReport, TrainError> {
+    let global_batch =
+        batches.batch_size as u64 * pool.len() as u64 * ranks.map_or(1, |r| r.ranks() as u64);
+    let factor = strategy.batch_scaling.factor(global_batch);
+    if strategy.mode == Mode::Async || factor == 1.0 {
+        return run_with(
+            ranks, strategy, pool, state, optimizer, batches, end_step, observer,
+        );
+    }
+    let scaled = batch_scaling::BatchScaled {
+        inner: optimizer,
+        factor,
+    };
+    run_with(
+        ranks, strategy, pool, state, &scaled, batches, end_step, observer,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_with<R: Replica, O: Optimizer + ?Sized>(
+    ranks: Option<&dyn Ranks>,
+    Strategy {
+        mode,
+        rule,
+        warmup,
+        bound,
+        ..
+    }: Strategy,
     pool: &mut WorkerPool<R>,
     state: &mut TrainState,
     optimizer: &O,
@@ -204,10 +244,24 @@ fn run<R: Replica, O: Optimizer + ?Sized>(
                 .into(),
         ));
     }
+    if ranks.is_some() && mode == Mode::Async && bound != StalenessBound::Unbounded {
+        return Err(TrainError::Config(format!(
+            "a staleness bound ({bound}) is not implemented across ranks: train with none"
+        )));
+    }
     let leader = (0..pool.len()).find(|&w| !pool.is_retired(w)).unwrap_or(0);
     // Asynchronous across ranks, the store also keeps the counters (at rank 0's service);
     // simulated workers take turns.
-    let counters = asynchronous::Counters::new(state.step, end_step, (leader, warmup_end));
+    let computing = match (mode, bound) {
+        (Mode::Async, StalenessBound::Wait(limit)) => Some(limit.saturating_add(1)),
+        _ => None,
+    };
+    let counters = asynchronous::Counters::new(
+        state.step,
+        end_step,
+        (leader, warmup_end),
+        (pool.len(), computing),
+    );
     let turns = asynchronous::Turns::new(&counters, (0..pool.len()).map(|w| !pool.is_retired(w)));
     let local: &dyn asynchronous::Schedule = match simulated {
         true => &turns,
@@ -263,6 +317,7 @@ fn run<R: Replica, O: Optimizer + ?Sized>(
         store,
         ranks,
         rule,
+        bound,
     };
     match mode {
         Mode::Sync => sync::run(job),
@@ -369,6 +424,9 @@ pub struct Staleness {
     pub mean: f64,
     /// The largest seen.
     pub max: u64,
+    /// Gradients dropped for being staler than the run's [`StalenessBound::Drop`] (each
+    /// computed anew, so not among the updates).
+    pub dropped: u64,
 }
 
 /// How a run went.

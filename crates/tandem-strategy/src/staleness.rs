@@ -3,7 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::Mode;
+use crate::{BatchScaling, Mode};
 
 /// How an asynchronous run treats staleness: how many other updates landed between an update's
 /// read of the parameters and its own application. N equally fast workers make every update
@@ -135,10 +135,74 @@ impl FromStr for Warmup {
     }
 }
 
-/// How a run trains: its [`Mode`] and, in asynchronous mode, its [`AsyncRule`] and [`Warmup`]
-/// (a synchronous run has no stale update, and ignores both). A [`Mode`] alone is that mode
-/// with the defaults: [`AsyncRule::DEFAULT`] and [`Warmup::Auto`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// A limit on how stale an asynchronous update may be, and what a worker does at it (a
+/// parameter server's usual guards: Ho et al., "More Effective Distributed ML via a Stale
+/// Synchronous Parallel Parameter Server", NIPS 2013; TensorFlow's dropping of stale
+/// gradients).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum StalenessBound {
+    /// No limit: every worker computes whenever it is free.
+    #[default]
+    Unbounded,
+    /// At most S + 1 workers compute at once (between their read of the parameters and their
+    /// update); a worker that would be one more waits before it reads. On equally fast workers
+    /// no update is then more than S stale; a worker much faster than the others can still
+    /// land several updates during another's one.
+    Wait(u64),
+    /// An update more than S stale is dropped: its worker reads the parameters again and
+    /// computes its batch anew, so that every batch still lands once, at most S stale.
+    Drop(u64),
+}
+
+impl StalenessBound {
+    /// The largest S a bound takes.
+    pub const MAX: u64 = 1 << 20;
+}
+
+impl fmt::Display for StalenessBound {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StalenessBound::Unbounded => f.write_str("none"),
+            StalenessBound::Wait(s) => write!(f, "wait:{s}"),
+            StalenessBound::Drop(s) => write!(f, "drop:{s}"),
+        }
+    }
+}
+
+/// A bound that is neither `none` nor `wait:S` / `drop:S`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid staleness bound {0:?} (expected none, wait:S or drop:S, S from 0 to 1048576)")]
+pub struct InvalidBound(pub String);
+
+impl FromStr for StalenessBound {
+    type Err = InvalidBound;
+
+    fn from_str(text: &str) -> Result<Self, InvalidBound> {
+        let invalid = || InvalidBound(text.to_owned());
+        let text = text.trim();
+        if text == "none" {
+            return Ok(StalenessBound::Unbounded);
+        }
+        let (action, limit) = text.split_once(':').ok_or_else(invalid)?;
+        let limit = limit
+            .parse::<u64>()
+            .ok()
+            .filter(|&s| s <= Self::MAX)
+            .ok_or_else(invalid)?;
+        match action {
+            "wait" => Ok(StalenessBound::Wait(limit)),
+            "drop" => Ok(StalenessBound::Drop(limit)),
+            _ => Err(invalid()),
+        }
+    }
+}
+
+/// How a run trains: its [`Mode`]; in asynchronous mode its [`AsyncRule`], [`Warmup`] and
+/// [`StalenessBound`] (a synchronous run has no stale update, and ignores them); in synchronous
+/// mode its [`BatchScaling`] (asynchronous steps are one worker's batch, and ignore it). A
+/// [`Mode`] alone is that mode with the defaults: [`AsyncRule::DEFAULT`], [`Warmup::Auto`], no
+/// bound and [`BatchScaling::Auto`].
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Strategy {
     /// Sync or async.
     pub mode: Mode,
@@ -146,6 +210,10 @@ pub struct Strategy {
     pub rule: AsyncRule,
     /// How long an asynchronous run trains on one worker first.
     pub warmup: Warmup,
+    /// How stale an asynchronous update may be.
+    pub bound: StalenessBound,
+    /// How a synchronous run's learning rate follows its global batch.
+    pub batch_scaling: BatchScaling,
 }
 
 impl From<Mode> for Strategy {
@@ -154,6 +222,8 @@ impl From<Mode> for Strategy {
             mode,
             rule: AsyncRule::DEFAULT,
             warmup: Warmup::Auto,
+            bound: StalenessBound::Unbounded,
+            batch_scaling: BatchScaling::Auto,
         }
     }
 }
@@ -190,6 +260,36 @@ mod tests {
         assert_eq!(Warmup::Auto.epochs(4), Warmup::AUTO_EPOCHS);
         assert_eq!(Warmup::Auto.epochs(64), Warmup::AUTO_EPOCHS);
         assert_eq!(Warmup::Epochs(2).epochs(1), 2);
+    }
+
+    #[test]
+    fn a_bound_is_none_or_an_action_and_a_limit() {
+        assert_eq!("none".parse(), Ok(StalenessBound::Unbounded));
+        assert_eq!(" wait:3".parse(), Ok(StalenessBound::Wait(3)));
+        assert_eq!("drop:0".parse(), Ok(StalenessBound::Drop(0)));
+        for bad in [
+            "",
+            "wait",
+            "wait:",
+            "drop:-1",
+            "skip:2",
+            "wait:1048577",
+            "drop:1.5",
+            "3",
+        ] {
+            let err = bad.parse::<StalenessBound>().unwrap_err();
+            assert!(
+                err.to_string().contains("expected none, wait:S"),
+                "{bad}: {err}"
+            );
+        }
+        for b in [
+            StalenessBound::Unbounded,
+            StalenessBound::Wait(7),
+            StalenessBound::Drop(StalenessBound::MAX),
+        ] {
+            assert_eq!(b.to_string().parse(), Ok(b));
+        }
     }
 
     #[test]

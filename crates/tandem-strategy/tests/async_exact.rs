@@ -17,7 +17,10 @@ use std::time::Duration;
 use common::{across, ema, pool_of, weights_and_bias, within, Loss, Model, TestReplica};
 use tandem_core::{ParamSpan, TrainState};
 use tandem_pool::WorkerPool;
-use tandem_strategy::{train_across, Batches, NoObserver, Observer, Sgd, TrainError, TrainReport};
+use tandem_strategy::{
+    train, train_across, Batches, NoObserver, Observer, Sgd, StalenessBound, Strategy, TrainError,
+    TrainReport,
+};
 
 /// The learning rate, and so the step of every parameter: 2^-10.
 const LR: f32 = 1.0 / 1024.0;
@@ -339,4 +342,90 @@ fn async_across_ranks_applies_every_update_to_every_part_exactly_once() {
         .flat_map(|(_, s)| s.iter().map(|s| s.max))
         .max();
     assert!(most >= Some(1), "no update was ever stale across 4 workers");
+}
+
+/// Bounds on real, truly parallel workers: under `wait:0` one worker computes at a time, so no
+/// update is stale; under `drop:1` none lands more than one update stale. Either way every
+/// batch lands exactly once (a dropped gradient is computed again, never applied), in replicas
+/// that load the parameters and in those that updates leave them in.
+#[test]
+fn bounded_async_on_parallel_workers_keeps_its_bound_and_loses_no_update() {
+    const UPDATES: u64 = 120;
+    for (bound, most) in [(StalenessBound::Wait(0), 0), (StalenessBound::Drop(1), 1)] {
+        for exchanges in [false, true] {
+            let what = format!("async {bound}, 4 workers, replicas exchange: {exchanges}");
+            let (state, report) = within(&what.clone(), move || {
+                let mut pool = if exchanges {
+                    host_pool(4)
+                } else {
+                    pool(4, None)
+                };
+                let mut state = initial_state();
+                let strategy = Strategy {
+                    bound,
+                    ..PLAIN_ASYNC
+                };
+                let report = train(
+                    strategy,
+                    &mut pool,
+                    &mut state,
+                    &sgd(),
+                    &batches(),
+                    UPDATES,
+                    &NoObserver,
+                );
+                (state, report)
+            });
+            let report = report.unwrap();
+            assert_eq!((report.steps, state.step), (UPDATES, UPDATES), "{what}");
+            let staleness = report.staleness.expect("async");
+            assert!(staleness.max <= most, "{what}: {staleness:?}");
+            assert_moved_by(&what, &state, UPDATES);
+        }
+    }
+}
+
+/// What the turns of one process do is not built across ranks: a warm-up on one worker and a
+/// staleness bound are refused there, on every rank, before any update.
+#[test]
+fn across_ranks_a_warmup_or_a_bound_is_refused_before_training() {
+    let refused = [
+        Strategy {
+            warmup: tandem_strategy::Warmup::Epochs(1),
+            ..PLAIN_ASYNC
+        },
+        Strategy {
+            bound: StalenessBound::Wait(1),
+            ..PLAIN_ASYNC
+        },
+        Strategy {
+            bound: StalenessBound::Drop(3),
+            ..PLAIN_ASYNC
+        },
+    ];
+    for strategy in refused {
+        let results = within("refused on 2 ranks", move || {
+            across(2, |rank| {
+                let mut state = initial_state();
+                let result = train_across(
+                    rank,
+                    strategy,
+                    &mut pool(2, None),
+                    &mut state,
+                    &sgd(),
+                    &batches(),
+                    20,
+                    &NoObserver,
+                );
+                (result.map(|r| r.steps), state.step)
+            })
+        });
+        for (result, step) in results {
+            assert!(
+                matches!(&result, Err(TrainError::Config(why)) if why.contains("not implemented across ranks")),
+                "{strategy:?}: {result:?}"
+            );
+            assert_eq!(step, 0, "{strategy:?}");
+        }
+    }
 }

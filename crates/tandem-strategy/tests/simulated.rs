@@ -15,8 +15,8 @@ use common::{
 use tandem_core::{Optimizer, Piece, ReplicaError, TrainState};
 use tandem_pool::{Device, WorkerPool};
 use tandem_strategy::{
-    train, AsyncRule, EpochOrder, Epochs, Mode, NoObserver, Observer, StepReport, Strategy,
-    TrainError, TrainReport, Warmup,
+    train, AsyncRule, EpochOrder, Epochs, Mode, NoObserver, Observer, StalenessBound, StepReport,
+    Strategy, TrainError, TrainReport, Warmup,
 };
 
 /// Nothing added to the least-squares fit.
@@ -37,6 +37,7 @@ fn asynchronous(rule: AsyncRule, warmup: u64) -> Strategy {
         mode: Mode::Async,
         rule,
         warmup: Warmup::Epochs(warmup),
+        bound: StalenessBound::Unbounded,
     }
 }
 
@@ -97,6 +98,60 @@ fn reference(workers: usize, rule: AsyncRule, warmup_epochs: u64, steps: u64) ->
     }
     state.step = steps;
     state
+}
+
+/// `steps` asynchronous updates of `workers` equally fast parallel workers under a dropping
+/// bound of `limit`, computed one after another, as events in time: each worker's gradient is
+/// ready one computation after its read, so the oldest read lands next; one more than `limit`
+/// stale is dropped, its worker reading the parameters there are and computing its batch again.
+/// Returns the state and how many were dropped.
+fn dropping_reference(workers: usize, limit: u64, steps: u64) -> (TrainState, u64) {
+    let (sgd, batches) = (sgd(), batches());
+    let epochs = Epochs::new(EXAMPLES, batches.batch_size as u64);
+    let mut order = EpochOrder::new(batches.seed, EXAMPLES);
+    let mut fit = LeastSquaresFit { quirks: Healthy };
+    let mut state = initial_state();
+    let mut compute = |ticket: u64, params: &[f32]| {
+        let mut batch = vec![0u32; batches.batch_size];
+        order.fill(epochs.position(ticket), &mut batch);
+        let mut grads = vec![0.0; params.len()];
+        fit.gradients(ticket + 1, &batch, params, &mut grads)
+            .expect("the fit computes");
+        grads
+    };
+    // In the order of their reads: (ticket, version read, gradient).
+    let mut computing: VecDeque<(u64, u64, Vec<f32>)> = (0..(workers as u64).min(steps))
+        .map(|t| (t, 0, compute(t, &state.params)))
+        .collect();
+    let (mut version, mut next_ticket, mut dropped) = (0, workers as u64, 0);
+    while let Some((ticket, read, grads)) = computing.pop_front() {
+        if version - read > limit {
+            dropped += 1;
+            computing.push_back((ticket, version, compute(ticket, &state.params)));
+            continue;
+        }
+        let [ema] = &mut state.slots[..] else {
+            unreachable!("Sgd keeps one state vector")
+        };
+        sgd.update(
+            Piece {
+                params: &mut state.params,
+                state: &mut [&mut ema.values],
+                grads: &[&grads],
+                weight_decay: true,
+                rate_scale: AsyncRule::Scaled.rate_scale(version - read),
+            },
+            version,
+            epochs.epoch_at(version),
+        );
+        version += 1;
+        if next_ticket < steps {
+            computing.push_back((next_ticket, version, compute(next_ticket, &state.params)));
+            next_ticket += 1;
+        }
+    }
+    state.step = version;
+    (state, dropped)
 }
 
 /// Every step's staleness, as the workers report them.
@@ -184,6 +239,72 @@ fn simulated_updates_are_as_stale_as_parallel_workers_make_them() {
             .all(|&(_, s)| s == workers as u64 - 1));
         assert!(seen[..warmup as usize].iter().all(|&(_, s)| s == 0));
     }
+}
+
+/// `wait:S` lets S + 1 workers compute: the others never read, and the run is that of S + 1
+/// workers, warm-up and all.
+#[test]
+fn a_waiting_bound_trains_as_that_many_parallel_workers_bitwise() {
+    for (workers, limit) in [(5, 1), (8, 2), (3, 0), (4, 7)] {
+        for warmup in [0, 2] {
+            let what = format!("sim:{workers}, wait:{limit}, warm-up {warmup}");
+            let strategy = Strategy {
+                bound: StalenessBound::Wait(limit),
+                ..asynchronous(AsyncRule::Scaled, warmup)
+            };
+            let (state, report) = within(&what.clone(), move || {
+                run_sim(workers, strategy, 60, &NoObserver)
+            });
+            let computing = workers.min(limit as usize + 1);
+            let expected = reference(computing, AsyncRule::Scaled, warmup, 60);
+            assert_eq!(state.params, expected.params, "{what}: parameters");
+            assert_eq!(ema(&state), ema(&expected), "{what}: moving average");
+            let staleness = report.staleness.expect("async");
+            assert_eq!(staleness.max, computing as u64 - 1, "{what}");
+            assert_eq!(staleness.dropped, 0, "{what}");
+        }
+    }
+}
+
+/// `drop:S` lands every batch once, none more than S stale, as equally fast parallel workers
+/// that drop too stale gradients would.
+#[test]
+fn a_dropping_bound_lands_every_batch_at_most_that_stale_bitwise() {
+    for (workers, limit) in [(5, 1), (8, 2), (4, 0), (3, 2), (6, 9)] {
+        let what = format!("sim:{workers}, drop:{limit}");
+        let strategy = Strategy {
+            bound: StalenessBound::Drop(limit),
+            ..asynchronous(AsyncRule::Scaled, 0)
+        };
+        let (state, report, seen) = within(&what.clone(), move || {
+            let observer = Staleness::default();
+            let (state, report) = run_sim(workers, strategy, 60, &observer);
+            (state, report, observer.0.into_inner().unwrap())
+        });
+        let (expected, dropped) = dropping_reference(workers, limit, 60);
+        assert_eq!(state.params, expected.params, "{what}: parameters");
+        assert_eq!(ema(&state), ema(&expected), "{what}: moving average");
+        assert_eq!((state.step, report.steps), (60, 60), "{what}");
+        let staleness = report.staleness.expect("async");
+        assert_eq!(staleness.dropped, dropped, "{what}");
+        assert_eq!(
+            dropped > 0,
+            workers as u64 - 1 > limit,
+            "{what}: {dropped} dropped"
+        );
+        let mut seen = seen;
+        seen.sort();
+        assert_eq!(
+            seen.iter().map(|&(step, _)| step).collect::<Vec<_>>(),
+            (1..=60).collect::<Vec<_>>(),
+            "{what}: every step once"
+        );
+        assert!(seen.iter().all(|&(_, s)| s <= limit), "{what}: {seen:?}");
+    }
+    // A bound no update reaches changes nothing; the reference can tell the bounds apart.
+    let (loose, _) = dropping_reference(4, 3, 60);
+    assert_eq!(loose.params, reference(4, AsyncRule::Scaled, 0, 60).params);
+    assert_ne!(loose.params, dropping_reference(4, 1, 60).0.params);
 }
 
 #[test]

@@ -10,7 +10,10 @@ use std::sync::LazyLock;
 use tandem_core::{ParamSpan, Replica, ReplicaError, StepLoss, TrainState};
 use tandem_pool::{Device, DeviceSpec};
 use tandem_strategy::{Batches, Sgd};
-use tandem_train::{AsyncRule, Checkpoints, Fresh, Interrupt, Length, Mode, Model, ModelId};
+use tandem_train::{
+    AsyncRule, BatchScaling, Checkpoints, Fresh, Interrupt, Length, Mode, Model, ModelId,
+    StalenessBound,
+};
 use tandem_train::{Resume, Setup, Start, Trainer, Warmup, Watch};
 
 const EXAMPLES: usize = 2_000;
@@ -120,6 +123,8 @@ fn main() -> Result<(), Box<dyn Error>> {
             mode,
             async_rule: AsyncRule::DEFAULT,
             async_warmup: Warmup::Auto,
+            async_bound: StalenessBound::Unbounded,
+            lr_scaling: BatchScaling::Auto,
             optimizer,
             batches,
             length,

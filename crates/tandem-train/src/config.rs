@@ -4,7 +4,9 @@ use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
 
 use tandem_pool::MAX_REPLICAS;
-use tandem_strategy::{AsyncRule, Batches, Epochs, Sgd, Strategy, Warmup};
+use tandem_strategy::{
+    AsyncRule, BatchScaling, Batches, Epochs, Sgd, StalenessBound, Strategy, Warmup,
+};
 
 use crate::{Mode, RunError};
 
@@ -142,6 +144,11 @@ pub struct RunConfig<O> {
     pub async_rule: AsyncRule,
     /// How long an asynchronous run trains on one worker first (recorded for asynchronous runs).
     pub async_warmup: Warmup,
+    /// How stale an asynchronous update may be (recorded for asynchronous runs).
+    pub async_bound: StalenessBound,
+    /// How a synchronous run's learning rate follows its global batch (recorded for
+    /// synchronous runs).
+    pub lr_scaling: BatchScaling,
     /// How many workers the run trains on (sync: part of its identity).
     pub workers: usize,
     /// The optimiser and its configuration.
@@ -159,17 +166,23 @@ pub struct RunConfig<O> {
 pub const ASYNC_RULE: &str = "async_rule";
 /// The metadata key of an asynchronous run's [`Warmup`].
 pub const ASYNC_WARMUP: &str = "async_warmup";
+/// The metadata key of an asynchronous run's [`StalenessBound`].
+pub const ASYNC_BOUND: &str = "async_bound";
+/// The metadata key of a synchronous run's [`BatchScaling`].
+pub const LR_SCALING: &str = "lr_scaling";
 
 /// The keys of a run's identity before the optimiser's: what a resume keeps fixed.
 const RUN_KEYS: &[&str] = &["format", "model", "mode", "batch_size", "seed"];
 
 impl<O: RecordedOptimizer> RunConfig<O> {
-    /// How the run trains: its mode and asynchronous rule.
+    /// How the run trains: its mode and how asynchronous updates treat staleness.
     pub fn strategy(&self) -> Strategy {
         Strategy {
             mode: self.mode,
             rule: self.async_rule,
             warmup: self.async_warmup,
+            bound: self.async_bound,
+            batch_scaling: self.lr_scaling,
         }
     }
 
@@ -214,12 +227,17 @@ impl<O: RecordedOptimizer> RunConfig<O> {
         let asynchronous = [
             (ASYNC_RULE, self.async_rule.to_string()),
             (ASYNC_WARMUP, self.async_warmup.to_string()),
+            (ASYNC_BOUND, self.async_bound.to_string()),
         ];
         let asynchronous = asynchronous
             .into_iter()
             .filter(|_| self.mode == Mode::Async);
+        let synchronous = [(LR_SCALING, self.lr_scaling.to_string())]
+            .into_iter()
+            .filter(|_| self.mode == Mode::Sync);
         run.into_iter()
             .chain(asynchronous)
+            .chain(synchronous)
             .chain(optimizer)
             .chain(self.save_every.map(|n| ("save_every", n.to_string())))
             .map(|(k, v)| (k.to_string(), v))
@@ -292,6 +310,21 @@ impl<O: RecordedOptimizer> RunConfig<O> {
                 .parse()
                 .map_err(|e| format!("its metadata {ASYNC_WARMUP}: {e}"))?,
         };
+        let async_bound = match (mode, meta.get(ASYNC_BOUND)) {
+            // Written before bounds existed, or by a sync run.
+            (Mode::Sync, _) | (Mode::Async, None) => StalenessBound::Unbounded,
+            (Mode::Async, Some(text)) => text
+                .parse()
+                .map_err(|e| format!("its metadata {ASYNC_BOUND}: {e}"))?,
+        };
+        let lr_scaling = match (mode, meta.get(LR_SCALING)) {
+            (Mode::Async, _) => BatchScaling::Auto,
+            // Written before the scaling existed, when every sync run kept the rate.
+            (Mode::Sync, None) => BatchScaling::Factor(1.0),
+            (Mode::Sync, Some(text)) => text
+                .parse()
+                .map_err(|e| format!("its metadata {LR_SCALING}: {e}"))?,
+        };
         let save_every = match meta.get("save_every") {
             // Written by versions that did not record the cadence: the default, once an epoch
             // (`Epochs::steps_per_epoch`, the same as theirs when the global batch divides the
@@ -303,6 +336,8 @@ impl<O: RecordedOptimizer> RunConfig<O> {
             mode,
             async_rule,
             async_warmup,
+            async_bound,
+            lr_scaling,
             workers: integer("workers", 1..=MAX_REPLICAS as u64)? as usize,
             optimizer: O::from_values(&|key| meta.get(key).cloned())?,
             batches: Batches {
@@ -342,6 +377,8 @@ mod tests {
             mode,
             async_rule: AsyncRule::Scaled,
             async_warmup: Warmup::Auto,
+            async_bound: StalenessBound::Unbounded,
+            lr_scaling: BatchScaling::Auto,
             workers: 3,
             optimizer: Sgd {
                 learning_rate: 0.25,
@@ -404,24 +441,35 @@ mod tests {
             err.contains("async_rule") && err.contains("\"faster\""),
             "{err}"
         );
+        let mut bound = config(Mode::Async).to_metadata(&model());
+        bound.insert(ASYNC_BOUND.into(), "wait:-3".into());
+        let err = RunConfig::<Sgd>::from_metadata(&bound, &model(), 100).unwrap_err();
+        assert!(
+            err.contains("async_bound") && err.contains("\"wait:-3\""),
+            "{err}"
+        );
         let mut missing = good;
         missing.remove("seed");
         let err = RunConfig::<Sgd>::from_metadata(&missing, &model(), 100).unwrap_err();
         assert_eq!(err, "its metadata has no seed");
     }
 
-    /// Async runs record their rule and warm-up, sync runs nothing of them; an async checkpoint written before
-    /// the rule existed trained every update at the full rate.
+    /// Async runs record their rule, warm-up and bound, sync runs nothing of them; an async
+    /// checkpoint written before the rule existed trained every update at the full rate.
     #[test]
     fn an_async_run_records_its_rule_and_older_ones_read_as_plain() {
         let sync = config(Mode::Sync).to_metadata(&model());
-        assert!(!sync.contains_key(ASYNC_RULE) && !sync.contains_key(ASYNC_WARMUP));
+        assert!([ASYNC_RULE, ASYNC_WARMUP, ASYNC_BOUND]
+            .iter()
+            .all(|key| !sync.contains_key(*key)));
         let mut plain = config(Mode::Async);
         plain.async_rule = AsyncRule::Plain;
         plain.async_warmup = Warmup::Epochs(3);
+        plain.async_bound = StalenessBound::Drop(2);
         let meta = plain.to_metadata(&model());
         assert_eq!(meta[ASYNC_RULE], "plain");
         assert_eq!(meta[ASYNC_WARMUP], "3");
+        assert_eq!(meta[ASYNC_BOUND], "drop:2");
         assert_eq!(
             RunConfig::<Sgd>::from_metadata(&meta, &model(), 100).unwrap(),
             plain
@@ -429,9 +477,36 @@ mod tests {
         let mut older = config(Mode::Async).to_metadata(&model());
         older.remove(ASYNC_RULE);
         older.remove(ASYNC_WARMUP);
+        older.remove(ASYNC_BOUND);
         let read = RunConfig::<Sgd>::from_metadata(&older, &model(), 100).unwrap();
         assert_eq!(read.async_rule, AsyncRule::Plain);
         assert_eq!(read.async_warmup, Warmup::Epochs(0));
+        assert_eq!(read.async_bound, StalenessBound::Unbounded);
+    }
+
+    /// Sync runs record their learning-rate scaling; one written before it existed kept the
+    /// rate whatever its batch.
+    #[test]
+    fn a_sync_run_records_its_scaling_and_older_ones_read_as_none() {
+        let mut scaled = config(Mode::Sync);
+        scaled.lr_scaling = BatchScaling::Factor(1.5);
+        let meta = scaled.to_metadata(&model());
+        assert_eq!(meta[LR_SCALING], "1.5");
+        assert_eq!(
+            RunConfig::<Sgd>::from_metadata(&meta, &model(), 100).unwrap(),
+            scaled
+        );
+        assert!(!config(Mode::Async)
+            .to_metadata(&model())
+            .contains_key(LR_SCALING));
+        let mut older = meta;
+        older.remove(LR_SCALING);
+        let read = RunConfig::<Sgd>::from_metadata(&older, &model(), 100).unwrap();
+        assert_eq!(read.lr_scaling, BatchScaling::Factor(1.0));
+        let mut bad = config(Mode::Sync).to_metadata(&model());
+        bad.insert(LR_SCALING.into(), "0".into());
+        let err = RunConfig::<Sgd>::from_metadata(&bad, &model(), 100).unwrap_err();
+        assert!(err.contains(LR_SCALING) && err.contains("\"0\""), "{err}");
     }
 
     #[test]

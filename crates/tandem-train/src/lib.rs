@@ -30,13 +30,14 @@ pub mod report;
 mod trainer;
 
 pub use config::{
-    parse_finite, sgd, ModelId, RecordedOptimizer, RunConfig, ASYNC_RULE, ASYNC_WARMUP, MAX_STEPS,
+    parse_finite, sgd, ModelId, RecordedOptimizer, RunConfig, ASYNC_BOUND, ASYNC_RULE,
+    ASYNC_WARMUP, LR_SCALING, MAX_STEPS,
 };
 pub use error::{Conflict, RunError};
 pub use interrupt::Interrupt;
 pub use plan::Plan;
 pub use progress::{Display, Progress, DEFAULT_LOG_EVERY};
-pub use tandem_strategy::{AsyncRule, Mode, Warmup};
+pub use tandem_strategy::{AsyncRule, BatchScaling, Mode, StalenessBound, Warmup};
 pub use trainer::{
     check_checkpoint, Checkpoints, EvaluateError, Fresh, Length, Model, Requested, Resume, Segment,
     Setup, Start, Summary, Totals, Trainer, Watch,

@@ -10,7 +10,8 @@ use tandem_core::{ParamSpan, Replica, ReplicaError, TrainState};
 use tandem_pool::{Device, DeviceSpec, GpuCount, WorkerPool};
 use tandem_strategy::checkpoint::{self, Checkpoint, CheckpointDir};
 use tandem_strategy::{
-    AsyncRule, Batches, Observer, Ranks, Staleness, Stall, StepReport, TrainReport, Warmup,
+    AsyncRule, BatchScaling, Batches, Observer, Ranks, Staleness, StalenessBound, Stall,
+    StepReport, TrainReport, Warmup,
 };
 
 use crate::config::{ModelId, RecordedOptimizer, RunConfig};
@@ -54,6 +55,11 @@ pub struct Fresh<O> {
     pub async_rule: AsyncRule,
     /// How long an asynchronous run trains on one worker first (a synchronous run ignores it).
     pub async_warmup: Warmup,
+    /// How stale an asynchronous update may be (a synchronous run ignores it).
+    pub async_bound: StalenessBound,
+    /// How a synchronous run's learning rate follows its global batch (an asynchronous run
+    /// ignores it).
+    pub lr_scaling: BatchScaling,
     /// The optimiser.
     pub optimizer: O,
     /// Batch size and seed of the data order.
@@ -268,6 +274,7 @@ pub struct Totals {
     staleness_sum: f64,
     staleness_max: u64,
     async_steps: u64,
+    dropped: u64,
     /// Workers that failed while the others carried on (asynchronous).
     pub failures: Vec<String>,
 }
@@ -276,10 +283,11 @@ impl Totals {
     fn add(&mut self, report: &TrainReport) {
         self.examples += report.examples;
         self.seconds += report.elapsed.as_secs_f64();
-        if let Some(Staleness { mean, max }) = report.staleness {
+        if let Some(Staleness { mean, max, dropped }) = report.staleness {
             self.staleness_sum += mean * report.steps as f64;
             self.staleness_max = self.staleness_max.max(max);
             self.async_steps += report.steps;
+            self.dropped += dropped;
         }
         self.failures
             .extend(report.failures.iter().map(ToString::to_string));
@@ -295,6 +303,7 @@ impl Totals {
         (self.async_steps > 0).then(|| Staleness {
             mean: self.staleness_sum / self.async_steps as f64,
             max: self.staleness_max,
+            dropped: self.dropped,
         })
     }
 }
@@ -386,6 +395,8 @@ impl<M: Model, O: RecordedOptimizer> Trainer<M, O> {
                     mode: fresh.mode,
                     async_rule: fresh.async_rule,
                     async_warmup: fresh.async_warmup,
+                    async_bound: fresh.async_bound,
+                    lr_scaling: fresh.lr_scaling,
                     workers,
                     optimizer: fresh.optimizer,
                     batches: fresh.batches,
@@ -880,6 +891,8 @@ mod tests {
             mode,
             async_rule: AsyncRule::DEFAULT,
             async_warmup: Warmup::Auto,
+            async_bound: StalenessBound::Unbounded,
+            lr_scaling: BatchScaling::Auto,
             optimizer: Sgd {
                 learning_rate: 0.5,
                 ..Sgd::DEFAULT

@@ -515,6 +515,13 @@ impl<O: Optimizer + ?Sized> Schedule for RankedAsyncStore<'_, '_, O> {
         }
     }
 
+    /// Never asked: [`crate::train_across`] refuses a staleness bound across ranks, since a
+    /// rank's update begins at rank 0's service, inside [`ParamStore::apply`].
+    fn claim(&self, lane: usize, _: u64, _: u64) -> Result<u64, u64> {
+        debug_assert!(false, "a staleness bound across ranks");
+        Ok(self.begin(lane))
+    }
+
     fn complete(&self) {}
 
     fn version(&self) -> Option<u64> {

@@ -328,6 +328,7 @@ pub const PLAIN_ASYNC: tandem_strategy::Strategy = tandem_strategy::Strategy {
     mode: tandem_strategy::Mode::Async,
     rule: tandem_strategy::AsyncRule::Plain,
     warmup: tandem_strategy::Warmup::Epochs(0),
+    bound: tandem_strategy::StalenessBound::Unbounded,
 };
 
 /// [`tandem_strategy::train`] in async mode with the [`PLAIN_ASYNC`] rule, as a function the

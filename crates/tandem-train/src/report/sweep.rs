@@ -40,8 +40,9 @@ pub struct Sweep {
     pub batch_size: usize,
     /// Seed of the initial parameters and the data order.
     pub seed: u64,
-    /// The asynchronous runs' rule, as its name.
-    pub async_rule: String,
+    /// How each mode treats the worker count (the asynchronous rule, warm-up and bound, the
+    /// synchronous learning-rate scaling), as the report writes it.
+    pub settings: String,
     /// The test accuracies whose first crossing the table times, e.g. `[0.97, 0.98]`.
     pub milestones: Vec<f64>,
     /// The worker counts, in the order trained.
@@ -147,7 +148,7 @@ fn markdown(sweep: &Sweep, table: &str) -> String {
     format!(
         "# {}\n\n\
          {} epoch(s) per mode and worker count, on {} workers, batch {} per worker, seed {}; \
-         asynchronous rule {}. Test accuracy of the averaged parameters. {time_note} \
+         {}. Test accuracy of the averaged parameters. {time_note} \
          Staleness: how many other updates landed between an async update's read of the \
          parameters and its own application.\n\n{table}\n\
          ![final test accuracy and examples to {}% against the worker count](sweep.png)\n",
@@ -156,7 +157,7 @@ fn markdown(sweep: &Sweep, table: &str) -> String {
         sweep.kind,
         sweep.batch_size,
         sweep.seed,
-        sweep.async_rule,
+        sweep.settings,
         percent(sweep.target()),
     )
 }
@@ -169,8 +170,8 @@ type Measure<'a> = dyn Fn(&Run) -> Option<f64> + 'a;
 fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, sweep: &Sweep) -> DrawResult<DB> {
     root.fill(&WHITE)?;
     let title = format!(
-        "{}: sync vs async as workers grow ({} workers, batch {}, {} epoch(s), async rule {})",
-        sweep.title, sweep.kind, sweep.batch_size, sweep.epochs, sweep.async_rule
+        "{}: sync vs async as workers grow ({} workers, batch {}, {} epoch(s); {})",
+        sweep.title, sweep.kind, sweep.batch_size, sweep.epochs, sweep.settings
     );
     let root = root.titled(&title, ("sans-serif", 28))?;
     let panels = root.split_evenly((2, 1));
@@ -293,7 +294,7 @@ mod tests {
             epochs: 1,
             batch_size: 10,
             seed: 1,
-            async_rule: "scaled".into(),
+            settings: "async rule scaled".into(),
             milestones: vec![0.5, 0.9],
             points: [1, 4]
                 .into_iter()
