@@ -294,6 +294,52 @@ fn without_data_it_says_where_it_looked_and_how_to_point_at_the_files() {
 /// Async on many workers trains at the default flags with no warning to lower the rate, and
 /// the summary says which rule and warm-up it used; the rule and warm-up are checked as flags
 /// and kept by a resume, which refuses to change them.
+/// Sync scales its learning rate above a global batch of 800 (here 9 workers of 100: x1.125),
+/// says so, records it, and a resume keeps it; below, the summary says plain sync.
+#[test]
+fn sync_scales_its_rate_for_a_large_global_batch_and_a_resume_keeps_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    let base = ["--sync", "--devices", "sim:9", "--log-every", "0"];
+    let scaled = succeed(&[&base[..], &["--steps", "3", "--checkpoint-dir", arg(&dir)]].concat());
+    line_starting(
+        &scaled,
+        "mode:                sync, learning rate x1.125 for a global batch of 900 (scaling auto",
+    );
+    let small = succeed(&[
+        "--sync",
+        "--devices",
+        "sim:8",
+        "--steps",
+        "2",
+        "--log-every",
+        "0",
+    ]);
+    assert_eq!(line_starting(&small, "mode:"), "mode:                sync");
+    let factor = succeed(&[&base[..], &["--steps", "2", "--lr-scaling", "1.5"]].concat());
+    line_starting(
+        &factor,
+        "mode:                sync, learning rate x1.5 for a global batch",
+    );
+    for bad in ["0.5", "x", "65"] {
+        let message = fail(&["--sync", "--steps", "1", "--lr-scaling", bad]);
+        assert!(
+            message.contains("expected auto or a factor"),
+            "{bad}: {message}"
+        );
+    }
+    let again = succeed(&[&base[..], &["--resume", arg(&dir), "--steps", "4"]].concat());
+    line_starting(&again, "mode:                sync, learning rate x1.125");
+    let message = fail(
+        &[
+            &base[..],
+            &["--resume", arg(&dir), "--steps", "5", "--lr-scaling", "1"],
+        ]
+        .concat(),
+    );
+    assert!(message.contains("--lr-scaling"), "{message}");
+}
+
 #[test]
 fn async_names_its_rule_and_a_resume_keeps_it() {
     let tmp = tempfile::tempdir().unwrap();

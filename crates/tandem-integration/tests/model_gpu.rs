@@ -9,7 +9,7 @@ use tandem_kernels::{CudaBackend, KernelError};
 use tandem_mnist::Mnist;
 use tandem_model::{Mlp, MlpReplica};
 use tandem_pool::{Device, WorkerPool};
-use tandem_strategy::{train, Batches, Mode, NoObserver, Sgd};
+use tandem_strategy::{train, BatchScaling, Batches, Mode, NoObserver, Sgd, Strategy};
 use tandem_tensor::{CpuBackend, ExampleSet};
 
 /// `count` replicas on GPU 0, or `None` after saying on stderr that the test is skipped.
@@ -65,9 +65,20 @@ fn max_relative_difference(a: &[f32], b: &[f32]) -> f32 {
 }
 
 fn sync_run(replicas: Vec<MlpReplica<CudaBackend>>, batch: usize, steps: u64) -> TrainState {
-    let devices = (0..replicas.len())
-        .map(|_| Device::Cuda { ordinal: 0 })
-        .collect();
+    let gpu = Device::Cuda { ordinal: 0 };
+    sync_run_scaled(replicas, gpu, batch, steps, BatchScaling::Auto)
+}
+
+/// [`sync_run`] with `scaling` of the learning rate, on any backend's replicas, all on
+/// `device`.
+fn sync_run_scaled<B: tandem_tensor::Backend>(
+    replicas: Vec<MlpReplica<B>>,
+    device: Device,
+    batch: usize,
+    steps: u64,
+    scaling: BatchScaling,
+) -> TrainState {
+    let devices = (0..replicas.len()).map(|_| device.clone()).collect();
     let mut replicas = replicas.into_iter();
     let mut pool =
         WorkerPool::new(devices, |_| replicas.next().ok_or("one replica per device")).unwrap();
@@ -76,8 +87,12 @@ fn sync_run(replicas: Vec<MlpReplica<CudaBackend>>, batch: usize, steps: u64) ->
         batch_size: batch,
         ..Batches::default()
     };
+    let strategy = Strategy {
+        batch_scaling: scaling,
+        ..Strategy::from(Mode::Sync)
+    };
     train(
-        Mode::Sync,
+        strategy,
         &mut pool,
         &mut state,
         &Sgd::default(),
@@ -151,6 +166,33 @@ fn sync_with_two_replicas_on_one_gpu_equals_one_replica_with_twice_the_batch() {
         max_relative_difference(ema(&a), ema(&b)),
     );
     assert!(params <= 1e-5 && ema <= 1e-5, "params {params}, ema {ema}");
+}
+
+/// A synchronous run's learning-rate scaling reaches the update on the device: scaled, the GPU
+/// run moves away from the unscaled one, and stays with the CPU's scaled run.
+#[test]
+fn a_scaled_sync_rate_is_the_same_on_the_gpu_as_on_the_cpu() {
+    let train = train_set();
+    let Some(scaled) = gpu_replicas(1, &train, HALF_BATCH) else {
+        return;
+    };
+    let Some(plain) = gpu_replicas(1, &train, HALF_BATCH) else {
+        return;
+    };
+    let (triple, none) = (BatchScaling::Factor(3.0), BatchScaling::Factor(1.0));
+    let device = Device::Cuda { ordinal: 0 };
+    let gpu = sync_run_scaled(scaled, device.clone(), HALF_BATCH, STEPS, triple);
+    let gpu_plain = sync_run_scaled(plain, device, HALF_BATCH, STEPS, none);
+    let cpu_replica = MlpReplica::new(Mlp::MNIST, CpuBackend, &train, HALF_BATCH).unwrap();
+    let on_cpu = Device::Cpu { worker: 0 };
+    let cpu = sync_run_scaled(vec![cpu_replica], on_cpu, HALF_BATCH, STEPS, triple);
+    let apart = max_relative_difference(&gpu.params, &gpu_plain.params);
+    let error = max_relative_difference(&gpu.params, &cpu.params);
+    assert!(apart > 1e-4, "the scaling changed nothing: {apart}");
+    assert!(
+        error <= 1e-5 && error * 10.0 < apart,
+        "GPU {error} from the CPU, {apart} from unscaled"
+    );
 }
 
 #[test]

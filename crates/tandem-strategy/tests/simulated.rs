@@ -15,8 +15,8 @@ use common::{
 use tandem_core::{Optimizer, Piece, ReplicaError, TrainState};
 use tandem_pool::{Device, WorkerPool};
 use tandem_strategy::{
-    train, AsyncRule, EpochOrder, Epochs, Mode, NoObserver, Observer, StalenessBound, StepReport,
-    Strategy, TrainError, TrainReport, Warmup,
+    train, AsyncRule, BatchScaling, EpochOrder, Epochs, Mode, NoObserver, Observer, Sgd,
+    StalenessBound, StepReport, Strategy, TrainError, TrainReport, Warmup,
 };
 
 /// Nothing added to the least-squares fit.
@@ -38,6 +38,7 @@ fn asynchronous(rule: AsyncRule, warmup: u64) -> Strategy {
         rule,
         warmup: Warmup::Epochs(warmup),
         bound: StalenessBound::Unbounded,
+        batch_scaling: BatchScaling::Auto,
     }
 }
 
@@ -437,5 +438,40 @@ fn simulated_and_real_workers_do_not_train_together() {
             matches!(&err, TrainError::Config(why) if why.contains("sim:N")),
             "{err}"
         );
+    }
+}
+
+/// The learning-rate scaling is the synchronous runs': there a factor changes the result;
+/// asynchronous runs, whose steps are one worker's batch, ignore it (its arithmetic has unit
+/// tests of its own).
+#[test]
+fn batch_scaling_scales_sync_runs_only() {
+    let run = |mode: Mode, batch_scaling: BatchScaling, sgd: Sgd| {
+        let mut pool = sim_pool(3, |_| Healthy);
+        let mut state = initial_state();
+        let strategy = Strategy {
+            batch_scaling,
+            ..asynchronous(AsyncRule::Scaled, 0)
+        };
+        let strategy = Strategy { mode, ..strategy };
+        train(
+            strategy,
+            &mut pool,
+            &mut state,
+            &sgd,
+            &batches(),
+            40,
+            &NoObserver,
+        )
+        .unwrap();
+        state.params
+    };
+    let sgd = sgd();
+    for mode in [Mode::Sync, Mode::Async] {
+        let plain = run(mode, BatchScaling::Factor(1.0), sgd);
+        // A global batch of 30 is no large batch to `auto`.
+        assert_eq!(run(mode, BatchScaling::Auto, sgd), plain, "{mode:?}");
+        let doubled = run(mode, BatchScaling::Factor(2.0), sgd);
+        assert_eq!(doubled == plain, mode == Mode::Async, "{mode:?}");
     }
 }

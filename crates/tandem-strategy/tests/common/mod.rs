@@ -329,6 +329,7 @@ pub const PLAIN_ASYNC: tandem_strategy::Strategy = tandem_strategy::Strategy {
     rule: tandem_strategy::AsyncRule::Plain,
     warmup: tandem_strategy::Warmup::Epochs(0),
     bound: tandem_strategy::StalenessBound::Unbounded,
+    batch_scaling: tandem_strategy::BatchScaling::Auto,
 };
 
 /// [`tandem_strategy::train`] in async mode with the [`PLAIN_ASYNC`] rule, as a function the
