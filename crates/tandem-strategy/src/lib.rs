@@ -175,44 +175,15 @@ pub fn train_across<R: Replica, O: Optimizer + ?Sized>(
     )
 }
 
-/// [`train_across`], with a synchronous run's learning rate scaled for its global batch.
 #[allow(clippy::too_many_arguments)]
 fn run<R: Replica, O: Optimizer + ?Sized>(
-    ranks: Option<&dyn Ranks>,
-    strategy: Strategy,
-    pool: &mut WorkerPool<R>,
-    state: &mut TrainState,
-    optimizer: &O,
-    batches: &Batches,
-    end_step: u64,
-    observer: &dyn Observer,
-) -> Result<TrainReport, TrainError> {
-    let global_batch =
-        batches.batch_size as u64 * pool.len() as u64 * ranks.map_or(1, |r| r.ranks() as u64);
-    let factor = strategy.batch_scaling.factor(global_batch);
-    if strategy.mode == Mode::Async || factor == 1.0 {
-        return run_with(
-            ranks, strategy, pool, state, optimizer, batches, end_step, observer,
-        );
-    }
-    let scaled = batch_scaling::BatchScaled {
-        inner: optimizer,
-        factor,
-    };
-    run_with(
-        ranks, strategy, pool, state, &scaled, batches, end_step, observer,
-    )
-}
-
-#[allow(clippy::too_many_arguments)]
-fn run_with<R: Replica, O: Optimizer + ?Sized>(
     ranks: Option<&dyn Ranks>,
     Strategy {
         mode,
         rule,
         warmup,
         bound,
-        ..
+        batch_scaling,
     }: Strategy,
     pool: &mut WorkerPool<R>,
     state: &mut TrainState,
@@ -221,6 +192,17 @@ fn run_with<R: Replica, O: Optimizer + ?Sized>(
     end_step: u64,
     observer: &dyn Observer,
 ) -> Result<TrainReport, TrainError> {
+    // A synchronous run's rate scaled for its global batch; at a factor of 1 (and in async
+    // mode) every rate is multiplied by exactly 1, which changes no bit.
+    let global_batch =
+        batches.batch_size as u64 * pool.len() as u64 * ranks.map_or(1, |r| r.ranks() as u64);
+    let optimizer = &batch_scaling::BatchScaled {
+        inner: optimizer,
+        factor: match mode {
+            Mode::Sync => batch_scaling.factor(global_batch),
+            Mode::Async => 1.0,
+        },
+    };
     let examples = common::validate(pool, state, optimizer, batches)?;
     let simulated = common::simulated(pool.devices(), ranks.is_some())?;
     let layout = pool.replicas()[0].layout().to_vec();

@@ -57,11 +57,29 @@ fn read_version(t: u64, workers: u64, warmup: u64) -> u64 {
     }
 }
 
+/// Update `step` of `state` with `grads`, at `rate_scale` times the rate.
+fn update(state: &mut TrainState, grads: &[f32], rate_scale: f32, step: u64, epoch: f64) {
+    let [ema] = &mut state.slots[..] else {
+        unreachable!("Sgd keeps one state vector")
+    };
+    sgd().update(
+        Piece {
+            params: &mut state.params,
+            state: &mut [&mut ema.values],
+            grads: &[grads],
+            weight_decay: true,
+            rate_scale,
+        },
+        step,
+        epoch,
+    );
+}
+
 /// `steps` asynchronous updates of `workers` equally fast parallel workers, computed one after
 /// another: update t applies the gradient of ticket t's batch computed from the parameters of
 /// [`read_version`], at the rate `rule` gives for its staleness.
 fn reference(workers: usize, rule: AsyncRule, warmup_epochs: u64, steps: u64) -> TrainState {
-    let (sgd, batches) = (sgd(), batches());
+    let batches = batches();
     let epochs = Epochs::new(EXAMPLES, batches.batch_size as u64);
     let warmup = epochs.end_step(warmup_epochs).unwrap();
     let read = |t: u64| read_version(t, workers as u64, warmup);
@@ -82,20 +100,8 @@ fn reference(workers: usize, rule: AsyncRule, warmup_epochs: u64, steps: u64) ->
             next_ticket += 1;
         }
         let grads = computed.pop_front().expect("a gradient per update");
-        let [ema] = &mut state.slots[..] else {
-            unreachable!("Sgd keeps one state vector")
-        };
-        sgd.update(
-            Piece {
-                params: &mut state.params,
-                state: &mut [&mut ema.values],
-                grads: &[&grads],
-                weight_decay: true,
-                rate_scale: rule.rate_scale(step - read(step)),
-            },
-            step,
-            epochs.epoch_at(step),
-        );
+        let rate_scale = rule.rate_scale(step - read(step));
+        update(&mut state, &grads, rate_scale, step, epochs.epoch_at(step));
     }
     state.step = steps;
     state
@@ -107,7 +113,7 @@ fn reference(workers: usize, rule: AsyncRule, warmup_epochs: u64, steps: u64) ->
 /// stale is dropped, its worker reading the parameters there are and computing its batch again.
 /// Returns the state and how many were dropped.
 fn dropping_reference(workers: usize, limit: u64, steps: u64) -> (TrainState, u64) {
-    let (sgd, batches) = (sgd(), batches());
+    let batches = batches();
     let epochs = Epochs::new(EXAMPLES, batches.batch_size as u64);
     let mut order = EpochOrder::new(batches.seed, EXAMPLES);
     let mut fit = LeastSquaresFit { quirks: Healthy };
@@ -131,17 +137,11 @@ fn dropping_reference(workers: usize, limit: u64, steps: u64) -> (TrainState, u6
             computing.push_back((ticket, version, compute(ticket, &state.params)));
             continue;
         }
-        let [ema] = &mut state.slots[..] else {
-            unreachable!("Sgd keeps one state vector")
-        };
-        sgd.update(
-            Piece {
-                params: &mut state.params,
-                state: &mut [&mut ema.values],
-                grads: &[&grads],
-                weight_decay: true,
-                rate_scale: AsyncRule::Scaled.rate_scale(version - read),
-            },
+        let rate_scale = AsyncRule::Scaled.rate_scale(version - read);
+        update(
+            &mut state,
+            &grads,
+            rate_scale,
             version,
             epochs.epoch_at(version),
         );
