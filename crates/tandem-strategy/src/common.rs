@@ -31,6 +31,8 @@ pub(crate) struct Job<'a, R, O: ?Sized, S: ?Sized> {
     pub rule: AsyncRule,
     /// How stale an asynchronous update may be.
     pub bound: StalenessBound,
+    /// The steps between the run's logged losses: rank 0's observer's, on every rank.
+    pub log_every: u64,
 }
 
 /// Whether the pool's workers are simulated ([`Device::Sim`]): all of them or none, and not
@@ -60,7 +62,8 @@ pub(crate) fn validate_across<R: Replica>(
     state: &TrainState,
     examples: usize,
     end_step: u64,
-) -> Result<(), TrainError> {
+    log_every: u64,
+) -> Result<u64, TrainError> {
     let mine = [
         pool.len() as u64,
         examples as u64,
@@ -92,7 +95,10 @@ pub(crate) fn validate_across<R: Replica>(
             )));
         }
     }
-    Ok(())
+    // Rank 0's: the others may watch less, but must take their losses when it logs.
+    let mut cadence = [if ranks.rank() == 0 { log_every } else { 0 }];
+    ranks.all_max(0, &mut cadence);
+    Ok(cadence[0])
 }
 
 /// Checks the state and configuration against the pool's replicas; returns the number of

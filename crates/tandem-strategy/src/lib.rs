@@ -206,9 +206,12 @@ fn run<R: Replica, O: Optimizer + ?Sized>(
     let examples = common::validate(pool, state, optimizer, batches)?;
     let simulated = common::simulated(pool.devices(), ranks.is_some())?;
     let layout = pool.replicas()[0].layout().to_vec();
-    if let Some(ranks) = ranks {
-        common::validate_across(ranks, pool, state, examples, end_step)?;
-    }
+    let log_every = match ranks {
+        Some(ranks) => {
+            common::validate_across(ranks, pool, state, examples, end_step, observer.log_every())?
+        }
+        None => observer.log_every(),
+    };
     // The first of the workers trains alone until the warm-up's end.
     let warmup_end = match mode {
         Mode::Sync => 0,
@@ -300,6 +303,7 @@ fn run<R: Replica, O: Optimizer + ?Sized>(
         ranks,
         rule,
         bound,
+        log_every,
     };
     match mode {
         Mode::Sync => sync::run(job),

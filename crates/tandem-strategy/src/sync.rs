@@ -46,7 +46,9 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R> + ?Sized>(
     let global_batch = (workers * job.batches.batch_size) as u64;
     let epochs = Epochs::new(job.examples, global_batch);
     let store = job.store;
-    let log_every = job.observer.log_every();
+    // Every rank takes its workers' losses at the run's log steps; this rank's observer hears
+    // of those it asked for.
+    let (log_every, observed) = (job.log_every, job.observer.log_every());
     let losses: Vec<AtomicU32> = (0..local).map(|_| AtomicU32::new(0)).collect();
     let stop = AtomicBool::new(false);
     let board = Board::new(local);
@@ -117,7 +119,7 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R> + ?Sized>(
             ctx.barrier()?;
             done = step + 1;
 
-            if me == 0 && logs {
+            if me == 0 && logs && reports(observed, done) {
                 job.observer.on_log(&StepReport {
                     step: done,
                     loss: data_loss + store.l2_loss(me, job.optimizer.weight_decay())?,

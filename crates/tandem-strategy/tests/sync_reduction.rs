@@ -19,7 +19,9 @@ use std::time::Duration;
 use common::{across, ema, pool_of, weights_and_bias, within, Loss, Model, TestReplica};
 use tandem_core::{Helpers, ParamSpan, TrainState};
 use tandem_pool::WorkerPool;
-use tandem_strategy::{train_across, Batches, EpochOrder, Mode, NoObserver, Sgd};
+use tandem_strategy::{
+    train_across, Batches, EpochOrder, Mode, NoObserver, Observer, Ranks, Sgd, StepReport,
+};
 use tandem_tensor::cpu::{sgd_ema_update, UpdateStep};
 
 /// Training examples the batch indices address.
@@ -493,5 +495,72 @@ fn sync_across_ranks_equals_one_process_of_all_their_workers() {
         for (rank, state) in states.iter().enumerate() {
             assert_bitwise(&format!("{what}, rank {rank}"), state, &expected);
         }
+    }
+}
+
+/// Every step's reported loss and learning rate.
+#[derive(Default)]
+struct Losses(Mutex<Vec<(u64, f32, f32)>>);
+
+impl Observer for Losses {
+    fn log_every(&self) -> u64 {
+        1
+    }
+    fn on_log(&self, report: &StepReport) {
+        let seen = (report.step, report.loss, report.learning_rate);
+        self.0.lock().unwrap().push(seen);
+    }
+}
+
+/// Across ranks the loss a step reports is that of every rank's workers at that step, as in
+/// one process with all of them, though only rank 0 watches the run (as `mnist-train` under
+/// `mpirun` has it): the other ranks take their losses when rank 0 logs.
+#[test]
+fn sync_across_ranks_reports_the_losses_of_one_process() {
+    const STEPS: u64 = 12;
+    let one = Losses::default();
+    let mut state = initial_state();
+    sync_train(
+        &mut pool(2, false),
+        &mut state,
+        &sgd(),
+        &batches(),
+        STEPS,
+        &one,
+    )
+    .unwrap();
+    let expected = one.0.into_inner().unwrap();
+    let reported = within("sync on 2 ranks x 1 worker, rank 0 watching", || {
+        across(2, |rank| {
+            let watching = Losses::default();
+            let observer: &dyn Observer = match rank.rank() {
+                0 => &watching,
+                _ => &NoObserver,
+            };
+            let mut state = initial_state();
+            let (sgd, batches) = (sgd(), batches());
+            train_across(
+                rank,
+                Mode::Sync,
+                &mut pool(1, false),
+                &mut state,
+                &sgd,
+                &batches,
+                STEPS,
+                observer,
+            )
+            .unwrap();
+            watching.0.into_inner().unwrap()
+        })
+    });
+    assert!(reported[1].is_empty(), "rank 1 watches nothing");
+    assert_eq!(reported[0].len(), expected.len());
+    for (&(step, loss, rate), &(one_step, one_loss, one_rate)) in reported[0].iter().zip(&expected)
+    {
+        assert_eq!((step, rate), (one_step, one_rate));
+        assert!(
+            (loss - one_loss).abs() <= 1e-6 * one_loss.abs(),
+            "step {step}: loss {loss} across ranks, {one_loss} in one process"
+        );
     }
 }
