@@ -155,7 +155,7 @@ fn async_training_learns_and_reports_staleness() {
     ]);
     assert_eq!(
         line_starting(&out, "mode:"),
-        "mode:                async, rule scaled, warm-up 0 epoch(s) on one worker"
+        "mode:                async, rule scaled, warm-up 0 epoch(s) on one worker, bound none"
     );
     let staleness = number_after(&out, "staleness:           mean");
     assert!((0.0..10.0).contains(&staleness), "{out}");
