@@ -68,8 +68,9 @@ pub enum Command {
 /// `mnist-train eval`.
 #[derive(Debug, Clone, Args)]
 pub struct EvalArgs {
-    /// The checkpoint file (a step-NNNNNNNNNN.safetensors written by training).
-    #[arg(long, value_name = "FILE")]
+    /// The checkpoint: a step-NNNNNNNNNN.safetensors written by training, or a checkpoint
+    /// directory (its newest valid checkpoint).
+    #[arg(long, value_name = "PATH")]
     pub checkpoint: PathBuf,
 
     /// Directory holding the four MNIST IDX files (gzip or plain) [default: $TANDEM_MNIST_DIR,
@@ -81,8 +82,9 @@ pub struct EvalArgs {
 /// `mnist-train predict`.
 #[derive(Debug, Clone, Args)]
 pub struct PredictArgs {
-    /// The checkpoint file (a step-NNNNNNNNNN.safetensors written by training).
-    #[arg(long, value_name = "FILE")]
+    /// The checkpoint: a step-NNNNNNNNNN.safetensors written by training, or a checkpoint
+    /// directory (its newest valid checkpoint).
+    #[arg(long, value_name = "PATH")]
     pub checkpoint: PathBuf,
 
     /// PNG or JPEG images, one digit each.
@@ -158,7 +160,8 @@ pub struct CompareArgs {
 /// How progress is shown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
-    /// A progress bar when stdout is a terminal, plain lines otherwise.
+    /// A progress bar when stdout and stderr are terminals (not under mpirun, whose stderr is
+    /// a pipe), plain lines otherwise.
     Auto,
     /// The reference's plain lines: `step N, loss = L (E examples/sec; S sec/batch)`.
     Plain,
@@ -312,6 +315,12 @@ pub struct TrainArgs {
     /// hangs.
     #[arg(long, value_name = "SECONDS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub stall_timeout: u64,
+
+    /// Exit 0 even when a run of an epoch or more ends at chance level (a test accuracy within
+    /// 5 points of always answering the commonest digit: it diverged or learnt nothing), which
+    /// is otherwise an error after the summary (the checkpoints are kept).
+    #[arg(long)]
+    pub allow_chance: bool,
 }
 
 /// The longest run `--epochs` may ask for.

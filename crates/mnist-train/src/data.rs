@@ -73,6 +73,16 @@ pub fn accuracy(state: &TrainState, examples: &ExampleSet) -> Result<Accuracy> {
     })
 }
 
+/// The accuracy of always answering the commonest label of `examples` (0 for none).
+pub fn chance_accuracy(examples: &ExampleSet) -> f64 {
+    let mut counts = [0usize; 256];
+    for i in 0..examples.len() {
+        counts[usize::from(examples.label(i))] += 1;
+    }
+    let commonest = counts.iter().copied().max().unwrap_or(0);
+    commonest as f64 / examples.len().max(1) as f64
+}
+
 /// The summary's two accuracy lines (training and `eval` print the same).
 pub fn print_accuracy(validation: Accuracy, test: Accuracy) {
     out!(

@@ -15,13 +15,13 @@ use crate::model::{averaged, load_checkpoint};
 /// `mnist-train eval`: prints the accuracies and the test set's confusion matrix.
 pub fn run(args: &EvalArgs) -> Result<()> {
     // The checkpoint first: a bad file should fail before the data are read.
-    let (saved, config) = load_checkpoint(&args.checkpoint)?;
+    let (file, saved, config) = load_checkpoint(&args.checkpoint)?;
     let data = data::load(args.data_dir.as_deref())?;
     let state = &saved.state;
     let validation = data::accuracy(state, &data.validation)?;
     let test = data::accuracy(state, &data.test)?;
 
-    out!("checkpoint:          {}", args.checkpoint.display());
+    out!("checkpoint:          {}", file.display());
     out!(
         "step:                {} of {} ({}, {} worker(s), batch {} per worker)",
         state.step,

@@ -48,10 +48,21 @@ fn check_launch(command: &Option<Command>) -> Result<()> {
     Ok(())
 }
 
-fn main() -> Result<()> {
+/// `error` and its causes in one line, each cause once: most errors here already name their
+/// cause in their own message, which anyhow's report would print a second time.
+pub(crate) fn describe(error: &anyhow::Error) -> String {
+    let mut text = error.to_string();
+    for cause in error.chain().skip(1).map(ToString::to_string) {
+        if !text.contains(&cause) {
+            text = format!("{text}: {cause}");
+        }
+    }
+    text
+}
+
+fn main() {
     let cli = Cli::parse();
-    check_launch(&cli.command)?;
-    let result = match cli.command {
+    let result = check_launch(&cli.command).and_then(|()| match cli.command {
         // Its exit status comes after the run's resources (MPI, with the `mpi` feature) are
         // released.
         None => train::run(&cli.train).map(|status| {
@@ -62,12 +73,29 @@ fn main() -> Result<()> {
         Some(Command::Eval(args)) => eval::run(&args),
         Some(Command::Predict(args)) => predict::run(&args),
         Some(Command::Compare(args)) => compare::run(&args),
-    };
+    });
+    if let Err(e) = &result {
+        output::warn(format!("Error: {}", describe(e)));
+    }
     if let Some(status) = output::failure_status() {
-        if let Err(e) = result {
-            output::warn(format!("Error: {e:?}"));
-        }
         std::process::exit(status);
     }
-    result
+    if result.is_err() {
+        std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_names_each_cause_once() {
+        let io = std::io::Error::other("disk full");
+        let named = anyhow::Error::new(io).context("cannot save: disk full");
+        assert_eq!(describe(&named), "cannot save: disk full");
+        let io = std::io::Error::other("disk full");
+        let unnamed = anyhow::Error::new(io).context("cannot save");
+        assert_eq!(describe(&unnamed), "cannot save: disk full");
+    }
 }

@@ -1,6 +1,8 @@
 //! The MNIST model as the trainer sees it: its replicas on CPU workers or CUDA GPUs, its
 //! identity in checkpoints, its initial parameters.
 
+use std::path::{Path, PathBuf};
+
 use anyhow::Result;
 use rand::SeedableRng;
 use tandem_core::{ParamSpan, Replica, ReplicaError};
@@ -9,7 +11,7 @@ use tandem_pool::{Device, GpuCount};
 use tandem_strategy::checkpoint::{self, Checkpoint};
 use tandem_strategy::Sgd;
 use tandem_tensor::{CpuBackend, ExampleSet};
-use tandem_train::{ModelId, RunConfig, Setup};
+use tandem_train::{output, ModelId, RunConfig, Setup};
 
 use crate::cli::MAX_BATCH;
 
@@ -91,19 +93,34 @@ impl tandem_train::Model for Mnist<'_> {
 }
 
 /// Loads a checkpoint of the MNIST model and checks it whole (tensors, metadata, step,
-/// optimiser state); every failure names the file.
-pub fn load_checkpoint(path: &std::path::Path) -> Result<(Checkpoint, RunConfig<Sgd>)> {
-    // The checkpoint error already starts with the path.
-    let checkpoint = checkpoint::load(path, &Mlp::MNIST.layout())
-        .map_err(|e| anyhow::anyhow!("cannot load the checkpoint: {e}"))?;
-    let config =
-        tandem_train::check_checkpoint::<Sgd>(&checkpoint, &id(), MAX_BATCH).map_err(|e| {
-            anyhow::anyhow!(
-                "{}: not a valid checkpoint of this model: {e}",
-                path.display()
-            )
-        })?;
-    Ok((checkpoint, config))
+/// optimiser state); every failure names the file. `path` is a checkpoint file, or a
+/// checkpoint directory: then its newest valid checkpoint, newer damaged ones skipped with a
+/// warning. Returns the file it loaded.
+pub fn load_checkpoint(path: &Path) -> Result<(PathBuf, Checkpoint, RunConfig<Sgd>)> {
+    let check = |checkpoint: &Checkpoint| {
+        tandem_train::check_checkpoint::<Sgd>(checkpoint, &id(), MAX_BATCH)
+    };
+    let (file, checkpoint) = if path.is_dir() {
+        let (file, checkpoint, skipped) =
+            checkpoint::load_newest(path, &Mlp::MNIST.layout(), |c| check(c).map(|_| ()))
+                .map_err(|e| anyhow::anyhow!("cannot load a checkpoint: {e}"))?;
+        for reason in skipped {
+            output::warn(format!("warning: skipped damaged checkpoint {reason}"));
+        }
+        (file, checkpoint)
+    } else {
+        // The checkpoint error already starts with the path.
+        let checkpoint = checkpoint::load(path, &Mlp::MNIST.layout())
+            .map_err(|e| anyhow::anyhow!("cannot load the checkpoint: {e}"))?;
+        (path.to_owned(), checkpoint)
+    };
+    let config = check(&checkpoint).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: not a valid checkpoint of this model: {e}",
+            file.display()
+        )
+    })?;
+    Ok((file, checkpoint, config))
 }
 
 /// The moving average of the parameters in a state: what evaluation and prediction use.

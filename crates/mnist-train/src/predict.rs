@@ -18,7 +18,7 @@ use crate::model::{averaged, load_checkpoint};
 /// `mnist-train predict`: prints `PATH: DIGIT (p = PROBABILITY)` for each image, or
 /// `PATH: no digit found` for a blank one.
 pub fn run(args: &PredictArgs) -> Result<()> {
-    let (saved, _) = load_checkpoint(&args.checkpoint)?;
+    let (_, saved, _) = load_checkpoint(&args.checkpoint)?;
     let params = averaged(&saved.state)?;
     // Every image gets its line or its error: one unreadable file should not hide the answers
     // for the others, but it must still fail the command.

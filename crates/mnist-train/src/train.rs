@@ -14,7 +14,7 @@ use tandem_train::{
 };
 
 use crate::cli::{TrainArgs, DEFAULT_EPOCHS, DEFAULT_INIT_STDDEV};
-use crate::data::{self, Data};
+use crate::data::{self, Accuracy, Data};
 use crate::model::{self, Mnist};
 
 /// How the run starts: fresh from the flags (defaults for those not given), or resumed with
@@ -125,7 +125,11 @@ pub fn run(args: &TrainArgs) -> Result<Option<i32>> {
         // The other ranks would wait for this one forever: the whole job ends, and this
         // rank's error is what it printed last.
         Err(e) => {
-            output::warn(format!("error: rank {}: {e:?}", ranks.rank()));
+            output::warn(format!(
+                "error: rank {}: {}",
+                ranks.rank(),
+                crate::describe(&e)
+            ));
             ranks.abort(1)
         }
     }
@@ -221,9 +225,24 @@ fn train(args: &TrainArgs, ranks: Option<Arc<dyn Ranks>>) -> Result<Option<i32>>
         }
         return Ok(Some(130));
     }
-    summarise(&trainer, &summary, &data, ranks.as_deref(), wall)?;
+    let test = summarise(&trainer, &summary, &data, ranks.as_deref(), wall)?;
+    let chance = data::chance_accuracy(&data.test);
+    let best = test.averaged.max(test.raw);
+    if trainer.state.step >= epoch && best < chance + CHANCE_MARGIN && !args.allow_chance {
+        bail!(
+            "the run ended at chance level: test accuracy {best:.4}, where always answering the \
+             commonest digit gives {chance:.4}; it diverged or learnt nothing (try a smaller \
+             --lr; the default is {}). Its checkpoints are kept; --allow-chance accepts such a \
+             run",
+            Sgd::DEFAULT.learning_rate
+        );
+    }
     Ok(None)
 }
+
+/// How far above the commonest label's share a run's test accuracy must end (after an epoch
+/// or more) not to count as chance level: a network that learnt anything is far above it.
+const CHANCE_MARGIN: f64 = 0.05;
 
 /// A rank other than 0: trains its part of the run, silently (rank 0 reports for all).
 fn follow(
@@ -258,7 +277,7 @@ fn summarise(
     data: &Data,
     ranks: Option<&dyn Ranks>,
     wall: Instant,
-) -> Result<()> {
+) -> Result<Accuracy> {
     let (state, totals) = (&trainer.state, &summary.totals);
     let validation = data::accuracy(state, &data.validation)?;
     let test = data::accuracy(state, &data.test)?;
@@ -317,5 +336,5 @@ fn summarise(
     }
     out!("training time:       {:.1} s", totals.seconds);
     out!("wall time:           {:.1} s", wall.elapsed().as_secs_f64());
-    Ok(())
+    Ok(test)
 }

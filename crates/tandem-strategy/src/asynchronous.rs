@@ -34,7 +34,7 @@ use std::time::Instant;
 use tandem_core::{Optimizer, Replica, ReplicaError};
 use tandem_pool::{FailurePolicy, RunWatch, WorkerContext};
 
-use crate::common::{watchdog, Job, StepLosses};
+use crate::common::{check_loss, watchdog, Job, StepLosses};
 use crate::hyper::reports;
 use crate::store::{ParamStore, UpdateAt};
 use crate::{EpochOrder, Epochs, Staleness, StalenessBound, StepReport, TrainError, TrainReport};
@@ -132,7 +132,10 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R> + ?Sized>(
             if let (true, Some(loss)) = (logs, loss) {
                 job.observer.on_log(&StepReport {
                     step: step + 1,
-                    loss: loss + store.l2_loss(ctx.worker(), job.optimizer.weight_decay())?,
+                    // Checked as the sync strategy checks it: the L2 term may overflow alone.
+                    loss: check_loss(
+                        loss + store.l2_loss(ctx.worker(), job.optimizer.weight_decay())?,
+                    )?,
                     learning_rate: job.optimizer.learning_rate(epoch),
                     examples: (step + 1 - start_step) * batch_size,
                     elapsed: started.elapsed(),

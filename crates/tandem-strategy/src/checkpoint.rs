@@ -479,10 +479,15 @@ fn decode(
     })
 }
 
-/// A temporary file in `dir` of this module's naming, `.tandem-tmp-<what>-XXXXXX`.
+/// A temporary file in `dir` of this module's naming, `.tandem-tmp-<what>-XXXXXX`, with the
+/// permissions of any file the user writes (0666 less the umask, where tempfile's default
+/// 0600 would keep other users of a shared cluster from evaluating the checkpoint).
 fn temp_file_in(dir: &Path, what: &str) -> io::Result<tempfile::NamedTempFile> {
     let prefix = format!("{TEMP_PREFIX}{what}-");
-    tempfile::Builder::new().prefix(&prefix).tempfile_in(dir)
+    let mut builder = tempfile::Builder::new();
+    #[cfg(unix)]
+    builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666));
+    builder.prefix(&prefix).tempfile_in(dir)
 }
 
 /// The directory of `path`, `.` for a bare file name.
@@ -868,5 +873,21 @@ mod tests {
         tmp.keep().unwrap();
         drop(CheckpointDir::open(dir.path()).unwrap());
         assert!(!dir.path().join(&name).exists());
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn files_follow_the_umask_like_any_other_the_user_writes() {
+        use std::os::unix::fs::PermissionsExt;
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let umask = status
+            .lines()
+            .find_map(|line| line.strip_prefix("Umask:"))
+            .map(|mask| u32::from_str_radix(mask.trim(), 8).unwrap())
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let tmp = temp_file_in(dir.path(), "probe").unwrap();
+        let mode = tmp.as_file().metadata().unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o666 & !umask, "{mode:o} under umask {umask:o}");
     }
 }

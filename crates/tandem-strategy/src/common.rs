@@ -158,7 +158,7 @@ fn names<'n>(names: impl Iterator<Item = &'n str>) -> String {
 }
 
 /// Fails when `loss` is not finite.
-fn check_loss(loss: f32) -> Result<f32, ReplicaError> {
+pub(crate) fn check_loss(loss: f32) -> Result<f32, ReplicaError> {
     if loss.is_finite() {
         Ok(loss)
     } else {

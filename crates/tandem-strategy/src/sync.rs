@@ -23,7 +23,7 @@ use std::time::Instant;
 use tandem_core::{Optimizer, Replica};
 use tandem_pool::{FailurePolicy, RunWatch, WorkerContext};
 
-use crate::common::{watchdog, Job, StepLosses};
+use crate::common::{check_loss, watchdog, Job, StepLosses};
 use crate::helping::Board;
 use crate::hyper::reports;
 use crate::store::ParamStore;
@@ -120,9 +120,12 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R> + ?Sized>(
             done = step + 1;
 
             if me == 0 && logs && reports(observed, done) {
+                // What is printed and recorded is checked too: the L2 term overflows where the
+                // weights have grown huge but the data loss is still finite.
+                let l2 = store.l2_loss(me, job.optimizer.weight_decay())?;
                 job.observer.on_log(&StepReport {
                     step: done,
-                    loss: data_loss + store.l2_loss(me, job.optimizer.weight_decay())?,
+                    loss: check_loss(data_loss + l2)?,
                     learning_rate: job.optimizer.learning_rate(epoch),
                     examples: (done - start_step) * global_batch,
                     elapsed: started.elapsed(),

@@ -3,7 +3,6 @@
 use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
 
-use tandem_pool::MAX_REPLICAS;
 use tandem_strategy::{
     AsyncRule, BatchScaling, Batches, Epochs, Sgd, StalenessBound, Strategy, Warmup,
 };
@@ -12,6 +11,10 @@ use crate::{Mode, RunError};
 
 /// The largest step a run may reach (and a checkpoint may hold).
 pub const MAX_STEPS: u64 = 1_000_000_000_000;
+
+/// The most workers a run may have in all, across its ranks (each rank's devices give at most
+/// [`tandem_pool::MAX_REPLICAS`]).
+pub const MAX_WORKERS: usize = 1 << 16;
 
 /// What a checkpoint must have been written for: the caller's file format and model, recorded
 /// as the metadata keys `format` and `model`. A resume refuses checkpoints of any other.
@@ -338,7 +341,7 @@ impl<O: RecordedOptimizer> RunConfig<O> {
             async_warmup,
             async_bound,
             lr_scaling,
-            workers: integer("workers", 1..=MAX_REPLICAS as u64)? as usize,
+            workers: integer("workers", 1..=MAX_WORKERS as u64)? as usize,
             optimizer: O::from_values(&|key| meta.get(key).cloned())?,
             batches: Batches {
                 batch_size: integer("batch_size", 1..=max_batch)? as usize,

@@ -79,15 +79,18 @@ pub enum RunError {
     /// another run's.
     #[error(
         "{checkpoint}: written by a sync run on {saved} worker(s), but the devices give {now}; a \
-         sync run resumes exactly only on the same number (e.g. --devices cpu:{saved})"
+         sync run resumes exactly only on the same number (e.g. {})",
+        devices_hint(*.saved, *.ranks)
     )]
     SyncWorkers {
         /// The checkpoint.
         checkpoint: PathBuf,
         /// Its run's workers.
         saved: usize,
-        /// The workers the devices give now.
+        /// The workers the devices give now, every rank's.
         now: usize,
+        /// The run's processes now (1: this one alone).
+        ranks: usize,
     },
     /// The run is already at or past the step it was asked to reach.
     #[error("nothing to train: the run is at step {step} of {end}; pass --steps or --epochs to go further")]
@@ -95,6 +98,17 @@ pub enum RunError {
         /// Where the run is.
         step: u64,
         /// Where it would end.
+        end: u64,
+    },
+    /// A plan that would train past the run's configured end step.
+    #[error(
+        "the plan ends at step {plan}, past the run's end step {end}: a plan may train a run \
+         only within its end (set a longer run with Length, or resume with a new length)"
+    )]
+    PlanPastEnd {
+        /// Where the plan ends.
+        plan: u64,
+        /// Where the run ends.
         end: u64,
     },
     /// Training failed.
@@ -116,4 +130,47 @@ pub enum RunError {
         /// Why.
         source: std::io::Error,
     },
+}
+
+/// A `--devices` that gives `workers` workers on `ranks` processes of as many devices each.
+fn devices_hint(workers: usize, ranks: usize) -> String {
+    match ranks {
+        0 | 1 => format!("--devices cpu:{workers}"),
+        r if workers.is_multiple_of(r) => {
+            format!("--devices cpu:{} on each of the {r} ranks", workers / r)
+        }
+        r => format!(
+            "{workers} ranks of --devices cpu:1; {workers} workers do not divide among {r} ranks"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_devices_hint_counts_every_rank() {
+        let hint = |saved, ranks| {
+            RunError::SyncWorkers {
+                checkpoint: "c".into(),
+                saved,
+                now: 4,
+                ranks,
+            }
+            .to_string()
+        };
+        assert!(
+            hint(2, 1).contains("(e.g. --devices cpu:2)"),
+            "{}",
+            hint(2, 1)
+        );
+        assert!(hint(2, 2).contains("--devices cpu:1 on each of the 2 ranks"));
+        assert!(hint(6, 2).contains("--devices cpu:3 on each of the 2 ranks"));
+        assert!(
+            hint(3, 2).contains("3 ranks of --devices cpu:1"),
+            "{}",
+            hint(3, 2)
+        );
+    }
 }

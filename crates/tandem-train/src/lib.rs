@@ -31,7 +31,7 @@ mod trainer;
 
 pub use config::{
     parse_finite, sgd, ModelId, RecordedOptimizer, RunConfig, ASYNC_BOUND, ASYNC_RULE,
-    ASYNC_WARMUP, LR_SCALING, MAX_STEPS,
+    ASYNC_WARMUP, LR_SCALING, MAX_STEPS, MAX_WORKERS,
 };
 pub use error::{Conflict, RunError};
 pub use interrupt::Interrupt;

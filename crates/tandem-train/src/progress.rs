@@ -19,11 +19,19 @@ pub const DEFAULT_LOG_EVERY: u64 = 1000;
 /// How progress is shown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Display {
-    /// A progress bar when stdout is a terminal, plain lines otherwise.
+    /// A progress bar when stdout and stderr are terminals, plain lines otherwise.
     #[default]
     Auto,
     /// The reference's plain lines: `step N, loss = L (E examples/sec; S sec/batch)`.
     Plain,
+}
+
+/// Whether `display` shows a bar, given whether stdout and stderr are terminals. The bar and
+/// the lines printed above it draw on stderr, and a bar hides itself where that is no
+/// terminal: under `mpirun`, whose ranks' stdout is a terminal but stderr a pipe, a bar would
+/// show nothing at all, so both must be.
+fn shows_bar(display: Display, [stdout, stderr]: [bool; 2]) -> bool {
+    display == Display::Auto && stdout && stderr
 }
 
 /// Totals of the segments before the current one, so rates and times run on across them.
@@ -65,7 +73,11 @@ impl Progress {
         end_step: u64,
         metrics: Option<&Path>,
     ) -> Result<Self, RunError> {
-        let bar = (display == Display::Auto && std::io::stdout().is_terminal()).then(|| {
+        let terminals = [
+            std::io::stdout().is_terminal(),
+            std::io::stderr().is_terminal(),
+        ];
+        let bar = shows_bar(display, terminals).then(|| {
             let bar = ProgressBar::new(end_step).with_position(first_step);
             bar.set_style(
                 ProgressStyle::with_template(
@@ -216,5 +228,20 @@ impl Progress {
             "staleness": r.staleness,
         });
         self.record(record);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bar_is_chosen_only_where_both_streams_are_terminals() {
+        // [stdout, stderr]; under mpirun: a terminal and a pipe.
+        assert!(shows_bar(Display::Auto, [true, true]));
+        for streams in [[true, false], [false, true], [false, false]] {
+            assert!(!shows_bar(Display::Auto, streams), "{streams:?}");
+        }
+        assert!(!shows_bar(Display::Plain, [true, true]));
     }
 }

@@ -426,10 +426,10 @@ impl Axis {
 
     fn label(self, v: f64) -> String {
         match self {
-            Axis::Seconds => format!("{v}"),
+            Axis::Seconds => tidy(v),
             Axis::Examples if v == 0.0 => "0".into(),
-            Axis::Examples if v >= 1e6 => format!("{}M", v / 1e6),
-            Axis::Examples => format!("{}k", v / 1e3),
+            Axis::Examples if v >= 1e6 => format!("{}M", tidy(v / 1e6)),
+            Axis::Examples => format!("{}k", tidy(v / 1e3)),
         }
     }
 
@@ -450,15 +450,20 @@ impl Axis {
 /// The four panels under a title.
 fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, report: &Report) -> DrawResult<DB> {
     root.fill(&WHITE)?;
-    let title = format!(
-        "{}: sync vs async data parallelism on {} worker(s) [{}], batch {}, {} epoch(s)",
-        report.title,
+    let title = format!("{}: sync vs async data parallelism", report.title);
+    // Many devices are named by their first and last: every name would run off the image.
+    let devices = match report.devices.as_slice() {
+        [first, _, _, _, .., last] => format!("{first}, ..., {last}"),
+        all => all.join(", "),
+    };
+    let settings = format!(
+        "{} worker(s) [{devices}], batch {}, {} epoch(s)",
         report.devices.len(),
-        report.devices.join(", "),
         report.batch_size,
         report.epochs
     );
     let root = root.titled(&title, ("sans-serif", 30))?;
+    let root = root.titled(&settings, ("sans-serif", 20))?;
     let panels = root.split_evenly((2, 2));
     let lo = accuracy_floor(report);
     for (area, axis) in panels[..2].iter().zip([Axis::Seconds, Axis::Examples]) {
@@ -631,6 +636,12 @@ fn log_ticks(min: f64, max: f64) -> Vec<f64> {
 }
 
 /// A tick value with as many decimals as it needs: 0.05, 0.3, 2.
+/// A tick's value without the float noise of its computation (0.6, not 0.6000000000000001).
+fn tidy(v: f64) -> String {
+    let text = format!("{v:.6}");
+    text.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
 fn short(v: f64) -> String {
     if v <= 0.0 || v >= 1.0 {
         format!("{v:.0}")
@@ -853,6 +864,15 @@ mod tests {
         assert_eq!(short(0.05), "0.05");
         assert_eq!(short(0.3), "0.3");
         assert_eq!(short(2.0), "2");
+    }
+
+    #[test]
+    fn axis_labels_carry_no_float_noise() {
+        assert_eq!(Axis::Seconds.label(0.2 * 3.0), "0.6");
+        assert_eq!(Axis::Seconds.label(1.6 - 1e-15), "1.6");
+        assert_eq!(Axis::Seconds.label(12.0), "12");
+        assert_eq!(Axis::Examples.label(30_000.000_000_004), "30k");
+        assert_eq!(Axis::Examples.label(2_500_000.0), "2.5M");
     }
 
     #[test]

@@ -14,7 +14,7 @@ use tandem_strategy::{
     StepReport, TrainReport, Warmup,
 };
 
-use crate::config::{ModelId, RecordedOptimizer, RunConfig};
+use crate::config::{ModelId, RecordedOptimizer, RunConfig, MAX_WORKERS};
 use crate::error::Conflict;
 use crate::{output, Interrupt, Mode, Plan, Progress, RunError};
 
@@ -360,6 +360,11 @@ impl<M: Model, O: RecordedOptimizer> Trainer<M, O> {
     /// checkpoint of [`Resume::dir`] (damaged ones are skipped with a warning). It writes
     /// checkpoints into `checkpoints`; a fresh run refuses a directory that holds a run's
     /// checkpoints, and so does a resume into another directory than its own.
+    ///
+    /// **Whatever the caller gives, a run that opens writes only checkpoints that its resume
+    /// accepts**: the run's settings go through the checks a resume applies to a checkpoint
+    /// (an error names the setting), and [`train`](Self::train) refuses a [`Plan`] past the
+    /// run's end step.
     pub fn open(
         model: M,
         start: Start<O>,
@@ -373,7 +378,15 @@ impl<M: Model, O: RecordedOptimizer> Trainer<M, O> {
         let examples = model.training_examples();
         let ranks = setup.ranks.clone().filter(|r| r.ranks() > 1);
         // The run's workers: every rank's.
-        let workers = devices.len() * ranks.as_ref().map_or(1, |r| r.ranks());
+        let per_rank = devices.len();
+        let rank_count = ranks.as_ref().map_or(1, |r| r.ranks());
+        let workers = per_rank.saturating_mul(rank_count);
+        if workers > MAX_WORKERS {
+            return Err(RunError::Config(format!(
+                "{per_rank} worker(s) on each of {rank_count} ranks is {workers} in all, more than \
+                 the {MAX_WORKERS} a run may have"
+            )));
+        }
         if let Some(ranks) = ranks.as_ref().filter(|r| r.rank() != 0) {
             let (config, state) = from_rank0(&model, setup, &**ranks)?;
             return Self::with_pool(
@@ -386,7 +399,7 @@ impl<M: Model, O: RecordedOptimizer> Trainer<M, O> {
                 Some(ranks.clone()),
             );
         }
-        let (mut config, state, resumed_from) = match start {
+        let (config, state, resumed_from) = match start {
             Start::Fresh(fresh) => {
                 if let Some(target) = &checkpoints {
                     target.refuse_other_runs()?;
@@ -410,13 +423,19 @@ impl<M: Model, O: RecordedOptimizer> Trainer<M, O> {
                 (config, state, None)
             }
             Start::Resume(resume) => {
-                let (path, config, state) =
-                    resume_from(&model, &resume, setup, checkpoints.as_ref(), workers)?;
+                let (path, config, state) = resume_from(
+                    &model,
+                    &resume,
+                    setup,
+                    checkpoints.as_ref(),
+                    (workers, rank_count),
+                )?;
                 (config, state, Some(path))
             }
         };
+        let mut bytes = as_a_resume_reads_it(&model, &config, &state, setup.max_batch)?;
         if let Some(ranks) = &ranks {
-            to_ranks(&model, &mut config, &state, &**ranks)?;
+            ranks.broadcast(&mut bytes);
         }
         Self::with_pool(
             model,
@@ -498,7 +517,20 @@ impl<M: Model, O: RecordedOptimizer> Trainer<M, O> {
         watch: &Watch<'_>,
         evaluate: &mut dyn FnMut(&Segment<'_>) -> Result<(), EvaluateError>,
     ) -> Result<Summary, RunError> {
+        // Across ranks the segments are collective: every rank trains rank 0's plan, whatever
+        // its own caller planned (flags given to one rank only, such as --metrics).
+        let plan = &match self.ranks.as_deref() {
+            Some(ranks) => rank0_plan(ranks, plan),
+            None => plan.clone(),
+        };
         let start = self.state.step;
+        if plan.end_step > self.config.end_step {
+            // Its checkpoints would lie past the end their metadata records.
+            return Err(RunError::PlanPastEnd {
+                plan: plan.end_step,
+                end: self.config.end_step,
+            });
+        }
         if start >= plan.end_step {
             return Err(RunError::NothingToTrain {
                 step: start,
@@ -580,7 +612,7 @@ fn resume_from<M: Model, O: RecordedOptimizer>(
     resume: &Resume,
     setup: &Setup,
     target: Option<&Checkpoints>,
-    workers: usize,
+    (workers, ranks): (usize, usize),
 ) -> Result<(PathBuf, RunConfig<O>, TrainState), RunError> {
     let id = model.id();
     let layout = model.layout();
@@ -626,6 +658,7 @@ fn resume_from<M: Model, O: RecordedOptimizer>(
             checkpoint: path,
             saved: config.workers,
             now: workers,
+            ranks,
         });
     }
     config.workers = workers;
@@ -671,18 +704,55 @@ fn advance<R: Replica, O: RecordedOptimizer>(
     )?)
 }
 
-/// Rank 0: sends every rank the run's configuration and state, as a checkpoint's bytes.
-fn to_ranks<M: Model, O: RecordedOptimizer>(
+/// Checks a run's configuration and state as a resume of its checkpoints will: writes them
+/// as a checkpoint's bytes and reads those back through [`check_checkpoint`]. Every setting a
+/// caller gives `open`, fresh or resumed, goes through this one set of checks, so that no run
+/// writes checkpoints that its own resume refuses or skips. Returns the bytes (what rank 0
+/// sends the other ranks).
+fn as_a_resume_reads_it<M: Model, O: RecordedOptimizer>(
     model: &M,
-    config: &mut RunConfig<O>,
+    config: &RunConfig<O>,
     state: &TrainState,
-    ranks: &dyn Ranks,
-) -> Result<(), RunError> {
+    max_batch: u64,
+) -> Result<Vec<u8>, RunError> {
+    if state.step > config.end_step {
+        return Err(RunError::NothingToTrain {
+            step: state.step,
+            end: config.end_step,
+        });
+    }
+    let invalid = |reason: String| {
+        RunError::Config(format!(
+            "the run's settings are not a run a resume could continue: {reason}"
+        ))
+    };
     let metadata = config.to_metadata(&model.id());
-    let mut bytes = checkpoint::to_bytes(state, &model.layout(), &metadata)
-        .map_err(|e| RunError::Config(format!("cannot send the run to the other ranks: {e}")))?;
+    let bytes = checkpoint::to_bytes(state, &model.layout(), &metadata)
+        .map_err(|e| invalid(e.to_string()))?;
+    let read = checkpoint::from_bytes(&bytes, Path::new("the run's settings"), &model.layout())
+        .map_err(|e| invalid(e.to_string()))?;
+    check_checkpoint::<O>(&read, &model.id(), max_batch).map_err(invalid)?;
+    Ok(bytes)
+}
+
+/// Rank 0's `plan`, on every rank (rank 0 sends its own).
+fn rank0_plan(ranks: &dyn Ranks, plan: &Plan) -> Plan {
+    let mut bytes: Vec<u8> = [plan.end_step, plan.save_every, plan.evaluate_every]
+        .into_iter()
+        .chain(plan.evaluate_at.iter().copied())
+        .flat_map(u64::to_le_bytes)
+        .collect();
     ranks.broadcast(&mut bytes);
-    Ok(())
+    let mut words = bytes
+        .chunks_exact(8)
+        .map(|word| u64::from_le_bytes(word.try_into().unwrap_or_default()));
+    let mut next = || words.next().unwrap_or_default();
+    Plan {
+        end_step: next(),
+        save_every: next(),
+        evaluate_every: next(),
+        evaluate_at: words.collect(),
+    }
 }
 
 /// Every rank but 0: the run's configuration and state as rank 0 sent them, checked like a
@@ -825,6 +895,7 @@ mod tests {
     use tandem_strategy::Sgd;
 
     use super::*;
+    use crate::MAX_STEPS;
 
     const EXAMPLES: usize = 40;
     static LAYOUT: LazyLock<Vec<ParamSpan>> =
@@ -942,6 +1013,147 @@ mod tests {
             .collect();
         steps.sort();
         steps
+    }
+
+    /// One of `values`, at random.
+    fn pick<T: Clone>(rng: &mut impl rand::Rng, values: &[T]) -> T {
+        values[rng.random_range(0..values.len())].clone()
+    }
+
+    /// `usual` nine times in ten, else one of `unusual`: most runs have most settings right.
+    fn mostly<T: Clone>(rng: &mut impl rand::Rng, usual: T, unusual: &[T]) -> T {
+        match rng.random_bool(0.9) {
+            true => usual,
+            false => pick(rng, unusual),
+        }
+    }
+
+    /// A plan of `trainer`'s at random: its own, or one a caller changed, past its end too;
+    /// never more than 12 steps from `start`, so that an accepted run of 10^12 steps ends.
+    fn random_plan(rng: &mut impl rand::Rng, trainer: &Trainer<ScalarModel, Sgd>) -> Plan {
+        let own = trainer.plan(pick(rng, &[0, 1, 3]));
+        let start = trainer.state.step;
+        let end = pick(
+            rng,
+            &[
+                own.end_step,
+                own.end_step.saturating_add(1),
+                start + 1,
+                start + 30,
+            ],
+        );
+        Plan {
+            end_step: mostly(rng, end.min(start + 12), &[0, start]),
+            save_every: pick(rng, &[own.save_every, 0, 1, 5, u64::MAX]),
+            ..own
+        }
+    }
+
+    /// Random runs through the library, fresh then resumed with random settings and plans:
+    /// each either fails at `open` or `train`, or leaves checkpoints that a plain resume
+    /// continues from the newest one, skipping none.
+    #[test]
+    fn whatever_a_caller_asks_the_checkpoints_it_writes_resume() {
+        use rand::SeedableRng;
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(26);
+        let steps = [0, 1, 7, 30, MAX_STEPS, MAX_STEPS + 1, u64::MAX];
+        let lengths: Vec<Length> = steps
+            .iter()
+            .map(|&n| Length::Steps(n))
+            .chain([0, 1, 3, u64::MAX].map(Length::Epochs))
+            .collect();
+        let cadences = [
+            None,
+            Some(0),
+            Some(1),
+            Some(3),
+            Some(MAX_STEPS + 1),
+            Some(u64::MAX),
+        ];
+        let (mut trained, mut refused) = (0, 0);
+        for case in 0..150 {
+            let tmp = tempfile::tempdir().unwrap();
+            let dir = tmp.path().join("run");
+            let workers = pick(&mut rng, &[1, 2]);
+            let start = Start::Fresh(Fresh {
+                mode: pick(&mut rng, &[Mode::Sync, Mode::Async]),
+                optimizer: Sgd {
+                    learning_rate: mostly(&mut rng, 0.5, &[0.0, -1.0, f32::NAN, f32::INFINITY]),
+                    lr_decay: mostly(&mut rng, 0.99, &[0.0, 1.0, 1.5]),
+                    weight_decay: mostly(&mut rng, 1e-4, &[0.0, -1.0]),
+                    ema_decay: mostly(&mut rng, 0.99, &[0.0, 1.0]),
+                },
+                batches: Batches {
+                    batch_size: mostly(&mut rng, 5, &[0, 1, Setup::MAX_BATCH as usize + 1]),
+                    seed: pick(&mut rng, &[0, u64::MAX]),
+                },
+                length: mostly(&mut rng, Length::Steps(7), &lengths),
+                save_every: mostly(&mut rng, Some(3), &cadences),
+                params: mostly(
+                    &mut rng,
+                    vec![0.0],
+                    &[vec![], vec![0.0, 1.0], vec![f32::NAN]],
+                ),
+                ..match fresh(Mode::Sync, 1) {
+                    Start::Fresh(fresh) => fresh,
+                    Start::Resume(_) => unreachable!(),
+                }
+            });
+            let mut start = Some(start);
+            // The fresh run, then up to two resumes with random settings.
+            for _ in 0..3 {
+                let Some(now) = start.take() else { break };
+                let resume = matches!(now, Start::Resume(_)).then_some(dir.as_path());
+                let checkpoints = Checkpoints::take(Some(&dir), resume, 0).unwrap();
+                let setup = Setup::new(DeviceSpec::Cpu(workers));
+                let Ok(mut trainer) = Trainer::open(ScalarModel, now, &setup, checkpoints) else {
+                    refused += 1;
+                    break;
+                };
+                let plan = random_plan(&mut rng, &trainer);
+                let interrupt = Interrupt::new();
+                let trainer_result =
+                    trainer.train(&plan, &Watch::quiet(&interrupt), &mut |_| Ok(()));
+                let step = trainer.state.step;
+                drop(trainer);
+                if trainer_result.is_err() {
+                    refused += 1;
+                }
+                let written = steps_in(&dir);
+                let Some(&newest) = written.last() else { break };
+                trained += 1;
+                // A plain resume takes the newest checkpoint, whatever the run asked.
+                let checkpoints = Checkpoints::take(Some(&dir), Some(&dir), 0).unwrap();
+                let setup = Setup::new(DeviceSpec::Cpu(workers));
+                match Trainer::<_, Sgd>::open(
+                    ScalarModel,
+                    Start::Resume(Resume::from(&dir)),
+                    &setup,
+                    checkpoints,
+                ) {
+                    Ok(resumed) => assert_eq!(
+                        resumed.resumed_from(),
+                        Some(dir.join(file_name(newest)).as_path()),
+                        "case {case}"
+                    ),
+                    Err(e) => assert!(
+                        matches!(e, RunError::NothingToTrain { .. }) && newest == step,
+                        "case {case}: a resume refuses the checkpoints of step {newest}: {e}"
+                    ),
+                }
+                start = Some(Start::Resume(Resume {
+                    length: pick(&mut rng, &[None, Some(Length::Steps(step + 5))])
+                        .or(Some(pick(&mut rng, &lengths))),
+                    save_every: pick(&mut rng, &cadences),
+                    ..Resume::from(&dir)
+                }));
+            }
+        }
+        // Both outcomes were reached often enough to mean something.
+        assert!(
+            trained > 30 && refused > 30,
+            "{trained} trained, {refused} refused"
+        );
     }
 
     #[test]

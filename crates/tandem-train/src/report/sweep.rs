@@ -169,11 +169,14 @@ type Measure<'a> = dyn Fn(&Run) -> Option<f64> + 'a;
 /// count (evenly spaced, labelled with the counts).
 fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, sweep: &Sweep) -> DrawResult<DB> {
     root.fill(&WHITE)?;
-    let title = format!(
-        "{}: sync vs async as workers grow ({} workers, batch {}, {} epoch(s); {})",
-        sweep.title, sweep.kind, sweep.batch_size, sweep.epochs, sweep.settings
+    let title = format!("{}: sync vs async as workers grow", sweep.title);
+    // The settings on a line of their own, smaller: on the title's line they ran off the image.
+    let settings = format!(
+        "{} workers, batch {}, {} epoch(s); {}",
+        sweep.kind, sweep.batch_size, sweep.epochs, sweep.settings
     );
     let root = root.titled(&title, ("sans-serif", 28))?;
+    let root = root.titled(&settings, ("sans-serif", 18))?;
     let panels = root.split_evenly((2, 1));
     let counts: Vec<usize> = sweep.points.iter().map(|p| p.workers).collect();
     let x_range = -0.3..(counts.len() as f64 - 0.7).max(0.3);
