@@ -450,6 +450,42 @@ mod tests {
         );
     }
 
+    /// The long flags of `command` (help and version aside).
+    fn flags(command: &clap::Command) -> Vec<String> {
+        command
+            .get_arguments()
+            .filter_map(|a| a.get_long())
+            .filter(|&long| long != "help" && long != "version")
+            .map(|long| format!("--{long}"))
+            .collect()
+    }
+
+    /// README names every flag: the training command's in its table, compare's in its list.
+    #[test]
+    fn the_readme_names_every_flag() {
+        let readme = include_str!("../../../README.md");
+        let command = Cli::command();
+        for flag in flags(&command) {
+            assert!(
+                readme.contains(&format!("| `{flag}")) || readme.contains(&format!("/ `{flag}")),
+                "README's flag table has no {flag}"
+            );
+        }
+        let compare = command
+            .find_subcommand("compare")
+            .expect("a compare subcommand");
+        let list = readme
+            .split("Flags: ")
+            .nth(1)
+            .and_then(|rest| rest.split(';').next())
+            .expect("README lists compare's flags after `Flags: `");
+        let listed: Vec<String> = list
+            .split(',')
+            .map(|f| f.trim().trim_matches('`').to_owned())
+            .collect();
+        assert_eq!(listed, flags(compare), "README's list of compare's flags");
+    }
+
     /// Every default in the README's flag table and its summary of the model is the code's.
     #[test]
     fn the_readme_states_the_defaults_the_code_uses() {

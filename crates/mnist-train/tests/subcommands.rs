@@ -58,6 +58,91 @@ fn write_digits(dir: &Path) -> Vec<(PathBuf, Form, u8)> {
     files
 }
 
+/// The `mnist-train` commands of a README section as pasted: each line that runs
+/// `cargo run -p mnist-train --` with its continuation lines, comments dropped; the arguments
+/// after `--`.
+fn pasted_commands(section: &str) -> Vec<Vec<String>> {
+    let mut commands = Vec::new();
+    let mut lines = section.lines();
+    while let Some(line) = lines.next() {
+        let Some(rest) = line.strip_prefix("    cargo run -p mnist-train -- ") else {
+            continue;
+        };
+        let mut text = rest.to_owned();
+        while text.trim_end().ends_with('\\') {
+            text = text.trim_end().trim_end_matches('\\').to_owned();
+            text.push(' ');
+            text.push_str(lines.next().unwrap_or_default());
+        }
+        let text = text.split(" #").next().unwrap_or_default();
+        commands.push(text.split_whitespace().map(str::to_owned).collect());
+    }
+    commands
+}
+
+/// The first test image of `digit`, white on black, 28 x 28.
+fn test_digit(mnist: &Mnist, digit: u8) -> GrayImage {
+    let test = &mnist.test;
+    let index = test
+        .labels
+        .iter()
+        .position(|&l| l == digit)
+        .expect("every digit is in the test set");
+    GrayImage::from_raw(COLS as u32, ROWS as u32, test.image(index).to_vec()).expect("28 x 28")
+}
+
+#[test]
+fn the_readmes_eval_and_predict_commands_run_as_pasted() {
+    let readme = include_str!("../../../README.md");
+    let start = readme
+        .find("### `eval`")
+        .expect("README has an eval section");
+    let end = readme
+        .find("### `compare`")
+        .expect("README has a compare section");
+    let commands = pasted_commands(&readme[start..end]);
+    assert_eq!(commands.len(), 3, "{commands:?}");
+    // The images README's predict names, from MNIST test digits: a 7 as MNIST has it, a 2 as
+    // a dark-on-light JPEG scan, a 3 on a page three times as wide as high.
+    let here = tempfile::tempdir().unwrap();
+    let mnist = Mnist::load(&data_dir()).expect("the repository's MNIST copy");
+    test_digit(&mnist, 7)
+        .save(here.path().join("seven.png"))
+        .unwrap();
+    let mut two = imageops::resize(&test_digit(&mnist, 2), 112, 112, FilterType::Triangle);
+    imageops::invert(&mut two);
+    let file = std::fs::File::create(here.path().join("two-scan.jpg")).unwrap();
+    two.write_with_encoder(JpegEncoder::new_with_quality(file, 90))
+        .unwrap();
+    let mut wide = GrayImage::new(3 * COLS as u32, ROWS as u32);
+    imageops::overlay(&mut wide, &test_digit(&mnist, 3), COLS as i64, 0);
+    wide.save(here.path().join("three-wide.png")).unwrap();
+
+    let said: Vec<String> = commands
+        .iter()
+        .map(|args| {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let output = command(&args)
+                .current_dir(here.path())
+                .output()
+                .expect("run mnist-train");
+            assert!(output.status.success(), "{args:?}: {}", stderr(&output));
+            stdout(&output)
+        })
+        .collect();
+    let trained = line_starting(&said[0], "test accuracy:");
+    assert_eq!(line_starting(&said[1], "test accuracy:"), trained);
+    assert!(
+        line_starting(&said[1], "checkpoint:")
+            .starts_with("checkpoint:          checkpoints/step-"),
+        "{}",
+        said[1]
+    );
+    for answer in ["seven.png: 7 ", "two-scan.jpg: 2 ", "three-wide.png: 3 "] {
+        assert!(said[2].contains(answer), "{answer}: {}", said[2]);
+    }
+}
+
 #[test]
 fn eval_and_predict_use_a_trained_checkpoint() {
     let tmp = tempfile::tempdir().expect("a temporary directory");
@@ -75,8 +160,11 @@ fn eval_and_predict_use_a_trained_checkpoint() {
     let checkpoint = checkpoints.join("step-0000000300.safetensors");
     let checkpoint_arg = checkpoint.to_str().expect("a UTF-8 path");
 
-    // eval reports exactly the summary's numbers, and a confusion matrix.
+    // eval reports exactly the summary's numbers, and a confusion matrix; given the
+    // directory, it takes the newest checkpoint there.
     let evaluated = succeed(&["eval", "--checkpoint", checkpoint_arg]);
+    let of_dir = succeed(&["eval", "--checkpoint", arg(&checkpoints)]);
+    assert_eq!(of_dir, evaluated);
     for prefix in ["test accuracy:", "validation accuracy:"] {
         assert_eq!(
             line_starting(&evaluated, prefix),

@@ -195,6 +195,48 @@ fn a_diverging_run_fails_naming_the_step_and_keeps_its_checkpoints() {
 }
 
 #[test]
+fn a_run_that_ends_at_chance_level_says_so_and_fails_unless_allowed() {
+    // --lr 5 kills every ReLU within the first steps: the loss stays finite, the network
+    // answers one digit.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    let chance = [
+        "--lr",
+        "5",
+        "--epochs",
+        "1",
+        "--devices",
+        "cpu:2",
+        "--log-every",
+        "0",
+        "--checkpoint-dir",
+        arg(&dir),
+    ];
+    let message = fail(&chance);
+    assert!(message.contains("ended at chance level"), "{message}");
+    assert!(message.contains("--allow-chance"), "{message}");
+    // The summary came first, and the run's checkpoint is kept.
+    let saved = checkpoint::CheckpointDir::open(&dir)
+        .unwrap()
+        .checkpoints()
+        .unwrap();
+    assert_eq!(saved.len(), 1, "{message}");
+    std::fs::remove_dir_all(&dir).unwrap();
+    let out = succeed(&[&chance[..], &["--allow-chance"]].concat());
+    assert!(number_after(&out, "test accuracy:") < 0.2, "{out}");
+}
+
+#[test]
+fn an_error_names_its_cause_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("not-a-dir");
+    std::fs::write(&file, "").unwrap();
+    let message = fail(&["--checkpoint-dir", arg(&file.join("run")), "--steps", "1"]);
+    assert!(!message.contains("Caused by"), "{message}");
+    assert_eq!(message.trim().lines().count(), 1, "{message}");
+}
+
+#[test]
 fn ctrl_c_saves_and_exits_130() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("run");

@@ -75,6 +75,7 @@ pub mod ranks;
 mod staleness;
 mod store;
 pub mod sync;
+pub mod thread_ranks;
 
 pub use batch_scaling::{BatchScaling, InvalidScaling};
 pub use device_store::DeviceStore;

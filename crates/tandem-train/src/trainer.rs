@@ -1156,6 +1156,156 @@ mod tests {
         );
     }
 
+    /// Descends a constant slope: every gradient is the same, whatever parameters it was
+    /// computed on, so an asynchronous run's result depends only on the order of its updates'
+    /// steps, and that order is their application order on any interleaving of the workers.
+    #[derive(Default)]
+    struct Slope {
+        w: f32,
+    }
+
+    const SLOPE: f32 = 0.25;
+
+    impl Replica for Slope {
+        fn layout(&self) -> &[ParamSpan] {
+            &LAYOUT
+        }
+        fn set_params(&mut self, fill: &mut dyn FnMut(&mut [f32])) -> Result<(), ReplicaError> {
+            let mut p = [0.0];
+            fill(&mut p);
+            self.w = p[0];
+            Ok(())
+        }
+        fn compute_gradients(&mut self, _: &[u32]) -> Result<StepLoss, ReplicaError> {
+            Ok(StepLoss::Known(SLOPE * self.w))
+        }
+        fn read_gradients(&mut self, read: &mut dyn FnMut(&[f32])) -> Result<(), ReplicaError> {
+            read(&[SLOPE]);
+            Ok(())
+        }
+        fn training_examples(&self) -> usize {
+            EXAMPLES
+        }
+    }
+
+    struct SlopeModel;
+
+    impl Model for SlopeModel {
+        type Replica = Slope;
+        fn id(&self) -> ModelId {
+            ScalarModel.id()
+        }
+        fn layout(&self) -> Vec<ParamSpan> {
+            LAYOUT.clone()
+        }
+        fn training_examples(&self) -> usize {
+            EXAMPLES
+        }
+        fn open(&self, _: &Device, _: usize) -> Result<Slope, ReplicaError> {
+            Ok(Slope::default())
+        }
+    }
+
+    /// What a run left: its state and the mean loss of each evaluated segment.
+    type Outcome = (TrainState, Vec<Option<f64>>);
+
+    /// Trains `start` on `workers` CPU workers in each of `ranks` processes (threads standing in
+    /// for them, [`tandem_strategy::thread_ranks`]; 1: this process alone), logging every step.
+    /// Rank r trains `plan(r, trainer)`, as ranks given different flags would. Returns rank 0's
+    /// outcome.
+    fn on_ranks<M: Model>(
+        model: impl Fn() -> M + Sync,
+        start: &Start<Sgd>,
+        (ranks, workers): (usize, usize),
+        plan: impl Fn(usize, &Trainer<M, Sgd>) -> Plan + Sync,
+    ) -> Outcome {
+        let train = |rank: Option<Arc<dyn Ranks>>| {
+            let setup = Setup {
+                ranks: rank.clone(),
+                ..Setup::new(DeviceSpec::Cpu(workers))
+            };
+            let mut trainer = Trainer::open(model(), start.clone(), &setup, None).unwrap();
+            let plan = plan(rank.as_ref().map_or(0, |r| r.rank()), &trainer);
+            let interrupt = Interrupt::new();
+            let watch = Watch {
+                log_every: 1,
+                ..Watch::quiet(&interrupt)
+            };
+            let mut losses = Vec::new();
+            trainer
+                .train(&plan, &watch, &mut |segment| {
+                    losses.push(segment.mean_loss);
+                    Ok(())
+                })
+                .unwrap();
+            (trainer.state, losses)
+        };
+        if ranks == 1 {
+            return train(None);
+        }
+        std::thread::scope(|scope| {
+            let threads: Vec<_> = tandem_strategy::thread_ranks::cluster(ranks)
+                .into_iter()
+                .map(|rank| scope.spawn(|| train(Some(Arc::new(rank)))))
+                .collect();
+            let mut outcomes = threads.into_iter().map(|t| t.join().unwrap());
+            outcomes.next().unwrap()
+        })
+    }
+
+    /// Rank 0 evaluates every 2 steps; the others ask for another plan, which rank 0's
+    /// overrides.
+    fn plans<M: Model>(rank: usize, trainer: &Trainer<M, Sgd>) -> Plan {
+        match rank {
+            0 => trainer.plan(2),
+            _ => Plan {
+                save_every: 5,
+                ..trainer.plan(3)
+            },
+        }
+    }
+
+    #[test]
+    fn a_sync_run_across_ranks_is_one_processs_in_state_and_logged_losses() {
+        let start = fresh(Mode::Sync, 12);
+        let one = on_ranks(|| ScalarModel, &start, (1, 2), plans);
+        let two = on_ranks(|| ScalarModel, &start, (2, 1), plans);
+        assert_eq!(two, one);
+        // Six segments of two steps, each with its losses: the comparison saw them.
+        assert_eq!(one.1.len(), 6);
+        assert!(one.1.iter().all(Option::is_some), "{:?}", one.1);
+    }
+
+    #[test]
+    fn an_async_run_across_ranks_keeps_the_schedule_and_the_moving_average_of_one_process() {
+        let Start::Fresh(fresh) = fresh(Mode::Async, 30) else {
+            unreachable!()
+        };
+        let start = Start::Fresh(Fresh {
+            async_rule: AsyncRule::Plain,
+            optimizer: Sgd {
+                learning_rate: 0.5,
+                lr_decay: 0.5,
+                weight_decay: 0.0,
+                ema_decay: 0.9,
+            },
+            ..fresh
+        });
+        let one = on_ranks(|| SlopeModel, &start, (1, 2), plans).0;
+        // The order of the updates' steps is their application order on any interleaving: a
+        // few runs, so that updates overtaking each other across ranks are seen.
+        for _ in 0..5 {
+            let two = on_ranks(|| SlopeModel, &start, (2, 1), plans).0;
+            assert_eq!(two, one);
+        }
+        // The rate decayed (30 steps of 5 examples are 3.75 epochs of 40) and the average
+        // lags the parameters: both were exercised.
+        let undecayed = -30.0 * 0.5 * SLOPE;
+        assert!(one.params[0] > undecayed * 0.5, "{:?}", one.params);
+        let average = one.slots[0].values[0];
+        assert!(average > one.params[0] + 0.02, "{average} {:?}", one.params);
+    }
+
     #[test]
     fn a_resumed_sync_run_ends_where_an_uninterrupted_one_does() {
         let tmp = tempfile::tempdir().unwrap();

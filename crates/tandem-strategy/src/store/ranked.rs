@@ -1,6 +1,7 @@
 //! The parameters of record of a run that spans several processes ([`Ranks`]): every rank keeps
 //! a [`HostStore`] of all the parameters, and the stores exchange what their workers need.
 
+use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -286,8 +287,8 @@ struct FromRank0 {
 /// Asynchronous training across ranks, parameter-server style: the parameters are sharded over
 /// the ranks (rank `q` owns `owned[q]`, whole shards of its [`HostStore`]), and each rank runs a
 /// service ([`Schedule::serve`]) that answers for its part: the current parameters to a worker
-/// that fetches them, and each pushed update applied on arrival, under the shard locks that its
-/// own workers take. Rank 0's service also hands out the batch tickets and counts the updates
+/// that fetches them, and each pushed update applied in step order (one that overtook an
+/// earlier step's waits for it), as one process's store applies them. Rank 0's service also hands out the batch tickets and counts the updates
 /// begun, for every worker of every rank, so staleness (updates begun between a worker's read
 /// and its own) is measured across all of them. Nobody waits for anybody but the owners'
 /// answers: per update, a worker of rank `r > 0` makes two round trips to rank 0 (ticket with
@@ -308,6 +309,18 @@ pub(crate) struct RankedAsyncStore<'o, 'r, O: Optimizer + ?Sized> {
     tickets: AtomicU64,
     begun: AtomicU64,
     stop: AtomicBool,
+    /// This rank's part's updates, applied in step order.
+    in_order: Mutex<InOrder>,
+}
+
+/// The updates of a rank's part in step order, as one process's store applies them (its
+/// moving average's decay and its learning rate are the step's): updates arrive from every
+/// rank, and one may overtake another.
+struct InOrder {
+    /// The step the part's next update must be.
+    next: u64,
+    /// Updates that arrived before their predecessors: step, then gradients and rate scale.
+    early: BTreeMap<u64, (Vec<f32>, f32)>,
 }
 
 impl<'o, 'r, O: Optimizer + ?Sized> RankedAsyncStore<'o, 'r, O> {
@@ -335,6 +348,10 @@ impl<'o, 'r, O: Optimizer + ?Sized> RankedAsyncStore<'o, 'r, O> {
             tickets: AtomicU64::new(state.step),
             begun: AtomicU64::new(state.step),
             stop: AtomicBool::new(false),
+            in_order: Mutex::new(InOrder {
+                next: state.step,
+                early: BTreeMap::new(),
+            }),
         }
     }
 
@@ -364,8 +381,25 @@ impl<'o, 'r, O: Optimizer + ?Sized> RankedAsyncStore<'o, 'r, O> {
     }
 
     /// Applies update `step` with `grads` (of this rank's part) to this rank's part, its
-    /// learning rate scaled by `rate_scale`.
+    /// learning rate scaled by `rate_scale`, once every earlier step's is applied: an update
+    /// that arrives early waits, copied, for those (every step reaches every rank).
     fn update_mine(&self, grads: &[f32], step: u64, rate_scale: f32) {
+        let mut order = self.in_order.lock().unwrap_or_else(|p| p.into_inner());
+        if step != order.next {
+            order.early.insert(step, (grads.to_vec(), rate_scale));
+            return;
+        }
+        self.apply_mine(grads, step, rate_scale);
+        order.next += 1;
+        let order = &mut *order;
+        while let Some((grads, rate_scale)) = order.early.remove(&order.next) {
+            self.apply_mine(&grads, order.next, rate_scale);
+            order.next += 1;
+        }
+    }
+
+    /// Applies update `step` to this rank's part.
+    fn apply_mine(&self, grads: &[f32], step: u64, rate_scale: f32) {
         let mine = self.mine();
         let at = UpdateAt {
             step,
@@ -674,6 +708,15 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for RankedAsyncStore<'_, '
             }
         }
         self.host.gather_state(self.ranks, &self.owned);
+        let order = self.in_order.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(step) = order.early.keys().next() {
+            return Err(format!(
+                "rank {}: update {step} arrived, but update {} never did",
+                self.ranks.rank(),
+                order.next
+            )
+            .into());
+        }
         ParamStore::<R>::save_into(&self.host, state)
     }
 

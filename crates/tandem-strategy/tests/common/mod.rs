@@ -4,7 +4,7 @@
 #![allow(dead_code)] // each test binary uses its own part of this module
 
 pub mod checkpoints;
-pub mod ranks;
+pub use tandem_strategy::thread_ranks as ranks;
 
 use std::sync::mpsc;
 use std::time::Duration;

@@ -1,12 +1,14 @@
 //! [`Ranks`] between threads of this process: a cluster of `n` ranks, each a thread, that
 //! exchange through shared memory exactly what MPI ranks would send each other. The strategies
-//! cannot tell it from MPI, so a run across ranks is tested by `cargo test` without an MPI
-//! library (`mnist-train`'s `tests/mpi.rs` runs the real one under `mpirun`).
+//! cannot tell it from MPI, so a run across ranks is tested without an MPI library (by this
+//! crate's tests, and by any caller's: `tandem-train` opens its trainer on them;
+//! `mnist-train`'s `tests/mpi.rs` runs the real transport under `mpirun`). Values travel as
+//! f64, which carries every f32 and every byte exactly.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Barrier, Condvar, Mutex};
+use std::sync::{Arc, Barrier, Condvar, Mutex, PoisonError};
 
-use tandem_strategy::ranks::{Channel, Ranks};
+use crate::ranks::{Channel, Ranks};
 
 /// A message on its way: source, tag, header, payload.
 type Message = (usize, u16, Vec<u64>, Vec<f32>);
@@ -40,7 +42,8 @@ impl std::fmt::Debug for ThreadRank {
     }
 }
 
-/// The `n` ranks of a new cluster, to be handed one to each thread.
+/// The `n` ranks of a new cluster, to be handed one to each thread. Every rank must take part
+/// in every collective, as under MPI; a rank that does not leaves the others waiting.
 pub fn cluster(n: usize) -> Vec<ThreadRank> {
     let shared = Arc::new(Shared {
         ranks: n,
@@ -66,7 +69,11 @@ fn channel_index(channel: Channel) -> usize {
 
 impl ThreadRank {
     fn lane(&self, lane: usize) -> Arc<Lane> {
-        self.shared.lanes.lock().unwrap()[lane].clone()
+        self.shared
+            .lanes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)[lane]
+            .clone()
     }
 
     /// Posts `values` with `counts` on `lane` and returns what every rank posted, in rank order.
@@ -77,12 +84,13 @@ impl ThreadRank {
         counts: Vec<usize>,
     ) -> Vec<(Vec<f64>, Vec<usize>)> {
         let lane = self.lane(lane);
-        lane.posted.lock().unwrap()[self.rank] = Some((values, counts));
+        lane.posted.lock().unwrap_or_else(PoisonError::into_inner)[self.rank] =
+            Some((values, counts));
         lane.barrier.wait();
         let all = lane
             .posted
             .lock()
-            .unwrap()
+            .unwrap_or_else(PoisonError::into_inner)
             .iter()
             .map(|p| p.clone().expect("every rank posted"))
             .collect();
@@ -105,7 +113,11 @@ impl Ranks for ThreadRank {
     }
 
     fn open_lanes(&self, lanes: usize) {
-        let mut open = self.shared.lanes.lock().unwrap();
+        let mut open = self
+            .shared
+            .lanes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         while open.len() < lanes {
             open.push(Arc::new(Lane {
                 posted: Mutex::new(vec![None; self.shared.ranks]),
@@ -184,7 +196,7 @@ impl Ranks for ThreadRank {
         let (inbox, arrived) = &self.shared.inboxes[to][channel_index(channel)];
         inbox
             .lock()
-            .unwrap()
+            .unwrap_or_else(PoisonError::into_inner)
             .push_back((self.rank, tag, header.to_vec(), payload.to_vec()));
         arrived.notify_all();
     }
@@ -193,7 +205,7 @@ impl Ranks for ThreadRank {
         let (inbox, _) = &self.shared.inboxes[self.rank][channel_index(Channel::Request)];
         inbox
             .lock()
-            .unwrap()
+            .unwrap_or_else(PoisonError::into_inner)
             .front()
             .map(|(from, tag, ..)| (*from, *tag))
     }
@@ -207,14 +219,16 @@ impl Ranks for ThreadRank {
         payload: &mut Vec<f32>,
     ) {
         let (inbox, arrived) = &self.shared.inboxes[self.rank][channel_index(channel)];
-        let mut waiting = inbox.lock().unwrap();
+        let mut waiting = inbox.lock().unwrap_or_else(PoisonError::into_inner);
         loop {
             if let Some(at) = waiting.iter().position(|m| m.0 == from && m.1 == tag) {
                 let (_, _, h, p) = waiting.remove(at).expect("found above");
                 (*header, *payload) = (h, p);
                 return;
             }
-            waiting = arrived.wait(waiting).unwrap();
+            waiting = arrived
+                .wait(waiting)
+                .unwrap_or_else(PoisonError::into_inner);
         }
     }
 
