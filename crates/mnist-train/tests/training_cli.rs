@@ -309,6 +309,98 @@ fn resume_errors_say_what_to_do() {
 }
 
 #[test]
+fn a_resume_refuses_every_flag_that_would_change_the_run_and_takes_the_runs_own_values() {
+    let tmp = tempfile::tempdir().unwrap();
+    let short = ["--steps", "2", "--devices", "cpu:1", "--log-every", "0"];
+    // Each flag, a value the run does not have, and how the refusal names it.
+    let runs = [
+        (
+            "--sync",
+            vec![
+                (vec!["--async"], "--sync/--async async (the run has sync)"),
+                (
+                    vec!["--lr-scaling", "1.5"],
+                    "--lr-scaling 1.5 (the run has auto)",
+                ),
+                (
+                    vec!["--batch-size", "50"],
+                    "--batch-size 50 (the run has 100)",
+                ),
+                (vec!["--lr", "0.5"], "--lr 0.5 (the run has 0.8)"),
+                (
+                    vec!["--lr-decay", "0.9"],
+                    "--lr-decay 0.9 (the run has 0.99)",
+                ),
+                (
+                    vec!["--weight-decay", "0.001"],
+                    "--weight-decay 0.001 (the run has 0.0001)",
+                ),
+                (
+                    vec!["--ema-decay", "0.9"],
+                    "--ema-decay 0.9 (the run has 0.99)",
+                ),
+                (vec!["--seed", "7"], "--seed 7 (the run has 1)"),
+                (vec!["--init-stddev", "0.2"], "--init-stddev 0.2"),
+            ],
+        ),
+        (
+            "--async",
+            vec![
+                (vec!["--sync"], "--sync/--async sync (the run has async)"),
+                (
+                    vec!["--async-rule", "plain"],
+                    "--async-rule plain (the run has scaled)",
+                ),
+                (
+                    vec!["--async-warmup", "3"],
+                    "--async-warmup 3 (the run has auto)",
+                ),
+                (
+                    vec!["--async-bound", "wait:1"],
+                    "--async-bound wait:1 (the run has none)",
+                ),
+            ],
+        ),
+    ];
+    for (mode, changes) in runs {
+        let dir = tmp.path().join(mode);
+        succeed(&[&short[..], &[mode, "--checkpoint-dir", arg(&dir)]].concat());
+        for (change, named) in changes {
+            let resume = [&["--resume", arg(&dir), "--steps", "4"][..], &change].concat();
+            let message = fail(&resume);
+            assert!(message.contains(named), "{mode} run, {change:?}: {message}");
+        }
+    }
+    // The run's own values are no change.
+    let dir = tmp.path().join("--sync");
+    succeed(&[
+        "--resume",
+        arg(&dir),
+        "--steps",
+        "4",
+        "--lr",
+        "0.8",
+        "--lr-decay",
+        "0.99",
+        "--weight-decay",
+        "1e-4",
+        "--ema-decay",
+        "0.99",
+        "--seed",
+        "1",
+        "--batch-size",
+        "100",
+        "--sync",
+        "--lr-scaling",
+        "auto",
+        "--log-every",
+        "0",
+        "--devices",
+        "cpu:1",
+    ]);
+}
+
+#[test]
 fn without_data_it_says_where_it_looked_and_how_to_point_at_the_files() {
     let elsewhere = tempfile::tempdir().unwrap();
     let output = command(&["--steps", "1"])

@@ -550,6 +550,7 @@ impl<M: Model, O: RecordedOptimizer> Trainer<M, O> {
                 .map_or(watch.log_every, Progress::report_every),
             losses: Mutex::new((0.0, 0)),
             saver: saver.as_ref(),
+            rank: self.ranks.as_ref().map(|r| (r.rank(), r.ranks())),
         };
         let mut summary = Summary {
             totals: Totals::default(),
@@ -799,6 +800,8 @@ struct RunObserver<'run> {
     /// Sum and count of the losses reported in the current segment.
     losses: Mutex<(f64, u64)>,
     saver: Option<&'run Saver<'run>>,
+    /// This process's rank and the run's ranks, when there are several.
+    rank: Option<(usize, usize)>,
 }
 
 impl RunObserver<'_> {
@@ -835,17 +838,7 @@ impl Observer for RunObserver<'_> {
     }
 
     fn on_stall(&self, stall: &Stall) {
-        output::warn(format!(
-            "warning: worker {} ({}) has made no progress for {} s{} (Ctrl-C saves the last \
-             consistent checkpoint and ends the run)",
-            stall.worker,
-            stall.device,
-            stall.idle.as_secs(),
-            stall
-                .step
-                .map(|s| format!(", at step {s}"))
-                .unwrap_or_default()
-        ));
+        output::warn(stall_message(stall, self.rank));
     }
 
     fn on_abandon(&self, stalled: &[Stall], state: Option<&TrainState>) {
@@ -858,6 +851,32 @@ impl Observer for RunObserver<'_> {
             None => output::warn(message),
         }
     }
+}
+
+/// What a stall report says; across ranks it names this process's rank, and that a stalled
+/// worker may only be waiting for another rank.
+fn stall_message(stall: &Stall, rank: Option<(usize, usize)>) -> String {
+    let (whose, why) = match rank {
+        None => (String::new(), String::new()),
+        Some((rank, ranks)) => (
+            format!(" on rank {rank}"),
+            format!(
+                "; its steps wait for all {ranks} ranks, so another rank that stopped or hangs \
+                 stalls it too: look for a rank whose workers stalled first, or that is gone"
+            ),
+        ),
+    };
+    format!(
+        "warning: worker {} ({}){whose} has made no progress for {} s{}{why} (Ctrl-C saves the \
+         last consistent checkpoint and ends the run)",
+        stall.worker,
+        stall.device,
+        stall.idle.as_secs(),
+        stall
+            .step
+            .map(|s| format!(", at step {s}"))
+            .unwrap_or_default()
+    )
 }
 
 /// Saves what a run given up on its hung workers can keep, and says so.
@@ -1494,6 +1513,17 @@ mod tests {
             said.contains(&format!("step 7 written to {}", path.display())),
             "{said}"
         );
+
+        let alone = stall_message(&stalled[0], None);
+        assert!(
+            alone.starts_with(
+                "warning: worker 1 (cpu:1) has made no progress for 400 s, at step 8 (Ctrl-C"
+            ),
+            "{alone}"
+        );
+        let across = stall_message(&stalled[0], Some((0, 3)));
+        assert!(across.contains("(cpu:1) on rank 0 has made"), "{across}");
+        assert!(across.contains("wait for all 3 ranks"), "{across}");
 
         let said = abandon(Some(&saver), &stalled, None);
         assert!(said.contains("no consistent state"), "{said}");
