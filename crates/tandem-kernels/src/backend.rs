@@ -15,16 +15,14 @@ use crate::driver::{
     Module, PinnedBuffer, Stream, NO_DEVICE, UNSUPPORTED_PTX_VERSION,
 };
 use crate::error::{cuda, KernelError};
-use crate::ptx::{Kernel, MAX_GRADIENT_BUFFERS, MAX_UPDATE_SPANS, MODULES, SPAN_TABLE};
+use crate::launch::{consecutive_spans, span_table, KSplits, TILE};
+use crate::ptx::{Kernel, MAX_GRADIENT_BUFFERS, MAX_UPDATE_SPANS, MODULES};
 
 /// Threads per block of the 1-D kernels; also the reductions' `REDUCE_THREADS`.
 const BLOCK: u32 = 256;
 /// At most this many blocks for the grid-stride kernels: several waves on any current GPU, and
 /// the loop inside each kernel covers the rest.
 const MAX_BLOCKS: usize = 4096;
-/// `TILE` and `ROWS` of `kernels/matmul.cu`: a block computes a `TILE x TILE` tile of C with
-/// `TILE x MATMUL_ROWS` threads.
-const TILE: usize = 32;
 const MATMUL_ROWS: u32 = 8;
 /// Rows of logits per block of `softmax_cross_entropy`: one warp each.
 const SOFTMAX_ROWS: u32 = 4;
@@ -33,11 +31,6 @@ const SOFTMAX_ROWS: u32 = 4;
 const POISON: u8 = 0xFF;
 /// The largest grid y dimension CUDA allows.
 const MAX_GRID_Y: usize = 65_535;
-/// A matmul with fewer tiles of C than this is split over k until it has about this many
-/// blocks (a few per multiprocessor on large GPUs), so that short walks over k run side by
-/// side instead of one long walk per tile.
-const SPLIT_BLOCKS: usize = 1024;
-
 /// The argument array of a kernel launch: a pointer to each value, in the kernel's order.
 macro_rules! args {
     ($($arg:expr),* $(,)?) => {
@@ -811,33 +804,6 @@ fn stride_grid(len: usize) -> u32 {
     len.div_ceil(BLOCK as usize).clamp(1, MAX_BLOCKS) as u32
 }
 
-/// How a matmul with `blocks` tiles of C is split over its `k`: `count` splits of `k_split`
-/// values of k each (a multiple of the tile, the last split shorter), or one split of all of k.
-/// It depends on the shape alone, so that a shape's sums are always taken in the same order.
-#[derive(Debug, PartialEq, Eq)]
-struct KSplits {
-    count: usize,
-    k_split: usize,
-}
-
-impl KSplits {
-    fn of(blocks: usize, k: usize) -> KSplits {
-        let tiles = k.div_ceil(TILE);
-        let wanted = SPLIT_BLOCKS.div_ceil(blocks.max(1)).min(tiles);
-        if wanted <= 1 {
-            return KSplits {
-                count: 1,
-                k_split: k,
-            };
-        }
-        let tiles_per_split = tiles.div_ceil(wanted);
-        KSplits {
-            count: tiles.div_ceil(tiles_per_split),
-            k_split: tiles_per_split * TILE,
-        }
-    }
-}
-
 /// The kernels' `Grads` parameter: the device address of each buffer's span, and the count.
 fn gradient_table(
     op: &'static str,
@@ -910,7 +876,11 @@ impl Launcher<'_> {
         spans: &[(usize, u64)],
     ) -> Result<(), KernelError> {
         let (table, n) = address_table("sgd_ema_update", grads)?;
-        let (span_table, count) = span_table(spans)?;
+        let (span_table, count) = span_table(spans).ok_or(KernelError::TooLarge {
+            what: "sgd_ema_update: spans",
+            value: spans.len(),
+            max: MAX_UPDATE_SPANS,
+        })?;
         let len = spans.iter().map(|&(len, _)| len).sum::<usize>();
         // SAFETY: the arguments follow `sgd_ema_update`'s parameters; the caller's promises
         // cover the memory.
@@ -962,62 +932,6 @@ impl Launcher<'_> {
         }
         Ok(())
     }
-}
-
-/// The spans, `(len, hyper)`, of the updates at the start of `ops` that one `sgd_ema_update`
-/// launch can apply (at least the first, at most [`MAX_UPDATE_SPANS`]): each begins in every
-/// buffer (parameters, average, each gradient vector) where the one before it ends. The sync
-/// update of a whole parameter vector, one update per tensor, is then one kernel.
-fn consecutive_spans(ops: &[DeviceOp]) -> Vec<(usize, u64)> {
-    let mut spans = Vec::new();
-    let mut first = None;
-    let mut offset = 0u64; // bytes from the first update's addresses
-    for op in ops.iter().take(MAX_UPDATE_SPANS) {
-        let DeviceOp::Update {
-            params,
-            ema,
-            grads,
-            len,
-            hyper,
-        } = op
-        else {
-            break;
-        };
-        let (p0, e0, g0) = *first.get_or_insert((*params, *ema, grads));
-        let follows = params.wrapping_sub(p0) == offset
-            && ema.wrapping_sub(e0) == offset
-            && grads.len() == g0.len()
-            && grads
-                .iter()
-                .zip(g0)
-                .all(|(g, g0)| g.wrapping_sub(*g0) == offset);
-        if !follows {
-            break;
-        }
-        spans.push((*len, *hyper));
-        offset = offset.wrapping_add(4 * *len as u64);
-    }
-    spans
-}
-
-/// `sgd_ema_update`'s `Spans` parameter for `spans` (`(len, hyper)` each): their ends, then
-/// their `[lr, wd, d]` addresses; and the count.
-fn span_table(spans: &[(usize, u64)]) -> Result<([u64; SPAN_TABLE], u32), KernelError> {
-    if spans.is_empty() || spans.len() > MAX_UPDATE_SPANS {
-        return Err(KernelError::TooLarge {
-            what: "sgd_ema_update: spans",
-            value: spans.len(),
-            max: MAX_UPDATE_SPANS,
-        });
-    }
-    let mut table = [0u64; SPAN_TABLE];
-    let mut end = 0u64;
-    for (i, &(len, hyper)) in spans.iter().enumerate() {
-        end = end.saturating_add(len as u64);
-        table[i] = end;
-        table[MAX_UPDATE_SPANS + i] = hyper;
-    }
-    Ok((table, spans.len() as u32))
 }
 
 /// What identifies a [`DeviceOp`] in a captured graph: all of it but an upload's values.
@@ -1478,92 +1392,9 @@ impl Backend for CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::{
-        consecutive_spans, span_table, CudaBackend, KSplits, Kernel, KernelError, BLOCK,
-        MATMUL_ROWS, MAX_UPDATE_SPANS, POISON, TILE,
-    };
-    use tandem_core::DeviceOp;
+    use super::{CudaBackend, Kernel, KernelError, BLOCK, MATMUL_ROWS, POISON};
+    use crate::launch::TILE;
     use tandem_tensor::check;
-
-    /// An update of `len` values at byte `at` of four buffers 10,000 bytes apart (the
-    /// average's 1,000 bytes further when `ema_shift`), with `grads` gradient vectors.
-    fn update_of(at: u64, len: usize, hyper: u64, ema_shift: bool, grads: u64) -> DeviceOp {
-        DeviceOp::Update {
-            params: at,
-            ema: at + 10_000 + if ema_shift { 1_000 } else { 0 },
-            grads: (0..grads).map(|g| at + 20_000 + 10_000 * g).collect(),
-            len,
-            hyper,
-        }
-    }
-
-    fn update(at: u64, len: usize, hyper: u64) -> DeviceOp {
-        update_of(at, len, hyper, false, 2)
-    }
-
-    /// Updates join one launch while each starts, in every buffer, where the one before ends.
-    #[test]
-    fn updates_of_consecutive_spans_join_one_launch() {
-        let ops = [
-            update(0, 3, 1),
-            update(12, 5, 2),
-            update(32, 1, 1),
-            update(40, 2, 2),
-        ];
-        assert_eq!(consecutive_spans(&ops), [(3, 1), (5, 2), (1, 1)]);
-        let fewer_grads = update_of(32, 1, 1, false, 1);
-        assert_eq!(consecutive_spans(&[update(0, 8, 1), fewer_grads]), [(8, 1)]);
-        let elsewhere = update_of(32, 1, 1, true, 2);
-        assert_eq!(consecutive_spans(&[update(0, 8, 1), elsewhere]), [(8, 1)]);
-        let copy = DeviceOp::Copy {
-            dst: 0,
-            src: 0,
-            len: 1,
-        };
-        assert_eq!(consecutive_spans(&[update(0, 8, 1), copy]), [(8, 1)]);
-        let many: Vec<_> = (0..20).map(|i| update(4 * i, 1, i)).collect();
-        let joined = consecutive_spans(&many);
-        assert_eq!(joined.len(), MAX_UPDATE_SPANS);
-        assert_eq!(consecutive_spans(&many[MAX_UPDATE_SPANS..])[0], (1, 8));
-        // The kernel's table: cumulative ends, then the addresses.
-        let (table, count) = span_table(&[(3, 7), (5, 9)]).expect("two spans");
-        assert_eq!(count, 2);
-        assert_eq!(table[..2], [3, 8]);
-        assert_eq!(table[MAX_UPDATE_SPANS..MAX_UPDATE_SPANS + 2], [7, 9]);
-        assert!(span_table(&[]).is_err());
-        assert!(span_table(&[(1, 0); MAX_UPDATE_SPANS + 1]).is_err());
-    }
-
-    /// The model's small products are split over k, large ones are not, and the splits of
-    /// every shape cover k exactly in whole tiles.
-    #[test]
-    fn small_matmuls_are_split_over_k_in_whole_tiles() {
-        let splits = |blocks, k| {
-            let s = KSplits::of(blocks, k);
-            (s.count, s.k_split)
-        };
-        // 100x500x784 (64 tiles of C): 13 splits of 2 tiles of k instead of 25 tiles in a row.
-        assert_eq!(splits(64, 784), (13, 64));
-        assert_eq!(splits(4, 500), (16, 32)); // 100x10x500
-        assert_eq!(splits(400, 100), (2, 64)); // 784x500x100
-        assert_eq!(splits(64, 10), (1, 10)); // one tile of k: nothing to split
-        assert_eq!(splits(2048, 5000), (1, 5000)); // enough blocks already
-        assert_eq!(splits(1, 0), (1, 0));
-        for blocks in [1, 3, 17, 100, 1023, 1024, 5000] {
-            for k in [1, 31, 32, 33, 100, 784, 1000, 4097, 100_000] {
-                let KSplits { count, k_split } = KSplits::of(blocks, k);
-                if count == 1 {
-                    assert_eq!(k_split, k);
-                } else {
-                    assert_eq!(k_split % TILE, 0, "{blocks} {k}");
-                    assert!(
-                        (count - 1) * k_split < k && k <= count * k_split,
-                        "{blocks} {k}"
-                    );
-                }
-            }
-        }
-    }
 
     /// What the host makes of the label check a kernel left: nothing bad, the CPU's error for
     /// the first bad label, or the poison still there (the kernel never wrote it).

@@ -31,6 +31,7 @@
 //! ```
 #![warn(missing_docs)]
 
+mod launch;
 pub mod ptx;
 
 #[cfg(feature = "cuda")]

@@ -920,9 +920,24 @@ mod tests {
     static LAYOUT: LazyLock<Vec<ParamSpan>> =
         LazyLock::new(|| vec![ParamSpan::new("w", [1], true)]);
 
-    /// Fits `w` to 3 on examples `x = i / 10`.
+    /// What a [`Scalar`] replica's one parameter `w` learns.
+    #[derive(Debug, Clone, Copy, Default)]
+    enum Fit {
+        /// `w` fitted to 3 on examples `x = i / 10`.
+        #[default]
+        Three,
+        /// A constant slope, loss `SLOPE * w`: every gradient is the same, whatever parameters
+        /// it was computed on, so an asynchronous run's result depends only on the order of its
+        /// updates' steps, and that order is their application order on any interleaving of
+        /// the workers.
+        Slope,
+    }
+
+    const SLOPE: f32 = 0.25;
+
     #[derive(Default)]
     struct Scalar {
+        fit: Fit,
         w: f32,
         grad: f32,
     }
@@ -938,6 +953,10 @@ mod tests {
             Ok(())
         }
         fn compute_gradients(&mut self, batch: &[u32]) -> Result<StepLoss, ReplicaError> {
+            if let Fit::Slope = self.fit {
+                self.grad = SLOPE;
+                return Ok(StepLoss::Known(SLOPE * self.w));
+            }
             let n = batch.len() as f32;
             let (mut loss, mut grad) = (0.0, 0.0);
             for &i in batch {
@@ -958,7 +977,10 @@ mod tests {
         }
     }
 
-    struct ScalarModel;
+    /// The model of [`Scalar`] replicas that learn [`Fit::Three`].
+    const SCALAR: ScalarModel = ScalarModel(Fit::Three);
+
+    struct ScalarModel(Fit);
 
     impl Model for ScalarModel {
         type Replica = Scalar;
@@ -972,7 +994,10 @@ mod tests {
             EXAMPLES
         }
         fn open(&self, _: &Device, _: usize) -> Result<Scalar, ReplicaError> {
-            Ok(Scalar::default())
+            Ok(Scalar {
+                fit: self.0,
+                ..Scalar::default()
+            })
         }
     }
 
@@ -1007,7 +1032,7 @@ mod tests {
         let resume = matches!(start, Start::Resume(_)).then_some(dir);
         let checkpoints = Checkpoints::take(Some(dir), resume, 0)?;
         let setup = Setup::new(DeviceSpec::Cpu(workers));
-        let mut trainer = Trainer::open(ScalarModel, start, &setup, checkpoints)?;
+        let mut trainer = Trainer::open(SCALAR, start, &setup, checkpoints)?;
         let interrupt = Interrupt::new();
         let plan = trainer.plan(0);
         trainer.train(&plan, &Watch::quiet(&interrupt), &mut |_| Ok(()))?;
@@ -1125,7 +1150,7 @@ mod tests {
                 let resume = matches!(now, Start::Resume(_)).then_some(dir.as_path());
                 let checkpoints = Checkpoints::take(Some(&dir), resume, 0).unwrap();
                 let setup = Setup::new(DeviceSpec::Cpu(workers));
-                let Ok(mut trainer) = Trainer::open(ScalarModel, now, &setup, checkpoints) else {
+                let Ok(mut trainer) = Trainer::open(SCALAR, now, &setup, checkpoints) else {
                     refused += 1;
                     break;
                 };
@@ -1145,7 +1170,7 @@ mod tests {
                 let checkpoints = Checkpoints::take(Some(&dir), Some(&dir), 0).unwrap();
                 let setup = Setup::new(DeviceSpec::Cpu(workers));
                 match Trainer::<_, Sgd>::open(
-                    ScalarModel,
+                    SCALAR,
                     Start::Resume(Resume::from(&dir)),
                     &setup,
                     checkpoints,
@@ -1173,56 +1198,6 @@ mod tests {
             trained > 30 && refused > 30,
             "{trained} trained, {refused} refused"
         );
-    }
-
-    /// Descends a constant slope: every gradient is the same, whatever parameters it was
-    /// computed on, so an asynchronous run's result depends only on the order of its updates'
-    /// steps, and that order is their application order on any interleaving of the workers.
-    #[derive(Default)]
-    struct Slope {
-        w: f32,
-    }
-
-    const SLOPE: f32 = 0.25;
-
-    impl Replica for Slope {
-        fn layout(&self) -> &[ParamSpan] {
-            &LAYOUT
-        }
-        fn set_params(&mut self, fill: &mut dyn FnMut(&mut [f32])) -> Result<(), ReplicaError> {
-            let mut p = [0.0];
-            fill(&mut p);
-            self.w = p[0];
-            Ok(())
-        }
-        fn compute_gradients(&mut self, _: &[u32]) -> Result<StepLoss, ReplicaError> {
-            Ok(StepLoss::Known(SLOPE * self.w))
-        }
-        fn read_gradients(&mut self, read: &mut dyn FnMut(&[f32])) -> Result<(), ReplicaError> {
-            read(&[SLOPE]);
-            Ok(())
-        }
-        fn training_examples(&self) -> usize {
-            EXAMPLES
-        }
-    }
-
-    struct SlopeModel;
-
-    impl Model for SlopeModel {
-        type Replica = Slope;
-        fn id(&self) -> ModelId {
-            ScalarModel.id()
-        }
-        fn layout(&self) -> Vec<ParamSpan> {
-            LAYOUT.clone()
-        }
-        fn training_examples(&self) -> usize {
-            EXAMPLES
-        }
-        fn open(&self, _: &Device, _: usize) -> Result<Slope, ReplicaError> {
-            Ok(Slope::default())
-        }
     }
 
     /// What a run left: its state and the mean loss of each evaluated segment.
@@ -1287,8 +1262,8 @@ mod tests {
     #[test]
     fn a_sync_run_across_ranks_is_one_processs_in_state_and_logged_losses() {
         let start = fresh(Mode::Sync, 12);
-        let one = on_ranks(|| ScalarModel, &start, (1, 2), plans);
-        let two = on_ranks(|| ScalarModel, &start, (2, 1), plans);
+        let one = on_ranks(|| SCALAR, &start, (1, 2), plans);
+        let two = on_ranks(|| SCALAR, &start, (2, 1), plans);
         assert_eq!(two, one);
         // Six segments of two steps, each with its losses: the comparison saw them.
         assert_eq!(one.1.len(), 6);
@@ -1310,11 +1285,11 @@ mod tests {
             },
             ..fresh
         });
-        let one = on_ranks(|| SlopeModel, &start, (1, 2), plans).0;
+        let one = on_ranks(|| ScalarModel(Fit::Slope), &start, (1, 2), plans).0;
         // The order of the updates' steps is their application order on any interleaving: a
         // few runs, so that updates overtaking each other across ranks are seen.
         for _ in 0..5 {
-            let two = on_ranks(|| SlopeModel, &start, (2, 1), plans).0;
+            let two = on_ranks(|| ScalarModel(Fit::Slope), &start, (2, 1), plans).0;
             assert_eq!(two, one);
         }
         // The rate decayed (30 steps of 5 examples are 3.75 epochs of 40) and the average
@@ -1453,7 +1428,7 @@ mod tests {
         let checkpoints = Checkpoints::take(Some(tmp.path()), None, 0).unwrap();
         let setup = Setup::new(DeviceSpec::Cpu(1));
         let mut trainer =
-            Trainer::open(ScalarModel, fresh(Mode::Async, 1_000), &setup, checkpoints).unwrap();
+            Trainer::open(SCALAR, fresh(Mode::Async, 1_000), &setup, checkpoints).unwrap();
         let interrupt = Interrupt::new();
         let mut evaluated = Vec::new();
         let plan = Plan {

@@ -4,6 +4,7 @@
 #![allow(dead_code)] // each test binary uses its own part of this module
 
 pub mod checkpoints;
+pub mod fake_device;
 pub use tandem_strategy::thread_ranks as ranks;
 
 use std::sync::mpsc;
@@ -95,6 +96,9 @@ pub struct TestReplica<M> {
     pub exchanges: bool,
     /// How many times its parameters were set (copied into it).
     pub loads: u64,
+    /// Its parameters and gradients in a fake device's memory, where a store may keep the
+    /// parameters of record beside them ([`Replica::residence`]); `None`: host memory only.
+    pub device: Option<fake_device::Resident>,
     pub model: M,
 }
 
@@ -106,9 +110,18 @@ impl<M: Model> TestReplica<M> {
         helpers: &dyn Helpers,
     ) -> Result<f32, ReplicaError> {
         self.calls += 1;
-        let params = lent.unwrap_or(&self.params);
-        self.model
-            .gradients_helped(self.calls, batch, params, &mut self.grads, helpers)
+        let Self {
+            params,
+            grads,
+            model,
+            calls,
+            ..
+        } = self;
+        if let Some(device) = &self.device {
+            return device.step(params, grads, |p, g| model.gradients(*calls, batch, p, g));
+        }
+        let params = lent.unwrap_or(params);
+        model.gradients_helped(*calls, batch, params, grads, helpers)
     }
 }
 
@@ -119,7 +132,13 @@ impl<M: Model> Replica for TestReplica<M> {
     fn set_params(&mut self, fill: &mut dyn FnMut(&mut [f32])) -> Result<(), ReplicaError> {
         self.loads += 1;
         fill(&mut self.params);
+        if let Some(device) = &self.device {
+            device.write_params(&self.params);
+        }
         Ok(())
+    }
+    fn residence(&self) -> Option<tandem_core::Residence> {
+        self.device.as_ref().map(fake_device::Resident::residence)
     }
     fn compute_gradients(&mut self, batch: &[u32]) -> Result<StepLoss, ReplicaError> {
         self.compute_with(None, batch, &Alone).map(StepLoss::Known)
@@ -190,6 +209,7 @@ pub fn pool_on<M: Model>(
             borrows: false,
             exchanges: false,
             loads: 0,
+            device: None,
             model: model(worker),
         })
     })

@@ -1,0 +1,249 @@
+//! A [`DeviceQueue`] in host memory, so that the device-resident store's protocol (which
+//! buffers it copies, where its updates read and write, what it uploads) runs in the default
+//! test suite, without a GPU or the driver stand-in. Its "device memory" is one arena of f32
+//! blocks named by byte address, shared by every queue; each queue runs its operations at
+//! once, in order, so it shows what the store asks for but not the ordering between queues that
+//! the store's events provide on a real device (the stand-in's CI job checks that).
+
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tandem_core::{DeviceAlloc, DeviceEvent, DeviceOp, DeviceQueue, ReplicaError, Residence};
+use tandem_tensor::cpu::{self, UpdateStep};
+
+/// The device memory of every fake queue: blocks by their first byte's address.
+struct Arena {
+    next: u64,
+    blocks: BTreeMap<u64, Vec<f32>>,
+}
+
+static ARENA: Mutex<Arena> = Mutex::new(Arena {
+    next: 0x1000,
+    blocks: BTreeMap::new(),
+});
+
+fn arena() -> MutexGuard<'static, Arena> {
+    ARENA.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Arena {
+    /// The `len` values at byte address `at`, which must lie inside one block.
+    fn span(&mut self, at: u64, len: usize) -> &mut [f32] {
+        let (&start, block) = self
+            .blocks
+            .range_mut(..=at)
+            .next_back()
+            .unwrap_or_else(|| panic!("no device memory at {at:#x}"));
+        assert_eq!((at - start) % 4, 0, "{at:#x} is not an f32's address");
+        let from = ((at - start) / 4) as usize;
+        let size = block.len();
+        block
+            .get_mut(from..from + len)
+            .unwrap_or_else(|| panic!("{len} values at {at:#x} run past a block of {size}"))
+    }
+
+    fn read(&mut self, at: u64, len: usize) -> Vec<f32> {
+        self.span(at, len).to_vec()
+    }
+}
+
+/// A block of the arena, freed when dropped.
+struct Block(u64);
+
+impl DeviceAlloc for Block {
+    fn address(&self) -> u64 {
+        self.0
+    }
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        arena().blocks.remove(&self.0);
+    }
+}
+
+struct Event;
+
+impl DeviceEvent for Event {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// Runs `ops` on the arena, in order.
+fn run(ops: &[DeviceOp]) {
+    let mut arena = arena();
+    for op in ops {
+        match op {
+            DeviceOp::Copy { dst, src, len } => {
+                let values = arena.read(*src, *len);
+                arena.span(*dst, *len).copy_from_slice(&values);
+            }
+            DeviceOp::Upload { dst, values } => {
+                arena.span(*dst, values.len()).copy_from_slice(values);
+            }
+            DeviceOp::Update {
+                params,
+                ema,
+                grads,
+                len,
+                hyper,
+            } => {
+                let [learning_rate, weight_decay, ema_decay] = arena
+                    .read(*hyper, 3)
+                    .try_into()
+                    .expect("three hyper-parameters");
+                let grads: Vec<Vec<f32>> = grads.iter().map(|&g| arena.read(g, *len)).collect();
+                let grads: Vec<&[f32]> = grads.iter().map(Vec::as_slice).collect();
+                let mut p = arena.read(*params, *len);
+                let mut e = arena.read(*ema, *len);
+                let step = UpdateStep {
+                    learning_rate,
+                    weight_decay,
+                    ema_decay,
+                };
+                cpu::sgd_ema_update(&mut p, &mut e, &grads, step);
+                arena.span(*params, *len).copy_from_slice(&p);
+                arena.span(*ema, *len).copy_from_slice(&e);
+            }
+        }
+    }
+}
+
+/// One replica's queue; `memory` says which device's memory it has (queues with different
+/// ones make the store stage copies between them, as on several GPUs).
+pub struct FakeQueue {
+    memory: usize,
+    step_ops: Mutex<Option<(Vec<DeviceOp>, Vec<DeviceOp>)>>,
+}
+
+impl FakeQueue {
+    pub fn new(memory: usize) -> Self {
+        Self {
+            memory,
+            step_ops: Mutex::new(None),
+        }
+    }
+
+    /// What [`DeviceQueue::around_next_step`] gave for the step now starting.
+    fn take_step_ops(&self) -> (Vec<DeviceOp>, Vec<DeviceOp>) {
+        self.step_ops
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .unwrap_or_default()
+    }
+}
+
+impl DeviceQueue for FakeQueue {
+    fn memory(&self) -> usize {
+        self.memory
+    }
+    fn bind(&self) -> Result<(), ReplicaError> {
+        Ok(())
+    }
+    fn alloc(&self, len: usize) -> Result<Box<dyn DeviceAlloc>, ReplicaError> {
+        let mut arena = arena();
+        let at = arena.next;
+        // A gap after every block, so that a span running past its block is caught.
+        arena.next += 4 * len as u64 + 256;
+        arena.blocks.insert(at, vec![f32::NAN; len]);
+        Ok(Box::new(Block(at)))
+    }
+    fn max_gradients(&self) -> usize {
+        16
+    }
+    unsafe fn run(&self, ops: &[DeviceOp]) -> Result<(), ReplicaError> {
+        run(ops);
+        Ok(())
+    }
+    unsafe fn around_next_step(
+        &self,
+        before: Vec<DeviceOp>,
+        after: Vec<DeviceOp>,
+    ) -> Result<(), ReplicaError> {
+        let mut pending = self.step_ops.lock().unwrap_or_else(|p| p.into_inner());
+        assert!(pending.is_none(), "a step's operations given twice");
+        *pending = Some((before, after));
+        Ok(())
+    }
+    fn step_ops_pending(&self) -> bool {
+        self.step_ops
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+    }
+    unsafe fn write(&self, dst: u64, src: &[f32]) -> Result<(), ReplicaError> {
+        arena().span(dst, src.len()).copy_from_slice(src);
+        Ok(())
+    }
+    unsafe fn read(&self, src: u64, dst: &mut [f32]) -> Result<(), ReplicaError> {
+        dst.copy_from_slice(arena().span(src, dst.len()));
+        Ok(())
+    }
+    fn event(&self) -> Result<Box<dyn DeviceEvent>, ReplicaError> {
+        Ok(Box::new(Event))
+    }
+    fn record(&self, _: &dyn DeviceEvent) -> Result<(), ReplicaError> {
+        Ok(())
+    }
+    fn wait(&self, _: &dyn DeviceEvent) -> Result<(), ReplicaError> {
+        Ok(())
+    }
+}
+
+/// A replica's parameters and gradients in the arena, and its queue.
+pub struct Resident {
+    queue: Arc<FakeQueue>,
+    params: Box<dyn DeviceAlloc>,
+    grads: Box<dyn DeviceAlloc>,
+}
+
+impl Resident {
+    /// `len` parameters and gradients on a new queue of `memory`.
+    pub fn new(memory: usize, len: usize) -> Self {
+        let queue = Arc::new(FakeQueue::new(memory));
+        Self {
+            params: queue.alloc(len).expect("arena memory"),
+            grads: queue.alloc(len).expect("arena memory"),
+            queue,
+        }
+    }
+
+    /// What the store sees of it.
+    pub fn residence(&self) -> Residence {
+        Residence {
+            queue: self.queue.clone(),
+            params: self.params.address(),
+            grads: self.grads.address(),
+        }
+    }
+
+    /// A step on the device: the operations the store queued before it, the parameters read
+    /// into `params`, `compute` writing `grads`, which are then written to the device, and the
+    /// operations queued after it.
+    pub fn step<T>(
+        &self,
+        params: &mut [f32],
+        grads: &mut [f32],
+        compute: impl FnOnce(&[f32], &mut [f32]) -> T,
+    ) -> T {
+        let (before, after) = self.queue.take_step_ops();
+        run(&before);
+        params.copy_from_slice(arena().span(self.params.address(), params.len()));
+        let out = compute(params, grads);
+        arena()
+            .span(self.grads.address(), grads.len())
+            .copy_from_slice(grads);
+        run(&after);
+        out
+    }
+
+    /// Writes the replica's parameters to the device.
+    pub fn write_params(&self, params: &[f32]) {
+        arena()
+            .span(self.params.address(), params.len())
+            .copy_from_slice(params);
+    }
+}

@@ -1,0 +1,136 @@
+//! The device-resident store ([`tandem_strategy::DeviceStore`]) in the default suite: replicas
+//! whose parameters and gradients live in a fake device's memory (host memory behind a
+//! [`tandem_core::DeviceQueue`], `common::fake_device`) make the strategies keep the parameters
+//! of record beside them, and every step then goes through the store's device protocol: the
+//! copies into each replica, the gradients' outboxes, the staging between devices, the updates'
+//! spans and uploaded hyper-parameters. It must train as the host store does, bit for bit.
+
+mod common;
+
+use common::fake_device::Resident;
+use common::{pool_on, weights_and_bias, Loss, Model, TestReplica, EXAMPLES};
+use tandem_core::{ParamSpan, TrainState};
+use tandem_pool::{Device, WorkerPool};
+use tandem_strategy::{Batches, Mode, NoObserver, Sgd, Strategy};
+
+/// Parameters pulled towards targets that depend on the batch: every gradient depends on the
+/// parameters and the examples, so a wrong buffer, span or order shows in the result.
+struct Pull;
+
+impl Model for Pull {
+    fn gradients(&mut self, _: u64, batch: &[u32], params: &[f32], grads: &mut [f32]) -> Loss {
+        let mean = batch.iter().map(|&i| i as f32).sum::<f32>() / batch.len() as f32;
+        let mut loss = 0.0;
+        for (i, (g, p)) in grads.iter_mut().zip(params).enumerate() {
+            *g = p - mean / EXAMPLES as f32 * (i as f32 + 1.0);
+            loss += 0.5 * *g * *g;
+        }
+        Ok(loss)
+    }
+}
+
+/// Two spans, one regularised: the store's updates treat each with its own hyper-parameters.
+fn layout() -> Vec<ParamSpan> {
+    weights_and_bias(vec![2, 3], 3)
+}
+
+fn len() -> usize {
+    layout().iter().map(ParamSpan::len).sum()
+}
+
+/// `workers` replicas of [`Pull`] (simulated workers where `simulated`: their asynchronous
+/// updates are exactly as stale on any machine), in host memory or (`memory`: which device
+/// each is on) on fake devices.
+fn pool(
+    workers: usize,
+    simulated: bool,
+    memory: Option<fn(usize) -> usize>,
+) -> WorkerPool<TestReplica<Pull>> {
+    let devices = (0..workers)
+        .map(|worker| match simulated {
+            true => Device::Sim { worker },
+            false => Device::Cpu { worker },
+        })
+        .collect();
+    let mut pool = pool_on(devices, layout(), EXAMPLES, |_| Pull);
+    if let Some(memory) = memory {
+        for (worker, replica) in pool.replicas_mut().iter_mut().enumerate() {
+            replica.device = Some(Resident::new(memory(worker), len()));
+        }
+    }
+    pool
+}
+
+fn sgd() -> Sgd {
+    Sgd {
+        learning_rate: 0.3,
+        lr_decay: 0.9,
+        weight_decay: 0.01,
+        ema_decay: 0.9,
+    }
+}
+
+/// Trains `pool` for `steps` from parameters 0.5 and returns the state.
+fn train(
+    strategy: impl Into<Strategy>,
+    pool: &mut WorkerPool<TestReplica<Pull>>,
+    steps: u64,
+) -> TrainState {
+    let sgd = &sgd();
+    let mut state = TrainState::new(vec![0.5; len()], sgd);
+    let batches = Batches {
+        batch_size: 7,
+        seed: 3,
+    };
+    tandem_strategy::train(
+        strategy,
+        pool,
+        &mut state,
+        sgd,
+        &batches,
+        steps,
+        &NoObserver,
+    )
+    .expect("training runs");
+    state
+}
+
+/// Whether the strategy kept the parameters of record on the devices: a device-resident store
+/// writes them there and never sets a replica's parameters through the host (a host store
+/// sets them every step).
+fn resident_store_used(pool: &WorkerPool<TestReplica<Pull>>) -> bool {
+    pool.replicas().iter().all(|r| r.loads == 0)
+}
+
+#[test]
+fn sync_on_device_replicas_trains_as_in_host_memory_bitwise() {
+    let one_device: fn(usize) -> usize = |_| 0;
+    let own_devices: fn(usize) -> usize = |worker| worker;
+    for workers in [1, 2, 3] {
+        let mut host = pool(workers, false, None);
+        let expected = train(Mode::Sync, &mut host, 23);
+        assert!(!resident_store_used(&host));
+        for (what, memory) in [("one device", one_device), ("a device each", own_devices)] {
+            let mut resident = pool(workers, false, Some(memory));
+            let state = train(Mode::Sync, &mut resident, 23);
+            assert!(resident_store_used(&resident), "{workers} workers, {what}");
+            assert_eq!(state, expected, "{workers} workers, {what}");
+        }
+    }
+}
+
+#[test]
+fn async_on_device_replicas_trains_as_in_host_memory_bitwise() {
+    let one_device: fn(usize) -> usize = |_| 0;
+    // One worker, and three simulated ones (their updates 2 stale, at half the rate by the
+    // scaled rule, on any machine).
+    for (workers, simulated) in [(1, false), (3, true)] {
+        let mut host = pool(workers, simulated, None);
+        let expected = train(Mode::Async, &mut host, 41);
+        assert!(!resident_store_used(&host));
+        let mut resident = pool(workers, simulated, Some(one_device));
+        let state = train(Mode::Async, &mut resident, 41);
+        assert!(resident_store_used(&resident), "{workers} workers");
+        assert_eq!(state, expected, "{workers} workers");
+    }
+}
