@@ -105,9 +105,10 @@ pub struct CompareArgs {
     #[arg(long, default_value = "auto", value_name = "SPEC")]
     pub devices: DeviceSpec,
 
-    /// Sweep over worker counts instead (e.g. 1,2,4,8,16): both modes at each count, on the
-    /// kind of --devices (cpu or sim), and a scaling report (sweep.png, sweep.svg, sweep.md:
-    /// final test accuracy, time and examples to 97% and 98%, staleness).
+    /// Sweep over worker counts instead (e.g. 1,2,4,8,16; run in increasing order, each once):
+    /// both modes at each count, on the kind of --devices (cpu or sim), and a scaling report
+    /// (sweep.png, sweep.svg, sweep.md: final test accuracy, time and examples to 97% and 98%,
+    /// staleness).
     #[arg(long, value_name = "N,N,...", value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..=tandem_pool::MAX_REPLICAS as u64))]
     pub workers: Option<Vec<u64>>,
 

@@ -32,7 +32,12 @@ pub fn run(args: &CompareArgs) -> Result<()> {
     let data = data::load(args.data_dir.as_deref())?;
     let interrupt = Interrupt::on_ctrl_c()?;
     if let Some(counts) = &args.workers {
-        return sweep(args, counts, &data, &interrupt);
+        // In order, each once: the chart's axis and the table read left to right, small to
+        // large.
+        let mut counts = counts.clone();
+        counts.sort_unstable();
+        counts.dedup();
+        return sweep(args, &counts, &data, &interrupt);
     }
     let mut runs = Vec::new();
     let mut devices = Vec::new();

@@ -1301,6 +1301,26 @@ mod tests {
     }
 
     #[test]
+    fn an_async_run_on_several_workers_ends_after_its_epochs_with_a_checkpoint_each() {
+        let tmp = tempfile::tempdir().unwrap();
+        let Start::Fresh(fresh) = fresh(Mode::Async, 1) else {
+            unreachable!()
+        };
+        // 40 examples in async steps of one batch of 5: 8 steps an epoch, whatever the
+        // number of workers (a sync step would take both workers' batches).
+        let start = Start::Fresh(Fresh {
+            length: Length::Epochs(3),
+            save_every: None,
+            ..fresh
+        });
+        let trainer = run(start, tmp.path(), 2).unwrap();
+        assert_eq!(trainer.config.end_step, 24);
+        assert_eq!(trainer.config.save_every, Some(8));
+        assert_eq!(trainer.state.step, 24);
+        assert_eq!(steps_in(tmp.path()), [8, 16, 24]);
+    }
+
+    #[test]
     fn a_resumed_sync_run_ends_where_an_uninterrupted_one_does() {
         let tmp = tempfile::tempdir().unwrap();
         let whole = run(fresh(Mode::Sync, 10), &tmp.path().join("whole"), 2).unwrap();
