@@ -155,6 +155,26 @@ fn two_ranks_log_the_losses_and_metrics_of_one_process_on_as_many_workers() {
 }
 
 #[test]
+fn a_flag_given_to_rank_0_alone_changes_nothing_on_the_others() {
+    // mpirun's MPMD form: rank 0 writes metrics (and so evaluates once an epoch), rank 1 does
+    // not; both train rank 0's plan.
+    let tmp = tempfile::tempdir().unwrap();
+    let metrics = tmp.path().join("metrics.jsonl");
+    let binary = env!("CARGO_BIN_EXE_mnist-train");
+    let common = ["--sync", "--devices", "cpu:1", "--steps", "600", "--log-every", "0"];
+    let mut command = mpirun(1, &common);
+    command
+        .args(["--metrics", arg(&metrics), ":", "-n", "1", binary])
+        .args(common);
+    let output = run(command);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let records = std::fs::read_to_string(&metrics).unwrap();
+    // Evaluations once an epoch: 275 steps of 200 examples, so at 275, 550 and the end.
+    assert_eq!(records.matches("\"kind\":\"eval\"").count(), 3, "{records}");
+    assert!(line_starting(&stdout(&output), "steps:").starts_with("steps:               600"));
+}
+
+#[test]
 fn more_workers_across_ranks_than_one_process_may_have_train() {
     // 258 in all: more than the 256 replicas one process's devices may give.
     let out = succeed_on(
