@@ -161,7 +161,15 @@ fn a_flag_given_to_rank_0_alone_changes_nothing_on_the_others() {
     let tmp = tempfile::tempdir().unwrap();
     let metrics = tmp.path().join("metrics.jsonl");
     let binary = env!("CARGO_BIN_EXE_mnist-train");
-    let common = ["--sync", "--devices", "cpu:1", "--steps", "600", "--log-every", "0"];
+    let common = [
+        "--sync",
+        "--devices",
+        "cpu:1",
+        "--steps",
+        "600",
+        "--log-every",
+        "0",
+    ];
     let mut command = mpirun(1, &common);
     command
         .args(["--metrics", arg(&metrics), ":", "-n", "1", binary])

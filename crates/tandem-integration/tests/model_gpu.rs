@@ -78,7 +78,7 @@ fn sync_run_scaled<B: tandem_tensor::Backend>(
     steps: u64,
     scaling: BatchScaling,
 ) -> TrainState {
-    let devices = (0..replicas.len()).map(|_| device.clone()).collect();
+    let devices = (0..replicas.len()).map(|_| device).collect();
     let mut replicas = replicas.into_iter();
     let mut pool =
         WorkerPool::new(devices, |_| replicas.next().ok_or("one replica per device")).unwrap();
@@ -181,7 +181,7 @@ fn a_scaled_sync_rate_is_the_same_on_the_gpu_as_on_the_cpu() {
     };
     let (triple, none) = (BatchScaling::Factor(3.0), BatchScaling::Factor(1.0));
     let device = Device::Cuda { ordinal: 0 };
-    let gpu = sync_run_scaled(scaled, device.clone(), HALF_BATCH, STEPS, triple);
+    let gpu = sync_run_scaled(scaled, device, HALF_BATCH, STEPS, triple);
     let gpu_plain = sync_run_scaled(plain, device, HALF_BATCH, STEPS, none);
     let cpu_replica = MlpReplica::new(Mlp::MNIST, CpuBackend, &train, HALF_BATCH).unwrap();
     let on_cpu = Device::Cpu { worker: 0 };
