@@ -16,7 +16,7 @@ use crate::driver::{
 };
 use crate::error::{cuda, KernelError};
 use crate::launch::{consecutive_spans, span_table, KSplits, TILE};
-use crate::ptx::{Kernel, MAX_GRADIENT_BUFFERS, MAX_UPDATE_SPANS, MODULES};
+use crate::ptx::{Kernel, MAX_GRADIENT_BUFFERS, MAX_UPDATE_SPANS, MODULES, SPAN_TABLE};
 
 /// Threads per block of the 1-D kernels; also the reductions' `REDUCE_THREADS`.
 const BLOCK: u32 = 256;
@@ -876,11 +876,7 @@ impl Launcher<'_> {
         spans: &[(usize, u64)],
     ) -> Result<(), KernelError> {
         let (table, n) = address_table("sgd_ema_update", grads)?;
-        let (span_table, count) = span_table(spans).ok_or(KernelError::TooLarge {
-            what: "sgd_ema_update: spans",
-            value: spans.len(),
-            max: MAX_UPDATE_SPANS,
-        })?;
+        let (span_table, count) = update_spans(spans)?;
         let len = spans.iter().map(|&(len, _)| len).sum::<usize>();
         // SAFETY: the arguments follow `sgd_ema_update`'s parameters; the caller's promises
         // cover the memory.
@@ -932,6 +928,16 @@ impl Launcher<'_> {
         }
         Ok(())
     }
+}
+
+/// `sgd_ema_update`'s `Spans` parameter for `spans` ([`span_table`]), or the error for no
+/// spans or more than the kernel takes.
+fn update_spans(spans: &[(usize, u64)]) -> Result<([u64; SPAN_TABLE], u32), KernelError> {
+    span_table(spans).ok_or(KernelError::TooLarge {
+        what: "sgd_ema_update: spans",
+        value: spans.len(),
+        max: MAX_UPDATE_SPANS,
+    })
 }
 
 /// What identifies a [`DeviceOp`] in a captured graph: all of it but an upload's values.
