@@ -1347,6 +1347,34 @@ mod tests {
             matches!(err, RunError::NothingToTrain { step: 10, end: 10 }),
             "{err}"
         );
+        // A finished run still opens (its state can be read, evaluated, extended by a later
+        // resume); only training it is refused, as above.
+        let checkpoints = Checkpoints::take(Some(&split), Some(&split), 0).unwrap();
+        let setup = Setup::new(DeviceSpec::Cpu(2));
+        let finished = Trainer::open(
+            SCALAR,
+            Start::<Sgd>::Resume(Resume::from(&split)),
+            &setup,
+            checkpoints,
+        )
+        .unwrap();
+        assert_eq!(finished.state, whole.state);
+        drop(finished);
+        // A length short of the step already reached is refused when the trainer opens, before
+        // any device is opened or step planned.
+        let shorter = Resume {
+            length: Some(Length::Steps(4)),
+            ..Resume::from(&split)
+        };
+        let checkpoints = Checkpoints::take(Some(&split), Some(&split), 0).unwrap();
+        let setup = Setup::new(DeviceSpec::Cpu(2));
+        let err = Trainer::open(SCALAR, Start::<Sgd>::Resume(shorter), &setup, checkpoints)
+            .err()
+            .unwrap();
+        assert!(
+            matches!(err, RunError::NothingToTrain { step: 10, end: 4 }),
+            "{err}"
+        );
     }
 
     #[test]
