@@ -9,7 +9,7 @@ mod common;
 
 use common::fake_device::Resident;
 use common::{pool_on, weights_and_bias, Loss, Model, TestReplica, EXAMPLES};
-use tandem_core::{ParamSpan, TrainState};
+use tandem_core::{Optimizer, ParamSpan, Piece, TrainState};
 use tandem_pool::{Device, WorkerPool};
 use tandem_strategy::{Batches, Mode, NoObserver, Sgd, Strategy};
 
@@ -40,11 +40,21 @@ fn len() -> usize {
 
 /// `workers` replicas of [`Pull`] (simulated workers where `simulated`: their asynchronous
 /// updates are exactly as stale on any machine), in host memory or (`memory`: which device
-/// each is on) on fake devices.
+/// each is on) on fake devices whose update kernels average up to 16 replicas' gradients.
 fn pool(
     workers: usize,
     simulated: bool,
     memory: Option<fn(usize) -> usize>,
+) -> WorkerPool<TestReplica<Pull>> {
+    pool_with(workers, simulated, memory, 16)
+}
+
+/// [`pool`], the devices' update kernels averaging up to `max_gradients` replicas' gradients.
+fn pool_with(
+    workers: usize,
+    simulated: bool,
+    memory: Option<fn(usize) -> usize>,
+    max_gradients: usize,
 ) -> WorkerPool<TestReplica<Pull>> {
     let devices = (0..workers)
         .map(|worker| match simulated {
@@ -55,7 +65,7 @@ fn pool(
     let mut pool = pool_on(devices, layout(), EXAMPLES, |_| Pull);
     if let Some(memory) = memory {
         for (worker, replica) in pool.replicas_mut().iter_mut().enumerate() {
-            replica.device = Some(Resident::new(memory(worker), len()));
+            replica.device = Some(Resident::new(memory(worker), len(), max_gradients));
         }
     }
     pool
@@ -76,7 +86,16 @@ fn train(
     pool: &mut WorkerPool<TestReplica<Pull>>,
     steps: u64,
 ) -> TrainState {
-    let sgd = &sgd();
+    train_with(strategy, pool, steps, &sgd())
+}
+
+/// [`train`] with `optimizer`.
+fn train_with(
+    strategy: impl Into<Strategy>,
+    pool: &mut WorkerPool<TestReplica<Pull>>,
+    steps: u64,
+    sgd: &dyn Optimizer,
+) -> TrainState {
     let mut state = TrainState::new(vec![0.5; len()], sgd);
     let batches = Batches {
         batch_size: 7,
@@ -132,5 +151,80 @@ fn async_on_device_replicas_trains_as_in_host_memory_bitwise() {
         let state = train(Mode::Async, &mut resident, 41);
         assert!(resident_store_used(&resident), "{workers} workers");
         assert_eq!(state, expected, "{workers} workers");
+    }
+}
+
+/// The staleness records of an asynchronous run on the device go round their ring (1,024
+/// records a worker): past its end, every record still lands inside it and the run still
+/// trains as in host memory.
+#[test]
+fn async_on_device_replicas_past_the_end_of_the_staleness_ring_trains_as_in_host_memory() {
+    let one_device: fn(usize) -> usize = |_| 0;
+    let steps = 2 * 2 * 1024 + 37;
+    let expected = train(Mode::Async, &mut pool(2, true, None), steps);
+    let mut resident = pool(2, true, Some(one_device));
+    let state = train(Mode::Async, &mut resident, steps);
+    assert!(resident_store_used(&resident));
+    assert_eq!(state, expected);
+}
+
+/// SGD in all but name: the same arithmetic, with no fused kernel to give the store.
+struct Unfused(Sgd);
+
+impl Optimizer for Unfused {
+    fn state_names(&self) -> &[&'static str] {
+        self.0.state_names()
+    }
+    fn initial_state(&self, name: &str, params: &[f32]) -> Vec<f32> {
+        self.0.initial_state(name, params)
+    }
+    fn update(&self, piece: Piece<'_, '_>, step: u64, epoch: f64) {
+        self.0.update(piece, step, epoch)
+    }
+    fn learning_rate(&self, epoch: f64) -> f32 {
+        self.0.learning_rate(epoch)
+    }
+    fn weight_decay(&self) -> f32 {
+        self.0.weight_decay()
+    }
+}
+
+/// Where the device cannot hold the run's updates, the parameters of record stay on the host,
+/// and the run trains exactly as with host replicas: a sync update over more replicas than
+/// one kernel averages, async replicas on different devices (each update runs on its worker's
+/// device), an optimiser with no fused kernel.
+#[test]
+fn replicas_on_devices_that_cannot_hold_the_update_train_through_the_host() {
+    let one_device: fn(usize) -> usize = |_| 0;
+    let own_devices: fn(usize) -> usize = |worker| worker;
+    let expected = train(Mode::Sync, &mut pool(3, false, None), 23);
+    for (max_gradients, resident) in [(2, false), (3, true)] {
+        let mut pool = pool_with(3, false, Some(one_device), max_gradients);
+        assert_eq!(train(Mode::Sync, &mut pool, 23), expected);
+        assert_eq!(
+            resident_store_used(&pool),
+            resident,
+            "{max_gradients} gradients a kernel"
+        );
+    }
+
+    let expected = train(Mode::Async, &mut pool(3, true, None), 41);
+    let mut apart = pool(3, true, Some(own_devices));
+    assert_eq!(train(Mode::Async, &mut apart, 41), expected);
+    assert!(
+        !resident_store_used(&apart),
+        "async replicas on different devices"
+    );
+
+    let unfused = Unfused(sgd());
+    for mode in [Mode::Sync, Mode::Async] {
+        let expected = train_with(mode, &mut pool(2, true, None), 19, &unfused);
+        let mut device = pool(2, true, Some(one_device));
+        assert_eq!(
+            train_with(mode, &mut device, 19, &unfused),
+            expected,
+            "{mode:?}"
+        );
+        assert!(!resident_store_used(&device), "{mode:?}: no fused kernel");
     }
 }

@@ -115,13 +115,16 @@ fn run(ops: &[DeviceOp]) {
 /// ones make the store stage copies between them, as on several GPUs).
 pub struct FakeQueue {
     memory: usize,
+    /// How many replicas' gradients one update kernel may average.
+    max_gradients: usize,
     step_ops: Mutex<Option<(Vec<DeviceOp>, Vec<DeviceOp>)>>,
 }
 
 impl FakeQueue {
-    pub fn new(memory: usize) -> Self {
+    pub fn new(memory: usize, max_gradients: usize) -> Self {
         Self {
             memory,
+            max_gradients,
             step_ops: Mutex::new(None),
         }
     }
@@ -152,7 +155,7 @@ impl DeviceQueue for FakeQueue {
         Ok(Box::new(Block(at)))
     }
     fn max_gradients(&self) -> usize {
-        16
+        self.max_gradients
     }
     unsafe fn run(&self, ops: &[DeviceOp]) -> Result<(), ReplicaError> {
         run(ops);
@@ -201,9 +204,10 @@ pub struct Resident {
 }
 
 impl Resident {
-    /// `len` parameters and gradients on a new queue of `memory`.
-    pub fn new(memory: usize, len: usize) -> Self {
-        let queue = Arc::new(FakeQueue::new(memory));
+    /// `len` parameters and gradients on a new queue of `memory`, whose update kernel
+    /// averages up to `max_gradients` replicas' gradients.
+    pub fn new(memory: usize, len: usize, max_gradients: usize) -> Self {
+        let queue = Arc::new(FakeQueue::new(memory, max_gradients));
         Self {
             params: queue.alloc(len).expect("arena memory"),
             grads: queue.alloc(len).expect("arena memory"),
