@@ -5,18 +5,18 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use rand::SeedableRng;
 use tandem_benches::mnist_train;
 use tandem_core::{Replica, TrainState};
-use tandem_model::{Mlp, MlpReplica};
+use tandem_model::{Mlp, MlpReplica, Network};
 use tandem_pool::{Device, WorkerPool};
 use tandem_strategy::{Batches, Mode, NoObserver, Sgd};
 use tandem_tensor::CpuBackend;
 
 fn step(c: &mut Criterion) {
     let train = mnist_train();
-    let params = Mlp::MNIST.init(0.1, &mut rand_chacha::ChaCha8Rng::seed_from_u64(1));
+    let params = Mlp::mnist().init(0.1, &mut rand_chacha::ChaCha8Rng::seed_from_u64(1));
     let mut group = c.benchmark_group("train_step");
     group.throughput(Throughput::Elements(100));
 
-    let mut replica = MlpReplica::new(Mlp::MNIST, CpuBackend, &train, 100).expect("replica");
+    let mut replica = MlpReplica::new(Mlp::mnist(), CpuBackend, &train, 100).expect("replica");
     replica
         .set_params(&mut |p| p.copy_from_slice(&params))
         .expect("params");
@@ -27,7 +27,7 @@ fn step(c: &mut Criterion) {
 
     let devices = (0..2).map(|worker| Device::Cpu { worker }).collect();
     let mut pool = WorkerPool::new(devices, |_| {
-        MlpReplica::new(Mlp::MNIST, CpuBackend, &train, 100)
+        MlpReplica::new(Mlp::mnist(), CpuBackend, &train, 100)
     })
     .expect("pool");
     // NoObserver asks for no reports (its log_every is 0).

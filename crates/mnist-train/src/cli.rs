@@ -1,6 +1,7 @@
 use std::path::PathBuf;
 
 use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
+use tandem_model::Mlp;
 use tandem_pool::DeviceSpec;
 use tandem_strategy::{AsyncRule, BatchScaling, Batches, StalenessBound, Warmup};
 use tandem_train::sgd::{ema_decay, learning_rate, lr_decay, weight_decay};
@@ -261,6 +262,12 @@ pub struct TrainArgs {
     #[arg(long, value_name = "DECAY", allow_negative_numbers = true, value_parser = ema_decay)]
     pub ema_decay: Option<f32>,
 
+    /// The network's hidden layers, their widths from the input on, each 1 to 65536: 500 (the
+    /// reference's 784-500-10) or 256,128 (784-256-128-10); ReLU after each [default: 500; when
+    /// resuming, the run's own].
+    #[arg(long, value_name = "N,N,...", allow_negative_numbers = true, value_parser = hidden)]
+    pub hidden: Option<Mlp>,
+
     /// Standard deviation of the truncated-normal initial weights, in (0, 10] (a fresh run only)
     /// [default: 0.1].
     #[arg(long, value_name = "STDDEV", allow_negative_numbers = true, value_parser = init_stddev)]
@@ -353,6 +360,26 @@ pub fn lr_scaling(text: &str) -> Result<BatchScaling, String> {
         .map_err(|e: tandem_strategy::InvalidScaling| e.to_string())
 }
 
+/// `--hidden`: widths joined by commas, an MNIST network with those hidden layers.
+pub fn hidden(text: &str) -> Result<Mlp, String> {
+    let widths = (text.split(','))
+        .map(|w| match w.trim().parse::<usize>() {
+            Ok(w) => Ok(w),
+            Err(_) => Err(format!(
+                "{w:?} is not a width: give the hidden layers' widths joined by commas, such as \
+                 500 or 256,128"
+            )),
+        })
+        .collect::<Result<Vec<usize>, String>>()?;
+    Mlp::mnist_with(&widths).map_err(|e| e.to_string())
+}
+
+/// `--hidden` as a flag would give it: the widths joined by commas.
+pub fn hidden_flag(mlp: &Mlp) -> String {
+    let widths: Vec<String> = mlp.hidden().iter().map(usize::to_string).collect();
+    widths.join(",")
+}
+
 /// `--init-stddev`: in (0, 10].
 pub fn init_stddev(text: &str) -> Result<f32, String> {
     tandem_train::parse_finite(
@@ -405,6 +432,7 @@ mod tests {
             ("weight-decay", h.weight_decay.to_string()),
             ("ema-decay", h.ema_decay.to_string()),
             ("init-stddev", DEFAULT_INIT_STDDEV.to_string()),
+            ("hidden", hidden_flag(&Mlp::mnist())),
             ("async-rule", AsyncRule::DEFAULT.to_string()),
             ("async-warmup", Warmup::Auto.to_string()),
             ("async-bound", StalenessBound::Unbounded.to_string()),

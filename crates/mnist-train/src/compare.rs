@@ -5,7 +5,7 @@
 
 use anyhow::{bail, Context, Result};
 use tandem_core::TrainState;
-use tandem_model::Mlp;
+use tandem_model::{Mlp, Network};
 use tandem_pool::DeviceSpec;
 use tandem_strategy::{Batches, Epochs, Sgd};
 use tandem_tensor::CpuBackend;
@@ -164,9 +164,12 @@ fn train(
         batches,
         length: Length::Epochs(args.epochs),
         save_every: None,
-        params: model::initial_params(DEFAULT_INIT_STDDEV, args.seed),
+        params: model::initial_params(&Mlp::mnist(), DEFAULT_INIT_STDDEV, args.seed),
     });
-    let model = Mnist { train: &data.train };
+    let model = Mnist {
+        mlp: Mlp::mnist(),
+        train: &data.train,
+    };
     let mut trainer = Trainer::open(model, start, &model::setup(devices), None)?;
     let config = trainer.config.clone();
     let epochs = config.epochs(data.train.len());
@@ -184,7 +187,7 @@ fn train(
         config.end_step * config.examples_per_step()
     );
     let test_accuracy = |state: &TrainState| -> Result<f64> {
-        Mlp::MNIST
+        Mlp::mnist()
             .evaluate(&CpuBackend, averaged(state)?, &data.test)
             .context("cannot evaluate on the test set")
     };

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use tandem_core::TrainState;
 use tandem_mnist::{Mnist, Split};
-use tandem_model::Mlp;
+use tandem_model::{Mlp, Network};
 use tandem_tensor::{CpuBackend, ExampleSet};
 use tandem_train::out;
 
@@ -65,11 +65,11 @@ pub struct Accuracy {
     pub raw: f64,
 }
 
-/// The accuracies of `state` on `examples`.
-pub fn accuracy(state: &TrainState, examples: &ExampleSet) -> Result<Accuracy> {
+/// The accuracies of `state`, a state of `mlp`, on `examples`.
+pub fn accuracy(mlp: &Mlp, state: &TrainState, examples: &ExampleSet) -> Result<Accuracy> {
     Ok(Accuracy {
-        averaged: Mlp::MNIST.evaluate(&CpuBackend, averaged(state)?, examples)?,
-        raw: Mlp::MNIST.evaluate(&CpuBackend, &state.params, examples)?,
+        averaged: mlp.evaluate(&CpuBackend, averaged(state)?, examples)?,
+        raw: mlp.evaluate(&CpuBackend, &state.params, examples)?,
     })
 }
 

@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 
 use anyhow::Result;
-use tandem_model::Mlp;
+use tandem_model::Network;
 use tandem_tensor::CpuBackend;
 use tandem_train::out;
 
@@ -15,11 +15,11 @@ use crate::model::{averaged, load_checkpoint};
 /// `mnist-train eval`: prints the accuracies and the test set's confusion matrix.
 pub fn run(args: &EvalArgs) -> Result<()> {
     // The checkpoint first: a bad file should fail before the data are read.
-    let (file, saved, config) = load_checkpoint(&args.checkpoint)?;
+    let (file, saved, config, mlp) = load_checkpoint(&args.checkpoint)?;
     let data = data::load(args.data_dir.as_deref())?;
     let state = &saved.state;
-    let validation = data::accuracy(state, &data.validation)?;
-    let test = data::accuracy(state, &data.test)?;
+    let validation = data::accuracy(&mlp, state, &data.validation)?;
+    let test = data::accuracy(&mlp, state, &data.test)?;
 
     out!("checkpoint:          {}", file.display());
     out!(
@@ -32,8 +32,8 @@ pub fn run(args: &EvalArgs) -> Result<()> {
     );
     data::print_accuracy(validation, test);
 
-    let predictions = Mlp::MNIST.predictions(&CpuBackend, averaged(state)?, &data.test)?;
-    let matrix = Confusion::new(Mlp::MNIST.classes, data.test.labels(), &predictions);
+    let predictions = mlp.predictions(&CpuBackend, averaged(state)?, &data.test)?;
+    let matrix = Confusion::new(mlp.classes(), data.test.labels(), &predictions);
     out!();
     out!(
         "confusion matrix of the averaged parameters on the test set ({} images)",

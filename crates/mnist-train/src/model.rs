@@ -1,16 +1,17 @@
-//! The MNIST model as the trainer sees it: its replicas on CPU workers or CUDA GPUs, its
-//! identity in checkpoints, its initial parameters.
+//! The MNIST model as the trainer sees it: a multi-layer perceptron of the run's hidden
+//! layers, its replicas on CPU workers or CUDA GPUs, its identity in checkpoints (which name
+//! its layers, so that a resume, `eval` and `predict` rebuild it), its initial parameters.
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Result;
+use anyhow::{anyhow, Result};
 use rand::SeedableRng;
 use tandem_core::{ParamSpan, Replica, ReplicaError};
-use tandem_model::{Mlp, MlpReplica};
+use tandem_model::{Mlp, Network};
 use tandem_pool::{Device, GpuCount};
 use tandem_strategy::checkpoint::{self, Checkpoint};
 use tandem_strategy::Sgd;
-use tandem_tensor::{CpuBackend, ExampleSet};
+use tandem_tensor::ExampleSet;
 use tandem_train::{output, ModelId, RunConfig, Setup};
 
 use crate::cli::MAX_BATCH;
@@ -18,19 +19,48 @@ use crate::cli::MAX_BATCH;
 /// The checkpoint format this binary writes and reads.
 pub const FORMAT: &str = "tandem-mlp-v1";
 
-/// The model a checkpoint must hold, as its metadata names it.
-pub fn id() -> ModelId {
-    let m = Mlp::MNIST;
+/// The model a checkpoint of `mlp` holds, as its metadata names it.
+pub fn id(mlp: &Mlp) -> ModelId {
     ModelId {
         format: FORMAT.to_string(),
-        model: format!("{}-{}-{}", m.inputs, m.hidden, m.classes),
+        model: mlp.name(),
     }
 }
 
-/// The initial parameters of a fresh run: truncated normal weights, zero biases.
-pub fn initial_params(init_stddev: f32, seed: u64) -> Vec<f32> {
+/// The initial parameters of a fresh run of `mlp`: truncated normal weights, zero biases.
+pub fn initial_params(mlp: &Mlp, init_stddev: f32, seed: u64) -> Vec<f32> {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-    Mlp::MNIST.init(init_stddev, &mut rng)
+    mlp.init(init_stddev, &mut rng)
+}
+
+/// The network a checkpoint file's metadata names (read from its header alone).
+pub fn model_of(file: &Path) -> Result<Mlp> {
+    let (_, metadata) =
+        checkpoint::read_header(file).map_err(|e| anyhow!("cannot load the checkpoint: {e}"))?;
+    let name = metadata.get("model").ok_or_else(|| {
+        anyhow!(
+            "{}: not a checkpoint of this model: its metadata names no model",
+            file.display()
+        )
+    })?;
+    Mlp::from_name(name).map_err(|e| {
+        anyhow!(
+            "{}: not a checkpoint of a network this binary trains: {e}",
+            file.display()
+        )
+    })
+}
+
+/// The network of the run whose checkpoints are in `dir`: the one its newest checkpoint with a
+/// readable header names; `None` where no header reads (the resume itself then says why).
+pub fn model_in(dir: &Path) -> Result<Option<Mlp>> {
+    let files = checkpoint::list(dir).map_err(|e| anyhow!("cannot resume: {e}"))?;
+    for file in files.iter().rev() {
+        if checkpoint::read_header(file).is_ok() {
+            return model_of(file).map(Some);
+        }
+    }
+    Ok(None)
 }
 
 /// How many CUDA GPUs this machine has, for resolving `--devices` (the pool knows no CUDA):
@@ -52,8 +82,10 @@ pub fn setup(devices: &tandem_pool::DeviceSpec) -> Setup {
     }
 }
 
-/// The 784-500-10 network on the MNIST training split.
+/// A network on the MNIST training split.
 pub struct Mnist<'data> {
+    /// The network.
+    pub mlp: Mlp,
     /// The training split.
     pub train: &'data ExampleSet,
 }
@@ -62,11 +94,11 @@ impl tandem_train::Model for Mnist<'_> {
     type Replica = Box<dyn Replica>;
 
     fn id(&self) -> ModelId {
-        id()
+        id(&self.mlp)
     }
 
     fn layout(&self) -> Vec<ParamSpan> {
-        Mlp::MNIST.layout()
+        self.mlp.layout()
     }
 
     fn training_examples(&self) -> usize {
@@ -74,53 +106,45 @@ impl tandem_train::Model for Mnist<'_> {
     }
 
     fn open(&self, device: &Device, batch: usize) -> Result<Box<dyn Replica>, ReplicaError> {
-        let (mlp, train) = (Mlp::MNIST, self.train);
-        match device {
-            Device::Cpu { .. } | Device::Sim { .. } => {
-                Ok(Box::new(MlpReplica::new(mlp, CpuBackend, train, batch)?))
-            }
-            #[cfg(feature = "cuda")]
-            Device::Cuda { ordinal } => {
-                let backend = tandem_kernels::CudaBackend::new(*ordinal)?;
-                Ok(Box::new(MlpReplica::new(mlp, backend, train, batch)?))
-            }
-            #[cfg(not(feature = "cuda"))]
-            Device::Cuda { .. } => {
-                Err(format!("{device} needs a build with `--features cuda`").into())
-            }
-        }
+        tandem_model::open_replica(self.mlp.clone(), device, self.train, batch)
     }
 }
 
-/// Loads a checkpoint of the MNIST model and checks it whole (tensors, metadata, step,
+/// Loads a checkpoint of an MNIST network and checks it whole (tensors, metadata, step,
 /// optimiser state); every failure names the file. `path` is a checkpoint file, or a
 /// checkpoint directory: then its newest valid checkpoint, newer damaged ones skipped with a
-/// warning. Returns the file it loaded.
-pub fn load_checkpoint(path: &Path) -> Result<(PathBuf, Checkpoint, RunConfig<Sgd>)> {
-    let check = |checkpoint: &Checkpoint| {
-        tandem_train::check_checkpoint::<Sgd>(checkpoint, &id(), MAX_BATCH)
-    };
-    let (file, checkpoint) = if path.is_dir() {
+/// warning. Returns the file it loaded and the network it holds.
+pub fn load_checkpoint(path: &Path) -> Result<(PathBuf, Checkpoint, RunConfig<Sgd>, Mlp)> {
+    let (file, checkpoint, mlp) = if path.is_dir() {
+        let mlp = model_in(path)?.ok_or_else(|| {
+            anyhow!(
+                "cannot load a checkpoint: {}: no checkpoint in it reads",
+                path.display()
+            )
+        })?;
+        let check = |c: &Checkpoint| tandem_train::check_checkpoint::<Sgd>(c, &id(&mlp), MAX_BATCH);
         let (file, checkpoint, skipped) =
-            checkpoint::load_newest(path, &Mlp::MNIST.layout(), |c| check(c).map(|_| ()))
-                .map_err(|e| anyhow::anyhow!("cannot load a checkpoint: {e}"))?;
+            checkpoint::load_newest(path, &mlp.layout(), |c| check(c).map(|_| ()))
+                .map_err(|e| anyhow!("cannot load a checkpoint: {e}"))?;
         for reason in skipped {
             output::warn(format!("warning: skipped damaged checkpoint {reason}"));
         }
-        (file, checkpoint)
+        (file, checkpoint, mlp)
     } else {
+        let mlp = model_of(path)?;
         // The checkpoint error already starts with the path.
-        let checkpoint = checkpoint::load(path, &Mlp::MNIST.layout())
-            .map_err(|e| anyhow::anyhow!("cannot load the checkpoint: {e}"))?;
-        (path.to_owned(), checkpoint)
+        let checkpoint = checkpoint::load(path, &mlp.layout())
+            .map_err(|e| anyhow!("cannot load the checkpoint: {e}"))?;
+        (path.to_owned(), checkpoint, mlp)
     };
-    let config = check(&checkpoint).map_err(|e| {
-        anyhow::anyhow!(
-            "{}: not a valid checkpoint of this model: {e}",
-            file.display()
-        )
-    })?;
-    Ok((file, checkpoint, config))
+    let config =
+        tandem_train::check_checkpoint::<Sgd>(&checkpoint, &id(&mlp), MAX_BATCH).map_err(|e| {
+            anyhow!(
+                "{}: not a valid checkpoint of this model: {e}",
+                file.display()
+            )
+        })?;
+    Ok((file, checkpoint, config, mlp))
 }
 
 /// The moving average of the parameters in a state: what evaluation and prediction use.

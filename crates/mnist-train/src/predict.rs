@@ -9,7 +9,7 @@ use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
 use tandem_mnist::image::digit_from_file;
-use tandem_model::Mlp;
+use tandem_model::{Mlp, Network};
 use tandem_train::{out, output};
 
 use crate::cli::PredictArgs;
@@ -18,13 +18,13 @@ use crate::model::{averaged, load_checkpoint};
 /// `mnist-train predict`: prints `PATH: DIGIT (p = PROBABILITY)` for each image, or
 /// `PATH: no digit found` for a blank one.
 pub fn run(args: &PredictArgs) -> Result<()> {
-    let (_, saved, _) = load_checkpoint(&args.checkpoint)?;
+    let (_, saved, _, mlp) = load_checkpoint(&args.checkpoint)?;
     let params = averaged(&saved.state)?;
     // Every image gets its line or its error: one unreadable file should not hide the answers
     // for the others, but it must still fail the command.
     let mut failures = Vec::new();
     for path in &args.images {
-        let answer = match classify(params, path) {
+        let answer = match classify(&mlp, params, path) {
             Ok(Some((digit, p))) => format!("{digit} (p = {p:.3})"),
             Ok(None) => "no digit found".to_owned(),
             Err(e) => {
@@ -54,12 +54,12 @@ pub fn run(args: &PredictArgs) -> Result<()> {
 
 /// The most probable digit of the image at `path` and its probability, or `None` for an image
 /// with no digit in it (nothing but background).
-fn classify(params: &[f32], path: &Path) -> Result<Option<(usize, f32)>> {
+fn classify(mlp: &Mlp, params: &[f32], path: &Path) -> Result<Option<(usize, f32)>> {
     // The error names the file and says what is wrong with it: nothing to add.
     let Some(x) = digit_from_file(path)? else {
         return Ok(None);
     };
-    let probabilities = Mlp::MNIST
+    let probabilities = mlp
         .probabilities(params, &x)
         .with_context(|| format!("{}: cannot classify", path.display()))?;
     let digit = tandem_tensor::cpu::argmax(&probabilities);

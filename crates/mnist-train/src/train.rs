@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use serde_json::json;
+use tandem_model::Mlp;
 use tandem_strategy::{Batches, Ranks, Sgd};
 use tandem_train::{
     out, output, BatchScaling, Checkpoints, Fresh, Interrupt, Length, Mode, Progress, Requested,
@@ -13,13 +14,13 @@ use tandem_train::{
     LR_SCALING,
 };
 
-use crate::cli::{TrainArgs, DEFAULT_EPOCHS, DEFAULT_INIT_STDDEV};
+use crate::cli::{hidden_flag, TrainArgs, DEFAULT_EPOCHS, DEFAULT_INIT_STDDEV};
 use crate::data::{self, Accuracy, Data};
 use crate::model::{self, Mnist};
 
 /// How the run starts: fresh from the flags (defaults for those not given), or resumed with
 /// the flags given as settings that must agree with the run's.
-fn start(args: &TrainArgs) -> Result<Start<Sgd>> {
+fn start(args: &TrainArgs, mlp: &Mlp) -> Result<Start<Sgd>> {
     let length = match (args.steps, args.epochs) {
         (Some(steps), _) => Some(Length::Steps(steps)),
         (None, Some(epochs)) => Some(Length::Epochs(epochs)),
@@ -44,6 +45,7 @@ fn start(args: &TrainArgs) -> Result<Start<Sgd>> {
                 ema_decay: args.ema_decay.unwrap_or(sgd.ema_decay),
             },
             params: model::initial_params(
+                mlp,
                 args.init_stddev.unwrap_or(DEFAULT_INIT_STDDEV),
                 batches.seed,
             ),
@@ -79,6 +81,36 @@ fn start(args: &TrainArgs) -> Result<Start<Sgd>> {
         length,
         save_every: args.save_every,
     }))
+}
+
+/// The network to train: a fresh run's `--hidden` (the reference's by default); a resumed
+/// run's own, as its checkpoints name it (`--hidden` may only repeat it). Across ranks, rank
+/// 0's, which alone reads the checkpoints.
+fn network(args: &TrainArgs, ranks: Option<&dyn Ranks>) -> Result<Mlp> {
+    let mut mlp = args.hidden.clone().unwrap_or_else(Mlp::mnist);
+    let lead = ranks.is_none_or(|r| r.rank() == 0);
+    if let (true, Some(dir)) = (lead, &args.resume) {
+        if let Some(run) = model::model_in(dir)? {
+            if args.hidden.as_ref().is_some_and(|asked| *asked != run) {
+                bail!(
+                    "--resume {} continues the run as it was configured, but the command line \
+                     changes it: --hidden {} (the run's network is {}, --hidden {}); drop it, \
+                     or start a fresh run in another directory",
+                    dir.display(),
+                    hidden_flag(&mlp),
+                    run.name(),
+                    hidden_flag(&run)
+                );
+            }
+            mlp = run;
+        }
+    }
+    if let Some(ranks) = ranks {
+        let mut name = mlp.name().into_bytes();
+        ranks.broadcast(&mut name);
+        mlp = Mlp::from_name(&String::from_utf8_lossy(&name))?;
+    }
+    Ok(mlp)
 }
 
 /// A flag given for a resumed run, as the metadata key it would set.
@@ -150,12 +182,16 @@ fn train(args: &TrainArgs, ranks: Option<Arc<dyn Ranks>>) -> Result<Option<i32>>
         false => None,
     };
     let data = data::load(args.data_dir.as_deref())?;
-    let model = Mnist { train: &data.train };
+    let mlp = network(args, ranks.as_deref())?;
+    let model = Mnist {
+        mlp: mlp.clone(),
+        train: &data.train,
+    };
     let setup = Setup {
         ranks: ranks.clone(),
         ..model::setup(&args.devices)
     };
-    let mut trainer = Trainer::open(model, start(args)?, &setup, checkpoints)?;
+    let mut trainer = Trainer::open(model, start(args, &mlp)?, &setup, checkpoints)?;
     let config = trainer.config.clone();
     let start = trainer.state.step;
     // Checkpoints at the run's cadence; evaluations once an epoch when there are metrics.
@@ -199,7 +235,7 @@ fn train(args: &TrainArgs, ranks: Option<Arc<dyn Ranks>>) -> Result<Option<i32>>
         on_abandon: Some(on_abandon),
     };
     let summary = trainer.train(&plan, &watch, &mut |segment| {
-        let validation = data::accuracy(segment.state, &data.validation)?;
+        let validation = data::accuracy(&mlp, segment.state, &data.validation)?;
         progress.record(json!({
             "kind": "eval",
             "step": segment.state.step,
@@ -225,7 +261,7 @@ fn train(args: &TrainArgs, ranks: Option<Arc<dyn Ranks>>) -> Result<Option<i32>>
         }
         return Ok(Some(130));
     }
-    let test = summarise(&trainer, &summary, &data, ranks.as_deref(), wall)?;
+    let test = summarise(&trainer, &mlp, &summary, &data, ranks.as_deref(), wall)?;
     let chance = data::chance_accuracy(&data.test);
     let best = test.averaged.max(test.raw);
     if trainer.state.step >= epoch && best < chance + CHANCE_MARGIN && !args.allow_chance {
@@ -273,14 +309,15 @@ fn devices(trainer: &Trainer<Mnist<'_>, Sgd>, ranks: Option<&dyn Ranks>) -> Stri
 
 fn summarise(
     trainer: &Trainer<Mnist<'_>, Sgd>,
+    mlp: &Mlp,
     summary: &Summary,
     data: &Data,
     ranks: Option<&dyn Ranks>,
     wall: Instant,
 ) -> Result<Accuracy> {
     let (state, totals) = (&trainer.state, &summary.totals);
-    let validation = data::accuracy(state, &data.validation)?;
-    let test = data::accuracy(state, &data.test)?;
+    let validation = data::accuracy(mlp, state, &data.validation)?;
+    let test = data::accuracy(mlp, state, &data.test)?;
     out!("== summary ==");
     let config = &trainer.config;
     // Every rank's.

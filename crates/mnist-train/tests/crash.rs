@@ -9,7 +9,7 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
-use tandem_model::Mlp;
+use tandem_model::{Mlp, Network};
 use tandem_strategy::checkpoint::{self, CheckpointDir};
 
 use common::{arg, command, succeed};
@@ -57,7 +57,7 @@ fn checkpoints(dir: &Path) -> Vec<(u64, PathBuf)> {
 fn kill_9_at_random_moments_leaves_only_loadable_checkpoints() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("run");
-    let layout = Mlp::MNIST.layout();
+    let layout = Mlp::mnist().layout();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
     let mut killed_with_checkpoints = 0;
     for round in 0..24 {

@@ -10,7 +10,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{arg, data_dir, succeed};
-use tandem_model::Mlp;
+use tandem_model::{Mlp, Network};
 use tandem_strategy::{checkpoint, Sgd};
 
 /// Steps and examples per replica of every run here.
@@ -64,7 +64,7 @@ fn train_into(dir: &Path, flags: &[&str]) -> String {
 
 /// The largest |a - b| / max(|b|, 1e-3) over two checkpoints' parameters and moving averages.
 fn max_relative_difference(a: &Path, b: &Path) -> f64 {
-    let layout = Mlp::MNIST.layout();
+    let layout = Mlp::mnist().layout();
     let (a, b) = (
         checkpoint::load(a, &layout).unwrap(),
         checkpoint::load(b, &layout).unwrap(),
@@ -306,6 +306,6 @@ fn a_diverging_gpu_run_stops_naming_the_worker_and_step_with_no_checkpoint_after
             step < failed,
             "checkpoint of step {step}, the run failed at {failed}"
         );
-        checkpoint::load(&path, &Mlp::MNIST.layout()).unwrap();
+        checkpoint::load(&path, &Mlp::mnist().layout()).unwrap();
     }
 }

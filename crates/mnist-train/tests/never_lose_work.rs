@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use tandem_model::Mlp;
+use tandem_model::{Mlp, Network};
 use tandem_strategy::checkpoint;
 
 use common::{arg, command, fail, mnist_train, stderr, stdout, succeed};
@@ -234,7 +234,7 @@ fn trained_checkpoint(dir: &Path) -> PathBuf {
 
 /// Rewrites `path` with its metadata changed by `edit`.
 fn with_metadata(path: &Path, out: &Path, edit: impl Fn(&mut BTreeMap<String, String>)) {
-    let layout = Mlp::MNIST.layout();
+    let layout = Mlp::mnist().layout();
     let mut saved = checkpoint::load(path, &layout).unwrap();
     edit(&mut saved.metadata);
     fs::write(

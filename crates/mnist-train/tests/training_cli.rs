@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 
 use serde_json::Value;
-use tandem_model::Mlp;
+use tandem_model::{Mlp, Network};
 use tandem_strategy::checkpoint;
 
 use common::{arg, command, fail, line_starting, mnist_train, stderr, succeed};
@@ -190,7 +190,7 @@ fn a_diverging_run_fails_naming_the_step_and_keeps_its_checkpoints() {
         .unwrap();
     assert!(!saved.is_empty(), "{message}");
     for (_, path) in saved {
-        checkpoint::load(&path, &Mlp::MNIST.layout()).unwrap();
+        checkpoint::load(&path, &Mlp::mnist().layout()).unwrap();
     }
 }
 
@@ -341,6 +341,10 @@ fn a_resume_refuses_every_flag_that_would_change_the_run_and_takes_the_runs_own_
                 ),
                 (vec!["--seed", "7"], "--seed 7 (the run has 1)"),
                 (vec!["--init-stddev", "0.2"], "--init-stddev 0.2"),
+                (
+                    vec!["--hidden", "256,128"],
+                    "--hidden 256,128 (the run's network is 784-500-10, --hidden 500)",
+                ),
             ],
         ),
         (
@@ -393,11 +397,52 @@ fn a_resume_refuses_every_flag_that_would_change_the_run_and_takes_the_runs_own_
         "--sync",
         "--lr-scaling",
         "auto",
+        "--hidden",
+        "500",
         "--log-every",
         "0",
         "--devices",
         "cpu:1",
     ]);
+}
+
+/// A network of other hidden layers trains, and its checkpoints name it: a resume, `eval` and
+/// `predict` rebuild it from them without being told.
+#[test]
+fn a_deeper_network_trains_and_its_checkpoints_rebuild_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("deep");
+    let quick = ["--devices", "cpu:2", "--log-every", "0", "--allow-chance"];
+    let first = [&quick[..], &["--hidden", "64,32", "--steps", "30"]].concat();
+    succeed(&[&first[..], &["--checkpoint-dir", arg(&dir)]].concat());
+    let newest = dir.join("step-0000000030.safetensors");
+    let (_, metadata) = checkpoint::read_header(&newest).unwrap();
+    assert_eq!(metadata["model"], "784-64-32-10");
+    // 784 x 64 + 64 + 64 x 32 + 32 + 32 x 10 + 10 parameters: no tensor of the reference's.
+    let layout = Mlp::mnist_with(&[64, 32]).unwrap().layout();
+    let checkpoint = checkpoint::load(&newest, &layout).unwrap();
+    assert_eq!(checkpoint.state.params.len(), 52_650);
+
+    let resumed = succeed(&[&quick[..], &["--resume", arg(&dir), "--steps", "40"]].concat());
+    assert!(resumed.contains("steps 30..40"), "{resumed}");
+    let eval = succeed(&["eval", "--checkpoint", arg(&dir)]);
+    assert!(eval.contains("step-0000000040"), "{eval}");
+    assert!(eval.contains("step:                40 of 40"), "{eval}");
+    // The same run trained in one go ends in the same checkpoint.
+    let whole = tmp.path().join("whole");
+    let again = [&quick[..], &["--hidden", "64,32", "--steps", "40"]].concat();
+    succeed(&[&again[..], &["--checkpoint-dir", arg(&whole)]].concat());
+    let bytes = |d: &std::path::Path| std::fs::read(d.join("step-0000000040.safetensors")).unwrap();
+    assert_eq!(
+        bytes(&dir),
+        bytes(&whole),
+        "resumed and uninterrupted runs differ"
+    );
+
+    for bad in ["0", "abc", "70000", "", "64,,32", "-5"] {
+        let message = fail(&[&quick[..], &["--hidden", bad, "--steps", "1"]].concat());
+        assert!(message.contains("--hidden"), "{bad:?}: {message}");
+    }
 }
 
 #[test]

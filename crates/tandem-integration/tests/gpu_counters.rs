@@ -20,7 +20,7 @@ use rand::SeedableRng;
 use tandem_core::TrainState;
 use tandem_kernels::{CudaBackend, KernelError};
 use tandem_mnist::Mnist;
-use tandem_model::{Mlp, MlpReplica};
+use tandem_model::{Mlp, MlpReplica, Network};
 use tandem_pool::{Device, WorkerPool};
 use tandem_strategy::{train, Batches, Mode, NoObserver, Sgd};
 use tandem_tensor::ExampleSet;
@@ -57,11 +57,11 @@ fn train_in_child(run: usize, steps: u64) {
         let Device::Cuda { ordinal } = *device else {
             unreachable!("only GPUs here")
         };
-        MlpReplica::new(Mlp::MNIST, CudaBackend::new(ordinal)?, &examples, BATCH)
+        MlpReplica::new(Mlp::mnist(), CudaBackend::new(ordinal)?, &examples, BATCH)
     })
     .expect("two GPU replicas");
     let sgd = Sgd::default();
-    let params = Mlp::MNIST.init(0.1, &mut rand_chacha::ChaCha8Rng::seed_from_u64(2));
+    let params = Mlp::mnist().init(0.1, &mut rand_chacha::ChaCha8Rng::seed_from_u64(2));
     let mut state = TrainState::new(params, &sgd);
     let batches = Batches {
         batch_size: BATCH,

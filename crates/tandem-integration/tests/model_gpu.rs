@@ -7,7 +7,7 @@ use rand::SeedableRng;
 use tandem_core::{Replica, StepLoss, TrainState};
 use tandem_kernels::{CudaBackend, KernelError};
 use tandem_mnist::Mnist;
-use tandem_model::{Mlp, MlpReplica};
+use tandem_model::{Mlp, MlpReplica, Network};
 use tandem_pool::{Device, WorkerPool};
 use tandem_strategy::{train, BatchScaling, Batches, Mode, NoObserver, Sgd, Strategy};
 use tandem_tensor::{CpuBackend, ExampleSet};
@@ -21,7 +21,7 @@ fn gpu_replicas(
     let mut replicas = Vec::new();
     for _ in 0..count {
         let gpu = tandem_testkit::or_skip(CudaBackend::new(0), KernelError::is_no_device)?;
-        replicas.push(MlpReplica::new(Mlp::MNIST, gpu, train, batch).expect("GPU replica"));
+        replicas.push(MlpReplica::new(Mlp::mnist(), gpu, train, batch).expect("GPU replica"));
     }
     Some(replicas)
 }
@@ -44,7 +44,7 @@ const STEPS: u64 = 20;
 
 fn initial() -> TrainState {
     TrainState::new(
-        Mlp::MNIST.init(0.1, &mut rand_chacha::ChaCha8Rng::seed_from_u64(4)),
+        Mlp::mnist().init(0.1, &mut rand_chacha::ChaCha8Rng::seed_from_u64(4)),
         &Sgd::default(),
     )
 }
@@ -104,44 +104,56 @@ fn sync_run_scaled<B: tandem_tensor::Backend>(
     state
 }
 
+/// The reference's network, a deeper one and a softmax classifier (no hidden layer): every
+/// layer of the layer library on the GPU, against the CPU, forward and backward.
 #[test]
 fn whole_model_gradients_on_the_gpu_match_the_cpu() {
     let train = train_set();
-    let Some(mut gpu) = gpu_replicas(1, &train, 40) else {
-        return;
-    };
-    let mut gpu = gpu.remove(0);
-    let mut cpu = MlpReplica::new(Mlp::MNIST, CpuBackend, &train, 40).unwrap();
-    let params = initial().params;
-    let batch: Vec<u32> = (0..40).map(|i| i * 37 % 55_000).collect();
-    let mut grads = Vec::new();
-    let mut losses = Vec::new();
-    for replica in [&mut gpu as &mut dyn Replica, &mut cpu] {
-        replica.bind_thread().unwrap();
-        replica
-            .set_params(&mut |p| p.copy_from_slice(&params))
-            .unwrap();
-        let loss = match replica.compute_gradients(&batch).unwrap() {
-            StepLoss::Known(loss) => loss,
-            StepLoss::OnDevice => {
-                let mut taken = Vec::new();
-                replica.take_losses(&mut taken).unwrap();
-                assert_eq!(taken.len(), 1, "one step, one loss");
-                taken[0]
-            }
+    let networks = [
+        Mlp::mnist(),
+        Mlp::mnist_with(&[64, 32]).unwrap(),
+        Mlp::mnist_with(&[]).unwrap(),
+    ];
+    for mlp in networks {
+        let Some(gpu) = tandem_testkit::or_skip(CudaBackend::new(0), KernelError::is_no_device)
+        else {
+            return;
         };
-        losses.push(loss);
-        let mut g = Vec::new();
-        replica.read_gradients(&mut |r| g = r.to_vec()).unwrap();
-        grads.push(g);
+        let mut gpu = MlpReplica::new(mlp.clone(), gpu, &train, 40).expect("GPU replica");
+        let mut cpu = MlpReplica::new(mlp.clone(), CpuBackend, &train, 40).unwrap();
+        let params = mlp.init(0.1, &mut rand_chacha::ChaCha8Rng::seed_from_u64(4));
+        let batch: Vec<u32> = (0..40).map(|i| i * 37 % 55_000).collect();
+        let mut grads = Vec::new();
+        let mut losses = Vec::new();
+        for replica in [&mut gpu as &mut dyn Replica, &mut cpu] {
+            replica.bind_thread().unwrap();
+            replica
+                .set_params(&mut |p| p.copy_from_slice(&params))
+                .unwrap();
+            let loss = match replica.compute_gradients(&batch).unwrap() {
+                StepLoss::Known(loss) => loss,
+                StepLoss::OnDevice => {
+                    let mut taken = Vec::new();
+                    replica.take_losses(&mut taken).unwrap();
+                    assert_eq!(taken.len(), 1, "one step, one loss");
+                    taken[0]
+                }
+            };
+            losses.push(loss);
+            let mut g = Vec::new();
+            replica.read_gradients(&mut |r| g = r.to_vec()).unwrap();
+            grads.push(g);
+        }
+        let name = mlp.name();
+        assert!(grads[0].iter().all(|g| g.is_finite()), "{name}");
+        assert!(grads[0].iter().any(|&g| g != 0.0), "{name}: no gradient");
+        assert!(
+            (losses[0] - losses[1]).abs() <= 1e-5 * losses[1].abs(),
+            "{name}: loss {losses:?}"
+        );
+        let error = max_relative_difference(&grads[0], &grads[1]);
+        assert!(error <= 1e-5, "{name}: gradients differ by {error}");
     }
-    assert!(grads[0].iter().all(|g| g.is_finite()));
-    assert!(
-        (losses[0] - losses[1]).abs() <= 1e-5 * losses[1].abs(),
-        "loss {losses:?}"
-    );
-    let error = max_relative_difference(&grads[0], &grads[1]);
-    assert!(error <= 1e-5, "gradients differ by {error}");
 }
 
 #[test]
@@ -183,7 +195,7 @@ fn a_scaled_sync_rate_is_the_same_on_the_gpu_as_on_the_cpu() {
     let device = Device::Cuda { ordinal: 0 };
     let gpu = sync_run_scaled(scaled, device, HALF_BATCH, STEPS, triple);
     let gpu_plain = sync_run_scaled(plain, device, HALF_BATCH, STEPS, none);
-    let cpu_replica = MlpReplica::new(Mlp::MNIST, CpuBackend, &train, HALF_BATCH).unwrap();
+    let cpu_replica = MlpReplica::new(Mlp::mnist(), CpuBackend, &train, HALF_BATCH).unwrap();
     let on_cpu = Device::Cpu { worker: 0 };
     let cpu = sync_run_scaled(vec![cpu_replica], on_cpu, HALF_BATCH, STEPS, triple);
     let apart = max_relative_difference(&gpu.params, &gpu_plain.params);

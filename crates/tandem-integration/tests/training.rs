@@ -3,7 +3,7 @@
 mod common;
 
 use common::{cpu_pool, ema, initial_state, test_accuracy, train_on_two_cpus};
-use tandem_model::Mlp;
+use tandem_model::{Mlp, Network};
 use tandem_strategy::{train, Batches, Mode, NoObserver, Sgd};
 
 fn max_relative_difference(a: &[f32], b: &[f32]) -> f64 {
@@ -122,7 +122,7 @@ fn a_sync_run_stopped_checkpointed_and_resumed_equals_the_uninterrupted_run_bitw
     // The stop is seen while step 18 runs, which completes.
     assert_eq!(first.step, 18);
     let dir = tempfile::tempdir().unwrap();
-    let layout = Mlp::MNIST.layout();
+    let layout = Mlp::mnist().layout();
     let path =
         checkpoint::save_in_dir(dir.path(), &first, &layout, &Default::default(), 3).unwrap();
 

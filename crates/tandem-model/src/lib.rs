@@ -10,14 +10,14 @@
 //!
 //! ```
 //! use rand::SeedableRng;
-//! use tandem_model::{Mlp, MlpReplica};
+//! use tandem_model::{Mlp, MlpReplica, Network};
 //! use tandem_core::{Replica, StepLoss};
 //! use tandem_tensor::{CpuBackend, ExampleSet};
 //!
-//! let mlp = Mlp { inputs: 4, hidden: 8, classes: 3 };
+//! let mlp = Mlp::new(4, &[8], 3).unwrap();
 //! let examples = ExampleSet::new(4, vec![0, 255, 10, 3, 200, 1, 0, 0], vec![2, 0]).unwrap();
 //! let params = mlp.init(0.1, &mut rand::rngs::StdRng::seed_from_u64(1));
-//! let mut replica = MlpReplica::new(mlp, CpuBackend, &examples, 2).unwrap();
+//! let mut replica = MlpReplica::new(mlp.clone(), CpuBackend, &examples, 2).unwrap();
 //! replica.set_params(&mut |p| p.copy_from_slice(&params)).unwrap();
 //! // On the CPU the loss is known at once (a device replica leaves it there: `take_losses`).
 //! let StepLoss::Known(loss) = replica.compute_gradients(&[0, 1]).unwrap() else { panic!() };
@@ -27,8 +27,11 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod layers;
 mod mlp;
+mod network;
 mod replica;
 
-pub use mlp::Mlp;
-pub use replica::MlpReplica;
+pub use mlp::{Mlp, MlpError, MAX_HIDDEN_LAYERS, MAX_PARAMS, MAX_WIDTH};
+pub use network::Network;
+pub use replica::{open_replica, MlpReplica, NetworkReplica};

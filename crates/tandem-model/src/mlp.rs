@@ -1,244 +1,162 @@
-use rand::Rng;
-use tandem_core::ParamSpan;
-use tandem_tensor::{cpu, Activation, Backend, CpuBackend, ExampleSet, Gemm, ShapeError, Tensor};
+use tandem_core::{Helpers, ParamSpan};
+use tandem_tensor::Backend;
 
-/// A one-hidden-layer perceptron: `inputs -> hidden (ReLU) -> classes`.
+use crate::layers::DenseStack;
+use crate::Network;
+
+/// A multi-layer perceptron: `inputs -> hidden[0] (ReLU) -> hidden[1] (ReLU) -> ... ->
+/// classes`, a [`DenseStack`] of any depth.
 ///
-/// Its parameters live in one flat vector, in this order: layer-1 weights (`inputs x hidden`,
-/// row-major), layer-1 biases, layer-2 weights (`hidden x classes`), layer-2 biases.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Its parameters live in one flat vector, layer after layer: each layer's weights (`ins x
+/// outs`, row-major), then its biases.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mlp {
-    /// Input features.
-    pub inputs: usize,
-    /// Hidden units.
-    pub hidden: usize,
-    /// Output classes.
-    pub classes: usize,
+    stack: DenseStack,
 }
 
-/// Where each parameter starts in the flat vector.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Offsets {
-    pub w1: usize,
-    pub b1: usize,
-    pub w2: usize,
-    pub b2: usize,
-}
+/// The widest layer [`Mlp::new`] accepts.
+pub const MAX_WIDTH: usize = 1 << 16;
+/// The most hidden layers [`Mlp::new`] accepts.
+pub const MAX_HIDDEN_LAYERS: usize = 64;
+/// The most parameters [`Mlp::new`] accepts (1 GiB of `f32`).
+pub const MAX_PARAMS: usize = 1 << 28;
 
-/// Rows evaluated per forward pass in [`Mlp::evaluate`].
-const EVAL_CHUNK: usize = 1000;
+/// Layer sizes that make no network [`Mlp::new`] builds.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MlpError {
+    /// A width of 0 or above [`MAX_WIDTH`].
+    #[error("a layer width of {0} is out of range 1..={MAX_WIDTH}")]
+    Width(usize),
+    /// More than [`MAX_HIDDEN_LAYERS`] hidden layers.
+    #[error("{0} hidden layers are more than the {MAX_HIDDEN_LAYERS} allowed")]
+    Depth(usize),
+    /// More than [`MAX_PARAMS`] parameters.
+    #[error("{0} parameters are more than the {MAX_PARAMS} allowed")]
+    Params(usize),
+    /// A name that is not widths joined by `-` (see [`Mlp::name`]).
+    #[error("{0:?} is not a network's layer widths joined by '-' (such as \"784-500-10\")")]
+    Name(String),
+}
 
 impl Mlp {
-    /// The reference's network (the TensorFlow multi-GPU MNIST example): 784 -> 500 -> 10.
-    pub const MNIST: Mlp = Mlp {
-        inputs: 784,
-        hidden: 500,
-        classes: 10,
-    };
-
-    pub(crate) fn offsets(&self) -> Offsets {
-        let w1 = 0;
-        let b1 = w1 + self.inputs * self.hidden;
-        let w2 = b1 + self.hidden;
-        let b2 = w2 + self.hidden * self.classes;
-        Offsets { w1, b1, w2, b2 }
-    }
-
-    /// The total number of parameters.
-    pub fn num_params(&self) -> usize {
-        self.offsets().b2 + self.classes
-    }
-
-    /// The parameter spans in flat order; weights are L2-regularised, biases not.
-    pub fn layout(&self) -> Vec<ParamSpan> {
-        let span = |name: &str, shape: Vec<usize>, weight_decay| ParamSpan {
-            name: name.to_owned(),
-            shape,
-            weight_decay,
-        };
-        vec![
-            span("layer1/weights", vec![self.inputs, self.hidden], true),
-            span("layer1/biases", vec![self.hidden], false),
-            span("layer2/weights", vec![self.hidden, self.classes], true),
-            span("layer2/biases", vec![self.classes], false),
-        ]
-    }
-
-    /// Initial parameters: weights truncated normal with standard deviation `stddev`, biases 0
-    /// (the reference uses 0.1).
-    pub fn init(&self, stddev: f32, rng: &mut impl Rng) -> Vec<f32> {
-        let mut params = Vec::with_capacity(self.num_params());
-        for span in self.layout() {
-            if span.weight_decay {
-                params.extend(Tensor::truncated_normal(&span.shape, stddev, rng).into_vec());
-            } else {
-                params.extend(std::iter::repeat_n(0.0, span.len()));
-            }
+    /// `inputs -> hidden... -> classes`, each width in `1..=MAX_WIDTH`, at most
+    /// [`MAX_HIDDEN_LAYERS`] hidden layers and [`MAX_PARAMS`] parameters.
+    pub fn new(inputs: usize, hidden: &[usize], classes: usize) -> Result<Self, MlpError> {
+        if hidden.len() > MAX_HIDDEN_LAYERS {
+            return Err(MlpError::Depth(hidden.len()));
         }
-        params
+        let widths: Vec<usize> = std::iter::once(inputs)
+            .chain(hidden.iter().copied())
+            .chain([classes])
+            .collect();
+        if let Some(&bad) = widths.iter().find(|&&w| w == 0 || w > MAX_WIDTH) {
+            return Err(MlpError::Width(bad));
+        }
+        // Widths of at most 2^16 and at most 66 layers: no product or sum overflows.
+        let params: usize = widths.windows(2).map(|w| w[0] * w[1] + w[1]).sum();
+        if params > MAX_PARAMS {
+            return Err(MlpError::Params(params));
+        }
+        let stack = DenseStack::relu(&widths).ok_or(MlpError::Width(0))?;
+        Ok(Self { stack })
     }
 
-    /// Writes the logits of the first `rows` rows of `x` into `logits`, using `hidden` as
-    /// scratch; `params` is the flat parameter buffer.
-    pub(crate) fn forward<B: Backend>(
+    /// The reference's network (the TensorFlow multi-GPU MNIST example): 784 -> 500 -> 10.
+    pub fn mnist() -> Self {
+        Self::mnist_with(&[500]).unwrap_or_else(|_| unreachable!("784-500-10 is in range"))
+    }
+
+    /// An MNIST network (784 inputs, 10 classes) with these hidden layers.
+    pub fn mnist_with(hidden: &[usize]) -> Result<Self, MlpError> {
+        Self::new(784, hidden, 10)
+    }
+
+    /// The hidden layers' widths, first to last.
+    pub fn hidden(&self) -> Vec<usize> {
+        let layers = self.stack.layers();
+        layers[..layers.len() - 1].iter().map(|l| l.outs).collect()
+    }
+
+    /// The widths joined by `-`, such as `784-500-10`: what checkpoints record as the model.
+    pub fn name(&self) -> String {
+        let layers = self.stack.layers();
+        std::iter::once(layers[0].ins)
+            .chain(layers.iter().map(|l| l.outs))
+            .map(|w| w.to_string())
+            .collect::<Vec<_>>()
+            .join("-")
+    }
+
+    /// The network a [`name`](Self::name) names.
+    pub fn from_name(name: &str) -> Result<Self, MlpError> {
+        let bad = || MlpError::Name(name.to_owned());
+        let widths = (name.split('-'))
+            .map(|piece| match piece.parse::<usize>() {
+                // Only the canonical spelling: a name is compared as a string elsewhere.
+                Ok(w) if w.to_string() == piece => Ok(w),
+                _ => Err(bad()),
+            })
+            .collect::<Result<Vec<usize>, MlpError>>()?;
+        match widths.as_slice() {
+            [inputs, hidden @ .., classes] => Self::new(*inputs, hidden, *classes),
+            _ => Err(bad()),
+        }
+    }
+}
+
+impl Network for Mlp {
+    fn inputs(&self) -> usize {
+        self.stack.layers()[0].ins
+    }
+
+    fn classes(&self) -> usize {
+        self.stack.activations().last().copied().unwrap_or(0)
+    }
+
+    fn layout(&self) -> Vec<ParamSpan> {
+        self.stack.layout()
+    }
+
+    fn activations(&self) -> Vec<usize> {
+        self.stack.activations()
+    }
+
+    fn forward<B: Backend>(
         &self,
-        backend: &B,
+        b: &B,
         params: &B::Buffer,
         x: &B::Buffer,
         rows: usize,
-        hidden: &mut B::Buffer,
-        logits: &mut B::Buffer,
+        activations: &mut [B::Buffer],
     ) -> Result<(), B::Error> {
-        let o = self.offsets();
-        let first = Gemm::nn(rows, self.hidden, self.inputs);
-        backend.matmul_bias_relu(first, (x, 0), (params, o.w1), (params, o.b1), (hidden, 0))?;
-        let second = Gemm::nn(rows, self.classes, self.hidden);
-        backend.matmul(second, (hidden, 0), (params, o.w2), (logits, 0))?;
-        backend.bias_add(
-            logits,
-            (params, o.b2),
-            rows,
-            self.classes,
-            Activation::Identity,
-        )
+        self.stack.forward(b, params, x, rows, activations)
     }
 
-    /// The fraction of `examples` whose most probable class under `params` is their label.
-    pub fn evaluate<B: Backend>(
+    fn backward<B: Backend>(
         &self,
-        backend: &B,
-        params: &[f32],
-        examples: &ExampleSet,
-    ) -> Result<f64, B::Error> {
-        let mut correct = 0;
-        self.for_each_batch(backend, params, examples, |rows, logits, labels| {
-            correct += backend.count_correct(logits, labels, rows, self.classes)?;
-            Ok(())
-        })?;
-        Ok(correct as f64 / examples.len().max(1) as f64)
-    }
-
-    /// Runs the forward pass over `examples` in chunks of [`EVAL_CHUNK`], handing each chunk's
-    /// row count, logits and labels to `visit`.
-    fn for_each_batch<B: Backend>(
-        &self,
-        backend: &B,
-        params: &[f32],
-        examples: &ExampleSet,
-        mut visit: impl FnMut(usize, &B::Buffer, &B::Labels) -> Result<(), B::Error>,
+        b: &B,
+        params: &B::Buffer,
+        x: &B::Buffer,
+        rows: usize,
+        activations: &[B::Buffer],
+        deltas: &mut [B::Buffer],
+        grads: &mut B::Buffer,
+        helpers: &dyn Helpers,
     ) -> Result<(), B::Error> {
-        ShapeError::check_exact("forward", "params", self.num_params(), params.len())?;
-        ShapeError::check_exact("forward", "examples", self.inputs, examples.features())?;
-        let chunk = EVAL_CHUNK.min(examples.len().max(1));
-        let mut device_params = backend.zeros(self.num_params())?;
-        backend.upload(params, &mut device_params, 0)?;
-        let resident = backend.upload_examples(examples)?;
-        let mut x = backend.zeros(chunk * self.inputs)?;
-        let mut labels = backend.zero_labels(chunk)?;
-        let mut hidden = backend.zeros(chunk * self.hidden)?;
-        let mut logits = backend.zeros(chunk * self.classes)?;
-        let indices: Vec<u32> = (0..examples.len() as u32).collect();
-        for batch in indices.chunks(chunk) {
-            backend.gather(&resident, batch, &mut x, &mut labels)?;
-            self.forward(
-                backend,
-                &device_params,
-                &x,
-                batch.len(),
-                &mut hidden,
-                &mut logits,
-            )?;
-            visit(batch.len(), &logits, &labels)?;
-        }
-        Ok(())
-    }
-
-    /// The logits (`rows x classes`, row-major) of `rows = x.len() / inputs` inputs under
-    /// `params`; `x` holds the inputs' features one row after another, each scaled to
-    /// `[0, 1]` as in training. An `x` that is not whole rows is a [`ShapeError`].
-    pub fn logits<B: Backend>(
-        &self,
-        backend: &B,
-        params: &[f32],
-        x: &[f32],
-    ) -> Result<Vec<f32>, B::Error> {
-        ShapeError::check_exact("logits", "params", self.num_params(), params.len())?;
-        let rows = x.len() / self.inputs.max(1);
-        if rows * self.inputs != x.len() {
-            return Err(ShapeError {
-                op: "logits",
-                operand: "x",
-                needed: (rows + 1) * self.inputs,
-                available: x.len(),
-            }
-            .into());
-        }
-        let mut device_params = backend.zeros(self.num_params())?;
-        backend.upload(params, &mut device_params, 0)?;
-        let mut device_x = backend.zeros(x.len())?;
-        backend.upload(x, &mut device_x, 0)?;
-        let mut hidden = backend.zeros(rows * self.hidden)?;
-        let mut logits = backend.zeros(rows * self.classes)?;
-        self.forward(
-            backend,
-            &device_params,
-            &device_x,
-            rows,
-            &mut hidden,
-            &mut logits,
-        )?;
-        let mut host = vec![0.0; rows * self.classes];
-        backend.download(&logits, 0, &mut host)?;
-        Ok(host)
-    }
-
-    /// The most probable class of every example of `examples` under `params`, in order (the
-    /// same decision [`Mlp::evaluate`] scores, so `predictions[i] == label(i)` exactly for the
-    /// examples it counts as correct). Used for confusion matrices.
-    pub fn predictions<B: Backend>(
-        &self,
-        backend: &B,
-        params: &[f32],
-        examples: &ExampleSet,
-    ) -> Result<Vec<usize>, B::Error> {
-        let mut host = vec![0.0; EVAL_CHUNK * self.classes];
-        let mut predictions = Vec::with_capacity(examples.len());
-        self.for_each_batch(backend, params, examples, |rows, logits, _| {
-            let host = &mut host[..rows * self.classes];
-            backend.download(logits, 0, host)?;
-            // `cpu::argmax` is the tie rule `count_correct` uses, so predictions and accuracy
-            // never disagree.
-            predictions.extend(host.chunks_exact(self.classes).map(cpu::argmax));
-            Ok(())
-        })?;
-        Ok(predictions)
-    }
-
-    /// The class probabilities (softmax of the logits) of one input of exactly `inputs`
-    /// features in `[0, 1]`, computed on the CPU with the same forward pass as training. An `x`
-    /// or `params` of the wrong length is a [`ShapeError`].
-    pub fn probabilities(&self, params: &[f32], x: &[f32]) -> Result<Vec<f32>, ShapeError> {
-        ShapeError::check_exact("probabilities", "x", self.inputs, x.len())?;
-        let logits = self.logits(&CpuBackend, params, x)?;
-        // Numerically stable: the largest logit is subtracted before exponentiating.
-        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let exp: Vec<f64> = logits.iter().map(|&l| f64::from(l - max).exp()).collect();
-        let sum: f64 = exp.iter().sum();
-        Ok(exp.iter().map(|e| (e / sum) as f32).collect())
+        self.stack
+            .backward(b, params, x, rows, activations, deltas, grads, helpers)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use rand::SeedableRng;
+    use tandem_tensor::{cpu, CpuBackend, ExampleSet};
 
     use super::*;
 
-    const TINY: Mlp = Mlp {
-        inputs: 4,
-        hidden: 8,
-        classes: 3,
-    };
+    static TINY: std::sync::LazyLock<Mlp> =
+        std::sync::LazyLock::new(|| Mlp::new(4, &[8], 3).unwrap());
 
     fn params() -> Vec<f32> {
         TINY.init(0.5, &mut rand::rngs::StdRng::seed_from_u64(3))
@@ -257,6 +175,52 @@ mod tests {
             .iter()
             .map(|&v| f32::from(v) / 255.0)
             .collect()
+    }
+
+    #[test]
+    fn a_network_is_named_by_its_widths_and_its_name_gives_it_back() {
+        let reference = Mlp::mnist();
+        assert_eq!(reference.name(), "784-500-10");
+        assert_eq!(reference.hidden(), [500]);
+        assert_eq!(reference.num_params(), 784 * 500 + 500 + 500 * 10 + 10);
+        for name in ["784-500-10", "784-256-128-10", "4-3", "1-1-1-1"] {
+            assert_eq!(Mlp::from_name(name).unwrap().name(), name);
+        }
+        assert_eq!(
+            Mlp::from_name("784-256-128-10").unwrap().hidden(),
+            [256, 128]
+        );
+        for bad in [
+            "",
+            "784",
+            "784-",
+            "-10",
+            "784--10",
+            "784-+5-10",
+            "784-05-10",
+            "a-b",
+            "784-0-10",
+        ] {
+            assert!(Mlp::from_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn sizes_out_of_range_are_refused_with_the_reason() {
+        assert_eq!(Mlp::new(4, &[0], 3), Err(MlpError::Width(0)));
+        assert_eq!(Mlp::new(0, &[2], 3), Err(MlpError::Width(0)));
+        let wide = MAX_WIDTH + 1;
+        assert_eq!(Mlp::new(4, &[wide], 3), Err(MlpError::Width(wide)));
+        assert!(Mlp::new(4, &[MAX_WIDTH], 3).is_ok());
+        let deep = vec![2; MAX_HIDDEN_LAYERS + 1];
+        assert_eq!(Mlp::new(4, &deep, 3), Err(MlpError::Depth(deep.len())));
+        assert!(Mlp::new(4, &deep[1..], 3).is_ok());
+        let big = Mlp::new(MAX_WIDTH, &[MAX_WIDTH], 2).unwrap_err();
+        assert!(
+            matches!(big, MlpError::Params(n) if n > MAX_PARAMS),
+            "{big}"
+        );
+        assert!(Mlp::mnist_with(&[4096]).is_ok());
     }
 
     #[test]
@@ -286,7 +250,7 @@ mod tests {
             let x = features(&examples, i);
             let logits = TINY.logits(&CpuBackend, &params, &x).unwrap();
             let p = TINY.probabilities(&params, &x).unwrap();
-            assert_eq!(p.len(), TINY.classes);
+            assert_eq!(p.len(), TINY.classes());
             assert!((p.iter().sum::<f32>() - 1.0).abs() < 1e-6, "{p:?}");
             assert!(p.iter().all(|&v| (0.0..=1.0).contains(&v)));
             assert_eq!(cpu::argmax(&p), cpu::argmax(&logits));
@@ -296,7 +260,7 @@ mod tests {
         }
         // Huge logits do not overflow.
         let mut big = params.clone();
-        let b2 = TINY.num_params() - TINY.classes;
+        let b2 = TINY.num_params() - TINY.classes();
         big[b2] = 1e4;
         let p = TINY.probabilities(&big, &features(&examples, 0)).unwrap();
         assert!(p.iter().all(|v| v.is_finite()));

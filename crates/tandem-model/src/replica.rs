@@ -1,12 +1,16 @@
 use tandem_core::{Alone, Helpers, ParamSpan, Replica, ReplicaError, Residence, StepLoss};
-use tandem_tensor::{Backend, ExampleSet, Gemm, ShapeError};
+use tandem_pool::Device;
+use tandem_tensor::{Backend, CpuBackend, ExampleSet, ShapeError};
 
-use crate::Mlp;
+use crate::layers::SoftmaxCrossEntropy;
+use crate::network::{activation_buffers, logits_of, logits_of_mut};
+use crate::{Mlp, Network};
 
-/// One copy of an [`Mlp`] on one backend, with its parameters, gradients, batch buffers and a
-/// resident copy of the training set.
-pub struct MlpReplica<B: Backend> {
-    mlp: Mlp,
+/// One copy of a [`Network`] on one backend, with its parameters, gradients, batch buffers
+/// and a resident copy of the training set: what trains any network with any strategy, on any
+/// device ([`tandem_core::Replica`]). The network writes only its math.
+pub struct NetworkReplica<N: Network, B: Backend> {
+    network: N,
     layout: Vec<ParamSpan>,
     examples: B::Examples,
     training_examples: usize,
@@ -23,48 +27,48 @@ pub struct MlpReplica<B: Backend> {
     backend: B,
 }
 
-/// What one batch of examples needs on the backend: inputs and labels, the activations and
-/// the gradients of the loss with respect to them.
+/// The replica of a multi-layer perceptron.
+pub type MlpReplica<B> = NetworkReplica<Mlp, B>;
+
+/// What one batch of examples needs on the backend: inputs and labels, the network's
+/// activations and the gradients of the loss with respect to them.
 struct BatchBuffers<B: Backend> {
     /// The step's mean loss, where a device replica leaves it.
     loss: B::Buffer,
     x: B::Buffer,
     labels: B::Labels,
-    hidden: B::Buffer,
-    logits: B::Buffer,
-    dlogits: B::Buffer,
-    dhidden: B::Buffer,
+    activations: Vec<B::Buffer>,
+    deltas: Vec<B::Buffer>,
 }
 
 impl<B: Backend> BatchBuffers<B> {
-    /// Buffers for batches of up to `rows` examples of `mlp`.
-    fn new(backend: &B, mlp: &Mlp, rows: usize) -> Result<Self, B::Error> {
+    /// Buffers for batches of up to `rows` examples of `network`.
+    fn new(backend: &B, network: &impl Network, rows: usize) -> Result<Self, B::Error> {
         Ok(Self {
             loss: backend.zeros(1)?,
-            x: backend.zeros(rows * mlp.inputs)?,
+            x: backend.zeros(rows * network.inputs())?,
             labels: backend.zero_labels(rows)?,
-            hidden: backend.zeros(rows * mlp.hidden)?,
-            logits: backend.zeros(rows * mlp.classes)?,
-            dlogits: backend.zeros(rows * mlp.classes)?,
-            dhidden: backend.zeros(rows * mlp.hidden)?,
+            activations: activation_buffers(network, backend, rows)?,
+            deltas: activation_buffers(network, backend, rows)?,
         })
     }
 }
 
-impl<B: Backend> MlpReplica<B> {
+impl<N: Network, B: Backend> NetworkReplica<N, B> {
     /// A replica with zero parameters (set them with [`Replica::set_params`]) and buffers for
     /// batches of up to `max_batch` examples drawn from `training`.
     pub fn new(
-        mlp: Mlp,
+        network: N,
         backend: B,
         training: &ExampleSet,
         max_batch: usize,
     ) -> Result<Self, B::Error> {
+        ShapeError::check_exact("replica", "examples", network.inputs(), training.features())?;
         let capacity = max_batch.max(1);
-        let params = backend.zeros(mlp.num_params())?;
-        let grads = backend.zeros(mlp.num_params())?;
+        let params = backend.zeros(network.num_params())?;
+        let grads = backend.zeros(network.num_params())?;
         Ok(Self {
-            layout: mlp.layout(),
+            layout: network.layout(),
             examples: backend.upload_examples(training)?,
             training_examples: training.len(),
             residence: backend.residence(&params, &grads),
@@ -77,8 +81,8 @@ impl<B: Backend> MlpReplica<B> {
             params,
             grads,
             capacity,
-            batch: BatchBuffers::new(&backend, &mlp, capacity)?,
-            mlp,
+            batch: BatchBuffers::new(&backend, &network, capacity)?,
+            network,
             backend,
         })
     }
@@ -89,7 +93,7 @@ impl<B: Backend> MlpReplica<B> {
     }
 
     fn grow(&mut self, rows: usize) -> Result<(), B::Error> {
-        self.batch = BatchBuffers::new(&self.backend, &self.mlp, rows)?;
+        self.batch = BatchBuffers::new(&self.backend, &self.network, rows)?;
         self.capacity = rows;
         Ok(())
     }
@@ -106,16 +110,13 @@ impl<B: Backend> MlpReplica<B> {
         if rows > self.capacity {
             self.grow(rows)?;
         }
-        let Mlp {
-            inputs,
-            hidden,
-            classes,
-        } = self.mlp;
-        let o = self.mlp.offsets();
+        let head = SoftmaxCrossEntropy {
+            classes: self.network.classes(),
+        };
         let resident = self.residence.is_some();
         let Self {
             capacity,
-            mlp,
+            network,
             examples,
             params: own,
             grads,
@@ -132,51 +133,20 @@ impl<B: Backend> MlpReplica<B> {
         // them replaces the buffers a captured sequence names).
         let key = (*capacity as u64) << 32 | rows as u64;
         backend.replay(key, &mut |b| {
-            b.gather(examples, batch, &mut buffers.x, &mut buffers.labels)?;
-            mlp.forward(
-                b,
-                params,
-                &buffers.x,
-                rows,
-                &mut buffers.hidden,
-                &mut buffers.logits,
-            )?;
-            let (logits, labels) = (&buffers.logits, &buffers.labels);
-            if resident {
-                let dlogits = &mut buffers.dlogits;
-                let loss = (&mut buffers.loss, 0);
-                b.softmax_cross_entropy_into(logits, labels, (rows, classes), dlogits, loss)?;
-            } else {
-                let dlogits = &mut buffers.dlogits;
-                known = Some(b.softmax_cross_entropy(logits, labels, rows, classes, dlogits)?);
-            }
-            // Layer 2: dW2 = H^T . dL, db2 = colsum(dL), dH = dL . W2^T masked by the ReLU.
-            dense_grads(
-                b,
-                (&buffers.hidden, hidden),
-                (&buffers.dlogits, classes),
-                rows,
-                (grads, o.w2, o.b2),
-                &Alone,
-            )?;
-            let dh = Gemm::nt(rows, hidden, classes);
-            b.matmul(
-                dh,
-                (&buffers.dlogits, 0),
-                (params, o.w2),
-                (&mut buffers.dhidden, 0),
-            )?;
-            b.relu_backward(&mut buffers.dhidden, &buffers.hidden, rows * hidden)?;
-            // Layer 1: dW1 = X^T . dH, db1 = colsum(dH). The input gradient is never needed.
-            // The step's largest product, and its last: the one idle workers can take part in.
-            dense_grads(
-                b,
-                (&buffers.x, inputs),
-                (&buffers.dhidden, hidden),
-                rows,
-                (grads, o.w1, o.b1),
-                helpers,
-            )
+            let BatchBuffers {
+                loss,
+                x,
+                labels,
+                activations,
+                deltas,
+            } = buffers;
+            b.gather(examples, batch, x, labels)?;
+            network.forward(b, params, x, rows, activations)?;
+            let logits = logits_of(activations)?;
+            let dlogits = logits_of_mut(deltas)?;
+            let on_device = resident.then_some((&mut *loss, 0));
+            known = head.forward_backward(b, (logits, labels), rows, dlogits, on_device)?;
+            network.backward(b, params, x, rows, activations, deltas, grads, helpers)
         })?;
         if let Some(loss) = known {
             return Ok(StepLoss::Known(loss));
@@ -231,28 +201,7 @@ impl<B: Backend> DeviceLosses<B> {
     }
 }
 
-/// A dense layer's parameter gradients from its `rows x ins` input and the `rows x outs`
-/// gradient of its output: `dW = input^T . delta` at `w` in `grads`, `db = colsum(delta)` at
-/// `bias`; `helpers` may take part in `dW`.
-fn dense_grads<B: Backend>(
-    b: &B,
-    (input, ins): (&B::Buffer, usize),
-    (delta, outs): (&B::Buffer, usize),
-    rows: usize,
-    (grads, w, bias): (&mut B::Buffer, usize, usize),
-    helpers: &dyn Helpers,
-) -> Result<(), B::Error> {
-    b.matmul_shared(
-        Gemm::tn(ins, outs, rows),
-        (input, 0),
-        (delta, 0),
-        (grads, w),
-        helpers,
-    )?;
-    b.column_sum(delta, rows, outs, (grads, bias))
-}
-
-impl<B: Backend> Replica for MlpReplica<B> {
+impl<N: Network, B: Backend> Replica for NetworkReplica<N, B> {
     fn layout(&self) -> &[ParamSpan] {
         &self.layout
     }
@@ -279,7 +228,7 @@ impl<B: Backend> Replica for MlpReplica<B> {
             return Ok(None);
         };
         // Too long is as wrong as too short: another model's parameters must not be cut.
-        let needed = self.mlp.num_params();
+        let needed = self.network.num_params();
         ShapeError::check_exact("compute_gradients_from", "params", needed, params.len())
             .map_err(B::Error::from)?;
         Ok(Some(self.step(Some(view), batch, helpers)?))
@@ -305,5 +254,30 @@ impl<B: Backend> Replica for MlpReplica<B> {
 
     fn training_examples(&self) -> usize {
         self.training_examples
+    }
+}
+
+/// Opens a replica of `network` on `device` for batches of up to `max_batch` examples of
+/// `training`: on the host for CPU and simulated workers, on the GPU for a CUDA device (in a
+/// build with this crate's `cuda` feature; without it, an error saying so).
+pub fn open_replica<N: Network>(
+    network: N,
+    device: &Device,
+    training: &ExampleSet,
+    max_batch: usize,
+) -> Result<Box<dyn Replica>, ReplicaError> {
+    match device {
+        Device::Cpu { .. } | Device::Sim { .. } => Ok(Box::new(NetworkReplica::new(
+            network, CpuBackend, training, max_batch,
+        )?)),
+        #[cfg(feature = "cuda")]
+        Device::Cuda { ordinal } => {
+            let backend = tandem_kernels::CudaBackend::new(*ordinal)?;
+            Ok(Box::new(NetworkReplica::new(
+                network, backend, training, max_batch,
+            )?))
+        }
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda { .. } => Err(format!("{device} needs a build with `--features cuda`").into()),
     }
 }

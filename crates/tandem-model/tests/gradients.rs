@@ -6,59 +6,71 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tandem_core::{Alone, Helpers, Replica, StepLoss};
-use tandem_model::{Mlp, MlpReplica};
+use tandem_model::{Mlp, MlpReplica, Network};
 use tandem_tensor::{CpuBackend, ExampleSet};
 
-/// Mean softmax cross-entropy of the MLP on `batch`, straight from the definition, in f64.
-fn loss_f64(mlp: Mlp, params: &[f64], examples: &ExampleSet, batch: &[u32]) -> f64 {
-    let Mlp {
-        inputs,
-        hidden,
-        classes,
-    } = mlp;
-    let (w1, rest) = params.split_at(inputs * hidden);
-    let (b1, rest) = rest.split_at(hidden);
-    let (w2, b2) = rest.split_at(hidden * classes);
+/// Mean softmax cross-entropy of the MLP on `batch`, straight from the definition, in f64:
+/// each layer `a' = relu(a . W + b)`, the last without the ReLU.
+fn loss_f64(mlp: &Mlp, params: &[f64], examples: &ExampleSet, batch: &[u32]) -> f64 {
+    let widths: Vec<usize> = std::iter::once(mlp.inputs())
+        .chain(mlp.hidden())
+        .chain([mlp.classes()])
+        .collect();
     let mut total = 0.0;
     for &i in batch {
-        let x: Vec<f64> = examples
+        let mut a: Vec<f64> = examples
             .features_of(i as usize)
             .iter()
             .map(|&p| f64::from(p) / 255.0)
             .collect();
-        let h: Vec<f64> = (0..hidden)
-            .map(|j| (b1[j] + (0..inputs).map(|k| x[k] * w1[k * hidden + j]).sum::<f64>()).max(0.0))
-            .collect();
-        let z: Vec<f64> = (0..classes)
-            .map(|c| b2[c] + (0..hidden).map(|j| h[j] * w2[j * classes + c]).sum::<f64>())
-            .collect();
-        let max = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let log_sum = z.iter().map(|v| (v - max).exp()).sum::<f64>().ln() + max;
-        total += log_sum - z[examples.label(i as usize) as usize];
+        let mut rest = params;
+        for (l, pair) in widths.windows(2).enumerate() {
+            let (ins, outs) = (pair[0], pair[1]);
+            let (w, after) = rest.split_at(ins * outs);
+            let (b, after) = after.split_at(outs);
+            rest = after;
+            let last = l + 2 == widths.len();
+            a = (0..outs)
+                .map(|j| {
+                    let z = b[j] + (0..ins).map(|k| a[k] * w[k * outs + j]).sum::<f64>();
+                    if last {
+                        z
+                    } else {
+                        z.max(0.0)
+                    }
+                })
+                .collect();
+        }
+        assert!(rest.is_empty(), "{} parameters left over", rest.len());
+        let max = a.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let log_sum = a.iter().map(|v| (v - max).exp()).sum::<f64>().ln() + max;
+        total += log_sum - a[examples.label(i as usize) as usize];
     }
     total / batch.len() as f64
 }
 
+/// Networks of no, one and two hidden layers: a softmax regression, the reference's shape and
+/// a deeper one.
 #[test]
 fn backward_pass_matches_finite_differences() {
-    let mlp = Mlp {
-        inputs: 12,
-        hidden: 7,
-        classes: 4,
-    };
+    for hidden in [&[][..], &[7], &[6, 5]] {
+        check_against_finite_differences(Mlp::new(12, hidden, 4).unwrap());
+    }
+}
+
+fn check_against_finite_differences(mlp: Mlp) {
     let mut rng = ChaCha8Rng::seed_from_u64(11);
     let count = 9;
-    let pixels: Vec<u8> = (0..count * mlp.inputs).map(|_| rng.random()).collect();
+    let pixels: Vec<u8> = (0..count * mlp.inputs()).map(|_| rng.random()).collect();
     let labels: Vec<u8> = (0..count).map(|_| rng.random_range(0..4)).collect();
-    let examples = ExampleSet::new(mlp.inputs, pixels, labels).unwrap();
+    let examples = ExampleSet::new(mlp.inputs(), pixels, labels).unwrap();
     let mut params = mlp.init(0.5, &mut rng);
     // Non-zero biases, so that their gradients are exercised away from the initial point.
     for p in params.iter_mut().filter(|p| **p == 0.0) {
         *p = rng.random_range(-0.3..0.3);
     }
     let batch: Vec<u32> = (0..count as u32).collect();
-
-    let mut replica = MlpReplica::new(mlp, CpuBackend, &examples, 4).unwrap();
+    let mut replica = MlpReplica::new(mlp.clone(), CpuBackend, &examples, 4).unwrap();
     replica
         .set_params(&mut |p| p.copy_from_slice(&params))
         .unwrap();
@@ -69,7 +81,7 @@ fn backward_pass_matches_finite_differences() {
     replica.read_gradients(&mut |g| grads = g.to_vec()).unwrap();
 
     let params64: Vec<f64> = params.iter().map(|&p| f64::from(p)).collect();
-    let loss64 = loss_f64(mlp, &params64, &examples, &batch);
+    let loss64 = loss_f64(&mlp, &params64, &examples, &batch);
     assert!(
         (f64::from(loss) - loss64).abs() < 1e-5 * loss64.abs(),
         "loss {loss} vs {loss64}"
@@ -82,8 +94,8 @@ fn backward_pass_matches_finite_differences() {
         plus[i] += h;
         let mut minus = params64.clone();
         minus[i] -= h;
-        let numeric = (loss_f64(mlp, &plus, &examples, &batch)
-            - loss_f64(mlp, &minus, &examples, &batch))
+        let numeric = (loss_f64(&mlp, &plus, &examples, &batch)
+            - loss_f64(&mlp, &minus, &examples, &batch))
             / (2.0 * h);
         let error = (f64::from(grads[i]) - numeric).abs() / (numeric.abs() + 1e-3);
         worst = worst.max(error);
@@ -102,11 +114,7 @@ fn backward_pass_matches_finite_differences() {
 
 /// A 3-4-2 network and ten examples for it.
 fn tiny() -> (Mlp, ExampleSet) {
-    let mlp = Mlp {
-        inputs: 3,
-        hidden: 4,
-        classes: 2,
-    };
+    let mlp = Mlp::new(3, &[4], 2).unwrap();
     let examples =
         ExampleSet::new(3, (0..30).collect(), vec![0, 1, 0, 1, 1, 0, 0, 1, 1, 0]).unwrap();
     (mlp, examples)
@@ -115,7 +123,7 @@ fn tiny() -> (Mlp, ExampleSet) {
 #[test]
 fn batches_larger_than_the_initial_capacity_are_handled() {
     let (mlp, examples) = tiny();
-    let mut replica = MlpReplica::new(mlp, CpuBackend, &examples, 2).unwrap();
+    let mut replica = MlpReplica::new(mlp.clone(), CpuBackend, &examples, 2).unwrap();
     let params = mlp.init(0.3, &mut ChaCha8Rng::seed_from_u64(1));
     replica
         .set_params(&mut |p| p.copy_from_slice(&params))
@@ -141,7 +149,7 @@ fn exchanged_gradients_are_the_steps_and_the_next_step_overwrites_what_it_receiv
     let (mlp, examples) = tiny();
     let params = mlp.init(0.3, &mut ChaCha8Rng::seed_from_u64(1));
     let gradients_of = |batch: &[u32]| {
-        let mut fresh = MlpReplica::new(mlp, CpuBackend, &examples, 4).unwrap();
+        let mut fresh = MlpReplica::new(mlp.clone(), CpuBackend, &examples, 4).unwrap();
         fresh
             .set_params(&mut |p| p.copy_from_slice(&params))
             .unwrap();
@@ -152,7 +160,7 @@ fn exchanged_gradients_are_the_steps_and_the_next_step_overwrites_what_it_receiv
     };
     let (first, second) = ([1, 2, 3], [4, 5, 6, 7]);
 
-    let mut replica = MlpReplica::new(mlp, CpuBackend, &examples, 4).unwrap();
+    let mut replica = MlpReplica::new(mlp.clone(), CpuBackend, &examples, 4).unwrap();
     replica
         .set_params(&mut |p| p.copy_from_slice(&params))
         .unwrap();
@@ -183,14 +191,14 @@ fn gradients_from_lent_parameters_are_those_of_the_parameters_set_and_leave_its_
         grads
     };
 
-    let mut set = MlpReplica::new(mlp, CpuBackend, &examples, 4).unwrap();
+    let mut set = MlpReplica::new(mlp.clone(), CpuBackend, &examples, 4).unwrap();
     set.set_params(&mut |p| p.copy_from_slice(&params)).unwrap();
     let StepLoss::Known(loss) = set.compute_gradients(&batch).unwrap() else {
         panic!("a CPU replica knows its loss");
     };
 
     // A replica whose own parameters stay zero computes from the lent ones.
-    let mut lent = MlpReplica::new(mlp, CpuBackend, &examples, 4).unwrap();
+    let mut lent = MlpReplica::new(mlp.clone(), CpuBackend, &examples, 4).unwrap();
     let from = lent
         .compute_gradients_from(&params, &batch, &Alone)
         .unwrap();
@@ -228,17 +236,17 @@ impl Helpers for Backwards {
 /// order gives the very gradients of the step computed alone.
 #[test]
 fn gradients_computed_with_helpers_are_bitwise_those_computed_alone() {
-    let mlp = Mlp::MNIST;
+    let mlp = Mlp::mnist();
     let mut rng = ChaCha8Rng::seed_from_u64(3);
-    let pixels: Vec<u8> = (0..20 * mlp.inputs).map(|_| rng.random()).collect();
+    let pixels: Vec<u8> = (0..20 * mlp.inputs()).map(|_| rng.random()).collect();
     let labels: Vec<u8> = (0..20).map(|i| i % 10).collect();
-    let examples = ExampleSet::new(mlp.inputs, pixels, labels).unwrap();
+    let examples = ExampleSet::new(mlp.inputs(), pixels, labels).unwrap();
     let params = mlp.init(0.1, &mut rng);
     let batch: Vec<u32> = (0..20).rev().collect();
     let mut gradients = Vec::new();
     let backwards = Backwards::default();
     for helpers in [&Alone as &dyn Helpers, &backwards] {
-        let mut replica = MlpReplica::new(mlp, CpuBackend, &examples, 20).unwrap();
+        let mut replica = MlpReplica::new(mlp.clone(), CpuBackend, &examples, 20).unwrap();
         let loss = replica
             .compute_gradients_from(&params, &batch, helpers)
             .unwrap();

@@ -5,7 +5,7 @@ use std::sync::OnceLock;
 use rand::SeedableRng;
 use tandem_core::TrainState;
 use tandem_mnist::Mnist;
-use tandem_model::{Mlp, MlpReplica};
+use tandem_model::{Mlp, MlpReplica, Network};
 use tandem_pool::{Device, WorkerPool};
 use tandem_strategy::Sgd;
 use tandem_tensor::{CpuBackend, ExampleSet};
@@ -47,7 +47,7 @@ pub fn sim_pool(workers: usize, batch: usize) -> WorkerPool<MlpReplica<CpuBacken
 
 fn pool_on(devices: Vec<Device>, batch: usize) -> WorkerPool<MlpReplica<CpuBackend>> {
     WorkerPool::new(devices, |_| {
-        MlpReplica::new(Mlp::MNIST, CpuBackend, &mnist().train, batch)
+        MlpReplica::new(Mlp::mnist(), CpuBackend, &mnist().train, batch)
     })
     .unwrap()
 }
@@ -55,7 +55,7 @@ fn pool_on(devices: Vec<Device>, batch: usize) -> WorkerPool<MlpReplica<CpuBacke
 /// A fresh run of [`Sgd`] from the model's initialisation with `seed`.
 pub fn initial_state(seed: u64) -> TrainState {
     TrainState::new(
-        Mlp::MNIST.init(0.1, &mut rand_chacha::ChaCha8Rng::seed_from_u64(seed)),
+        Mlp::mnist().init(0.1, &mut rand_chacha::ChaCha8Rng::seed_from_u64(seed)),
         &Sgd::default(),
     )
 }
@@ -70,7 +70,7 @@ pub fn ema(state: &TrainState) -> &[f32] {
 /// Test accuracy of the averaged and the raw parameters.
 pub fn test_accuracy(state: &TrainState) -> (f64, f64) {
     let evaluate = |params: &[f32]| {
-        Mlp::MNIST
+        Mlp::mnist()
             .evaluate(&CpuBackend, params, &mnist().test)
             .unwrap()
     };

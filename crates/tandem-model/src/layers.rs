@@ -1,0 +1,357 @@
+//! The layer library: each layer's forward and backward pass over [`Backend`] operations, so
+//! that a [`Network`](crate::Network) is composed without writing backpropagation. Layers use
+//! the backends' fused operations (a product with its bias and ReLU in one pass, softmax with
+//! its cross-entropy), so composing costs no speed.
+
+use tandem_core::{Alone, Helpers, ParamSpan};
+use tandem_tensor::{Activation, Backend, Gemm};
+
+/// A fully connected layer, `y = activation(x . W + b)`: `W` is `ins x outs` (row-major),
+/// followed by `b` (`outs`) in a model's flat parameter vector. Its weights are
+/// L2-regularised, its biases not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dense {
+    /// Input features.
+    pub ins: usize,
+    /// Output features.
+    pub outs: usize,
+    /// What follows the affine map (fused into the product where the backend can).
+    pub activation: Activation,
+}
+
+impl Dense {
+    /// The number of parameters: weights then biases.
+    pub fn num_params(&self) -> usize {
+        self.ins * self.outs + self.outs
+    }
+
+    /// Its parameter spans, named `{name}/weights` and `{name}/biases`.
+    pub fn layout(&self, name: &str) -> [ParamSpan; 2] {
+        [
+            ParamSpan::new(format!("{name}/weights"), [self.ins, self.outs], true),
+            ParamSpan::new(format!("{name}/biases"), [self.outs], false),
+        ]
+    }
+
+    /// Writes the first `rows` rows of the output into `output` from those of `input`; the
+    /// layer's parameters start at `offset` in `params`.
+    pub fn forward<B: Backend>(
+        &self,
+        b: &B,
+        (params, offset): (&B::Buffer, usize),
+        input: &B::Buffer,
+        rows: usize,
+        output: &mut B::Buffer,
+    ) -> Result<(), B::Error> {
+        let product = Gemm::nn(rows, self.outs, self.ins);
+        let bias = offset + self.ins * self.outs;
+        match self.activation {
+            Activation::Relu => b.matmul_bias_relu(
+                product,
+                (input, 0),
+                (params, offset),
+                (params, bias),
+                (output, 0),
+            ),
+            Activation::Identity => {
+                b.matmul(product, (input, 0), (params, offset), (output, 0))?;
+                b.bias_add(
+                    output,
+                    (params, bias),
+                    rows,
+                    self.outs,
+                    Activation::Identity,
+                )
+            }
+        }
+    }
+
+    /// The backward pass of [`forward`](Self::forward) over `rows` rows. `delta` holds the
+    /// loss's gradient with respect to the layer's `output` (and is left as the gradient
+    /// before the activation); the parameter gradients go to `grads` at `offset`, the input's
+    /// to `input_delta` when one is wanted (a first layer needs none). `helpers` may take part
+    /// in the weight gradient, the layer's largest product.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward<B: Backend>(
+        &self,
+        b: &B,
+        (params, offset): (&B::Buffer, usize),
+        (input, output): (&B::Buffer, &B::Buffer),
+        rows: usize,
+        delta: &mut B::Buffer,
+        (grads, input_delta): (&mut B::Buffer, Option<&mut B::Buffer>),
+        helpers: &dyn Helpers,
+    ) -> Result<(), B::Error> {
+        if self.activation == Activation::Relu {
+            b.relu_backward(delta, output, rows * self.outs)?;
+        }
+        // dW = input^T . delta, db = colsum(delta).
+        b.matmul_shared(
+            Gemm::tn(self.ins, self.outs, rows),
+            (input, 0),
+            (delta, 0),
+            (grads, offset),
+            helpers,
+        )?;
+        b.column_sum(
+            delta,
+            rows,
+            self.outs,
+            (grads, offset + self.ins * self.outs),
+        )?;
+        match input_delta {
+            // dX = delta . W^T.
+            Some(input_delta) => b.matmul(
+                Gemm::nt(rows, self.ins, self.outs),
+                (delta, 0),
+                (params, offset),
+                (input_delta, 0),
+            ),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A stack of [`Dense`] layers, one's output the next one's input, their parameters one after
+/// another: the forward and backward pass of any multi-layer perceptron.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DenseStack {
+    layers: Vec<Dense>,
+}
+
+impl DenseStack {
+    /// Layers of the widths `widths[0] -> widths[1] -> ... -> widths[last]`, every one but the
+    /// last followed by a ReLU; `None` for fewer than two widths or a zero one.
+    pub fn relu(widths: &[usize]) -> Option<Self> {
+        if widths.len() < 2 || widths.contains(&0) {
+            return None;
+        }
+        let last = widths.len() - 2;
+        let layers = widths
+            .windows(2)
+            .enumerate()
+            .map(|(i, pair)| Dense {
+                ins: pair[0],
+                outs: pair[1],
+                activation: if i == last {
+                    Activation::Identity
+                } else {
+                    Activation::Relu
+                },
+            })
+            .collect();
+        Some(Self { layers })
+    }
+
+    /// The layers, first to last.
+    pub fn layers(&self) -> &[Dense] {
+        &self.layers
+    }
+
+    /// The parameter spans, `layer1/weights`, `layer1/biases`, `layer2/weights`, ...
+    pub fn layout(&self) -> Vec<ParamSpan> {
+        (self.layers.iter().enumerate())
+            .flat_map(|(i, layer)| layer.layout(&format!("layer{}", i + 1)))
+            .collect()
+    }
+
+    /// The width of each layer's output, in order (the last is the stack's output).
+    pub fn activations(&self) -> Vec<usize> {
+        self.layers.iter().map(|layer| layer.outs).collect()
+    }
+
+    /// Where each layer's parameters start, in order.
+    fn offsets(&self) -> impl Iterator<Item = usize> + '_ {
+        self.layers.iter().scan(0, |next, layer| {
+            let offset = *next;
+            *next += layer.num_params();
+            Some(offset)
+        })
+    }
+
+    /// Every layer's forward pass, layer `l`'s output into `activations[l]`.
+    pub fn forward<B: Backend>(
+        &self,
+        b: &B,
+        params: &B::Buffer,
+        x: &B::Buffer,
+        rows: usize,
+        activations: &mut [B::Buffer],
+    ) -> Result<(), B::Error> {
+        for (l, (layer, offset)) in self.layers.iter().zip(self.offsets()).enumerate() {
+            let (before, after) = activations.split_at_mut(l);
+            let input = before.last().unwrap_or(x);
+            layer.forward(b, (params, offset), input, rows, &mut after[0])?;
+        }
+        Ok(())
+    }
+
+    /// Every layer's backward pass, last to first: `deltas[l]` holds the gradient with respect
+    /// to `activations[l]` once layer `l + 1` is done (the caller writes the last one).
+    /// `helpers` take part in the first layer's weight gradient (the largest product of an
+    /// MNIST-sized network, and the step's last).
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward<B: Backend>(
+        &self,
+        b: &B,
+        params: &B::Buffer,
+        x: &B::Buffer,
+        rows: usize,
+        activations: &[B::Buffer],
+        deltas: &mut [B::Buffer],
+        grads: &mut B::Buffer,
+        helpers: &dyn Helpers,
+    ) -> Result<(), B::Error> {
+        let offsets: Vec<usize> = self.offsets().collect();
+        for (l, layer) in self.layers.iter().enumerate().rev() {
+            let input = if l == 0 { x } else { &activations[l - 1] };
+            let (before, after) = deltas.split_at_mut(l);
+            let helpers = if l == 0 { helpers } else { &Alone };
+            layer.backward(
+                b,
+                (params, offsets[l]),
+                (input, &activations[l]),
+                rows,
+                &mut after[0],
+                (grads, before.last_mut()),
+                helpers,
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// The classification head: a numerically stable softmax with its cross-entropy, fused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SoftmaxCrossEntropy {
+    /// Classes (logits per example).
+    pub classes: usize,
+}
+
+impl SoftmaxCrossEntropy {
+    /// The mean loss of the first `rows` rows of `logits` against `labels`, and its gradient
+    /// with respect to the logits in `dlogits`. With `on_device`, the loss is left there (one
+    /// value at its offset, read later: a device backend does not wait for the device) and
+    /// `None` returned; without, it is returned.
+    pub fn forward_backward<B: Backend>(
+        &self,
+        b: &B,
+        (logits, labels): (&B::Buffer, &B::Labels),
+        rows: usize,
+        dlogits: &mut B::Buffer,
+        on_device: Option<(&mut B::Buffer, usize)>,
+    ) -> Result<Option<f32>, B::Error> {
+        match on_device {
+            Some(loss) => {
+                let shape = (rows, self.classes);
+                b.softmax_cross_entropy_into(logits, labels, shape, dlogits, loss)?;
+                Ok(None)
+            }
+            None => b
+                .softmax_cross_entropy(logits, labels, rows, self.classes, dlogits)
+                .map(Some),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tandem_tensor::CpuBackend;
+
+    use super::*;
+
+    #[test]
+    fn a_relu_stack_names_its_layers_and_ends_without_an_activation() {
+        let stack = DenseStack::relu(&[5, 4, 3, 2]).unwrap();
+        let acts: Vec<Activation> = stack.layers().iter().map(|l| l.activation).collect();
+        assert_eq!(
+            acts,
+            [Activation::Relu, Activation::Relu, Activation::Identity]
+        );
+        assert_eq!(stack.activations(), [4, 3, 2]);
+        let names: Vec<String> = stack.layout().into_iter().map(|s| s.name).collect();
+        assert_eq!(
+            names,
+            [
+                "layer1/weights",
+                "layer1/biases",
+                "layer2/weights",
+                "layer2/biases",
+                "layer3/weights",
+                "layer3/biases"
+            ]
+        );
+        assert_eq!(stack.offsets().collect::<Vec<_>>(), [0, 24, 39]);
+        assert!(DenseStack::relu(&[5]).is_none());
+        assert!(DenseStack::relu(&[5, 0, 2]).is_none());
+    }
+
+    /// A dense layer's backward pass against finite differences of its forward pass, for a
+    /// loss `sum(y * r)` with fixed random `r` (so `dL/dy = r`), in f64 on the host.
+    #[test]
+    fn dense_backward_is_the_derivative_of_its_forward() {
+        for activation in [Activation::Identity, Activation::Relu] {
+            let layer = Dense {
+                ins: 3,
+                outs: 4,
+                activation,
+            };
+            let rows = 2;
+            let wave = |i: usize, scale: f32| (i as f32 * 1.7).sin() * scale;
+            let params: Vec<f32> = (0..layer.num_params()).map(|i| wave(i, 0.8)).collect();
+            let x: Vec<f32> = (0..rows * layer.ins).map(|i| wave(i + 5, 1.0)).collect();
+            let r: Vec<f32> = (0..rows * layer.outs).map(|i| wave(i + 9, 1.0)).collect();
+            let loss = |params: &[f32], x: &[f32]| {
+                let mut y = vec![0.0; rows * layer.outs];
+                layer
+                    .forward(
+                        &CpuBackend,
+                        (&params.to_vec(), 0),
+                        &x.to_vec(),
+                        rows,
+                        &mut y,
+                    )
+                    .unwrap();
+                y.iter().zip(&r).map(|(y, r)| f64::from(y * r)).sum::<f64>()
+            };
+            let mut y = vec![0.0; rows * layer.outs];
+            layer
+                .forward(&CpuBackend, (&params, 0), &x, rows, &mut y)
+                .unwrap();
+            let (mut delta, mut grads, mut dx) =
+                (r.clone(), vec![0.0; layer.num_params()], vec![0.0; x.len()]);
+            layer
+                .backward(
+                    &CpuBackend,
+                    (&params, 0),
+                    (&x, &y),
+                    rows,
+                    &mut delta,
+                    (&mut grads, Some(&mut dx)),
+                    &Alone,
+                )
+                .unwrap();
+            let h = 1e-2;
+            let numeric = |values: &[f32], i: usize, of: &dyn Fn(&[f32]) -> f64| {
+                let (mut up, mut down) = (values.to_vec(), values.to_vec());
+                up[i] += h;
+                down[i] -= h;
+                (of(&up) - of(&down)) / f64::from(2.0 * h)
+            };
+            for (i, &grad) in grads.iter().enumerate() {
+                let expected = numeric(&params, i, &|p| loss(p, &x));
+                assert!(
+                    (f64::from(grad) - expected).abs() < 1e-3,
+                    "{activation:?} p{i}"
+                );
+            }
+            for (i, &grad) in dx.iter().enumerate() {
+                let expected = numeric(&x, i, &|x| loss(&params, x));
+                assert!(
+                    (f64::from(grad) - expected).abs() < 1e-3,
+                    "{activation:?} x{i}"
+                );
+            }
+        }
+    }
+}
