@@ -11,7 +11,7 @@ use common::fake_device::Resident;
 use common::{pool_on, weights_and_bias, Loss, Model, TestReplica, EXAMPLES};
 use tandem_core::{Optimizer, ParamSpan, Piece, TrainState};
 use tandem_pool::{Device, WorkerPool};
-use tandem_strategy::{Batches, Mode, NoObserver, Sgd, Strategy};
+use tandem_strategy::{Batches, Mode, NoObserver, Sgd, Staleness, Strategy};
 
 /// Parameters pulled towards targets that depend on the batch: every gradient depends on the
 /// parameters and the examples, so a wrong buffer, span or order shows in the result.
@@ -80,12 +80,16 @@ fn sgd() -> Sgd {
     }
 }
 
-/// Trains `pool` for `steps` from parameters 0.5 and returns the state.
+/// What a run ends with: its state and, asynchronous, the staleness it measured (a device
+/// store measures it on the device).
+type Trained = (TrainState, Option<Staleness>);
+
+/// Trains `pool` for `steps` from parameters 0.5.
 fn train(
     strategy: impl Into<Strategy>,
     pool: &mut WorkerPool<TestReplica<Pull>>,
     steps: u64,
-) -> TrainState {
+) -> Trained {
     train_with(strategy, pool, steps, &sgd())
 }
 
@@ -95,13 +99,13 @@ fn train_with(
     pool: &mut WorkerPool<TestReplica<Pull>>,
     steps: u64,
     sgd: &dyn Optimizer,
-) -> TrainState {
+) -> Trained {
     let mut state = TrainState::new(vec![0.5; len()], sgd);
     let batches = Batches {
         batch_size: 7,
         seed: 3,
     };
-    tandem_strategy::train(
+    let report = tandem_strategy::train(
         strategy,
         pool,
         &mut state,
@@ -111,7 +115,7 @@ fn train_with(
         &NoObserver,
     )
     .expect("training runs");
-    state
+    (state, report.staleness)
 }
 
 /// Whether the strategy kept the parameters of record on the devices: a device-resident store
@@ -147,6 +151,8 @@ fn async_on_device_replicas_trains_as_in_host_memory_bitwise() {
         let mut host = pool(workers, simulated, None);
         let expected = train(Mode::Async, &mut host, 41);
         assert!(!resident_store_used(&host));
+        let staleness = expected.1.expect("async measures staleness");
+        assert_eq!(staleness.max, workers as u64 - 1, "{workers} workers");
         let mut resident = pool(workers, simulated, Some(one_device));
         let state = train(Mode::Async, &mut resident, 41);
         assert!(resident_store_used(&resident), "{workers} workers");

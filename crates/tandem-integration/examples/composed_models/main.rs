@@ -108,7 +108,7 @@ fn train<N: Network>(name: &'static str, network: N, run: &Run) -> Result<(), Bo
         // The mean loss of each quarter of the run.
         let mut losses = Vec::new();
         let plan = trainer.plan((run.steps / 4).max(1));
-        trainer.train(&plan, &watch, &mut |segment| {
+        let summary = trainer.train(&plan, &watch, &mut |segment| {
             losses.extend(segment.mean_loss);
             Ok(())
         })?;
@@ -122,11 +122,13 @@ fn train<N: Network>(name: &'static str, network: N, run: &Run) -> Result<(), Bo
             .ok_or("no moving average")?;
         let accuracy = network.evaluate(&CpuBackend, averaged, &run.test)?;
         println!(
-            "{name}, {}, {} [{}]: {} steps, loss {first:.3} -> {last:.3}, test accuracy {accuracy:.4}",
+            "{name}, {}, {} [{}]: {} steps, loss {first:.3} -> {last:.3}, test accuracy \
+             {accuracy:.4}, {:.0} examples/sec",
             mode.name(),
             run.devices,
             trainer.device_names().join(", "),
             trainer.state.step,
+            summary.totals.examples as f64 / summary.totals.seconds.max(1e-9),
         );
         // A NaN loss learns nothing either.
         let learnt = last < first;

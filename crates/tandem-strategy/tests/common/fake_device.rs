@@ -12,10 +12,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tandem_core::{DeviceAlloc, DeviceEvent, DeviceOp, DeviceQueue, ReplicaError, Residence};
 use tandem_tensor::cpu::{self, UpdateStep};
 
-/// The device memory of every fake queue: blocks by their first byte's address.
+/// The device memory of every fake queue: blocks by their first byte's address, each with the
+/// device memory it was allocated in.
 struct Arena {
     next: u64,
-    blocks: BTreeMap<u64, Vec<f32>>,
+    blocks: BTreeMap<u64, (usize, Vec<f32>)>,
 }
 
 static ARENA: Mutex<Arena> = Mutex::new(Arena {
@@ -30,7 +31,7 @@ fn arena() -> MutexGuard<'static, Arena> {
 impl Arena {
     /// The `len` values at byte address `at`, which must lie inside one block.
     fn span(&mut self, at: u64, len: usize) -> &mut [f32] {
-        let (&start, block) = self
+        let (&start, (_, block)) = self
             .blocks
             .range_mut(..=at)
             .next_back()
@@ -45,6 +46,13 @@ impl Arena {
 
     fn read(&mut self, at: u64, len: usize) -> Vec<f32> {
         self.span(at, len).to_vec()
+    }
+
+    /// Which device's memory the block holding byte address `at` is in.
+    fn memory_of(&self, at: u64) -> usize {
+        let (_, (memory, _)) = (self.blocks.range(..=at).next_back())
+            .unwrap_or_else(|| panic!("no device memory at {at:#x}"));
+        *memory
     }
 }
 
@@ -71,8 +79,9 @@ impl DeviceEvent for Event {
     }
 }
 
-/// Runs `ops` on the arena, in order.
-fn run(ops: &[DeviceOp]) {
+/// Runs `ops` on the arena, in order, as a queue of device `memory` would: an update reads and
+/// writes its own device's memory only (a copy may cross devices).
+fn run(ops: &[DeviceOp], memory: usize) {
     let mut arena = arena();
     for op in ops {
         match op {
@@ -90,6 +99,13 @@ fn run(ops: &[DeviceOp]) {
                 len,
                 hyper,
             } => {
+                for &at in [*params, *ema, *hyper].iter().chain(grads) {
+                    let owner = arena.memory_of(at);
+                    assert_eq!(
+                        owner, memory,
+                        "an update on device {memory} reads device {owner}"
+                    );
+                }
                 let [learning_rate, weight_decay, ema_decay] = arena
                     .read(*hyper, 3)
                     .try_into()
@@ -151,14 +167,14 @@ impl DeviceQueue for FakeQueue {
         let at = arena.next;
         // A gap after every block, so that a span running past its block is caught.
         arena.next += 4 * len as u64 + 256;
-        arena.blocks.insert(at, vec![f32::NAN; len]);
+        arena.blocks.insert(at, (self.memory, vec![f32::NAN; len]));
         Ok(Box::new(Block(at)))
     }
     fn max_gradients(&self) -> usize {
         self.max_gradients
     }
     unsafe fn run(&self, ops: &[DeviceOp]) -> Result<(), ReplicaError> {
-        run(ops);
+        run(ops, self.memory);
         Ok(())
     }
     unsafe fn around_next_step(
@@ -234,13 +250,13 @@ impl Resident {
         compute: impl FnOnce(&[f32], &mut [f32]) -> T,
     ) -> T {
         let (before, after) = self.queue.take_step_ops();
-        run(&before);
+        run(&before, self.queue.memory);
         params.copy_from_slice(arena().span(self.params.address(), params.len()));
         let out = compute(params, grads);
         arena()
             .span(self.grads.address(), grads.len())
             .copy_from_slice(grads);
-        run(&after);
+        run(&after, self.queue.memory);
         out
     }
 
