@@ -244,7 +244,8 @@ pub struct TrainArgs {
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=MAX_BATCH))]
     pub batch_size: Option<u64>,
 
-    /// Base learning rate, a finite number > 0 [default: 0.8].
+    /// Base learning rate, a finite number > 0 [default: 0.8 for one hidden layer; 0.8 / N for
+    /// N hidden layers].
     #[arg(long = "lr", alias = "learning-rate", value_name = "RATE", allow_negative_numbers = true, value_parser = learning_rate)]
     pub learning_rate: Option<f32>,
 

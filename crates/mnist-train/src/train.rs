@@ -39,7 +39,9 @@ fn start(args: &TrainArgs, mlp: &Mlp) -> Result<Start<Sgd>> {
             async_bound: args.async_bound.unwrap_or_default(),
             lr_scaling: args.lr_scaling.unwrap_or_default(),
             optimizer: Sgd {
-                learning_rate: args.learning_rate.unwrap_or(sgd.learning_rate),
+                learning_rate: args
+                    .learning_rate
+                    .unwrap_or_else(|| model::default_learning_rate(mlp)),
                 lr_decay: args.lr_decay.unwrap_or(sgd.lr_decay),
                 weight_decay: args.weight_decay.unwrap_or(sgd.weight_decay),
                 ema_decay: args.ema_decay.unwrap_or(sgd.ema_decay),
@@ -268,9 +270,9 @@ fn train(args: &TrainArgs, ranks: Option<Arc<dyn Ranks>>) -> Result<Option<i32>>
         bail!(
             "the run ended at chance level: test accuracy {best:.4}, where always answering the \
              commonest digit gives {chance:.4}; it diverged or learnt nothing (try a smaller \
-             --lr; the default is {}). Its checkpoints are kept; --allow-chance accepts such a \
-             run",
-            Sgd::DEFAULT.learning_rate
+             --lr; the default is {} for this network). Its checkpoints are kept; \
+             --allow-chance accepts such a run",
+            model::default_learning_rate(&mlp)
         );
     }
     Ok(None)

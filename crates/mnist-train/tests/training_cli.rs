@@ -418,6 +418,8 @@ fn a_deeper_network_trains_and_its_checkpoints_rebuild_it() {
     let newest = dir.join("step-0000000030.safetensors");
     let (_, metadata) = checkpoint::read_header(&newest).unwrap();
     assert_eq!(metadata["model"], "784-64-32-10");
+    // Two hidden layers: half the reference's default rate (README, --lr).
+    assert_eq!(metadata["learning_rate"], "0.4");
     // 784 x 64 + 64 + 64 x 32 + 32 + 32 x 10 + 10 parameters: no tensor of the reference's.
     let layout = Mlp::mnist_with(&[64, 32]).unwrap().layout();
     let checkpoint = checkpoint::load(&newest, &layout).unwrap();
