@@ -9,9 +9,11 @@ mod common;
 
 use common::fake_device::Resident;
 use common::{pool_on, weights_and_bias, Loss, Model, TestReplica, EXAMPLES};
+use std::sync::Mutex;
 use tandem_core::{Optimizer, ParamSpan, Piece, TrainState};
 use tandem_pool::{Device, WorkerPool};
-use tandem_strategy::{Batches, Mode, NoObserver, Sgd, Staleness, Strategy};
+
+use tandem_strategy::{Batches, Mode, Observer, Sgd, Staleness, StepReport, Strategy};
 
 /// Parameters pulled towards targets that depend on the batch: every gradient depends on the
 /// parameters and the examples, so a wrong buffer, span or order shows in the result.
@@ -80,9 +82,24 @@ fn sgd() -> Sgd {
     }
 }
 
-/// What a run ends with: its state and, asynchronous, the staleness it measured (a device
-/// store measures it on the device).
-type Trained = (TrainState, Option<Staleness>);
+/// What a run ends with: its state, asynchronous, the staleness it measured (a device store
+/// measures it on the device), and every step's logged loss by step (its L2 term read from the
+/// store).
+type Trained = (TrainState, Option<Staleness>, Vec<(u64, u32)>);
+
+/// Logs every step's loss.
+#[derive(Default)]
+struct EveryLoss(Mutex<Vec<(u64, u32)>>);
+
+impl Observer for EveryLoss {
+    fn log_every(&self) -> u64 {
+        1
+    }
+    fn on_log(&self, report: &StepReport) {
+        let mut losses = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        losses.push((report.step, report.loss.to_bits()));
+    }
+}
 
 /// Trains `pool` for `steps` from parameters 0.5.
 fn train(
@@ -105,17 +122,13 @@ fn train_with(
         batch_size: 7,
         seed: 3,
     };
-    let report = tandem_strategy::train(
-        strategy,
-        pool,
-        &mut state,
-        sgd,
-        &batches,
-        steps,
-        &NoObserver,
-    )
-    .expect("training runs");
-    (state, report.staleness)
+    let losses = EveryLoss::default();
+    let report = tandem_strategy::train(strategy, pool, &mut state, sgd, &batches, steps, &losses)
+        .expect("training runs");
+    let mut losses = losses.0.into_inner().unwrap_or_else(|p| p.into_inner());
+    losses.sort_unstable();
+    assert_eq!(losses.len() as u64, steps, "a loss a step");
+    (state, report.staleness, losses)
 }
 
 /// Whether the strategy kept the parameters of record on the devices: a device-resident store
