@@ -276,26 +276,29 @@ fn ranks_of(mpirun: u32) -> Vec<(u32, usize)> {
 /// Starts a long sync run on 2 ranks, waits for its first progress line, and returns it with
 /// its ranks' pids.
 fn long_run(dir: &Path) -> (std::process::Child, Vec<(u32, usize)>) {
-    let mut child = mpirun(
-        2,
-        &[
-            "--sync",
-            "--devices",
-            "cpu:1",
-            "--epochs",
-            "30",
-            "--log-every",
-            "20",
-            "--log-format",
-            "plain",
-            "--checkpoint-dir",
-            arg(dir),
-        ],
-    )
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .spawn()
-    .expect("cannot run mpirun");
+    long_run_with(dir, &[])
+}
+
+/// [`long_run`] with `extra` flags.
+fn long_run_with(dir: &Path, extra: &[&str]) -> (std::process::Child, Vec<(u32, usize)>) {
+    let flags = [
+        "--sync",
+        "--devices",
+        "cpu:1",
+        "--epochs",
+        "30",
+        "--log-every",
+        "20",
+        "--log-format",
+        "plain",
+        "--checkpoint-dir",
+        arg(dir),
+    ];
+    let mut child = mpirun(2, &[&flags[..], extra].concat())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("cannot run mpirun");
     let stdout = child.stdout.take().unwrap();
     let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
     let first = lines.find(|l| l.as_ref().is_ok_and(|l| l.starts_with("step ")));
@@ -377,6 +380,50 @@ fn a_rank_killed_mid_run_ends_the_whole_job_promptly_naming_it() {
             "rank {rank} (pid {pid}) outlived the job by 5 s"
         );
     }
+}
+
+/// `kill -STOP` on rank 1: rank 0's stall report names it as the rank that gives no sign of
+/// life (and not its own healthy worker alone).
+#[test]
+fn a_stopped_rank_is_named_in_rank_0s_stall_report() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut child, ranks) = long_run_with(tmp.path(), &["--stall-timeout", "5"]);
+    let stderr_pipe = child.stderr.take().unwrap();
+    let (line_tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let reader = std::io::BufReader::new(stderr_pipe);
+        for line in std::io::BufRead::lines(reader).map_while(Result::ok) {
+            let _ = line_tx.send(line);
+        }
+    });
+    let (victim, _) = ranks.iter().find(|(_, rank)| *rank == 1).copied().unwrap();
+    let signal = |name: &str, pid: u32| {
+        let status = Command::new("kill").args([name, &pid.to_string()]).status();
+        assert!(status.unwrap().success());
+    };
+    signal("-STOP", victim);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut said = Vec::new();
+    let report = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(line) if line.contains("has made no progress") => break Some(line),
+            Ok(line) => said.push(line),
+            Err(_) => break None,
+        }
+    };
+    signal("-CONT", victim);
+    for (pid, _) in &ranks {
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let report = report.unwrap_or_else(|| panic!("no stall was reported: {said:?}"));
+    assert!(report.contains("on rank 0"), "{report}");
+    assert!(
+        report.contains("and rank 1 (for ") && report.contains("has given no sign of life"),
+        "{report}"
+    );
 }
 
 #[test]

@@ -153,7 +153,7 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R> + ?Sized>(
     let outcome = std::thread::scope(|scope| {
         scope.spawn(|| schedule.serve());
         let outcome = pool.run_watched(FailurePolicy::Continue, work, |run| {
-            watchdog(job.observer, run, snapshot)
+            watchdog(job.observer, run, job.ranks, snapshot)
         });
         schedule.done();
         outcome

@@ -6,8 +6,10 @@ use std::time::{Duration, Instant};
 use tandem_core::{Optimizer, Replica, ReplicaError, StepLoss, TrainState};
 use tandem_pool::{Device, RunWatch, WorkerActivity, WorkerContext, WorkerPool};
 
-use crate::ranks::Ranks;
-use crate::{AsyncRule, Batches, NonFiniteLoss, Observer, StalenessBound, Stall, TrainError};
+use crate::ranks::{Channel, Ranks};
+use crate::{
+    AsyncRule, Batches, NonFiniteLoss, Observer, SilentRank, StalenessBound, Stall, TrainError,
+};
 
 /// How often the watchdog looks at the workers: a stall or an abandon is reported within this
 /// of its deadline, and a wake-up this rare costs nothing next to training.
@@ -259,6 +261,87 @@ impl StepLosses {
 pub(crate) fn watchdog(
     observer: &dyn Observer,
     run: &RunWatch<'_>,
+    ranks: Option<&dyn Ranks>,
+    snapshot: impl Fn(&RunWatch<'_>) -> Option<TrainState>,
+) {
+    match ranks.filter(|r| r.ranks() > 1) {
+        // Every rank but 0 signals it is alive from a thread of its own, so that a send that
+        // waits (rank 0 stopped) never holds up this rank's own watch.
+        Some(ranks) if ranks.rank() != 0 => std::thread::scope(|scope| {
+            scope.spawn(|| {
+                while !run.wait_end(BEACON_EVERY) {
+                    ranks.send(Channel::Beacon, 0, 0, &[highest_step(run)], &[]);
+                }
+            });
+            watch(observer, run, None, snapshot);
+        }),
+        Some(ranks) => watch(observer, run, Some(&mut Beacons::new(ranks)), snapshot),
+        None => watch(observer, run, None, snapshot),
+    }
+}
+
+/// How often every rank but 0 tells rank 0 it is alive.
+const BEACON_EVERY: Duration = Duration::from_secs(1);
+/// How long rank 0 goes without a sign of life from a rank before it names it in a stall.
+const SILENCE: Duration = Duration::from_secs(3);
+
+/// The highest step any of the run's workers has announced, plus one (0: none yet), as a
+/// beacon carries it.
+fn highest_step(run: &RunWatch<'_>) -> u64 {
+    (0..run.workers())
+        .filter_map(|worker| match run.activity(worker)? {
+            WorkerActivity::Working { step, .. } | WorkerActivity::Waiting { step } => step,
+            _ => None,
+        })
+        .max()
+        .map_or(0, |step| step + 1)
+}
+
+/// Rank 0's record of the other ranks' beacons: when each was last heard from, at what step.
+struct Beacons<'r> {
+    ranks: &'r dyn Ranks,
+    heard: Vec<(Instant, Option<u64>)>,
+}
+
+impl<'r> Beacons<'r> {
+    fn new(ranks: &'r dyn Ranks) -> Self {
+        Self {
+            ranks,
+            heard: vec![(Instant::now(), None); ranks.ranks()],
+        }
+    }
+
+    /// Takes every beacon that has arrived.
+    fn take(&mut self) {
+        let (mut header, mut payload) = (Vec::new(), Vec::new());
+        while let Some((from, tag)) = self.ranks.poll(Channel::Beacon) {
+            self.ranks
+                .receive(Channel::Beacon, from, tag, &mut header, &mut payload);
+            if let Some(heard) = self.heard.get_mut(from) {
+                let step = header.first().and_then(|s| s.checked_sub(1));
+                *heard = (Instant::now(), step.or(heard.1));
+            }
+        }
+    }
+
+    /// The ranks not heard from for [`SILENCE`] or longer, at `now`.
+    fn silent(&self, now: Instant) -> Vec<SilentRank> {
+        (self.heard.iter().enumerate().skip(1))
+            .map(|(rank, &(at, step))| SilentRank {
+                rank,
+                silence: now.saturating_duration_since(at),
+                step,
+            })
+            .filter(|silent| silent.silence >= SILENCE)
+            .collect()
+    }
+}
+
+/// [`watchdog`]'s loop; `beacons` on rank 0 of a run across ranks.
+fn watch(
+    observer: &dyn Observer,
+    run: &RunWatch<'_>,
+    mut beacons: Option<&mut Beacons<'_>>,
     snapshot: impl Fn(&RunWatch<'_>) -> Option<TrainState>,
 ) {
     let stall_timeout = observer.stall_timeout();
@@ -269,7 +352,14 @@ pub(crate) fn watchdog(
     let mut stop_seen: Option<Instant> = None;
     let mut abandoned = false;
     while !run.wait_end(WATCH_EVERY) {
+        if let Some(beacons) = beacons.as_deref_mut() {
+            beacons.take();
+        }
         let now = Instant::now();
+        let silent_ranks = beacons
+            .as_deref()
+            .map(|b| b.silent(now))
+            .unwrap_or_default();
         // Workers parked at a barrier wait for the others; only working ones can be stalled.
         let working: Vec<(Stall, Instant)> = (0..run.workers())
             .filter_map(|worker| match run.activity(worker)? {
@@ -279,6 +369,7 @@ pub(crate) fn watchdog(
                         device: *run.devices().get(worker)?,
                         step,
                         idle: now.saturating_duration_since(since),
+                        silent_ranks: silent_ranks.clone(),
                     },
                     since,
                 )),

@@ -341,6 +341,20 @@ pub struct Stall {
     pub step: Option<u64>,
     /// How long it has gone without finishing a step.
     pub idle: Duration,
+    /// Across ranks, on rank 0: the ranks it has not heard from for a while (no sign of life:
+    /// stopped, hung as a whole, or gone), which every rank's steps wait for. Empty elsewhere.
+    pub silent_ranks: Vec<SilentRank>,
+}
+
+/// A rank that has given rank 0 no sign of life for a while (see [`Stall::silent_ranks`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SilentRank {
+    /// The rank.
+    pub rank: usize,
+    /// How long since rank 0 last heard from it.
+    pub silence: Duration,
+    /// The highest step its workers had announced then, if it had announced one.
+    pub step: Option<u64>,
 }
 
 /// Hooks a strategy calls while it trains. `on_log` and `should_stop` are called from worker

@@ -48,6 +48,7 @@ pub struct MpiRanks {
     lanes: RwLock<Vec<std::sync::Arc<Shared>>>,
     requests: Shared,
     replies: Shared,
+    beacons: Shared,
     world: Shared,
     _universe: Universe,
 }
@@ -65,6 +66,7 @@ impl MpiRanks {
             lanes: RwLock::new(Vec::new()),
             requests: Shared(world.duplicate()),
             replies: Shared(world.duplicate()),
+            beacons: Shared(world.duplicate()),
             world: Shared(world),
             _universe: universe,
         })
@@ -84,6 +86,7 @@ impl MpiRanks {
         match channel {
             Channel::Request => &self.requests.0,
             Channel::Reply => &self.replies.0,
+            Channel::Beacon => &self.beacons.0,
         }
     }
 
@@ -180,8 +183,8 @@ impl Ranks for MpiRanks {
         target.send_with_tag(payload, i32::from(tag));
     }
 
-    fn poll_request(&self) -> Option<(usize, u16)> {
-        let status = self.requests.0.any_process().immediate_probe()?;
+    fn poll(&self, channel: Channel) -> Option<(usize, u16)> {
+        let status = self.channel(channel).any_process().immediate_probe()?;
         Some((status.source_rank() as usize, status.tag() as u16))
     }
 

@@ -16,6 +16,9 @@ pub enum Channel {
     Request,
     /// From a service back to the worker that asked.
     Reply,
+    /// Signs of life: every rank but 0 tells rank 0, about once a second while it trains, how
+    /// far it has got, so that rank 0 can name a rank that stopped.
+    Beacon,
 }
 
 /// The collective and point-to-point exchanges between the processes of one run. Collectives
@@ -63,8 +66,9 @@ pub trait Ranks: Sync + std::fmt::Debug {
     /// one thread to one rank with one tag arrive in the order sent.
     fn send(&self, channel: Channel, to: usize, tag: u16, header: &[u64], payload: &[f32]);
 
-    /// The source and tag of a request waiting to be received, if any (never blocks).
-    fn poll_request(&self) -> Option<(usize, u16)>;
+    /// The source and tag of a message waiting on `channel` to be received, if any (never
+    /// blocks).
+    fn poll(&self, channel: Channel) -> Option<(usize, u16)>;
 
     /// Receives the next message from `from` on `channel` with `tag` (waiting for it): its
     /// header into `header` (as many values as were sent) and its payload into `payload`.

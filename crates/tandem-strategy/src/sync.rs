@@ -141,7 +141,7 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R> + ?Sized>(
         Ok(done)
     };
     let outcome = pool.run_watched(FailurePolicy::StopAll, work, |run| {
-        watchdog(job.observer, run, snapshot)
+        watchdog(job.observer, run, job.ranks, snapshot)
     });
     let elapsed = started.elapsed();
     let finished = outcome.into_results()?;

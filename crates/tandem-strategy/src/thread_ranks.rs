@@ -27,7 +27,7 @@ struct Shared {
     ranks: usize,
     lanes: Mutex<Vec<Arc<Lane>>>,
     /// Per rank, per channel: the messages waiting for it, in arrival order.
-    inboxes: Vec<[(Mutex<VecDeque<Message>>, Condvar); 2]>,
+    inboxes: Vec<[(Mutex<VecDeque<Message>>, Condvar); 3]>,
 }
 
 /// One rank of a cluster of threads ([`cluster`]).
@@ -64,6 +64,7 @@ fn channel_index(channel: Channel) -> usize {
     match channel {
         Channel::Request => 0,
         Channel::Reply => 1,
+        Channel::Beacon => 2,
     }
 }
 
@@ -201,8 +202,8 @@ impl Ranks for ThreadRank {
         arrived.notify_all();
     }
 
-    fn poll_request(&self) -> Option<(usize, u16)> {
-        let (inbox, _) = &self.shared.inboxes[self.rank][channel_index(Channel::Request)];
+    fn poll(&self, channel: Channel) -> Option<(usize, u16)> {
+        let (inbox, _) = &self.shared.inboxes[self.rank][channel_index(channel)];
         inbox
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

@@ -14,7 +14,11 @@ use std::time::{Duration, Instant};
 use common::{batches, ema, sgd, LeastSquares, Quirks, EXAMPLES};
 use tandem_core::{Optimizer, ReplicaError, TrainState};
 use tandem_pool::{Device, WorkerPool};
-use tandem_strategy::{Batches, Epochs, Observer, Sgd, Stall, TrainError, TrainReport};
+use tandem_strategy::ranks::Channel;
+use tandem_strategy::{
+    train_across, Batches, Epochs, Mode, NoObserver, Observer, Ranks, Sgd, Stall, TrainError,
+    TrainReport,
+};
 use tandem_tensor::cpu::{sgd_ema_update, UpdateStep};
 
 /// Long enough for any machine; only reached when the code under test hangs.
@@ -338,4 +342,136 @@ fn a_healthy_run_that_is_asked_to_stop_is_not_abandoned() {
         assert!(report.unwrap().stopped);
         assert!(watcher.abandons.lock().unwrap().is_empty());
     }
+}
+
+/// A rank as a stopped process looks to the others: its messages get through until it stops,
+/// but it sends no sign of life ([`Channel::Beacon`]) at all.
+#[derive(Debug)]
+struct Silent<'r>(&'r dyn Ranks);
+
+impl Ranks for Silent<'_> {
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+    fn ranks(&self) -> usize {
+        self.0.ranks()
+    }
+    fn open_lanes(&self, lanes: usize) {
+        self.0.open_lanes(lanes)
+    }
+    fn all_to_all(
+        &self,
+        lane: usize,
+        send: &[f32],
+        send_counts: &[usize],
+        recv: &mut [f32],
+        recv_counts: &[usize],
+    ) {
+        self.0
+            .all_to_all(lane, send, send_counts, recv, recv_counts)
+    }
+    fn all_gather(&self, lane: usize, mine: &[f32], all: &mut [f32], counts: &[usize]) {
+        self.0.all_gather(lane, mine, all, counts)
+    }
+    fn all_sum(&self, lane: usize, values: &mut [f64]) {
+        self.0.all_sum(lane, values)
+    }
+    fn all_max(&self, lane: usize, values: &mut [u64]) {
+        self.0.all_max(lane, values)
+    }
+    fn broadcast(&self, bytes: &mut Vec<u8>) {
+        self.0.broadcast(bytes)
+    }
+    fn send(&self, channel: Channel, to: usize, tag: u16, header: &[u64], payload: &[f32]) {
+        if channel != Channel::Beacon {
+            self.0.send(channel, to, tag, header, payload)
+        }
+    }
+    fn poll(&self, channel: Channel) -> Option<(usize, u16)> {
+        self.0.poll(channel)
+    }
+    fn receive(
+        &self,
+        channel: Channel,
+        from: usize,
+        tag: u16,
+        header: &mut Vec<u64>,
+        payload: &mut Vec<f32>,
+    ) {
+        self.0.receive(channel, from, tag, header, payload)
+    }
+    fn abort(&self, code: i32) -> ! {
+        self.0.abort(code)
+    }
+}
+
+/// Records the stalls it is told of, and releases a hung worker at the first.
+struct ReleaseOnStall {
+    stalls: Mutex<Vec<Stall>>,
+    release: Mutex<Sender<()>>,
+}
+
+impl Observer for ReleaseOnStall {
+    fn stall_timeout(&self) -> Option<Duration> {
+        Some(Duration::from_secs(4))
+    }
+    fn on_stall(&self, stall: &Stall) {
+        self.stalls.lock().unwrap().push(stall.clone());
+        let _ = self.release.lock().unwrap().send(());
+    }
+}
+
+/// Three ranks; rank 1 stops as a process would (its worker hung at its third step, no sign
+/// of life): rank 0's stall report names rank 1, and not rank 2, which waits for it too but
+/// is alive. Released, the run ends as any other.
+#[test]
+fn rank_0_names_the_rank_that_gives_no_sign_of_life_in_its_stall_report() {
+    let pools: Vec<_> = (0..3)
+        .map(|rank| hanging_pool(1, (rank == 1).then_some((0, 3)), Duration::ZERO))
+        .collect();
+    let watcher = Arc::new(ReleaseOnStall {
+        stalls: Mutex::new(Vec::new()),
+        release: Mutex::new(pools[1].1.clone()),
+    });
+    let pools: Vec<Mutex<Option<WorkerPool<Hanging>>>> = pools
+        .into_iter()
+        .map(|(pool, ..)| Mutex::new(Some(pool)))
+        .collect();
+    let observer = watcher.clone();
+    let (done, result) = channel();
+    std::thread::spawn(move || {
+        let states = common::across(3, |rank| {
+            let mut pool = pools[rank.rank()].lock().unwrap().take().unwrap();
+            let silent = Silent(rank);
+            let (ranks, observer): (&dyn Ranks, &dyn Observer) = match rank.rank() {
+                0 => (rank, &*observer),
+                1 => (&silent, &NoObserver),
+                _ => (rank, &NoObserver),
+            };
+            let mut state = TrainState::new(vec![0.0; 2], &sgd());
+            train_across(
+                ranks,
+                Mode::Sync,
+                &mut pool,
+                &mut state,
+                &sgd(),
+                &batches(),
+                6,
+                observer,
+            )
+            .expect("the run ends once released");
+            state
+        });
+        let _ = done.send(states);
+    });
+    let states = result.recv_timeout(LIMIT).expect("the run ends");
+    assert!(states.iter().all(|s| *s == states[0] && s.step == 6));
+    let stalls = watcher.stalls.lock().unwrap();
+    let silent = &stalls
+        .first()
+        .expect("rank 0 reported a stall")
+        .silent_ranks;
+    assert_eq!(silent.len(), 1, "{stalls:?}");
+    assert_eq!((silent[0].rank, silent[0].step), (1, None), "{silent:?}");
+    assert!(silent[0].silence >= Duration::from_secs(3), "{silent:?}");
 }

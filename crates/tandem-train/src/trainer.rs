@@ -10,8 +10,8 @@ use tandem_core::{ParamSpan, Replica, ReplicaError, TrainState};
 use tandem_pool::{Device, DeviceSpec, GpuCount, WorkerPool};
 use tandem_strategy::checkpoint::{self, Checkpoint, CheckpointDir};
 use tandem_strategy::{
-    AsyncRule, BatchScaling, Batches, Observer, Ranks, Staleness, StalenessBound, Stall,
-    StepReport, TrainReport, Warmup,
+    AsyncRule, BatchScaling, Batches, Observer, Ranks, SilentRank, Staleness, StalenessBound,
+    Stall, StepReport, TrainReport, Warmup,
 };
 
 use crate::config::{ModelId, RecordedOptimizer, RunConfig, MAX_WORKERS};
@@ -854,16 +854,24 @@ impl Observer for RunObserver<'_> {
 }
 
 /// What a stall report says; across ranks it names this process's rank, and that a stalled
-/// worker may only be waiting for another rank.
+/// worker may only be waiting for another rank: on rank 0, the ranks it has not heard from.
 fn stall_message(stall: &Stall, rank: Option<(usize, usize)>) -> String {
     let (whose, why) = match rank {
         None => (String::new(), String::new()),
         Some((rank, ranks)) => (
             format!(" on rank {rank}"),
-            format!(
-                "; its steps wait for all {ranks} ranks, so another rank that stopped or hangs \
-                 stalls it too: look for a rank whose workers stalled first, or that is gone"
-            ),
+            match stall.silent_ranks.as_slice() {
+                [] => format!(
+                    "; its steps wait for all {ranks} ranks, so another rank that stopped or \
+                     hangs stalls it too: look for a rank whose workers stalled first, or that \
+                     is gone"
+                ),
+                silent => format!(
+                    "; its steps wait for all {ranks} ranks, and {} given no sign of life: \
+                     stopped, hung as a whole, or gone",
+                    silent_names(silent)
+                ),
+            },
         ),
     };
     format!(
@@ -879,12 +887,38 @@ fn stall_message(stall: &Stall, rank: Option<(usize, usize)>) -> String {
     )
 }
 
+/// "rank 1 (for 40 s, last at step 8) has" or "ranks 1 (...) and 2 (...) have".
+fn silent_names(silent: &[SilentRank]) -> String {
+    let names: Vec<String> = silent
+        .iter()
+        .map(|s| {
+            let step = s
+                .step
+                .map(|s| format!(", last at step {s}"))
+                .unwrap_or_default();
+            format!("{} (for {} s{step})", s.rank, s.silence.as_secs())
+        })
+        .collect();
+    match names.as_slice() {
+        [one] => format!("rank {one} has"),
+        [first @ .., last] => format!("ranks {} and {last} have", first.join(", ")),
+        [] => String::new(),
+    }
+}
+
 /// Saves what a run given up on its hung workers can keep, and says so.
 fn abandon(saver: Option<&Saver<'_>>, stalled: &[Stall], state: Option<&TrainState>) -> String {
     let names: Vec<String> = stalled
         .iter()
         .map(|s| format!("worker {} ({})", s.worker, s.device))
         .collect();
+    let waiting = match stalled.iter().find(|s| !s.silent_ranks.is_empty()) {
+        Some(stall) => format!(
+            ", waiting for ranks of which {} given no sign of life",
+            silent_names(&stall.silent_ranks)
+        ),
+        None => String::new(),
+    };
     let saved = match (saver, state) {
         (Some(saver), Some(state)) => match saver.save(state) {
             Ok(path) => format!(
@@ -900,7 +934,7 @@ fn abandon(saver: Option<&Saver<'_>>, stalled: &[Stall], state: Option<&TrainSta
         }
     };
     format!(
-        "stopped while {} made no progress: {saved}",
+        "stopped while {} made no progress{waiting}: {saved}",
         names.join(", ")
     )
 }
@@ -1521,6 +1555,7 @@ mod tests {
             device: Device::Cpu { worker: 1 },
             step: Some(8),
             idle: Duration::from_secs(400),
+            silent_ranks: vec![],
         }];
         let mut state = TrainState::new(vec![0.5], &Sgd::DEFAULT);
         state.step = 7;
@@ -1547,6 +1582,31 @@ mod tests {
         let across = stall_message(&stalled[0], Some((0, 3)));
         assert!(across.contains("(cpu:1) on rank 0 has made"), "{across}");
         assert!(across.contains("wait for all 3 ranks"), "{across}");
+        // On rank 0, the ranks it has not heard from are named.
+        let silent = |rank, secs, step| SilentRank {
+            rank,
+            silence: Duration::from_secs(secs),
+            step,
+        };
+        let quiet = Stall {
+            silent_ranks: vec![silent(2, 412, Some(8))],
+            ..stalled[0].clone()
+        };
+        let across = stall_message(&quiet, Some((0, 3)));
+        assert!(
+            across.contains("rank 2 (for 412 s, last at step 8) has given no sign of life"),
+            "{across}"
+        );
+        let said = abandon(None, &[quiet], Some(&state));
+        assert!(
+            said.contains("waiting for ranks of which rank 2 (for 412 s"),
+            "{said}"
+        );
+        let two = [silent(1, 6, None), silent(2, 9, Some(3))];
+        assert_eq!(
+            silent_names(&two),
+            "ranks 1 (for 6 s) and 2 (for 9 s, last at step 3) have"
+        );
 
         let said = abandon(Some(&saver), &stalled, None);
         assert!(said.contains("no consistent state"), "{said}");

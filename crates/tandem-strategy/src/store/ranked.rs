@@ -420,7 +420,7 @@ impl<'o, 'r, O: Optimizer + ?Sized> RankedAsyncStore<'o, 'r, O> {
         let (mut header, mut payload, mut params) = (Vec::new(), Vec::new(), Vec::new());
         let mut done = 0;
         while done < self.ranks.ranks() {
-            let Some((from, tag)) = self.ranks.poll_request() else {
+            let Some((from, tag)) = self.ranks.poll(Channel::Request) else {
                 std::thread::sleep(POLL);
                 continue;
             };
