@@ -51,12 +51,22 @@ pub fn model_of(file: &Path) -> Result<Mlp> {
             file.display()
         )
     })?;
-    Mlp::from_name(name).map_err(|e| {
+    let not_ours = |why: String| {
         anyhow!(
-            "{}: not a checkpoint of a network this binary trains: {e}",
+            "{}: not a checkpoint of a network this binary trains: {why}",
             file.display()
         )
-    })
+    };
+    let mlp = Mlp::from_name(name).map_err(|e| not_ours(e.to_string()))?;
+    let mnist = Mlp::mnist();
+    if (mlp.inputs(), mlp.classes()) != (mnist.inputs(), mnist.classes()) {
+        return Err(not_ours(format!(
+            "its model {name} does not take {} inputs to {} classes",
+            mnist.inputs(),
+            mnist.classes()
+        )));
+    }
+    Ok(mlp)
 }
 
 /// The network of the run whose checkpoints are in `dir`: the one its newest checkpoint with a

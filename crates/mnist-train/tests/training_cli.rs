@@ -441,6 +441,34 @@ fn a_deeper_network_trains_and_its_checkpoints_rebuild_it() {
         "resumed and uninterrupted runs differ"
     );
 
+    // A checkpoint whose metadata names a network of other inputs or classes, or none, is
+    // refused by name before its tensors are read.
+    let bytes = std::fs::read(dir.join("step-0000000040.safetensors")).unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
+    for (model, why) in [
+        (
+            "12-5-10",
+            "its model 12-5-10 does not take 784 inputs to 10 classes",
+        ),
+        ("784-64-32-9", "does not take 784 inputs to 10 classes"),
+        ("784-x-10", "is not a network's layer widths"),
+        (
+            "784-99999999-10",
+            "a layer width of 99999999 is out of range",
+        ),
+    ] {
+        header["__metadata__"]["model"] = Value::from(model);
+        let mut text = serde_json::to_vec(&header).unwrap();
+        text.resize(text.len().div_ceil(8) * 8, b' ');
+        let lie = tmp.path().join(format!("{model}.safetensors"));
+        let body = &bytes[8 + header_len..];
+        let file = [&(text.len() as u64).to_le_bytes()[..], &text, body].concat();
+        std::fs::write(&lie, file).unwrap();
+        let message = fail(&["eval", "--checkpoint", arg(&lie)]);
+        assert!(message.contains(why), "{model}: {message}");
+    }
+
     for bad in ["0", "abc", "70000", "", "64,,32", "-5"] {
         let message = fail(&[&quick[..], &["--hidden", bad, "--steps", "1"]].concat());
         assert!(message.contains("--hidden"), "{bad:?}: {message}");
