@@ -1,12 +1,16 @@
-//! The multi-layer perceptron of the TensorFlow multi-GPU MNIST example's
-//! `mnist_inference.py`: input -> hidden ReLU -> logits, trained with softmax cross-entropy.
-//! Forward and backward passes are written out by hand against [`tandem_tensor::Backend`], so
-//! the same code runs on the CPU and on CUDA.
+//! Classifiers written once against [`tandem_tensor::Backend`], so that the same code runs on
+//! the CPU and on CUDA, and trains with any data-parallel strategy.
 //!
-//! * [`Mlp`]: the layer sizes, the flat parameter layout and initialisation.
-//! * [`MlpReplica`]: one copy of the model on one backend, implementing
-//!   [`tandem_core::Replica`] so that any data-parallel strategy can train it.
-//! * [`Mlp::evaluate`]: accuracy of a parameter vector on a data set.
+//! * [`Network`]: the model seam. A model states its parameters, its activations and its
+//!   forward and backward pass; initialisation, evaluation, predictions and probabilities
+//!   come with the trait.
+//! * [`layers`]: what models are composed of, each layer with its forward and backward pass
+//!   (a dense layer with its bias and optional ReLU fused into one product, a stack of them,
+//!   the softmax cross-entropy head).
+//! * [`NetworkReplica`]: one copy of any network on one backend, implementing
+//!   [`tandem_core::Replica`]; [`open_replica`] opens one on a `tandem_pool::Device`.
+//! * [`Mlp`]: the multi-layer perceptron of the TensorFlow multi-GPU MNIST example's
+//!   `mnist_inference.py` (784-500-10), of any depth.
 //!
 //! ```
 //! use rand::SeedableRng;
