@@ -1,6 +1,6 @@
 //! A second model type, written against the model seam and nothing else: multinomial logistic
 //! regression (a softmax classifier), one linear layer from the layer library. Adding it to
-//! the example took this file and one registration line in `main.rs`.
+//! the example took this file, its `mod` line and one registration line in `main.rs`.
 
 use tandem_core::{Helpers, ParamSpan};
 use tandem_model::layers::Dense;
