@@ -315,12 +315,12 @@ impl<'o, O: Optimizer + ?Sized> DeviceStore<'o, O> {
     }
 
     /// The update kernels, on `worker`'s queue, of `range` of the parameters at `params` and
-    /// the average at `ema` (whose first value is parameter `ema_start`), with the gradients
-    /// at `grads` and the values of [`hyper_upload`](Self::hyper_upload).
+    /// their average at `ema`, with the gradients at `grads` and the values of
+    /// [`hyper_upload`](Self::hyper_upload).
     fn update_ops(
         &self,
         worker: usize,
-        (params, ema, ema_start): (u64, u64, usize),
+        (params, ema): (u64, u64),
         grads: &[u64],
         range: Range<usize>,
     ) -> Vec<DeviceOp> {
@@ -331,7 +331,7 @@ impl<'o, O: Optimizer + ?Sized> DeviceStore<'o, O> {
                 let piece = range.start.max(span.start)..range.end.min(span.end);
                 (!piece.is_empty()).then(|| DeviceOp::Update {
                     params: at(params, piece.start),
-                    ema: at(ema, piece.start - ema_start),
+                    ema: at(ema, piece.start),
                     grads: grads.iter().map(|&g| at(g, piece.start)).collect(),
                     len: piece.len(),
                     hyper: at(hyper, if *decayed { 0 } else { 3 }),
@@ -368,7 +368,7 @@ impl<'o, O: Optimizer + ?Sized> DeviceStore<'o, O> {
         }
         ops.push(self.hyper_upload(worker, UpdateAt::full(pending.step, pending.epoch))?);
         let params = self.members[worker].residence.params;
-        ops.extend(self.update_ops(worker, (params, me.ema.address(), 0), &grads, 0..self.len));
+        ops.extend(self.update_ops(worker, (params, me.ema.address()), &grads, 0..self.len));
         Ok(ops)
     }
 
@@ -654,7 +654,7 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for DeviceStore<'_, O> {
             queue.wait(&**event)?;
             let ops = self.update_ops(
                 worker,
-                (params.address(), ema.address(), 0),
+                (params.address(), ema.address()),
                 &[member.residence.grads],
                 shard.range.clone(),
             );
