@@ -344,10 +344,10 @@ fn a_healthy_run_that_is_asked_to_stop_is_not_abandoned() {
     }
 }
 
-/// A rank as a stopped process looks to the others: its messages get through until it stops,
-/// but it sends no sign of life ([`Channel::Beacon`]) at all.
+/// A rank as a process stopped at `until` looks to the others: its messages get through, but
+/// its signs of life ([`Channel::Beacon`]) stop then.
 #[derive(Debug)]
-struct Silent<'r>(&'r dyn Ranks);
+struct Silent<'r>(&'r dyn Ranks, Instant);
 
 impl Ranks for Silent<'_> {
     fn rank(&self) -> usize {
@@ -383,7 +383,7 @@ impl Ranks for Silent<'_> {
         self.0.broadcast(bytes)
     }
     fn send(&self, channel: Channel, to: usize, tag: u16, header: &[u64], payload: &[f32]) {
-        if channel != Channel::Beacon {
+        if channel != Channel::Beacon || Instant::now() < self.1 {
             self.0.send(channel, to, tag, header, payload)
         }
     }
@@ -413,7 +413,7 @@ struct ReleaseOnStall {
 
 impl Observer for ReleaseOnStall {
     fn stall_timeout(&self) -> Option<Duration> {
-        Some(Duration::from_secs(4))
+        Some(Duration::from_secs(6))
     }
     fn on_stall(&self, stall: &Stall) {
         self.stalls.lock().unwrap().push(stall.clone());
@@ -421,9 +421,9 @@ impl Observer for ReleaseOnStall {
     }
 }
 
-/// Three ranks; rank 1 stops as a process would (its worker hung at its third step, no sign
-/// of life): rank 0's stall report names rank 1, and not rank 2, which waits for it too but
-/// is alive. Released, the run ends as any other.
+/// Three ranks; rank 1 stops as a process would (its worker hung at its third step, its signs
+/// of life ending 2.5 s in): rank 0's stall report names rank 1, at the step it stopped in,
+/// and not rank 2, which waits for it too but is alive. Released, the run ends as any other.
 #[test]
 fn rank_0_names_the_rank_that_gives_no_sign_of_life_in_its_stall_report() {
     let pools: Vec<_> = (0..3)
@@ -439,10 +439,11 @@ fn rank_0_names_the_rank_that_gives_no_sign_of_life_in_its_stall_report() {
         .collect();
     let observer = watcher.clone();
     let (done, result) = channel();
+    let started = Instant::now();
     std::thread::spawn(move || {
         let states = common::across(3, |rank| {
             let mut pool = pools[rank.rank()].lock().unwrap().take().unwrap();
-            let silent = Silent(rank);
+            let silent = Silent(rank, started + Duration::from_millis(2500));
             let (ranks, observer): (&dyn Ranks, &dyn Observer) = match rank.rank() {
                 0 => (rank, &*observer),
                 1 => (&silent, &NoObserver),
@@ -472,6 +473,9 @@ fn rank_0_names_the_rank_that_gives_no_sign_of_life_in_its_stall_report() {
         .expect("rank 0 reported a stall")
         .silent_ranks;
     assert_eq!(silent.len(), 1, "{stalls:?}");
-    assert_eq!((silent[0].rank, silent[0].step), (1, None), "{silent:?}");
+    assert_eq!(silent[0].rank, 1, "{silent:?}");
+    // Rank 1 stopped in the step rank 0 waits in.
+    assert!(stalls[0].step.is_some());
+    assert_eq!(silent[0].step, stalls[0].step, "{stalls:?}");
     assert!(silent[0].silence >= Duration::from_secs(3), "{silent:?}");
 }
