@@ -15,6 +15,7 @@
 mod softmax;
 
 use std::error::Error;
+use std::io::Write;
 
 use rand::SeedableRng;
 use tandem_core::{ParamSpan, Replica, ReplicaError};
@@ -121,7 +122,9 @@ fn train<N: Network>(name: &'static str, network: N, run: &Run) -> Result<(), Bo
             .slot(Sgd::AVERAGE)
             .ok_or("no moving average")?;
         let accuracy = network.evaluate(&CpuBackend, averaged, &run.test)?;
-        println!(
+        // Not println!, which panics when stdout is closed (`| head -1`).
+        writeln!(
+            std::io::stdout(),
             "{name}, {}, {} [{}]: {} steps, loss {first:.3} -> {last:.3}, test accuracy \
              {accuracy:.4}, {:.0} examples/sec",
             mode.name(),
@@ -129,7 +132,7 @@ fn train<N: Network>(name: &'static str, network: N, run: &Run) -> Result<(), Bo
             trainer.device_names().join(", "),
             trainer.state.step,
             summary.totals.examples as f64 / summary.totals.seconds.max(1e-9),
-        );
+        )?;
         // A NaN loss learns nothing either.
         let learnt = last < first;
         if !learnt || (run.steps >= 200 && accuracy < 0.85) {
