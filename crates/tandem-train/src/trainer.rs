@@ -1608,6 +1608,27 @@ mod tests {
             "ranks 1 (for 6 s) and 2 (for 9 s, last at step 3) have"
         );
 
+        // The run's observer, told by the strategy that it gives up, saves through `abandon`.
+        let interrupt = Interrupt::new();
+        let watch = Watch::quiet(&interrupt);
+        let observer = RunObserver {
+            watch: &watch,
+            log_every: 0,
+            losses: Mutex::new((0.0, 0)),
+            saver: Some(&saver),
+            rank: None,
+        };
+        let mut later = state.clone();
+        later.step = 9;
+        observer.on_abandon(&stalled, Some(&later));
+        assert_eq!(
+            checkpoint::load(&tmp.path().join(file_name(9)), &LAYOUT)
+                .unwrap()
+                .state,
+            later
+        );
+        std::fs::remove_file(tmp.path().join(file_name(9))).unwrap();
+
         let said = abandon(Some(&saver), &stalled, None);
         assert!(said.contains("no consistent state"), "{said}");
         let said = abandon(None, &stalled, Some(&state));
