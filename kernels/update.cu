@@ -1,5 +1,5 @@
-// The optimiser step and the gradient reduction of data-parallel training, over flat f32 spans,
-// bit for bit the arithmetic of cpu::sgd_ema_update:
+// The optimisers' steps and the gradient reduction of data-parallel training, over flat f32
+// spans. sgd_ema_update is bit for bit the arithmetic of cpu::sgd_ema_update:
 //
 //   g     = (grads[0][i] + grads[1][i] + ...) / n     summed in this order (g = grads[0][i] if n == 1)
 //   p[i] -= lr * (g + wd * p[i])
@@ -66,6 +66,45 @@ extern "C" __global__ void sgd_ema_update(float *__restrict__ p, float *__restri
         const float pi = __fsub_rn(p[i], __fmul_rn(lr, __fadd_rn(g, __fmul_rn(wd, p[i]))));
         p[i] = pi;
         e[i] = __fadd_rn(__fmul_rn(d, e[i]), __fmul_rn(__fsub_rn(1.0f, d), pi));
+    }
+}
+
+// Adam over the count spans of p and its moments m and v (and the moving average e, unless
+// e is null) from n gradient buffers, bit for bit tandem_optim::adam_update: per span,
+// hyper = {step_size, beta1, beta2, epsilon_hat, wd, d}, the bias corrections folded into
+// step_size and epsilon_hat on the host.
+//
+//   g  = mean of the gradients + wd * p[i]
+//   m  = beta1 * m + (1 - beta1) * g
+//   v  = beta2 * v + (1 - beta2) * (g * g)
+//   p -= step_size * (m / (sqrt(v) + epsilon_hat))
+//   e  = d * e + (1 - d) * p
+extern "C" __global__ void adam_update(float *__restrict__ p, float *__restrict__ m,
+                                       float *__restrict__ v, float *__restrict__ e,
+                                       const __grid_constant__ Grads grads, unsigned n,
+                                       const __grid_constant__ Spans spans, unsigned count) {
+    const size_t len = spans.end[count - 1];
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < len;
+         i += (size_t)gridDim.x * blockDim.x) {
+        unsigned s = 0;
+        while (s + 1 < count && i >= spans.end[s]) {
+            ++s;
+        }
+        const float *hyper = spans.hyper[s];
+        const float step = hyper[0], b1 = hyper[1], b2 = hyper[2], eps = hyper[3];
+        const float wd = hyper[4], d = hyper[5];
+        const float g = __fadd_rn(mean_gradient(grads, n, i), __fmul_rn(wd, p[i]));
+        const float mi = __fadd_rn(__fmul_rn(b1, m[i]), __fmul_rn(__fsub_rn(1.0f, b1), g));
+        const float vi =
+            __fadd_rn(__fmul_rn(b2, v[i]), __fmul_rn(__fsub_rn(1.0f, b2), __fmul_rn(g, g)));
+        const float pi =
+            __fsub_rn(p[i], __fmul_rn(step, __fdiv_rn(mi, __fadd_rn(__fsqrt_rn(vi), eps))));
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = pi;
+        if (e != nullptr) {
+            e[i] = __fadd_rn(__fmul_rn(d, e[i]), __fmul_rn(__fsub_rn(1.0f, d), pi));
+        }
     }
 }
 

@@ -6,8 +6,9 @@ use rand::SeedableRng;
 use tandem_benches::mnist_train;
 use tandem_core::{Replica, TrainState};
 use tandem_model::{Mlp, MlpReplica, Network};
+use tandem_optim::Sgd;
 use tandem_pool::{Device, WorkerPool};
-use tandem_strategy::{Batches, Mode, NoObserver, Sgd};
+use tandem_strategy::{Batches, Mode, NoObserver};
 use tandem_tensor::CpuBackend;
 
 fn step(c: &mut Criterion) {

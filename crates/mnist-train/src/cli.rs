@@ -2,9 +2,10 @@ use std::path::PathBuf;
 
 use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
 use tandem_model::Mlp;
+use tandem_optim::check::{ema_decay, learning_rate, lr_decay, weight_decay};
+use tandem_optim::{UnknownOptimizer, OPTIMIZERS};
 use tandem_pool::DeviceSpec;
 use tandem_strategy::{AsyncRule, BatchScaling, Batches, StalenessBound, Warmup};
-use tandem_train::sgd::{ema_decay, learning_rate, lr_decay, weight_decay};
 use tandem_train::{Display, Mode, DEFAULT_LOG_EVERY, MAX_STEPS};
 
 /// Train the TensorFlow multi-GPU MNIST example's network (784-500-10 ReLU, SGD with
@@ -181,7 +182,7 @@ impl From<LogFormat> for Display {
 /// How to train.
 ///
 /// The hyper-parameter flags are options without a stored default: a fresh run takes
-/// `tandem_strategy::Sgd::DEFAULT`'s and `Batches::DEFAULT`'s values for those not given (their help states them, and a
+/// `tandem_optim::Sgd::DEFAULT`'s and `Batches::DEFAULT`'s values for those not given (their help states them, and a
 /// test holds the help and the README to them), and a resumed run takes the checkpoint's,
 /// so that a flag given with `--resume` can be told apart from a default (and refused when it
 /// disagrees with the run being resumed).
@@ -244,8 +245,15 @@ pub struct TrainArgs {
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=MAX_BATCH))]
     pub batch_size: Option<u64>,
 
-    /// Base learning rate, a finite number > 0 [default: 0.8 for one hidden layer; 0.8 / N for
-    /// N hidden layers].
+    /// The optimiser: sgd (SGD with L2 and a moving average, the reference's) or adam (Adam
+    /// with bias correction, L2 and a moving average; its defaults: --lr 0.001, betas 0.9 and
+    /// 0.999, epsilon 1e-8); --lr, --lr-decay, --weight-decay and --ema-decay set either's
+    /// [default: sgd; when resuming, the run's own].
+    #[arg(long, value_name = "NAME", value_parser = optimizer)]
+    pub optimizer: Option<String>,
+
+    /// Base learning rate, a finite number > 0 [default: 0.8 for one hidden layer, 0.8 / N for
+    /// N hidden layers; with --optimizer adam, 0.001].
     #[arg(long = "lr", alias = "learning-rate", value_name = "RATE", allow_negative_numbers = true, value_parser = learning_rate)]
     pub learning_rate: Option<f32>,
 
@@ -381,9 +389,18 @@ pub fn hidden_flag(mlp: &Mlp) -> String {
     widths.join(",")
 }
 
+/// `--optimizer`: a name in [`OPTIMIZERS`].
+fn optimizer(text: &str) -> Result<String, UnknownOptimizer> {
+    OPTIMIZERS
+        .iter()
+        .find(|kind| kind.name == text)
+        .map(|kind| kind.name.to_owned())
+        .ok_or_else(|| UnknownOptimizer(text.to_owned()))
+}
+
 /// `--init-stddev`: in (0, 10].
-pub fn init_stddev(text: &str) -> Result<f32, String> {
-    tandem_train::parse_finite(
+pub fn init_stddev(text: &str) -> Result<f32, tandem_optim::ValueError> {
+    tandem_optim::parse_finite(
         text,
         |v| v > 0.0 && v <= 10.0,
         "the initial standard deviation must be in (0, 10]",
@@ -417,7 +434,7 @@ impl TrainArgs {
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory;
-    use tandem_strategy::Sgd;
+    use tandem_optim::Sgd;
 
     use super::*;
 

@@ -6,15 +6,16 @@
 use anyhow::{bail, Context, Result};
 use tandem_core::TrainState;
 use tandem_model::{Mlp, Network};
+use tandem_optim::Sgd;
 use tandem_pool::DeviceSpec;
-use tandem_strategy::{Batches, Epochs, Sgd};
+use tandem_strategy::{Batches, Epochs};
 use tandem_tensor::CpuBackend;
 use tandem_train::report::{self, Point, Report, Run, Sweep, SweepPoint, Written};
 use tandem_train::{out, Fresh, Interrupt, Length, Mode, Plan, Start, Trainer, Watch};
 
 use crate::cli::{CompareArgs, DEFAULT_INIT_STDDEV};
 use crate::data::{self, Data};
-use crate::model::{self, averaged, Mnist};
+use crate::model::{self, evaluated, Mnist};
 
 /// The test accuracies whose first crossing the report times.
 const MILESTONES: [f64; 2] = [0.97, 0.98];
@@ -188,7 +189,7 @@ fn train(
     );
     let test_accuracy = |state: &TrainState| -> Result<f64> {
         Mlp::mnist()
-            .evaluate(&CpuBackend, averaged(state)?, &data.test)
+            .evaluate(&CpuBackend, evaluated(state, &Sgd::DEFAULT)?, &data.test)
             .context("cannot evaluate on the test set")
     };
     let mut points = vec![Point {

@@ -3,13 +3,13 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use tandem_core::TrainState;
+use tandem_core::{Optimizer, TrainState};
 use tandem_mnist::{Mnist, Split};
 use tandem_model::{Mlp, Network};
 use tandem_tensor::{CpuBackend, ExampleSet};
 use tandem_train::out;
 
-use crate::model::averaged;
+use crate::model::evaluated;
 
 /// The reference's three splits (55,000 training, 5,000 validation, 10,000 test).
 pub struct Data {
@@ -58,17 +58,23 @@ pub fn load(dir: Option<&Path>) -> Result<Data> {
     })
 }
 
-/// Accuracy of the averaged and the raw parameters on one split.
+/// Accuracy of the parameters the optimiser evaluates (its moving average) and of the raw
+/// parameters on one split.
 #[derive(Debug, Clone, Copy)]
 pub struct Accuracy {
     pub averaged: f64,
     pub raw: f64,
 }
 
-/// The accuracies of `state`, a state of `mlp`, on `examples`.
-pub fn accuracy(mlp: &Mlp, state: &TrainState, examples: &ExampleSet) -> Result<Accuracy> {
+/// The accuracies of `state`, a state of `mlp` and `optimizer`, on `examples`.
+pub fn accuracy(
+    mlp: &Mlp,
+    state: &TrainState,
+    optimizer: &dyn Optimizer,
+    examples: &ExampleSet,
+) -> Result<Accuracy> {
     Ok(Accuracy {
-        averaged: mlp.evaluate(&CpuBackend, averaged(state)?, examples)?,
+        averaged: mlp.evaluate(&CpuBackend, evaluated(state, optimizer)?, examples)?,
         raw: mlp.evaluate(&CpuBackend, &state.params, examples)?,
     })
 }

@@ -10,7 +10,7 @@ use tandem_train::out;
 
 use crate::cli::EvalArgs;
 use crate::data;
-use crate::model::{averaged, load_checkpoint};
+use crate::model::{evaluated, load_checkpoint};
 
 /// `mnist-train eval`: prints the accuracies and the test set's confusion matrix.
 pub fn run(args: &EvalArgs) -> Result<()> {
@@ -18,8 +18,8 @@ pub fn run(args: &EvalArgs) -> Result<()> {
     let (file, saved, config, mlp) = load_checkpoint(&args.checkpoint)?;
     let data = data::load(args.data_dir.as_deref())?;
     let state = &saved.state;
-    let validation = data::accuracy(&mlp, state, &data.validation)?;
-    let test = data::accuracy(&mlp, state, &data.test)?;
+    let validation = data::accuracy(&mlp, state, &config.optimizer, &data.validation)?;
+    let test = data::accuracy(&mlp, state, &config.optimizer, &data.test)?;
 
     out!("checkpoint:          {}", file.display());
     out!(
@@ -32,7 +32,11 @@ pub fn run(args: &EvalArgs) -> Result<()> {
     );
     data::print_accuracy(validation, test);
 
-    let predictions = mlp.predictions(&CpuBackend, averaged(state)?, &data.test)?;
+    let predictions = mlp.predictions(
+        &CpuBackend,
+        evaluated(state, &config.optimizer)?,
+        &data.test,
+    )?;
     let matrix = Confusion::new(mlp.classes(), data.test.labels(), &predictions);
     out!();
     out!(

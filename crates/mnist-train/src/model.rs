@@ -6,11 +6,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, Result};
 use rand::SeedableRng;
+use tandem_core::Optimizer;
 use tandem_core::{ParamSpan, Replica, ReplicaError};
 use tandem_model::{Mlp, Network};
+use tandem_optim::{Chosen, Sgd};
 use tandem_pool::{Device, GpuCount};
 use tandem_strategy::checkpoint::{self, Checkpoint};
-use tandem_strategy::Sgd;
 use tandem_tensor::ExampleSet;
 use tandem_train::{output, ModelId, RunConfig, Setup};
 
@@ -132,7 +133,7 @@ impl tandem_train::Model for Mnist<'_> {
 /// optimiser state); every failure names the file. `path` is a checkpoint file, or a
 /// checkpoint directory: then its newest valid checkpoint, newer damaged ones skipped with a
 /// warning. Returns the file it loaded and the network it holds.
-pub fn load_checkpoint(path: &Path) -> Result<(PathBuf, Checkpoint, RunConfig<Sgd>, Mlp)> {
+pub fn load_checkpoint(path: &Path) -> Result<(PathBuf, Checkpoint, RunConfig<Chosen>, Mlp)> {
     let (file, checkpoint, mlp) = if path.is_dir() {
         let mlp = model_in(path)?.ok_or_else(|| {
             anyhow!(
@@ -140,7 +141,8 @@ pub fn load_checkpoint(path: &Path) -> Result<(PathBuf, Checkpoint, RunConfig<Sg
                 path.display()
             )
         })?;
-        let check = |c: &Checkpoint| tandem_train::check_checkpoint::<Sgd>(c, &id(&mlp), MAX_BATCH);
+        let check =
+            |c: &Checkpoint| tandem_train::check_checkpoint::<Chosen>(c, &id(&mlp), MAX_BATCH);
         let (file, checkpoint, skipped) =
             checkpoint::load_newest(path, &mlp.layout(), |c| check(c).map(|_| ()))
                 .map_err(|e| anyhow!("cannot load a checkpoint: {e}"))?;
@@ -155,8 +157,8 @@ pub fn load_checkpoint(path: &Path) -> Result<(PathBuf, Checkpoint, RunConfig<Sg
             .map_err(|e| anyhow!("cannot load the checkpoint: {e}"))?;
         (path.to_owned(), checkpoint, mlp)
     };
-    let config =
-        tandem_train::check_checkpoint::<Sgd>(&checkpoint, &id(&mlp), MAX_BATCH).map_err(|e| {
+    let config = tandem_train::check_checkpoint::<Chosen>(&checkpoint, &id(&mlp), MAX_BATCH)
+        .map_err(|e| {
             anyhow!(
                 "{}: not a valid checkpoint of this model: {e}",
                 file.display()
@@ -165,11 +167,18 @@ pub fn load_checkpoint(path: &Path) -> Result<(PathBuf, Checkpoint, RunConfig<Sg
     Ok((file, checkpoint, config, mlp))
 }
 
-/// The moving average of the parameters in a state: what evaluation and prediction use.
-pub fn averaged(state: &tandem_core::TrainState) -> Result<&[f32]> {
-    state
-        .slot(Sgd::AVERAGE)
-        .ok_or_else(|| anyhow::anyhow!("the state has no moving average ({})", Sgd::AVERAGE))
+/// What evaluation and prediction use of a state of `optimizer`: the values it names for it
+/// (SGD's and Adam's moving average), or the parameters.
+pub fn evaluated<'s>(
+    state: &'s tandem_core::TrainState,
+    optimizer: &dyn Optimizer,
+) -> Result<&'s [f32]> {
+    state.evaluated(optimizer).ok_or_else(|| {
+        anyhow::anyhow!(
+            "the state has no {} for evaluation",
+            optimizer.evaluated_slot().unwrap_or("parameters")
+        )
+    })
 }
 
 #[cfg(test)]

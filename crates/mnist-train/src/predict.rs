@@ -13,13 +13,13 @@ use tandem_model::{Mlp, Network};
 use tandem_train::{out, output};
 
 use crate::cli::PredictArgs;
-use crate::model::{averaged, load_checkpoint};
+use crate::model::{evaluated, load_checkpoint};
 
 /// `mnist-train predict`: prints `PATH: DIGIT (p = PROBABILITY)` for each image, or
 /// `PATH: no digit found` for a blank one.
 pub fn run(args: &PredictArgs) -> Result<()> {
-    let (_, saved, _, mlp) = load_checkpoint(&args.checkpoint)?;
-    let params = averaged(&saved.state)?;
+    let (_, saved, config, mlp) = load_checkpoint(&args.checkpoint)?;
+    let params = evaluated(&saved.state, &config.optimizer)?;
     // Every image gets its line or its error: one unreadable file should not hide the answers
     // for the others, but it must still fail the command.
     let mut failures = Vec::new();

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use serde_json::json;
 use tandem_model::Mlp;
-use tandem_strategy::{Batches, Ranks, Sgd};
+use tandem_optim::{Chosen, OPTIMIZERS};
+use tandem_strategy::{Batches, Ranks};
 use tandem_train::{
     out, output, BatchScaling, Checkpoints, Fresh, Interrupt, Length, Mode, Progress, Requested,
     Resume, Setup, Start, Summary, Trainer, Warmup, Watch, ASYNC_BOUND, ASYNC_RULE, ASYNC_WARMUP,
@@ -20,14 +21,14 @@ use crate::model::{self, Mnist};
 
 /// How the run starts: fresh from the flags (defaults for those not given), or resumed with
 /// the flags given as settings that must agree with the run's.
-fn start(args: &TrainArgs, mlp: &Mlp) -> Result<Start<Sgd>> {
+fn start(args: &TrainArgs, mlp: &Mlp) -> Result<Start<Chosen>> {
     let length = match (args.steps, args.epochs) {
         (Some(steps), _) => Some(Length::Steps(steps)),
         (None, Some(epochs)) => Some(Length::Epochs(epochs)),
         (None, None) => None,
     };
     let Some(dir) = &args.resume else {
-        let (sgd, batches) = (Sgd::DEFAULT, Batches::DEFAULT);
+        let batches = Batches::DEFAULT;
         let batches = Batches {
             batch_size: args.batch_size.map_or(batches.batch_size, |b| b as usize),
             seed: args.seed.unwrap_or(batches.seed),
@@ -38,14 +39,7 @@ fn start(args: &TrainArgs, mlp: &Mlp) -> Result<Start<Sgd>> {
             async_warmup: args.async_warmup.unwrap_or(Warmup::Auto),
             async_bound: args.async_bound.unwrap_or_default(),
             lr_scaling: args.lr_scaling.unwrap_or_default(),
-            optimizer: Sgd {
-                learning_rate: args
-                    .learning_rate
-                    .unwrap_or_else(|| model::default_learning_rate(mlp)),
-                lr_decay: args.lr_decay.unwrap_or(sgd.lr_decay),
-                weight_decay: args.weight_decay.unwrap_or(sgd.weight_decay),
-                ema_decay: args.ema_decay.unwrap_or(sgd.ema_decay),
-            },
+            optimizer: fresh_optimizer(args, mlp)?,
             params: model::initial_params(
                 mlp,
                 args.init_stddev.unwrap_or(DEFAULT_INIT_STDDEV),
@@ -71,6 +65,7 @@ fn start(args: &TrainArgs, mlp: &Mlp) -> Result<Start<Sgd>> {
         given(ASYNC_BOUND, "--async-bound", args.async_bound),
         given(LR_SCALING, "--lr-scaling", args.lr_scaling),
         given("batch_size", "--batch-size", args.batch_size),
+        given(Chosen::KEY, "--optimizer", args.optimizer.as_ref()),
         given("learning_rate", "--lr", args.learning_rate),
         given("lr_decay", "--lr-decay", args.lr_decay),
         given("weight_decay", "--weight-decay", args.weight_decay),
@@ -113,6 +108,23 @@ fn network(args: &TrainArgs, ranks: Option<&dyn Ranks>) -> Result<Mlp> {
         mlp = Mlp::from_name(&String::from_utf8_lossy(&name))?;
     }
     Ok(mlp)
+}
+
+/// A fresh run's optimiser: `--optimizer`'s at its defaults but for the flags given (the
+/// default optimiser's learning rate scaled to the network's depth where `--lr` is not).
+fn fresh_optimizer(args: &TrainArgs, mlp: &Mlp) -> Result<Chosen> {
+    let name = args.optimizer.as_deref().unwrap_or(OPTIMIZERS[0].name);
+    let default_rate = (name == OPTIMIZERS[0].name).then(|| model::default_learning_rate(mlp));
+    let given: Vec<(&str, String)> = [
+        ("learning_rate", args.learning_rate.or(default_rate)),
+        ("lr_decay", args.lr_decay),
+        ("weight_decay", args.weight_decay),
+        ("ema_decay", args.ema_decay),
+    ]
+    .into_iter()
+    .filter_map(|(key, value)| Some((key, value?.to_string())))
+    .collect();
+    Ok(Chosen::configure(name, &given)?)
 }
 
 /// A flag given for a resumed run, as the metadata key it would set.
@@ -237,7 +249,7 @@ fn train(args: &TrainArgs, ranks: Option<Arc<dyn Ranks>>) -> Result<Option<i32>>
         on_abandon: Some(on_abandon),
     };
     let summary = trainer.train(&plan, &watch, &mut |segment| {
-        let validation = data::accuracy(&mlp, segment.state, &data.validation)?;
+        let validation = data::accuracy(&mlp, segment.state, &config.optimizer, &data.validation)?;
         progress.record(json!({
             "kind": "eval",
             "step": segment.state.step,
@@ -284,7 +296,7 @@ const CHANCE_MARGIN: f64 = 0.05;
 
 /// A rank other than 0: trains its part of the run, silently (rank 0 reports for all).
 fn follow(
-    trainer: &mut Trainer<Mnist<'_>, Sgd>,
+    trainer: &mut Trainer<Mnist<'_>, Chosen>,
     plan: &tandem_train::Plan,
     args: &TrainArgs,
     interrupt: &Interrupt,
@@ -301,7 +313,7 @@ fn follow(
 }
 
 /// The run's devices: this process's, or every rank's (as many on each) across ranks.
-fn devices(trainer: &Trainer<Mnist<'_>, Sgd>, ranks: Option<&dyn Ranks>) -> String {
+fn devices(trainer: &Trainer<Mnist<'_>, Chosen>, ranks: Option<&dyn Ranks>) -> String {
     let mine = trainer.device_names().join(", ");
     match ranks {
         Some(ranks) => format!("{} ranks x {mine}", ranks.ranks()),
@@ -310,7 +322,7 @@ fn devices(trainer: &Trainer<Mnist<'_>, Sgd>, ranks: Option<&dyn Ranks>) -> Stri
 }
 
 fn summarise(
-    trainer: &Trainer<Mnist<'_>, Sgd>,
+    trainer: &Trainer<Mnist<'_>, Chosen>,
     mlp: &Mlp,
     summary: &Summary,
     data: &Data,
@@ -318,8 +330,9 @@ fn summarise(
     wall: Instant,
 ) -> Result<Accuracy> {
     let (state, totals) = (&trainer.state, &summary.totals);
-    let validation = data::accuracy(mlp, state, &data.validation)?;
-    let test = data::accuracy(mlp, state, &data.test)?;
+    let optimizer = &trainer.config.optimizer;
+    let validation = data::accuracy(mlp, state, optimizer, &data.validation)?;
+    let test = data::accuracy(mlp, state, optimizer, &data.test)?;
     out!("== summary ==");
     let config = &trainer.config;
     // Every rank's.

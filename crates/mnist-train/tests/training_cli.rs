@@ -340,6 +340,10 @@ fn a_resume_refuses_every_flag_that_would_change_the_run_and_takes_the_runs_own_
                     "--ema-decay 0.9 (the run has 0.99)",
                 ),
                 (vec!["--seed", "7"], "--seed 7 (the run has 1)"),
+                (
+                    vec!["--optimizer", "adam"],
+                    "--optimizer adam (the run has sgd)",
+                ),
                 (vec!["--init-stddev", "0.2"], "--init-stddev 0.2"),
                 (
                     vec!["--hidden", "256,128"],
@@ -399,11 +403,68 @@ fn a_resume_refuses_every_flag_that_would_change_the_run_and_takes_the_runs_own_
         "auto",
         "--hidden",
         "500",
+        "--optimizer",
+        "sgd",
         "--log-every",
         "0",
         "--devices",
         "cpu:1",
     ]);
+}
+
+/// `--optimizer adam` trains with Adam's own defaults, its checkpoints name it and hold its
+/// moments, a resume continues it (refusing another optimiser or another of its values), and
+/// `eval` reads the average it evaluates; a setting it does not have and an unknown optimiser
+/// are refused by name.
+#[test]
+fn an_adam_run_records_its_optimiser_and_resumes_as_adam() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("adam");
+    let quick = ["--devices", "cpu:2", "--log-every", "0"];
+    let first = [&quick[..], &["--optimizer", "adam", "--steps", "300"]].concat();
+    let out = succeed(&[&first[..], &["--checkpoint-dir", arg(&dir)]].concat());
+    let trained = number_after(&out, "test accuracy:");
+    assert!(trained > 0.9, "300 steps of Adam: {trained}\n{out}");
+    let newest = dir.join("step-0000000300.safetensors");
+    let (_, metadata) = checkpoint::read_header(&newest).unwrap();
+    assert_eq!(metadata["optimizer"], "adam");
+    assert_eq!(metadata["learning_rate"], "0.001");
+    assert_eq!(metadata["beta2"], "0.999");
+    let loaded = checkpoint::load(&newest, &Mlp::mnist().layout()).unwrap();
+    let slots: Vec<&str> = loaded.state.slots.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(slots, ["m", "v", "ema"]);
+    let resume = [
+        "--resume",
+        arg(&dir),
+        "--steps",
+        "400",
+        "--devices",
+        "cpu:2",
+    ];
+    for (change, named) in [
+        (
+            vec!["--optimizer", "sgd"],
+            "--optimizer sgd (the run has adam)",
+        ),
+        (vec!["--lr", "0.8"], "--lr 0.8 (the run has 0.001)"),
+    ] {
+        let message = fail(&[&resume[..], &change].concat());
+        assert!(message.contains(named), "{change:?}: {message}");
+    }
+    succeed(&[&resume[..], &["--optimizer", "adam", "--log-every", "0"]].concat());
+    let (_, metadata) = checkpoint::read_header(&dir.join("step-0000000400.safetensors")).unwrap();
+    assert_eq!(metadata["optimizer"], "adam");
+    let eval = succeed(&["eval", "--checkpoint", arg(&dir)]);
+    assert!(number_after(&eval, "test accuracy:") > 0.9, "{eval}");
+    // An SGD run's checkpoints name no optimiser: they read as those of before optimisers had
+    // names.
+    let sgd = tmp.path().join("sgd");
+    succeed(&[&quick[..], &["--steps", "2", "--checkpoint-dir", arg(&sgd)]].concat());
+    let (_, metadata) = checkpoint::read_header(&sgd.join("step-0000000002.safetensors")).unwrap();
+    assert!(!metadata.contains_key("optimizer"), "{metadata:?}");
+    let message = fail(&[&quick[..], &["--optimizer", "lion", "--steps", "2"]].concat());
+    assert!(message.contains("unknown optimiser \"lion\""), "{message}");
+    assert!(message.contains("sgd, adam"), "{message}");
 }
 
 /// A network of other hidden layers trains, and its checkpoints name it: a resume, `eval` and

@@ -20,17 +20,21 @@ pub enum StepLoss {
     OnDevice,
 }
 
-/// One update of the fused SGD kernel (`p -= lr * (g + wd * p)`, then the moving average
-/// `e = d * e + (1 - d) * p`), as an optimiser that is that kernel's arithmetic describes it
-/// ([`Optimizer::fused_sgd`](crate::Optimizer::fused_sgd)).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct FusedSgd {
-    /// `lr`.
-    pub learning_rate: f32,
-    /// `wd` (0 where L2 does not apply).
-    pub weight_decay: f32,
-    /// `d`.
-    pub ema_decay: f32,
+/// The most values an update kernel reads at its [`DeviceOp::Update::hyper`] address.
+pub const MAX_HYPER: usize = 8;
+
+/// An optimiser's update of one piece on a device, as the optimiser describes it
+/// ([`Optimizer::device_update`](crate::Optimizer::device_update)): the update kernel a device
+/// backend knows by name, and the values it reads for the piece (the learning rate and the
+/// like, computed on the host each step). The kernel's arithmetic is the optimiser's own
+/// [`update`](crate::Optimizer::update), bit for bit, so that a store may apply either.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceUpdate {
+    /// The kernel's name, as [`DeviceQueue::has_update`] knows it (e.g. `"sgd_ema_update"`).
+    pub kernel: &'static str,
+    /// What the kernel reads at `hyper`: at most [`MAX_HYPER`] values, their meaning the
+    /// kernel's.
+    pub hyper: Vec<f32>,
 }
 
 /// Device memory a [`DeviceQueue`] allocated, freed when dropped.
@@ -66,29 +70,25 @@ pub enum DeviceOp {
         /// What.
         values: Vec<f32>,
     },
-    /// The fused SGD update of `len` parameters at `params` and their moving average at `ema`
+    /// The optimiser update `kernel` of `len` parameters at `params` and their state vectors
+    /// at `state` (in the optimiser's [`state_names`](crate::Optimizer::state_names) order)
     /// with the mean of the gradients at `grads` (summed in their order; at most
-    /// [`DeviceQueue::max_gradients`]), reading `lr`, `wd` and `d` from the three values at
-    /// `hyper` (see [`FusedSgd`]); all in the queue's own memory.
+    /// [`DeviceQueue::max_gradients`]), reading the [`DeviceUpdate::hyper`] values at `hyper`;
+    /// all in the queue's own memory.
     Update {
+        /// The kernel ([`DeviceUpdate::kernel`]).
+        kernel: &'static str,
         /// The parameters.
         params: u64,
-        /// Their moving average.
-        ema: u64,
+        /// The optimiser's state vectors.
+        state: Vec<u64>,
         /// The gradient vectors to average.
         grads: Vec<u64>,
         /// How many values each holds.
         len: usize,
-        /// `[lr, wd, d]`.
+        /// The kernel's [`DeviceUpdate::hyper`] values.
         hyper: u64,
     },
-}
-
-impl FusedSgd {
-    /// The three values an [`DeviceOp::Update`] reads at `hyper`.
-    pub fn values(&self) -> [f32; 3] {
-        [self.learning_rate, self.weight_decay, self.ema_decay]
-    }
 }
 
 /// The ordered queue of work of one replica on one device (a CUDA stream), over `f32` device
@@ -112,6 +112,10 @@ pub trait DeviceQueue: Send + Sync {
 
     /// How many gradient vectors one [`DeviceOp::Update`] averages at most.
     fn max_gradients(&self) -> usize;
+
+    /// Whether [`DeviceOp::Update`] runs `kernel` over `states` state vectors here: a store
+    /// keeps the parameters of record on the device only for an optimiser whose update does.
+    fn has_update(&self, kernel: &str, states: usize) -> bool;
 
     /// Queues `ops`, in order. An [`Upload`](DeviceOp::Upload)'s values are copied before this
     /// returns, so the caller may drop them at once.

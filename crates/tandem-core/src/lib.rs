@@ -70,7 +70,9 @@ mod optimizer;
 mod replica;
 mod state;
 
-pub use device::{DeviceAlloc, DeviceEvent, DeviceOp, DeviceQueue, FusedSgd, Residence, StepLoss};
+pub use device::{
+    DeviceAlloc, DeviceEvent, DeviceOp, DeviceQueue, DeviceUpdate, Residence, StepLoss, MAX_HYPER,
+};
 pub use helpers::{Alone, Helpers};
 pub use optimizer::{Optimizer, Piece};
 pub use replica::{ParamSpan, Replica, ReplicaError};

@@ -1,4 +1,4 @@
-use crate::FusedSgd;
+use crate::DeviceUpdate;
 
 /// One contiguous piece of the parameters, as an [`Optimizer`] updates it.
 pub struct Piece<'p, 's> {
@@ -38,12 +38,24 @@ pub trait Optimizer: Sync {
     /// The learning rate at `epoch`, as progress reports show it.
     fn learning_rate(&self, epoch: f64) -> f32;
 
-    /// Update `step` at `epoch` of a piece (regularised where `weight_decay` says so) as the
-    /// fused SGD kernel computes it, if this optimiser's arithmetic is that kernel's: SGD with
-    /// L2 and a moving average of the parameters as its only state vector. A store in device
-    /// memory needs it; `None` (the default) keeps the parameters of record on the host.
-    fn fused_sgd(&self, step: u64, epoch: f64, weight_decay: bool) -> Option<FusedSgd> {
-        let _ = (step, epoch, weight_decay);
+    /// Update `step` at `epoch` of a piece (regularised where `weight_decay` says so, its
+    /// learning rate multiplied by `rate_scale` as [`Piece::rate_scale`] says) as a device
+    /// kernel computes it, bit for bit [`update`](Self::update)'s arithmetic. A store in
+    /// device memory needs it; `None` (the default) keeps the parameters of record on the host.
+    fn device_update(
+        &self,
+        step: u64,
+        epoch: f64,
+        weight_decay: bool,
+        rate_scale: f32,
+    ) -> Option<DeviceUpdate> {
+        let _ = (step, epoch, weight_decay, rate_scale);
+        None
+    }
+
+    /// The state vector that evaluation reads instead of the parameters (SGD's moving average:
+    /// `Some("ema")`); `None` (the default): the parameters themselves.
+    fn evaluated_slot(&self) -> Option<&'static str> {
         None
     }
 

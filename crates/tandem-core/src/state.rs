@@ -48,6 +48,16 @@ impl TrainState {
             .map(|s| s.values.as_slice())
     }
 
+    /// The values evaluation reads: the state vector `optimizer` names for it
+    /// ([`Optimizer::evaluated_slot`]), or the parameters where it names none; `None` where
+    /// the named vector is missing (a state of another optimiser).
+    pub fn evaluated(&self, optimizer: &(impl Optimizer + ?Sized)) -> Option<&[f32]> {
+        match optimizer.evaluated_slot() {
+            Some(name) => self.slot(name),
+            None => Some(&self.params),
+        }
+    }
+
     /// Whether the state has exactly `optimizer`'s state vectors, in its order, each as long as
     /// the parameters.
     pub fn fits(&self, optimizer: &(impl Optimizer + ?Sized)) -> bool {

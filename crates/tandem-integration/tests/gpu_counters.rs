@@ -3,7 +3,8 @@
 //! (sync and async) and of `cuda:0,1` (sync) moves only the batch's indices and, at the next
 //! boundary, its loss over the host bus, never waits for the device, and launches each
 //! replica's step as one CUDA graph: sync, the store's update inside it (nothing else is
-//! launched); async, the store's update kernels beside it, one per parameter span. (Needs `--features cuda` and the stand-in: its counters are the evidence; on
+//! launched); async, the store's update kernels beside it, one per parameter span. SGD and
+//! Adam alike: the optimiser's state stays on the device with the parameters. (Needs `--features cuda` and the stand-in: its counters are the evidence; on
 //! NVIDIA's driver, or without a device, the test says `SKIPPED` and returns, or fails under
 //! `TANDEM_REQUIRE_GPU=1` when there is no device.)
 //!
@@ -17,12 +18,14 @@ use std::path::Path;
 use std::process::Command;
 
 use rand::SeedableRng;
+use tandem_core::Optimizer;
 use tandem_core::TrainState;
 use tandem_kernels::{CudaBackend, KernelError};
 use tandem_mnist::Mnist;
 use tandem_model::{Mlp, MlpReplica, Network};
+use tandem_optim::Chosen;
 use tandem_pool::{Device, WorkerPool};
-use tandem_strategy::{train, Batches, Mode, NoObserver, Sgd};
+use tandem_strategy::{train, Batches, Mode, NoObserver};
 use tandem_tensor::ExampleSet;
 
 /// Examples per replica and step: small, because the stand-in interprets every kernel.
@@ -33,16 +36,23 @@ const EXAMPLES: usize = 64;
 const SHORT: u64 = 8;
 const LONG: u64 = 20;
 
-/// The runs measured: a mode and its two replicas' GPUs.
-const RUNS: [(Mode, [usize; 2]); 3] = [
-    (Mode::Sync, [0, 0]),
-    (Mode::Async, [0, 0]),
-    (Mode::Sync, [0, 1]),
+/// The runs measured: a mode, its two replicas' GPUs and the optimiser.
+const RUNS: [(Mode, [usize; 2], &str); 5] = [
+    (Mode::Sync, [0, 0], "sgd"),
+    (Mode::Async, [0, 0], "sgd"),
+    (Mode::Sync, [0, 1], "sgd"),
+    (Mode::Sync, [0, 0], "adam"),
+    (Mode::Async, [0, 0], "adam"),
 ];
+
+/// The optimiser `name` at its defaults.
+fn optimizer(name: &str) -> Chosen {
+    Chosen::configure(name, &[]).expect("a registered optimiser")
+}
 
 /// The child's side: trains `steps` steps of `RUNS[run]`.
 fn train_in_child(run: usize, steps: u64) {
-    let (mode, gpus) = RUNS[run];
+    let (mode, gpus, name) = RUNS[run];
     let mnist = Mnist::load(&tandem_testkit::mnist_dir()).expect("the repository's MNIST copy");
     let all = mnist.train.into_examples().expect("consistent split");
     let features = all.features();
@@ -60,9 +70,9 @@ fn train_in_child(run: usize, steps: u64) {
         MlpReplica::new(Mlp::mnist(), CudaBackend::new(ordinal)?, &examples, BATCH)
     })
     .expect("two GPU replicas");
-    let sgd = Sgd::default();
+    let optimizer = optimizer(name);
     let params = Mlp::mnist().init(0.1, &mut rand_chacha::ChaCha8Rng::seed_from_u64(2));
-    let mut state = TrainState::new(params, &sgd);
+    let mut state = TrainState::new(params, &optimizer);
     let batches = Batches {
         batch_size: BATCH,
         seed: 3,
@@ -71,7 +81,7 @@ fn train_in_child(run: usize, steps: u64) {
         mode,
         &mut pool,
         &mut state,
-        &sgd,
+        &optimizer,
         &batches,
         steps,
         &NoObserver,
@@ -147,8 +157,8 @@ fn a_gpu_step_moves_only_its_batch_and_never_waits() {
         return;
     }
     let dir = tempfile::tempdir().expect("a temporary directory");
-    for (index, (mode, gpus)) in RUNS.iter().enumerate() {
-        let name = format!("{} on GPUs {gpus:?}", mode.name());
+    for (index, (mode, gpus, optimizer_name)) in RUNS.iter().enumerate() {
+        let name = format!("{} {optimizer_name} on GPUs {gpus:?}", mode.name());
         let (Some(short), Some(long)) =
             (run(index, SHORT, dir.path()), run(index, LONG, dir.path()))
         else {
@@ -172,14 +182,19 @@ fn a_gpu_step_moves_only_its_batch_and_never_waits() {
             per_step("bytes_dtod"),
             per_step("bytes_peer"),
         );
-        // In: the batch's indices and the update's learning rate, L2 and moving-average
-        // decay, for regularised spans and the others (24 bytes: sync, each replica applies
-        // every update; async, each its own); async also the worker's count of updates begun
-        // (4 bytes), which the device's staleness records copy.
+        // In: the batch's indices and the update kernel's values (SGD: the learning rate, L2
+        // and moving-average decay; Adam six), for regularised spans and the others (sync,
+        // each replica applies every update; async, each its own); async also the worker's
+        // count of updates begun (4 bytes), which the device's staleness records copy.
+        let hyper = optimizer(optimizer_name)
+            .device_update(0, 0.0, true, 1.0)
+            .expect("a device update")
+            .hyper
+            .len();
         let counter = if *mode == Mode::Async { 4.0 } else { 0.0 };
         assert_eq!(
             per_step("bytes_htod"),
-            (BATCH * 4 + 24) as f64 * replicas_per_step + counter,
+            (BATCH * 4 + 2 * 4 * hyper) as f64 * replicas_per_step + counter,
             "{name}: only the batch's indices and the update's rates go in"
         );
         // Out, at the next boundary (here the run's end), which reads them all: each step's

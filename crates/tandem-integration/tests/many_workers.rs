@@ -5,9 +5,8 @@
 mod common;
 
 use common::{cpu_pool, ema, initial_state, sim_pool, test_accuracy};
-use tandem_strategy::{
-    train, AsyncRule, Batches, Mode, NoObserver, Sgd, Strategy, TrainReport, Warmup,
-};
+use tandem_optim::Sgd;
+use tandem_strategy::{train, AsyncRule, Batches, Mode, NoObserver, Strategy, TrainReport, Warmup};
 
 fn on_sim(
     workers: usize,

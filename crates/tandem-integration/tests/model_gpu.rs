@@ -8,8 +8,9 @@ use tandem_core::{Replica, StepLoss, TrainState};
 use tandem_kernels::{CudaBackend, KernelError};
 use tandem_mnist::Mnist;
 use tandem_model::{Mlp, MlpReplica, Network};
+use tandem_optim::Sgd;
 use tandem_pool::{Device, WorkerPool};
-use tandem_strategy::{train, BatchScaling, Batches, Mode, NoObserver, Sgd, Strategy};
+use tandem_strategy::{train, BatchScaling, Batches, Mode, NoObserver, Strategy};
 use tandem_tensor::{CpuBackend, ExampleSet};
 
 /// `count` replicas on GPU 0, or `None` after saying on stderr that the test is skipped.

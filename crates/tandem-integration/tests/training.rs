@@ -4,7 +4,8 @@ mod common;
 
 use common::{cpu_pool, ema, initial_state, test_accuracy, train_on_two_cpus};
 use tandem_model::{Mlp, Network};
-use tandem_strategy::{train, Batches, Mode, NoObserver, Sgd};
+use tandem_optim::Sgd;
+use tandem_strategy::{train, Batches, Mode, NoObserver};
 
 fn max_relative_difference(a: &[f32], b: &[f32]) -> f64 {
     let scale = b.iter().fold(0.0f64, |m, &v| m.max(f64::from(v).abs()));

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use tandem_core::{DeviceOp, FusedSgd};
+use tandem_core::DeviceOp;
 use tandem_tensor::check::{self, Operand};
 use tandem_tensor::cpu::UpdateStep;
 use tandem_tensor::{Activation, Backend, ExampleSet, Gemm, ShapeError};
@@ -328,13 +328,7 @@ impl CudaBackend {
         let (p, e) = (span_mut(params).as_raw(), span_mut(ema).as_raw());
         let grads = grad_addresses(op, grads, len)?;
         let hyper = self.scratch.borrow().hyper.as_device_ptr().as_raw();
-        let values = FusedSgd {
-            learning_rate: step.learning_rate,
-            weight_decay: step.weight_decay,
-            ema_decay: step.ema_decay,
-        }
-        .values()
-        .to_vec();
+        let values = vec![step.learning_rate, step.weight_decay, step.ema_decay];
         // SAFETY: p, e and every gradient span cover len values (checked above), in buffers
         // of this backend's device; `hyper` holds three, written on the stream before the
         // kernel reads them.
@@ -344,8 +338,9 @@ impl CudaBackend {
                 &[
                     DeviceOp::Upload { dst: hyper, values },
                     DeviceOp::Update {
+                        kernel: Kernel::SgdEmaUpdate.entry(),
                         params: p,
-                        ema: e,
+                        state: vec![e],
                         grads,
                         len,
                         hyper,
@@ -858,35 +853,54 @@ impl Launcher<'_> {
         .map_err(cuda(kernel.entry()))
     }
 
-    /// Queues the fused optimiser step (`sgd_ema_update` of `kernels/update.cu`) of the
-    /// consecutive `spans` (each `(len, hyper)`: its length, and where its `[lr, wd, d]` are read
-    /// when the kernel runs) of the parameters at `p` and their average at `e`, from the mean
-    /// of the gradients at `grads` (each holding the spans' values from its address on).
+    /// Queues the optimiser update `kernel` (of `kernels/update.cu`) of the consecutive
+    /// `spans` (each `(len, hyper)`: its length, and where its values are read when the kernel
+    /// runs) of the parameters at `p` and their state vectors at `state`, from the mean of the
+    /// gradients at `grads` (each holding the spans' values from its address on).
     ///
     /// # Safety
     ///
-    /// Every address covers the spans' total length (each `hyper` three values) of live device
-    /// memory that the stream's device can read, until the kernel has run; the stream's
-    /// context is current.
-    pub(crate) unsafe fn sgd_update(
+    /// Every address covers the spans' total length (each `hyper` the kernel's values) of live
+    /// device memory that the stream's device can read, until the kernel has run; the
+    /// stream's context is current.
+    pub(crate) unsafe fn update(
         &self,
+        kernel: &str,
         p: u64,
-        e: u64,
+        state: &[u64],
         grads: &[u64],
         spans: &[(usize, u64)],
     ) -> Result<(), KernelError> {
-        let (table, n) = address_table("sgd_ema_update", grads)?;
         let (span_table, count) = update_spans(spans)?;
-        let len = spans.iter().map(|&(len, _)| len).sum::<usize>();
-        // SAFETY: the arguments follow `sgd_ema_update`'s parameters; the caller's promises
-        // cover the memory.
-        unsafe {
-            self.launch(
-                Kernel::SgdEmaUpdate,
-                stride_grid(len),
-                BLOCK,
-                args![p, e, table, n, span_table, count],
-            )
+        let grid = stride_grid(spans.iter().map(|&(len, _)| len).sum::<usize>());
+        if kernel == Kernel::SgdEmaUpdate.entry() {
+            let e = sgd_state(state)?;
+            let (table, n) = address_table(Kernel::SgdEmaUpdate.entry(), grads)?;
+            // SAFETY: the arguments follow `sgd_ema_update`'s parameters; the caller's
+            // promises cover the memory.
+            unsafe {
+                self.launch(
+                    Kernel::SgdEmaUpdate,
+                    grid,
+                    BLOCK,
+                    args![p, e, table, n, span_table, count],
+                )
+            }
+        } else if kernel == Kernel::AdamUpdate.entry() {
+            let (m, v, e) = adam_state(state)?;
+            let (table, n) = address_table(Kernel::AdamUpdate.entry(), grads)?;
+            // SAFETY: the arguments follow `adam_update`'s parameters (its average null where
+            // it keeps none); the caller's promises cover the memory.
+            unsafe {
+                self.launch(
+                    Kernel::AdamUpdate,
+                    grid,
+                    BLOCK,
+                    args![p, m, v, e, table, n, span_table, count],
+                )
+            }
+        } else {
+            Err(no_update_kernel(kernel, state))
         }
     }
 
@@ -915,12 +929,16 @@ impl Launcher<'_> {
                         .map_err(cuda("copying on the device"))?
                 }
                 DeviceOp::Update {
-                    params, ema, grads, ..
+                    kernel,
+                    params,
+                    state,
+                    grads,
+                    ..
                 } if pass != Pass::Inputs => {
                     let spans = consecutive_spans(rest);
                     done = spans.len();
                     // SAFETY: the caller's promises, for each update that the spans join.
-                    unsafe { self.sgd_update(*params, *ema, grads, &spans) }?
+                    unsafe { self.update(kernel, *params, state, grads, &spans) }?
                 }
                 _ => {}
             }
@@ -930,11 +948,42 @@ impl Launcher<'_> {
     }
 }
 
-/// `sgd_ema_update`'s `Spans` parameter for `spans` ([`span_table`]), or the error for no
+/// Whether an update kernel `kernel` of `kernels/update.cu` takes `states` state vectors.
+pub(crate) fn runs_update(kernel: &str, states: usize) -> bool {
+    (kernel == Kernel::SgdEmaUpdate.entry() && states == 1)
+        || (kernel == Kernel::AdamUpdate.entry() && (2..=3).contains(&states))
+}
+
+fn no_update_kernel(kernel: &str, state: &[u64]) -> KernelError {
+    KernelError::NoUpdateKernel {
+        kernel: kernel.to_owned(),
+        states: state.len(),
+    }
+}
+
+/// `sgd_ema_update`'s state vector: the moving average.
+fn sgd_state(state: &[u64]) -> Result<u64, KernelError> {
+    match *state {
+        [e] => Ok(e),
+        _ => Err(no_update_kernel(Kernel::SgdEmaUpdate.entry(), state)),
+    }
+}
+
+/// `adam_update`'s state vectors: the two moments and the moving average (null, 0, where it
+/// keeps none).
+fn adam_state(state: &[u64]) -> Result<(u64, u64, u64), KernelError> {
+    match *state {
+        [m, v] => Ok((m, v, 0)),
+        [m, v, e] => Ok((m, v, e)),
+        _ => Err(no_update_kernel(Kernel::AdamUpdate.entry(), state)),
+    }
+}
+
+/// An update kernel's `Spans` parameter for `spans` ([`span_table`]), or the error for no
 /// spans or more than the kernel takes.
 fn update_spans(spans: &[(usize, u64)]) -> Result<([u64; SPAN_TABLE], u32), KernelError> {
     span_table(spans).ok_or(KernelError::TooLarge {
-        what: "sgd_ema_update: spans",
+        what: "update: spans",
         value: spans.len(),
         max: MAX_UPDATE_SPANS,
     })
@@ -945,7 +994,7 @@ fn update_spans(spans: &[(usize, u64)]) -> Result<([u64; SPAN_TABLE], u32), Kern
 enum OpShape {
     Copy(u64, u64, usize),
     Upload(u64, usize),
-    Update(u64, u64, Vec<u64>, usize, u64),
+    Update(&'static str, u64, Vec<u64>, Vec<u64>, usize, u64),
 }
 
 impl OpShape {
@@ -954,12 +1003,13 @@ impl OpShape {
             DeviceOp::Copy { dst, src, len } => OpShape::Copy(*dst, *src, *len),
             DeviceOp::Upload { dst, values } => OpShape::Upload(*dst, values.len()),
             DeviceOp::Update {
+                kernel,
                 params,
-                ema,
+                state,
                 grads,
                 len,
                 hyper,
-            } => OpShape::Update(*params, *ema, grads.clone(), *len, *hyper),
+            } => OpShape::Update(kernel, *params, state.clone(), grads.clone(), *len, *hyper),
         }
     }
 }

@@ -62,6 +62,14 @@ pub enum KernelError {
         /// The kernel's entry point.
         kernel: &'static str,
     },
+    /// An update named a kernel, or a number of state vectors, that no update kernel has.
+    #[error("no update kernel {kernel} over {states} state vector(s)")]
+    NoUpdateKernel {
+        /// The kernel named.
+        kernel: String,
+        /// The state vectors given.
+        states: usize,
+    },
     /// An update or reduction was given no gradient buffer, or more than one launch averages.
     #[error("{op}: {given} gradient buffers given, 1 to {MAX_GRADIENT_BUFFERS} supported")]
     GradientCount {

@@ -46,18 +46,20 @@ impl KSplits {
     }
 }
 
-/// The spans, `(len, hyper)`, of the updates at the start of `ops` that one `sgd_ema_update`
-/// launch can apply (at least the first, at most [`MAX_UPDATE_SPANS`]): each begins in every
-/// buffer (parameters, average, each gradient vector) where the one before it ends. The sync
-/// update of a whole parameter vector, one update per tensor, is then one kernel.
+/// The spans, `(len, hyper)`, of the updates at the start of `ops` that one update launch can
+/// apply (at least the first, at most [`MAX_UPDATE_SPANS`]): each runs the same kernel and
+/// begins in every buffer (parameters, each state vector, each gradient vector) where the one
+/// before it ends. The sync update of a whole parameter vector, one update per tensor, is then
+/// one kernel.
 pub(crate) fn consecutive_spans(ops: &[DeviceOp]) -> Vec<(usize, u64)> {
     let mut spans = Vec::new();
     let mut first = None;
     let mut offset = 0u64; // bytes from the first update's addresses
     for op in ops.iter().take(MAX_UPDATE_SPANS) {
         let DeviceOp::Update {
+            kernel,
             params,
-            ema,
+            state,
             grads,
             len,
             hyper,
@@ -65,14 +67,18 @@ pub(crate) fn consecutive_spans(ops: &[DeviceOp]) -> Vec<(usize, u64)> {
         else {
             break;
         };
-        let (p0, e0, g0) = *first.get_or_insert((*params, *ema, grads));
-        let follows = params.wrapping_sub(p0) == offset
-            && ema.wrapping_sub(e0) == offset
-            && grads.len() == g0.len()
-            && grads
-                .iter()
-                .zip(g0)
-                .all(|(g, g0)| g.wrapping_sub(*g0) == offset);
+        let (k0, p0, s0, g0) = *first.get_or_insert((*kernel, *params, state, grads));
+        let shifted = |these: &[u64], first: &[u64]| {
+            these.len() == first.len()
+                && these
+                    .iter()
+                    .zip(first)
+                    .all(|(a, a0)| a.wrapping_sub(*a0) == offset)
+        };
+        let follows = *kernel == k0
+            && params.wrapping_sub(p0) == offset
+            && shifted(state, s0)
+            && shifted(grads, g0);
         if !follows {
             break;
         }
@@ -82,8 +88,8 @@ pub(crate) fn consecutive_spans(ops: &[DeviceOp]) -> Vec<(usize, u64)> {
     spans
 }
 
-/// `sgd_ema_update`'s `Spans` parameter for `spans` (`(len, hyper)` each): their ends, then
-/// their `[lr, wd, d]` addresses; and the count. `None` for no spans or more than the kernel
+/// An update kernel's `Spans` parameter for `spans` (`(len, hyper)` each): their ends, then
+/// their values' addresses; and the count. `None` for no spans or more than the kernel
 /// takes.
 pub(crate) fn span_table(spans: &[(usize, u64)]) -> Option<([u64; SPAN_TABLE], u32)> {
     if spans.is_empty() || spans.len() > MAX_UPDATE_SPANS {
@@ -103,12 +109,13 @@ pub(crate) fn span_table(spans: &[(usize, u64)]) -> Option<([u64; SPAN_TABLE], u
 mod tests {
     use super::*;
 
-    /// An update of `len` values at byte `at` of four buffers 10,000 bytes apart (the
-    /// average's 1,000 bytes further when `ema_shift`), with `grads` gradient vectors.
+    /// An `sgd_ema_update` of `len` values at byte `at` of four buffers 10,000 bytes apart
+    /// (the average's 1,000 bytes further when `ema_shift`), with `grads` gradient vectors.
     fn update_of(at: u64, len: usize, hyper: u64, ema_shift: bool, grads: u64) -> DeviceOp {
         DeviceOp::Update {
+            kernel: "sgd_ema_update",
             params: at,
-            ema: at + 10_000 + if ema_shift { 1_000 } else { 0 },
+            state: vec![at + 10_000 + if ema_shift { 1_000 } else { 0 }],
             grads: (0..grads).map(|g| at + 20_000 + 10_000 * g).collect(),
             len,
             hyper,
@@ -136,24 +143,10 @@ mod tests {
         // Only a later buffer breaks the run: the second gradient vector, or the third of
         // three, elsewhere.
         for broken in [1, 2] {
-            let DeviceOp::Update {
-                params,
-                ema,
-                mut grads,
-                len,
-                hyper,
-            } = update_of(32, 1, 1, false, 3)
-            else {
-                unreachable!()
-            };
-            grads[broken] += 4;
-            let later = DeviceOp::Update {
-                params,
-                ema,
-                grads,
-                len,
-                hyper,
-            };
+            let mut later = update_of(32, 1, 1, false, 3);
+            if let DeviceOp::Update { grads, .. } = &mut later {
+                grads[broken] += 4;
+            }
             let first = update_of(0, 8, 1, false, 3);
             assert_eq!(consecutive_spans(&[first, later]), [(8, 1)], "{broken}");
         }
@@ -163,6 +156,17 @@ mod tests {
             len: 1,
         };
         assert_eq!(consecutive_spans(&[update(0, 8, 1), copy]), [(8, 1)]);
+        // Another kernel, or another number of state vectors, is another launch.
+        let mut adam = update(32, 1, 1);
+        if let DeviceOp::Update { kernel, .. } = &mut adam {
+            *kernel = "adam_update";
+        }
+        assert_eq!(consecutive_spans(&[update(0, 8, 1), adam]), [(8, 1)]);
+        let mut more_state = update(32, 1, 1);
+        if let DeviceOp::Update { state, .. } = &mut more_state {
+            state.push(50_032);
+        }
+        assert_eq!(consecutive_spans(&[update(0, 8, 1), more_state]), [(8, 1)]);
         let many: Vec<_> = (0..20).map(|i| update(4 * i, 1, i)).collect();
         let joined = consecutive_spans(&many);
         assert_eq!(joined.len(), MAX_UPDATE_SPANS);

@@ -125,9 +125,11 @@ kernel_table! {
     SOFTMAX_XENT = "softmax_xent" {
         SoftmaxCrossEntropy => "softmax_cross_entropy",
     }
-    /// `kernels/update.cu`: `sgd_ema_update` and `mean_gradients`.
+    /// `kernels/update.cu`: `sgd_ema_update`, `adam_update` and `mean_gradients`.
     UPDATE = "update" {
         SgdEmaUpdate => "sgd_ema_update",
+        /// Adam, bit for bit `tandem_optim::adam_update`.
+        AdamUpdate => "adam_update",
         MeanGradients => "mean_gradients",
     }
 }

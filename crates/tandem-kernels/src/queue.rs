@@ -81,6 +81,10 @@ impl DeviceQueue for CudaQueue {
         MAX_GRADIENT_BUFFERS
     }
 
+    fn has_update(&self, kernel: &str, states: usize) -> bool {
+        crate::backend::runs_update(kernel, states)
+    }
+
     fn bind(&self) -> Result<(), ReplicaError> {
         Ok(self
             .context

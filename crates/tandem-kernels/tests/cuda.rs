@@ -460,8 +460,9 @@ fn consecutive_updates_are_each_spans_cpu_update() {
     let mut offset = 0;
     for &(span, on) in &spans {
         ops.push(DeviceOp::Update {
+            kernel: "sgd_ema_update",
             params: at(0, offset),
-            ema: at(1, offset),
+            state: vec![at(1, offset)],
             grads: vec![at(2, offset), at(3, offset)],
             len: span,
             hyper: hyper.address() + if on { 0 } else { 12 },
@@ -470,8 +471,9 @@ fn consecutive_updates_are_each_spans_cpu_update() {
     }
     // The fifth buffer as parameters of their own, with the first as their average.
     ops.push(DeviceOp::Update {
+        kernel: "sgd_ema_update",
         params: at(4, 0),
-        ema: at(0, 0),
+        state: vec![at(0, 0)],
         grads: vec![at(2, 0)],
         len: 100,
         hyper: hyper.address(),
@@ -509,6 +511,92 @@ fn consecutive_updates_are_each_spans_cpu_update() {
     assert_exact("params", &read(0, len), &want_p);
     assert_exact("ema", &read(1, len), &want_e);
     assert_exact("the other update", &read(4, 100), &want_other);
+}
+
+/// Adam's kernel over two spans (one regularised) is exactly its host arithmetic
+/// (`tandem_optim::adam_update`), with one and with three replicas' gradients, with the moving
+/// average and without it (a null average the kernel leaves alone).
+#[test]
+fn adam_update_is_exactly_the_host_update() {
+    use tandem_core::{DeviceOp, DeviceQueue, Optimizer};
+    use tandem_optim::{adam_update, Adam};
+    let Some(gpu) = gpu() else { return };
+    let queue = gpu.queue();
+    let mut rng = rng(11);
+    let spans = [(700, true), (300, false)];
+    let len: usize = spans.iter().map(|s| s.0).sum();
+    let adam = Adam {
+        learning_rate: 0.01,
+        weight_decay: 0.05,
+        ..Adam::DEFAULT
+    };
+    let values = |decayed| -> [f32; 6] {
+        let update = adam
+            .device_update(4, 0.5, decayed, 1.0)
+            .expect("a device update");
+        update.hyper.try_into().expect("six values")
+    };
+    for (grads, average) in [(1, true), (3, true), (3, false)] {
+        // Parameters, the first moment, the second (not negative), the average, the gradients.
+        let mut host: Vec<Vec<f32>> = (0..4 + grads).map(|_| random(&mut rng, len, 0.5)).collect();
+        host[2].iter_mut().for_each(|v| *v = v.abs() * 1e-3);
+        let buffers: Vec<_> = host
+            .iter()
+            .map(|values| {
+                let buffer = queue.alloc(len).expect("alloc");
+                // SAFETY: the buffer holds `len` values.
+                unsafe { queue.write(buffer.address(), values) }.expect("write");
+                buffer
+            })
+            .collect();
+        let hyper = queue.alloc(12).expect("alloc");
+        // SAFETY: twelve values.
+        unsafe { queue.write(hyper.address(), &[values(true), values(false)].concat()) }
+            .expect("write");
+        let at = |buffer: usize, offset: usize| buffer_at(&buffers, buffer, offset);
+        let states = if average { 3 } else { 2 };
+        let mut ops = Vec::new();
+        let mut offset = 0;
+        for &(span, on) in &spans {
+            ops.push(DeviceOp::Update {
+                kernel: "adam_update",
+                params: at(0, offset),
+                state: (1..=states).map(|s| at(s, offset)).collect(),
+                grads: (4..4 + grads).map(|g| at(g, offset)).collect(),
+                len: span,
+                hyper: hyper.address() + if on { 0 } else { 24 },
+            });
+            offset += span;
+        }
+        // SAFETY: every span lies in its buffers, which outlive the reads below (they wait).
+        unsafe { queue.run(&ops) }.expect("run");
+
+        let mut want = host.clone();
+        let (outputs, inputs) = want.split_at_mut(4);
+        let (params, state) = outputs.split_first_mut().expect("four buffers");
+        let mut offset = 0;
+        for &(span, on) in &spans {
+            let range = offset..offset + span;
+            let mut slots: Vec<&mut [f32]> = state[..states]
+                .iter_mut()
+                .map(|s| &mut s[range.clone()])
+                .collect();
+            let parts: Vec<&[f32]> = inputs.iter().map(|g| &g[range.clone()]).collect();
+            adam_update(&mut params[range.clone()], &mut slots, &parts, values(on));
+            offset += span;
+        }
+        for (buffer, name) in [(0, "params"), (1, "m"), (2, "v"), (3, "ema")] {
+            let mut got = vec![0.0; len];
+            // SAFETY: the buffer holds `len` values; the read waits for the queue.
+            unsafe { queue.read(buffers[buffer].address(), &mut got) }.expect("read");
+            assert_exact(
+                &format!("{grads} gradients, average {average}: {name}"),
+                &got,
+                &want[buffer],
+            );
+        }
+        assert_ne!(want[0], host[0], "the update moved the parameters");
+    }
 }
 
 /// The device address of value `offset` of `buffers[buffer]`.

@@ -5,7 +5,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use tandem_core::{FusedSgd, Optimizer, Piece};
+use tandem_core::{DeviceUpdate, Optimizer, Piece};
 
 /// How a synchronous run scales its optimiser's learning rate with its global batch (every
 /// worker's batch in one step). A larger batch makes fewer, less noisy steps an epoch; a
@@ -115,12 +115,19 @@ impl<O: Optimizer + ?Sized> Optimizer for BatchScaled<'_, O> {
         self.inner.learning_rate(epoch) * self.at(epoch)
     }
 
-    fn fused_sgd(&self, step: u64, epoch: f64, weight_decay: bool) -> Option<FusedSgd> {
-        let fused = self.inner.fused_sgd(step, epoch, weight_decay)?;
-        Some(FusedSgd {
-            learning_rate: fused.learning_rate * self.at(epoch),
-            ..fused
-        })
+    fn device_update(
+        &self,
+        step: u64,
+        epoch: f64,
+        weight_decay: bool,
+        rate_scale: f32,
+    ) -> Option<DeviceUpdate> {
+        self.inner
+            .device_update(step, epoch, weight_decay, rate_scale * self.at(epoch))
+    }
+
+    fn evaluated_slot(&self) -> Option<&'static str> {
+        self.inner.evaluated_slot()
     }
 
     fn weight_decay(&self) -> f32 {
@@ -131,7 +138,7 @@ impl<O: Optimizer + ?Sized> Optimizer for BatchScaled<'_, O> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Sgd;
+    use tandem_optim::Sgd;
 
     #[test]
     fn auto_scales_only_batches_above_the_references_largest_and_at_most_twice() {
@@ -179,8 +186,8 @@ mod tests {
                 (f64::from(got) - expected).abs() < 1e-6 * expected,
                 "epoch {epoch}: {got} vs {expected}"
             );
-            let fused = scaled.fused_sgd(3, epoch, true).unwrap();
-            assert_eq!(fused.learning_rate, got, "epoch {epoch}: the device's rate");
+            let device = scaled.device_update(3, epoch, true, 1.0).unwrap();
+            assert_eq!(device.hyper[0], got, "epoch {epoch}: the device's rate");
             // The host's update: one step on a parameter with gradient 1 and no L2 moves it by
             // the rate.
             let (mut params, mut ema) = ([1.0f32], [1.0f32]);

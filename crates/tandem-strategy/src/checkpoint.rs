@@ -534,10 +534,10 @@ fn scan(dir: &Path) -> Result<Vec<(u64, PathBuf)>, CheckpointError> {
 }
 
 /// The newest checkpoint in `dir` that loads, fits `layout` and that `accept` accepts.
-fn newest_in(
+fn newest_in<E: std::fmt::Display>(
     dir: &Path,
     layout: &[ParamSpan],
-    accept: impl Fn(&Checkpoint) -> Result<(), String>,
+    accept: impl Fn(&Checkpoint) -> Result<(), E>,
 ) -> Result<(PathBuf, Checkpoint, Vec<String>), CheckpointError> {
     let mut skipped = Vec::new();
     for (_, path) in scan(dir)?.into_iter().rev() {
@@ -772,10 +772,10 @@ impl CheckpointDir {
     /// The newest checkpoint by parsed step that loads whole against `layout` and that `accept`
     /// accepts (e.g. its metadata is this run's), with one line per newer file skipped, naming
     /// it and why.
-    pub fn load_newest(
+    pub fn load_newest<E: std::fmt::Display>(
         &self,
         layout: &[ParamSpan],
-        accept: impl Fn(&Checkpoint) -> Result<(), String>,
+        accept: impl Fn(&Checkpoint) -> Result<(), E>,
     ) -> Result<(PathBuf, Checkpoint, Vec<String>), CheckpointError> {
         newest_in(&self.dir, layout, accept)
     }
@@ -830,10 +830,10 @@ pub fn list(dir: &Path) -> Result<Vec<PathBuf>, CheckpointError> {
 /// The newest checkpoint in `dir` that loads whole, fits `layout` and that `accept` accepts,
 /// with the reasons the newer ones were skipped. Takes no lock: it only reads (a run resuming
 /// from another run's directory, which may be read-only).
-pub fn load_newest(
+pub fn load_newest<E: std::fmt::Display>(
     dir: &Path,
     layout: &[ParamSpan],
-    accept: impl Fn(&Checkpoint) -> Result<(), String>,
+    accept: impl Fn(&Checkpoint) -> Result<(), E>,
 ) -> Result<(PathBuf, Checkpoint, Vec<String>), CheckpointError> {
     newest_in(dir, layout, accept)
 }

@@ -9,7 +9,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use tandem_core::{
     DeviceAlloc, DeviceEvent, DeviceOp, DeviceQueue, Optimizer, ParamSpan, Piece, Replica,
-    ReplicaError, Residence, TrainState,
+    ReplicaError, Residence, TrainState, MAX_HYPER,
 };
 use tandem_tensor::cpu;
 
@@ -24,8 +24,8 @@ fn at(base: u64, index: usize) -> u64 {
 /// One worker's replica as the store sees it.
 struct Member {
     residence: Residence,
-    /// `[lr, wd, d]` for regularised spans, then for the others: what the worker's updates
-    /// read, written before each.
+    /// The update kernel's values for regularised spans, then for the others: what the
+    /// worker's updates read, written before each.
     hyper: Box<dyn DeviceAlloc>,
 }
 
@@ -46,7 +46,8 @@ enum Record {
     /// update, and its lock keeps waiting for that event and queueing the next update together.
     Async {
         params: Box<dyn DeviceAlloc>,
-        ema: Box<dyn DeviceAlloc>,
+        /// The optimiser's state vectors.
+        state: Vec<Box<dyn DeviceAlloc>>,
         shards: Vec<Shard>,
         /// `begun[w]`: how many updates worker `w` has begun on the device (a `u32` in each
         /// value's bits), written by `w`'s queue as each begins: the device's count of the
@@ -59,8 +60,9 @@ enum Record {
 
 /// A synchronous replica's buffers beside its own, and where it is in the run.
 struct SyncReplica {
-    /// Its moving average (each replica keeps the whole; the first one's is the record).
-    ema: Box<dyn DeviceAlloc>,
+    /// The optimiser's state vectors (each replica keeps them whole; the first one's are the
+    /// record).
+    state: Vec<Box<dyn DeviceAlloc>>,
     /// Its gradients of a step, copied at the end of the step to `outbox[parity]` (the parity
     /// of the replica's step count), where every replica's next step reads them; the other
     /// one still holds the previous step's, which slower replicas may be reading.
@@ -118,14 +120,15 @@ struct Shard {
     last: Mutex<Box<dyn DeviceEvent>>,
 }
 
-/// The parameters of record and the moving average in device memory, for replicas that compute
-/// on devices (synchronous: any; asynchronous: all on one) and an optimiser that is the fused
-/// SGD kernel's arithmetic ([`Optimizer::fused_sgd`]).
+/// The parameters of record and the optimiser's state in device memory, for replicas that
+/// compute on devices (synchronous: any; asynchronous: all on one) and an optimiser with a
+/// device update that their queues run ([`Optimizer::device_update`],
+/// [`DeviceQueue::has_update`]).
 ///
 /// * **Synchronous:** each replica keeps the parameters and applies every update itself: a
 ///   step's gradients go to the replica's outbox at the step's end, and the next step of every
-///   replica begins with the update from all outboxes, summed in worker order (the fused
-///   kernel: bitwise the host store's arithmetic), copied to its own device first where a
+///   replica begins with the update from all outboxes, summed in worker order (the
+///   optimiser's kernel: bitwise its host arithmetic), copied to its own device first where a
 ///   replica is on another. Store work and step are one unit, which a replica that replays
 ///   its steps launches as one graph ([`DeviceQueue::around_next_step`]). Before a step, its
 ///   queue waits for every other replica's previous step (events): their gradients are
@@ -145,6 +148,10 @@ struct Shard {
 /// queues, and the host's barriers only ensure that an event is recorded before it is waited on.
 pub struct DeviceStore<'o, O: Optimizer + ?Sized> {
     optimizer: &'o O,
+    /// The optimiser's update kernel ([`tandem_core::DeviceUpdate::kernel`]).
+    kernel: &'static str,
+    /// How many values it reads for a span ([`tandem_core::DeviceUpdate::hyper`]).
+    hyper_len: usize,
     spans: Vec<(Range<usize>, bool)>,
     len: usize,
     slot_names: Vec<String>,
@@ -155,8 +162,8 @@ pub struct DeviceStore<'o, O: Optimizer + ?Sized> {
 impl<'o, O: Optimizer + ?Sized> DeviceStore<'o, O> {
     /// A store for `replicas` in `mode`, holding `state`, if they can have one: every replica
     /// is [resident](Replica::residence) (asynchronous: all in the same memory; synchronous:
-    /// no more than one update kernel averages), and `optimizer` is the fused kernel's with
-    /// its one state vector. `None` otherwise (the host store serves them).
+    /// no more than one update kernel averages), and `optimizer` has a device update that
+    /// their queues run. `None` otherwise (the host store serves them).
     /// `state` must fit `layout` and `optimizer` (the strategies check it first).
     pub fn open<R: Replica>(
         mode: Mode,
@@ -177,7 +184,15 @@ impl<'o, O: Optimizer + ?Sized> DeviceStore<'o, O> {
         };
         let memory = first.queue.memory();
         let one_device = residences.iter().all(|r| r.queue.memory() == memory);
-        let fused = optimizer.fused_sgd(state.step, 0.0, false).is_some();
+        let kernel = optimizer
+            .device_update(state.step, 0.0, false, 1.0)
+            .filter(|update| update.hyper.len() <= MAX_HYPER)
+            .map(|update| (update.kernel, update.hyper.len()))
+            .filter(|(kernel, _)| {
+                residences
+                    .iter()
+                    .all(|r| r.queue.has_update(kernel, state.slots.len()))
+            });
         // Async updates run on the updating worker's device, so the store must be there too; a
         // sync update averages every replica's gradients in one kernel, which takes so many.
         let too_many = residences
@@ -187,16 +202,16 @@ impl<'o, O: Optimizer + ?Sized> DeviceStore<'o, O> {
             Mode::Async => !one_device,
             Mode::Sync => too_many,
         };
-        if !fused || state.slots.len() != 1 || unsupported {
+        let Some((kernel, hyper_len)) = kernel.filter(|_| !unsupported) else {
             return Ok(None);
-        }
+        };
         let len = state.params.len();
         let workers = residences.len();
         let members = residences
             .into_iter()
             .map(|residence| {
                 residence.queue.bind()?;
-                let hyper = residence.queue.alloc(6)?;
+                let hyper = residence.queue.alloc(2 * hyper_len)?;
                 Ok(Member { residence, hyper })
             })
             .collect::<Result<Vec<_>, ReplicaError>>()?;
@@ -206,7 +221,6 @@ impl<'o, O: Optimizer + ?Sized> DeviceStore<'o, O> {
             spans.push((offset..offset + span.len(), span.weight_decay));
             offset += span.len();
         }
-        let ema = &state.slots[0].values;
         let record = match mode {
             Mode::Sync => {
                 let replicas = members
@@ -214,19 +228,16 @@ impl<'o, O: Optimizer + ?Sized> DeviceStore<'o, O> {
                     .map(|member| {
                         let queue = member.queue();
                         queue.bind()?;
-                        let average = queue.alloc(len)?;
                         // SAFETY: the replica's parameter buffer holds `len` values (its
-                        // layout's), as does the new one.
-                        unsafe {
-                            queue.write(member.residence.params, &state.params)?;
-                            queue.write(average.address(), ema)?;
-                        }
+                        // layout's).
+                        unsafe { queue.write(member.residence.params, &state.params)? };
+                        let slots = upload_state(queue, state)?;
                         let done = queue.event()?;
                         // Recorded once, so that the first step's waits have something to
                         // wait for.
                         queue.record(&*done)?;
                         Ok(SyncReplica {
-                            ema: average,
+                            state: slots,
                             outbox: [queue.alloc(len)?, queue.alloc(len)?],
                             staging: match one_device {
                                 true => None,
@@ -242,12 +253,10 @@ impl<'o, O: Optimizer + ?Sized> DeviceStore<'o, O> {
             Mode::Async => {
                 let queue = members[0].queue();
                 queue.bind()?;
-                let (params, average) = (queue.alloc(len)?, queue.alloc(len)?);
-                // SAFETY: both buffers were just allocated with `len` values.
-                unsafe {
-                    queue.write(params.address(), &state.params)?;
-                    queue.write(average.address(), ema)?;
-                }
+                let params = queue.alloc(len)?;
+                // SAFETY: the buffer was just allocated with `len` values.
+                unsafe { queue.write(params.address(), &state.params)? };
+                let slots = upload_state(queue, state)?;
                 // A shard a span: on the device an update of a shard is one kernel, fast next to
                 // the launch, so few large shards cost least; workers still start at different
                 // ones.
@@ -280,7 +289,7 @@ impl<'o, O: Optimizer + ?Sized> DeviceStore<'o, O> {
                     .collect::<Result<Vec<_>, ReplicaError>>()?;
                 Record::Async {
                     params,
-                    ema: average,
+                    state: slots,
                     shards,
                     begun,
                     seen,
@@ -289,6 +298,8 @@ impl<'o, O: Optimizer + ?Sized> DeviceStore<'o, O> {
         };
         Ok(Some(Self {
             optimizer,
+            kernel,
+            hyper_len,
             spans,
             len,
             slot_names: state.slots.iter().map(|s| s.name.clone()).collect(),
@@ -299,14 +310,14 @@ impl<'o, O: Optimizer + ?Sized> DeviceStore<'o, O> {
 
     /// What `worker`'s `hyper` must hold for update `at`.
     fn hyper_upload(&self, worker: usize, at: UpdateAt) -> Result<DeviceOp, ReplicaError> {
-        let mut values = Vec::with_capacity(6);
+        let mut values = Vec::with_capacity(2 * self.hyper_len);
         for decayed in [true, false] {
-            let mut fused = self
+            let update = self
                 .optimizer
-                .fused_sgd(at.step, at.epoch, decayed)
-                .ok_or("the optimiser has no fused device update")?;
-            fused.learning_rate *= at.rate_scale;
-            values.extend(fused.values());
+                .device_update(at.step, at.epoch, decayed, at.rate_scale)
+                .filter(|u| u.kernel == self.kernel && u.hyper.len() == self.hyper_len)
+                .ok_or("the optimiser's device update changed during the run")?;
+            values.extend(update.hyper);
         }
         Ok(DeviceOp::Upload {
             dst: self.members[worker].hyper.address(),
@@ -315,12 +326,12 @@ impl<'o, O: Optimizer + ?Sized> DeviceStore<'o, O> {
     }
 
     /// The update kernels, on `worker`'s queue, of `range` of the parameters at `params` and
-    /// their average at `ema`, with the gradients at `grads` and the values of
+    /// their state at `state`, with the gradients at `grads` and the values of
     /// [`hyper_upload`](Self::hyper_upload).
     fn update_ops(
         &self,
         worker: usize,
-        (params, ema): (u64, u64),
+        (params, state): (u64, &[u64]),
         grads: &[u64],
         range: Range<usize>,
     ) -> Vec<DeviceOp> {
@@ -330,11 +341,12 @@ impl<'o, O: Optimizer + ?Sized> DeviceStore<'o, O> {
             .filter_map(|(span, decayed)| {
                 let piece = range.start.max(span.start)..range.end.min(span.end);
                 (!piece.is_empty()).then(|| DeviceOp::Update {
+                    kernel: self.kernel,
                     params: at(params, piece.start),
-                    ema: at(ema, piece.start),
+                    state: state.iter().map(|&s| at(s, piece.start)).collect(),
                     grads: grads.iter().map(|&g| at(g, piece.start)).collect(),
                     len: piece.len(),
-                    hyper: at(hyper, if *decayed { 0 } else { 3 }),
+                    hyper: at(hyper, if *decayed { 0 } else { self.hyper_len }),
                 })
             })
             .collect()
@@ -368,17 +380,19 @@ impl<'o, O: Optimizer + ?Sized> DeviceStore<'o, O> {
         }
         ops.push(self.hyper_upload(worker, UpdateAt::full(pending.step, pending.epoch))?);
         let params = self.members[worker].residence.params;
-        ops.extend(self.update_ops(worker, (params, me.ema.address()), &grads, 0..self.len));
+        let state = addresses(&me.state);
+        ops.extend(self.update_ops(worker, (params, &state), &grads, 0..self.len));
         Ok(ops)
     }
 
-    /// The parameters of record and their moving average, read on `worker`'s thread (or any,
-    /// between runs), with the device bound to that worker's queue afterwards.
+    /// The parameters of record and the optimiser's state (as many vectors as it has), read on
+    /// `worker`'s thread (or any, between runs), with the device bound to that worker's queue
+    /// afterwards.
     fn read_record(
         &self,
         worker: usize,
         params: &mut [f32],
-        ema: &mut [f32],
+        state: &mut [&mut [f32]],
     ) -> Result<(), ReplicaError> {
         let queue = self.members[worker].queue();
         match &self.record {
@@ -398,15 +412,17 @@ impl<'o, O: Optimizer + ?Sized> DeviceStore<'o, O> {
                 // last step.
                 unsafe {
                     first.read(self.members[0].residence.params, params)?;
-                    first.read(replicas[0].ema.address(), ema)?;
+                    for (slot, values) in replicas[0].state.iter().zip(state.iter_mut()) {
+                        first.read(slot.address(), values)?;
+                    }
                 }
                 if let Some(pending) = progress.pending {
-                    self.apply_on_host(replicas, pending, params, ema)?;
+                    self.apply_on_host(replicas, pending, params, state)?;
                 }
             }
             Record::Async {
                 params: store,
-                ema: average,
+                state: slots,
                 shards,
                 ..
             } => {
@@ -417,21 +433,23 @@ impl<'o, O: Optimizer + ?Sized> DeviceStore<'o, O> {
                 // SAFETY: both hold the `len` values; the waits above order every update first.
                 unsafe {
                     queue.read(store.address(), params)?;
-                    queue.read(average.address(), ema)?;
+                    for (slot, values) in slots.iter().zip(state.iter_mut()) {
+                        queue.read(slot.address(), values)?;
+                    }
                 }
             }
         }
         queue.bind()
     }
 
-    /// Applies `pending` to `params` and `ema` on the host, from every replica's outbox: the
-    /// optimiser's own arithmetic, which the fused kernel is bit for bit.
+    /// Applies `pending` to `params` and `state` on the host, from every replica's outbox: the
+    /// optimiser's own arithmetic, which its kernel is bit for bit.
     fn apply_on_host(
         &self,
         replicas: &[SyncReplica],
         pending: Pending,
         params: &mut [f32],
-        ema: &mut [f32],
+        state: &mut [&mut [f32]],
     ) -> Result<(), ReplicaError> {
         let mut grads = vec![vec![0.0f32; self.len]; replicas.len()];
         for ((member, replica), out) in self.members.iter().zip(replicas).zip(&mut grads) {
@@ -442,9 +460,11 @@ impl<'o, O: Optimizer + ?Sized> DeviceStore<'o, O> {
         }
         for (range, decayed) in &self.spans {
             let parts: Vec<&[f32]> = grads.iter().map(|g| &g[range.clone()]).collect();
+            let mut slots: Vec<&mut [f32]> =
+                state.iter_mut().map(|s| &mut s[range.clone()]).collect();
             let piece = Piece {
                 params: &mut params[range.clone()],
-                state: &mut [&mut ema[range.clone()]],
+                state: &mut slots,
                 grads: &parts,
                 weight_decay: *decayed,
                 rate_scale: 1.0,
@@ -453,6 +473,28 @@ impl<'o, O: Optimizer + ?Sized> DeviceStore<'o, O> {
         }
         Ok(())
     }
+}
+
+/// The state vectors of `state` in new buffers on `queue`'s device.
+fn upload_state(
+    queue: &dyn DeviceQueue,
+    state: &TrainState,
+) -> Result<Vec<Box<dyn DeviceAlloc>>, ReplicaError> {
+    state
+        .slots
+        .iter()
+        .map(|slot| {
+            let buffer = queue.alloc(slot.values.len())?;
+            // SAFETY: the buffer was just allocated with as many values.
+            unsafe { queue.write(buffer.address(), &slot.values)? };
+            Ok(buffer)
+        })
+        .collect()
+}
+
+/// The addresses of `buffers`.
+fn addresses(buffers: &[Box<dyn DeviceAlloc>]) -> Vec<u64> {
+    buffers.iter().map(|b| b.address()).collect()
 }
 
 /// Copies every worker's `begun` count into a staleness record's half at `record`.
@@ -618,7 +660,7 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for DeviceStore<'_, O> {
     ) -> Result<bool, ReplicaError> {
         let Record::Async {
             params,
-            ema,
+            state,
             shards,
             begun,
             seen,
@@ -637,7 +679,7 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for DeviceStore<'_, O> {
         seen.own = seen.own.wrapping_add(1);
         seen.pending += 1;
         // SAFETY: the record's second half holds `workers` values, as `begun` does; `hyper`
-        // six (the update kernels of this worker's last update, which read it, are earlier on
+        // the kernel's values twice (the update kernels of this worker's last update, which read it, are earlier on
         // the same queue).
         unsafe {
             queue.run(&[
@@ -654,7 +696,7 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for DeviceStore<'_, O> {
             queue.wait(&**event)?;
             let ops = self.update_ops(
                 worker,
-                (params.address(), ema.address()),
+                (params.address(), &addresses(state)),
                 &[member.residence.grads],
                 shard.range.clone(),
             );
@@ -668,8 +710,10 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for DeviceStore<'_, O> {
     }
 
     fn l2_loss(&self, worker: usize, weight_decay: f32) -> Result<f32, ReplicaError> {
-        let (mut params, mut ema) = (vec![0.0; self.len], vec![0.0; self.len]);
-        self.read_record(worker, &mut params, &mut ema)?;
+        let mut params = vec![0.0; self.len];
+        let mut state = vec![vec![0.0; self.len]; self.slot_names.len()];
+        let mut slots: Vec<&mut [f32]> = state.iter_mut().map(Vec::as_mut_slice).collect();
+        self.read_record(worker, &mut params, &mut slots)?;
         let sum = self
             .spans
             .iter()
@@ -681,10 +725,15 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for DeviceStore<'_, O> {
 
     fn save_into(&self, state: &mut TrainState) -> Result<(), ReplicaError> {
         // The caller may be any thread: the main one after the run, the watchdog during it.
-        let [ema] = &mut state.slots[..] else {
-            return Err("the state does not have the store's one optimiser slot".into());
-        };
-        self.read_record(0, &mut state.params, &mut ema.values)
+        if state.slots.len() != self.slot_names.len() {
+            return Err("the state does not have the store's optimiser slots".into());
+        }
+        let mut slots: Vec<&mut [f32]> = state
+            .slots
+            .iter_mut()
+            .map(|s| s.values.as_mut_slice())
+            .collect();
+        self.read_record(0, &mut state.params, &mut slots)
     }
 
     fn empty_state(&self, step: u64) -> TrainState {

@@ -13,14 +13,15 @@
 //! ([`Batches`], [`EpochOrder`]), the store of the parameters of record ([`ParamStore`]; in host
 //! memory, [`HostStore`]), [`Observer`] callbacks and the [`TrainReport`]. Neither knows
 //! anything of the model beyond the [`tandem_core::Replica`] trait, nor of the optimiser
-//! beyond [`tandem_core::Optimizer`] (tandem's is [`Sgd`]: SGD with exponential decay, L2 and a
-//! moving average, the TensorFlow multi-GPU MNIST example's); both train a
+//! beyond [`tandem_core::Optimizer`] (tandem's are in `tandem_optim`: SGD with exponential decay,
+//! L2 and a moving average, the TensorFlow multi-GPU MNIST example's, and Adam); both train a
 //! [`tandem_core::TrainState`] in place.
 //!
 //! ```
 //! use tandem_core::{ParamSpan, Replica, ReplicaError, StepLoss, TrainState};
 //! use tandem_pool::{Device, WorkerPool};
-//! use tandem_strategy::{train, Batches, Mode, NoObserver, Sgd};
+//! use tandem_optim::Sgd;
+//! use tandem_strategy::{train, Batches, Mode, NoObserver};
 //!
 //! /// Fits y = w . x to a target w* = 3 on a data set where example i is x = i.
 //! struct Scalar { layout: Vec<ParamSpan>, w: f32, grad: f32 }
@@ -80,7 +81,7 @@ pub mod thread_ranks;
 pub use batch_scaling::{BatchScaling, InvalidScaling};
 pub use device_store::DeviceStore;
 pub use epochs::Epochs;
-pub use hyper::{Batches, Sgd};
+pub use hyper::Batches;
 pub use order::EpochOrder;
 pub use ranks::Ranks;
 pub use staleness::{

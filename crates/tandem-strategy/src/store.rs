@@ -448,7 +448,7 @@ mod tests {
     use std::sync::atomic::{AtomicU64, Ordering};
 
     use super::*;
-    use crate::Sgd;
+    use tandem_optim::Sgd;
 
     /// Each shard of a step is claimed once: owners from the front of their share, a worker
     /// done with its own from the back of the next share with any left; a new step starts

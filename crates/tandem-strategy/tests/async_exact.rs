@@ -16,9 +16,10 @@ use std::time::Duration;
 
 use common::{across, ema, pool_of, weights_and_bias, within, Loss, Model, TestReplica};
 use tandem_core::{ParamSpan, TrainState};
+use tandem_optim::Sgd;
 use tandem_pool::WorkerPool;
 use tandem_strategy::{
-    train, train_across, Batches, NoObserver, Observer, Sgd, StalenessBound, Strategy, TrainError,
+    train, train_across, Batches, NoObserver, Observer, StalenessBound, Strategy, TrainError,
     TrainReport,
 };
 

@@ -136,11 +136,12 @@ fn steps_order_by_value_not_by_name() {
     }
     let steps: Vec<u64> = dir.checkpoints().unwrap().iter().map(|c| c.0).collect();
     assert_eq!(steps, [10_000_000_000, 10_000_000_001]);
-    let (path, newest, skipped) = dir.load_newest(&layout(), |_| Ok(())).unwrap();
+    let (path, newest, skipped) = dir.load_newest(&layout(), |_| Ok::<_, String>(())).unwrap();
     assert_eq!(newest.state.step, 10_000_000_001);
     assert!(path.ends_with("step-10000000001.safetensors"));
     assert!(skipped.is_empty());
-    let (_, newest, _) = checkpoint::load_newest(tmp.path(), &layout(), |_| Ok(())).unwrap();
+    let (_, newest, _) =
+        checkpoint::load_newest(tmp.path(), &layout(), |_| Ok::<_, String>(())).unwrap();
     assert_eq!(newest.state.step, 10_000_000_001);
     let listed = checkpoint::list(tmp.path()).unwrap();
     assert!(listed[1].ends_with("step-10000000001.safetensors"));
@@ -364,7 +365,7 @@ fn a_non_finite_value_anywhere_makes_the_file_damaged() {
                 && message.contains(&format!("tensor {tensor} holds a non-finite value")),
             "{message}"
         );
-        let (_, newest, skipped) = dir.load_newest(&layout(), |_| Ok(())).unwrap();
+        let (_, newest, skipped) = dir.load_newest(&layout(), |_| Ok::<_, String>(())).unwrap();
         assert_eq!(newest.state.step, 2);
         assert_eq!(skipped, [message]);
         // The header alone is fine: only a whole load finds the damage.
@@ -566,7 +567,7 @@ fn keeps_only_the_newest_and_resumes_from_the_newest_valid() {
     let bytes = fs::read(&newest).unwrap();
     fs::write(&newest, &bytes[..bytes.len() / 2]).unwrap();
     let (path, loaded, skipped) =
-        checkpoint::load_newest(dir.path(), &layout(), |_| Ok(())).unwrap();
+        checkpoint::load_newest(dir.path(), &layout(), |_| Ok::<_, String>(())).unwrap();
     assert_eq!(loaded.state.step, 30);
     assert!(path.ends_with("step-0000000030.safetensors"));
     assert_eq!(skipped.len(), 1);
@@ -616,7 +617,7 @@ fn truncated_corrupted_and_mismatched_files_are_errors_naming_the_file() {
     assert!(matches!(missing, CheckpointError::Io { .. }));
     let empty = tempfile::tempdir().unwrap();
     assert!(matches!(
-        checkpoint::load_newest(empty.path(), &layout(), |_| Ok(())),
+        checkpoint::load_newest(empty.path(), &layout(), |_| Ok::<_, String>(())),
         Err(CheckpointError::NoneFound { .. })
     ));
 }

@@ -13,7 +13,8 @@ use std::sync::Mutex;
 use tandem_core::{Optimizer, ParamSpan, Piece, TrainState};
 use tandem_pool::{Device, WorkerPool};
 
-use tandem_strategy::{Batches, Mode, Observer, Sgd, Staleness, StepReport, Strategy};
+use tandem_optim::{Adam, Sgd};
+use tandem_strategy::{Batches, Mode, Observer, Staleness, StepReport, Strategy};
 
 /// Parameters pulled towards targets that depend on the batch: every gradient depends on the
 /// parameters and the examples, so a wrong buffer, span or order shows in the result.
@@ -199,6 +200,36 @@ fn async_on_device_replicas_past_the_end_of_the_staleness_ring_trains_as_in_host
     let state = train_with(Mode::Async, &mut resident, steps, &sgd(), log_every);
     assert!(resident_store_used(&resident));
     assert_eq!(state, expected);
+}
+
+/// Another optimiser's device update is the store's as much as SGD's: Adam, with its two
+/// moments and with or without the moving average, stays on the devices in both modes (one
+/// device and, sync, a device each) and trains bitwise as in host memory, L2 term and staleness
+/// included.
+#[test]
+fn adam_on_device_replicas_trains_as_in_host_memory_bitwise() {
+    let one_device: fn(usize) -> usize = |_| 0;
+    let own_devices: fn(usize) -> usize = |worker| worker;
+    for ema_decay in [Some(0.9), None] {
+        let adam = Adam {
+            learning_rate: 0.05,
+            weight_decay: 0.01,
+            ema_decay,
+            ..Adam::DEFAULT
+        };
+        for (mode, memory, steps) in [
+            (Mode::Sync, one_device, 23),
+            (Mode::Sync, own_devices, 23),
+            (Mode::Async, one_device, 41),
+        ] {
+            let expected = train_with(mode, &mut pool(3, true, None), steps, &adam, 1);
+            assert_eq!(expected.0.slots.len(), adam.state_names().len());
+            let mut resident = pool(3, true, Some(memory));
+            let state = train_with(mode, &mut resident, steps, &adam, 1);
+            assert!(resident_store_used(&resident), "{mode:?} {ema_decay:?}");
+            assert_eq!(state, expected, "{mode:?} {ema_decay:?}");
+        }
+    }
 }
 
 /// SGD in all but name: the same arithmetic, with no fused kernel to give the store.

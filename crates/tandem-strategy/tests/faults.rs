@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 
 use common::{batches, sgd, LeastSquares, Quirks};
 use tandem_core::{ReplicaError, Slot, TrainState};
+use tandem_optim::Sgd;
 use tandem_pool::WorkerPool;
-use tandem_strategy::{NoObserver, Observer, Sgd, StepReport, TrainError};
+use tandem_strategy::{NoObserver, Observer, StepReport, TrainError};
 
 #[derive(Clone, Copy)]
 enum Fault {

@@ -17,8 +17,9 @@ use std::sync::Mutex;
 
 use common::{ema, pool_of, weights_and_bias, within, Loss, Model, TestReplica};
 use tandem_core::TrainState;
+use tandem_optim::Sgd;
 use tandem_pool::WorkerPool;
-use tandem_strategy::{Batches, EpochOrder, Observer, Sgd, StepReport};
+use tandem_strategy::{Batches, EpochOrder, Observer, StepReport};
 
 const EXAMPLES: usize = 40;
 const FEATURES: usize = 3;

@@ -19,10 +19,11 @@ use common::{batches, within, LeastSquares, Loss, Model, Quirks, EXAMPLES};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use tandem_core::{Optimizer, ParamSpan, Piece, Replica, ReplicaError, Slot, TrainState};
+use tandem_optim::Sgd;
 use tandem_pool::WorkerPool;
 use tandem_strategy::checkpoint::{self, CheckpointDir, CheckpointError};
 use tandem_strategy::{
-    Batches, EpochOrder, NoObserver, Observer, Sgd, StepReport, TrainError, TrainReport,
+    Batches, EpochOrder, NoObserver, Observer, StepReport, TrainError, TrainReport,
 };
 
 /// The schedule both optimisers here share: `learning_rate * lr_decay ^ epoch`, and L2 with
@@ -378,7 +379,7 @@ fn check_momentum(mode: Mode, split: u64, steps: u64) {
         .unwrap();
         let middle = state.clone();
         let checkpointed = round_trip(&dir, &state);
-        let (_, loaded, _) = dir.load_newest(&layout(), |_| Ok(())).unwrap();
+        let (_, loaded, _) = dir.load_newest(&layout(), |_| Ok::<_, String>(())).unwrap();
         let mut state = loaded.state;
         train(
             &mut pool(workers),
@@ -754,7 +755,7 @@ fn hostile_optimizer_state_is_refused_as_damage() {
             (
                 checkpoint::load(&path, &layout).map(|c| c.state.slots.len()),
                 checkpoint::read_header(&path).map(|(step, _)| step),
-                checkpoint::load_newest(&dir, &layout, |_| Ok(())).map(|(p, _, _)| p),
+                checkpoint::load_newest(&dir, &layout, |_| Ok::<_, String>(())).map(|(p, _, _)| p),
             )
         }));
         let Ok((loaded, header, newest)) = outcome else {

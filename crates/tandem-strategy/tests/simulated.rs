@@ -13,10 +13,11 @@ use common::{
     batches, ema, pool, sgd, sim_pool, sync_train, within, LeastSquaresFit, Model, Quirks, EXAMPLES,
 };
 use tandem_core::{Optimizer, Piece, ReplicaError, TrainState};
+use tandem_optim::Sgd;
 use tandem_pool::{Device, WorkerPool};
 use tandem_strategy::{
-    train, AsyncRule, BatchScaling, EpochOrder, Epochs, Mode, NoObserver, Observer, Sgd,
-    StalenessBound, StepReport, Strategy, TrainError, TrainReport, Warmup,
+    train, AsyncRule, BatchScaling, EpochOrder, Epochs, Mode, NoObserver, Observer, StalenessBound,
+    StepReport, Strategy, TrainError, TrainReport, Warmup,
 };
 
 /// Nothing added to the least-squares fit.

@@ -18,9 +18,10 @@ use std::time::Duration;
 
 use common::{across, ema, pool_of, weights_and_bias, within, Loss, Model, TestReplica};
 use tandem_core::{Helpers, ParamSpan, TrainState};
+use tandem_optim::Sgd;
 use tandem_pool::WorkerPool;
 use tandem_strategy::{
-    train_across, Batches, EpochOrder, Mode, NoObserver, Observer, Ranks, Sgd, StepReport,
+    train_across, Batches, EpochOrder, Mode, NoObserver, Observer, Ranks, StepReport,
 };
 use tandem_tensor::cpu::{sgd_ema_update, UpdateStep};
 

@@ -13,10 +13,11 @@ use std::time::{Duration, Instant};
 
 use common::{batches, ema, sgd, LeastSquares, Quirks, EXAMPLES};
 use tandem_core::{Optimizer, ReplicaError, TrainState};
+use tandem_optim::Sgd;
 use tandem_pool::{Device, WorkerPool};
 use tandem_strategy::ranks::Channel;
 use tandem_strategy::{
-    train_across, Batches, Epochs, Mode, NoObserver, Observer, Ranks, Sgd, Stall, TrainError,
+    train_across, Batches, Epochs, Mode, NoObserver, Observer, Ranks, Stall, TrainError,
     TrainReport,
 };
 use tandem_tensor::cpu::{sgd_ema_update, UpdateStep};

@@ -8,8 +8,9 @@ use std::path::Path;
 use std::sync::LazyLock;
 
 use tandem_core::{ParamSpan, Replica, ReplicaError, StepLoss, TrainState};
+use tandem_optim::Sgd;
 use tandem_pool::{Device, DeviceSpec};
-use tandem_strategy::{Batches, Sgd};
+use tandem_strategy::Batches;
 use tandem_train::{
     AsyncRule, BatchScaling, Checkpoints, Fresh, Interrupt, Length, Mode, Model, ModelId,
     StalenessBound,

@@ -3,9 +3,8 @@
 use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
 
-use tandem_strategy::{
-    AsyncRule, BatchScaling, Batches, Epochs, Sgd, StalenessBound, Strategy, Warmup,
-};
+use tandem_optim::{MetadataError, RecordedOptimizer};
+use tandem_strategy::{AsyncRule, BatchScaling, Batches, Epochs, StalenessBound, Strategy, Warmup};
 
 use crate::{Mode, RunError};
 
@@ -33,107 +32,6 @@ impl ModelId {
             format: format.into(),
             model: model.into(),
         }
-    }
-}
-
-/// An optimiser whose configuration a checkpoint records, so that a resumed run continues
-/// with the same one.
-pub trait RecordedOptimizer: tandem_core::Optimizer + Clone + PartialEq + Sized {
-    /// Its metadata keys, in [`values`](Self::values)' order; part of a run's identity.
-    const KEYS: &'static [&'static str];
-
-    /// Its configuration as text, one value per key of [`KEYS`](Self::KEYS).
-    fn values(&self) -> Vec<String>;
-
-    /// Reads and checks its configuration: `value(key)` gives the recorded text of each key.
-    /// An error says which key and why.
-    fn from_values(value: &dyn Fn(&str) -> Option<String>) -> Result<Self, String>;
-}
-
-/// Parses a finite `f32` (a flag or a metadata value) and checks it with `allowed`; `rule`
-/// says what is allowed, for the error.
-pub fn parse_finite(text: &str, allowed: impl Fn(f32) -> bool, rule: &str) -> Result<f32, String> {
-    let value: f32 = text
-        .trim()
-        .parse()
-        .map_err(|_| format!("{text:?} is not a number"))?;
-    if !value.is_finite() {
-        return Err(format!("{text} is not finite"));
-    }
-    if !allowed(value) {
-        return Err(format!("{value} is out of range: {rule}"));
-    }
-    Ok(value)
-}
-
-/// The checks of [`Sgd`]'s values, one per field, for command lines and metadata alike.
-pub mod sgd {
-    use super::parse_finite as finite;
-
-    /// The learning rate: finite and positive.
-    pub fn learning_rate(text: &str) -> Result<f32, String> {
-        finite(
-            text,
-            |v| v > 0.0,
-            "the learning rate must be > 0 (a negative one climbs the loss)",
-        )
-    }
-
-    /// The learning-rate decay factor: in (0, 1].
-    pub fn lr_decay(text: &str) -> Result<f32, String> {
-        finite(
-            text,
-            |v| v > 0.0 && v <= 1.0,
-            "the decay factor must be in (0, 1]: 1 keeps the rate constant",
-        )
-    }
-
-    /// The L2 coefficient: finite and not negative.
-    pub fn weight_decay(text: &str) -> Result<f32, String> {
-        finite(
-            text,
-            |v| v >= 0.0,
-            "the L2 coefficient must be >= 0 (0 turns L2 off)",
-        )
-    }
-
-    /// The moving-average decay: in [0, 1).
-    pub fn ema_decay(text: &str) -> Result<f32, String> {
-        finite(
-            text,
-            |v| (0.0..1.0).contains(&v),
-            "the moving-average decay must be in [0, 1): 1 would never move",
-        )
-    }
-}
-
-impl RecordedOptimizer for Sgd {
-    const KEYS: &'static [&'static str] =
-        &["learning_rate", "lr_decay", "weight_decay", "ema_decay"];
-
-    fn values(&self) -> Vec<String> {
-        [
-            self.learning_rate,
-            self.lr_decay,
-            self.weight_decay,
-            self.ema_decay,
-        ]
-        .iter()
-        .map(f32::to_string)
-        .collect()
-    }
-
-    fn from_values(value: &dyn Fn(&str) -> Option<String>) -> Result<Self, String> {
-        let read = |key: &str, check: fn(&str) -> Result<f32, String>| {
-            let text = value(key).ok_or_else(|| format!("its metadata has no {key}"))?;
-            check(&text).map_err(|e| format!("its metadata {key} = {text:?}: {e}"))
-        };
-        Ok(Sgd {
-            learning_rate: read("learning_rate", sgd::learning_rate)?,
-            lr_decay: read("lr_decay", sgd::lr_decay)?,
-            weight_decay: read("weight_decay", sgd::weight_decay)?,
-            ema_decay: read("ema_decay", sgd::ema_decay)?,
-        })
     }
 }
 
@@ -210,9 +108,7 @@ impl<O: RecordedOptimizer> RunConfig<O> {
         self.epochs(examples)
             .end_step(epochs)
             .filter(|&n| n <= MAX_STEPS)
-            .ok_or_else(|| {
-                RunError::Config(format!("{epochs} epochs is more than {MAX_STEPS} steps"))
-            })
+            .ok_or(RunError::TooLong { epochs })
     }
 
     /// The run as checkpoint metadata, with `model`'s format and name.
@@ -226,7 +122,7 @@ impl<O: RecordedOptimizer> RunConfig<O> {
             ("batch_size", self.batches.batch_size.to_string()),
             ("seed", self.batches.seed.to_string()),
         ];
-        let optimizer = O::KEYS.iter().copied().zip(self.optimizer.values());
+        let optimizer = self.optimizer.record();
         let asynchronous = [
             (ASYNC_RULE, self.async_rule.to_string()),
             (ASYNC_WARMUP, self.async_warmup.to_string()),
@@ -251,7 +147,12 @@ impl<O: RecordedOptimizer> RunConfig<O> {
     /// and what rotation compares (it deletes only checkpoints that agree on all of them). A
     /// sync run resumes only on the same number of workers, an async one on any.
     pub fn identity_keys(&self) -> Vec<&'static str> {
-        let mut keys: Vec<&'static str> = RUN_KEYS.iter().chain(O::KEYS).copied().collect();
+        let optimizer = self.optimizer.record();
+        let mut keys: Vec<&'static str> = RUN_KEYS
+            .iter()
+            .copied()
+            .chain(optimizer.iter().map(|(key, _)| *key))
+            .collect();
         if self.mode == Mode::Sync {
             keys.push("workers");
         }
@@ -265,37 +166,41 @@ impl<O: RecordedOptimizer> RunConfig<O> {
         meta: &BTreeMap<String, String>,
         model: &ModelId,
         max_batch: u64,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, MetadataError> {
         let text = |key: &str| {
             meta.get(key)
                 .map(String::as_str)
-                .ok_or_else(|| format!("its metadata has no {key}"))
+                .ok_or_else(|| MetadataError::Missing(key.to_owned()))
         };
-        let integer = |key: &str, range: RangeInclusive<u64>| -> Result<u64, String> {
+        let integer = |key: &str, range: RangeInclusive<u64>| -> Result<u64, MetadataError> {
             let value = text(key)?;
             let n: u64 = value
                 .parse()
-                .map_err(|e| format!("its metadata {key} = {value:?}: {e}"))?;
+                .map_err(|e| MetadataError::invalid(key, value, e))?;
             if range.contains(&n) {
                 Ok(n)
             } else {
-                Err(format!(
-                    "its metadata {key} = {value:?}: out of range {}..={}",
-                    range.start(),
-                    range.end()
+                Err(MetadataError::invalid(
+                    key,
+                    value,
+                    format_args!("out of range {}..={}", range.start(), range.end()),
                 ))
             }
         };
         for (key, expected) in [("format", &model.format), ("model", &model.model)] {
             let found = text(key)?;
             if found != expected {
-                return Err(format!("its {key} is {found:?}, not {expected:?}"));
+                return Err(MetadataError::Other {
+                    key: key.to_owned(),
+                    found: found.to_owned(),
+                    expected: expected.clone(),
+                });
             }
         }
         let mode = match text("mode")? {
             "sync" => Mode::Sync,
             "async" => Mode::Async,
-            other => return Err(format!("its metadata mode = {other:?}: unknown mode")),
+            other => return Err(MetadataError::invalid("mode", other, "unknown mode")),
         };
         let async_rule = match (mode, meta.get(ASYNC_RULE)) {
             (Mode::Sync, _) => AsyncRule::DEFAULT,
@@ -303,7 +208,7 @@ impl<O: RecordedOptimizer> RunConfig<O> {
             (Mode::Async, None) => AsyncRule::Plain,
             (Mode::Async, Some(text)) => text
                 .parse()
-                .map_err(|e| format!("its metadata {ASYNC_RULE}: {e}"))?,
+                .map_err(|e| MetadataError::invalid(ASYNC_RULE, text, e))?,
         };
         let async_warmup = match (mode, meta.get(ASYNC_WARMUP)) {
             (Mode::Sync, _) => Warmup::Auto,
@@ -311,14 +216,14 @@ impl<O: RecordedOptimizer> RunConfig<O> {
             (Mode::Async, None) => Warmup::Epochs(0),
             (Mode::Async, Some(text)) => text
                 .parse()
-                .map_err(|e| format!("its metadata {ASYNC_WARMUP}: {e}"))?,
+                .map_err(|e| MetadataError::invalid(ASYNC_WARMUP, text, e))?,
         };
         let async_bound = match (mode, meta.get(ASYNC_BOUND)) {
             // Written before bounds existed, or by a sync run.
             (Mode::Sync, _) | (Mode::Async, None) => StalenessBound::Unbounded,
             (Mode::Async, Some(text)) => text
                 .parse()
-                .map_err(|e| format!("its metadata {ASYNC_BOUND}: {e}"))?,
+                .map_err(|e| MetadataError::invalid(ASYNC_BOUND, text, e))?,
         };
         let lr_scaling = match (mode, meta.get(LR_SCALING)) {
             (Mode::Async, _) => BatchScaling::Auto,
@@ -326,7 +231,7 @@ impl<O: RecordedOptimizer> RunConfig<O> {
             (Mode::Sync, None) => BatchScaling::Factor(1.0),
             (Mode::Sync, Some(text)) => text
                 .parse()
-                .map_err(|e| format!("its metadata {LR_SCALING}: {e}"))?,
+                .map_err(|e| MetadataError::invalid(LR_SCALING, text, e))?,
         };
         let save_every = match meta.get("save_every") {
             // Written by versions that did not record the cadence: the default, once an epoch
@@ -351,22 +256,12 @@ impl<O: RecordedOptimizer> RunConfig<O> {
             save_every,
         })
     }
-
-    /// Checks a loaded checkpoint's step against its own metadata: within the run.
-    pub fn check_step(&self, step: u64) -> Result<(), String> {
-        if step > self.end_step {
-            return Err(format!(
-                "its step {step} is past its end_step {}",
-                self.end_step
-            ));
-        }
-        Ok(())
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tandem_optim::Sgd;
 
     fn model() -> ModelId {
         ModelId {
@@ -412,7 +307,11 @@ mod tests {
         let err =
             RunConfig::<Sgd>::from_metadata(&config(Mode::Sync).to_metadata(&model()), &other, 100)
                 .unwrap_err();
-        assert!(err.contains("its model is \"2-1\", not \"3-1\""), "{err}");
+        assert!(
+            err.to_string()
+                .contains("its model is \"2-1\", not \"3-1\""),
+            "{err}"
+        );
     }
 
     #[test]
@@ -433,7 +332,7 @@ mod tests {
             meta.insert(key.into(), bad.into());
             let err = RunConfig::<Sgd>::from_metadata(&meta, &model(), 100).unwrap_err();
             assert!(
-                err.contains(key) && err.contains(says),
+                err.to_string().contains(key) && err.to_string().contains(says),
                 "{key}={bad}: {err}"
             );
         }
@@ -441,20 +340,20 @@ mod tests {
         rule.insert(ASYNC_RULE.into(), "faster".into());
         let err = RunConfig::<Sgd>::from_metadata(&rule, &model(), 100).unwrap_err();
         assert!(
-            err.contains("async_rule") && err.contains("\"faster\""),
+            err.to_string().contains("async_rule") && err.to_string().contains("\"faster\""),
             "{err}"
         );
         let mut bound = config(Mode::Async).to_metadata(&model());
         bound.insert(ASYNC_BOUND.into(), "wait:-3".into());
         let err = RunConfig::<Sgd>::from_metadata(&bound, &model(), 100).unwrap_err();
         assert!(
-            err.contains("async_bound") && err.contains("\"wait:-3\""),
+            err.to_string().contains("async_bound") && err.to_string().contains("\"wait:-3\""),
             "{err}"
         );
         let mut missing = good;
         missing.remove("seed");
         let err = RunConfig::<Sgd>::from_metadata(&missing, &model(), 100).unwrap_err();
-        assert_eq!(err, "its metadata has no seed");
+        assert_eq!(err.to_string(), "its metadata has no seed");
     }
 
     /// Async runs record their rule, warm-up and bound, sync runs nothing of them; an async
@@ -509,7 +408,10 @@ mod tests {
         let mut bad = config(Mode::Sync).to_metadata(&model());
         bad.insert(LR_SCALING.into(), "0".into());
         let err = RunConfig::<Sgd>::from_metadata(&bad, &model(), 100).unwrap_err();
-        assert!(err.contains(LR_SCALING) && err.contains("\"0\""), "{err}");
+        assert!(
+            err.to_string().contains(LR_SCALING) && err.to_string().contains("\"0\""),
+            "{err}"
+        );
     }
 
     #[test]
@@ -517,10 +419,14 @@ mod tests {
         let sync = config(Mode::Sync).identity_keys();
         let asynchronous = config(Mode::Async).identity_keys();
         assert!(sync.contains(&"workers") && !asynchronous.contains(&"workers"));
-        for key in Sgd::KEYS
-            .iter()
-            .chain(&["format", "model", "mode", "batch_size", "seed"])
-        {
+        let record = Sgd::DEFAULT.record();
+        for key in record.iter().map(|(key, _)| key).chain(&[
+            "format",
+            "model",
+            "mode",
+            "batch_size",
+            "seed",
+        ]) {
             assert!(sync.contains(key) && asynchronous.contains(key), "{key}");
         }
     }

@@ -1,5 +1,6 @@
 use std::path::PathBuf;
 
+use tandem_optim::MetadataError;
 use tandem_pool::DeviceError;
 use tandem_strategy::checkpoint::CheckpointError;
 use tandem_strategy::TrainError;
@@ -15,13 +16,66 @@ pub struct Conflict {
     pub saved: String,
 }
 
+/// Why a checkpoint is not a run of this model and optimiser.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotThisRun {
+    /// Its metadata is not a run configuration.
+    #[error(transparent)]
+    Metadata(#[from] MetadataError),
+    /// Its step is past the end its metadata records.
+    #[error("its step {step} is past its end_step {end}")]
+    PastItsEnd {
+        /// Its step.
+        step: u64,
+        /// Its end step.
+        end: u64,
+    },
+    /// Its optimiser state is not the optimiser's.
+    #[error("its optimiser state is not the optimiser's ({expected})")]
+    OtherState {
+        /// The optimiser's state vectors, by name.
+        expected: String,
+    },
+}
+
 /// Why a run could not start, go on or end as asked. Every variant says what to do about it
 /// where there is something to do.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
-    /// The run's configuration is not possible.
-    #[error("{0}")]
-    Config(String),
+    /// A length in epochs past [`MAX_STEPS`](crate::MAX_STEPS).
+    #[error("{epochs} epochs is more than {max} steps", max = crate::MAX_STEPS)]
+    TooLong {
+        /// The epochs asked for.
+        epochs: u64,
+    },
+    /// More workers across the ranks than a run may have.
+    #[error(
+        "{per_rank} worker(s) on each of {ranks} ranks is {workers} in all, more than the {max} \
+         a run may have",
+        max = crate::MAX_WORKERS
+    )]
+    TooManyWorkers {
+        /// Workers on each rank.
+        per_rank: usize,
+        /// Ranks.
+        ranks: usize,
+        /// Their product.
+        workers: usize,
+    },
+    /// The Ctrl-C handler could not be installed.
+    #[error("cannot install the Ctrl-C handler: {0}")]
+    CtrlC(#[source] ctrlc::Error),
+    /// A checkpoint, or the run rank 0 sent, is not a run this trainer can continue.
+    #[error("{}: {source}", .what.display())]
+    NotARun {
+        /// The file, or what sent it.
+        what: PathBuf,
+        /// Why.
+        source: NotThisRun,
+    },
+    /// The run's own settings would write checkpoints that a resume refuses.
+    #[error("the run's settings are not a run a resume could continue: {0}")]
+    Unresumable(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// `--devices` (or the caller's device list) cannot be used.
     #[error(transparent)]
     Devices(#[from] DeviceError),

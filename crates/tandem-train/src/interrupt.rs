@@ -35,7 +35,7 @@ impl Interrupt {
                 std::process::exit(130);
             }
         })
-        .map_err(|e| RunError::Config(format!("cannot install the Ctrl-C handler: {e}")))?;
+        .map_err(RunError::CtrlC)?;
         Ok(interrupt)
     }
 

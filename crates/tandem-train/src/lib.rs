@@ -11,7 +11,7 @@
 //! * [`output`]: stdout that never panics (a closed pipe stops a run like a Ctrl-C).
 //! * `report` (feature `report`): the sync-vs-async comparison's table and charts.
 //!
-//! The optimiser is any [`RecordedOptimizer`] (tandem's [`Sgd`](tandem_strategy::Sgd) is one):
+//! The optimiser is any [`RecordedOptimizer`] (tandem's [`Sgd`](tandem_optim::Sgd) is one):
 //! its configuration is part of the run's identity in checkpoint metadata.
 //!
 //! `examples/linear_regression.rs` trains a model tandem does not ship through the trainer,
@@ -30,13 +30,13 @@ pub mod report;
 mod trainer;
 
 pub use config::{
-    parse_finite, sgd, ModelId, RecordedOptimizer, RunConfig, ASYNC_BOUND, ASYNC_RULE,
-    ASYNC_WARMUP, LR_SCALING, MAX_STEPS, MAX_WORKERS,
+    ModelId, RunConfig, ASYNC_BOUND, ASYNC_RULE, ASYNC_WARMUP, LR_SCALING, MAX_STEPS, MAX_WORKERS,
 };
-pub use error::{Conflict, RunError};
+pub use error::{Conflict, NotThisRun, RunError};
 pub use interrupt::Interrupt;
 pub use plan::Plan;
 pub use progress::{Display, Progress, DEFAULT_LOG_EVERY};
+pub use tandem_optim::{MetadataError, RecordedOptimizer};
 pub use tandem_strategy::{AsyncRule, BatchScaling, Mode, StalenessBound, Warmup};
 pub use trainer::{
     check_checkpoint, Checkpoints, EvaluateError, Fresh, Length, Model, Requested, Resume, Segment,

@@ -14,9 +14,10 @@ use tandem_strategy::{
     Stall, StepReport, TrainReport, Warmup,
 };
 
-use crate::config::{ModelId, RecordedOptimizer, RunConfig, MAX_WORKERS};
-use crate::error::Conflict;
+use crate::config::{ModelId, RunConfig, MAX_WORKERS};
+use crate::error::{Conflict, NotThisRun};
 use crate::{output, Interrupt, Mode, Plan, Progress, RunError};
+use tandem_optim::RecordedOptimizer;
 
 /// What the trainer needs of a model: its identity in checkpoints, its parameter layout, its
 /// training set's size and a way to open a replica on a device.
@@ -207,14 +208,19 @@ pub fn check_checkpoint<O: RecordedOptimizer>(
     checkpoint: &Checkpoint,
     model: &ModelId,
     max_batch: u64,
-) -> Result<RunConfig<O>, String> {
+) -> Result<RunConfig<O>, NotThisRun> {
     let config = RunConfig::<O>::from_metadata(&checkpoint.metadata, model, max_batch)?;
-    config.check_step(checkpoint.state.step)?;
+    let step = checkpoint.state.step;
+    if step > config.end_step {
+        return Err(NotThisRun::PastItsEnd {
+            step,
+            end: config.end_step,
+        });
+    }
     if !checkpoint.state.fits(&config.optimizer) {
-        return Err(format!(
-            "its optimiser state is not the optimiser's ({})",
-            config.optimizer.state_names().join(", ")
-        ));
+        return Err(NotThisRun::OtherState {
+            expected: config.optimizer.state_names().join(", "),
+        });
     }
     Ok(config)
 }
@@ -382,10 +388,11 @@ impl<M: Model, O: RecordedOptimizer> Trainer<M, O> {
         let rank_count = ranks.as_ref().map_or(1, |r| r.ranks());
         let workers = per_rank.saturating_mul(rank_count);
         if workers > MAX_WORKERS {
-            return Err(RunError::Config(format!(
-                "{per_rank} worker(s) on each of {rank_count} ranks is {workers} in all, more than \
-                 the {MAX_WORKERS} a run may have"
-            )));
+            return Err(RunError::TooManyWorkers {
+                per_rank,
+                ranks: rank_count,
+                workers,
+            });
         }
         if let Some(ranks) = ranks.as_ref().filter(|r| r.rank() != 0) {
             let (config, state) = from_rank0(&model, setup, &**ranks)?;
@@ -632,9 +639,20 @@ fn resume_from<M: Model, O: RecordedOptimizer>(
     for reason in skipped {
         output::warn(format!("warning: skipped damaged checkpoint {reason}"));
     }
-    let mut config = check_checkpoint::<O>(&saved, &id, setup.max_batch)
-        .map_err(|reason| RunError::Config(format!("{}: {reason}", path.display())))?;
-    let recorded = config.to_metadata(&id);
+    let mut config = check_checkpoint::<O>(&saved, &id, setup.max_batch).map_err(|source| {
+        RunError::NotARun {
+            what: path.clone(),
+            source,
+        }
+    })?;
+    let mut recorded = config.to_metadata(&id);
+    recorded.extend(
+        config
+            .optimizer
+            .settings()
+            .into_iter()
+            .map(|(key, value)| (key.to_owned(), value)),
+    );
     let conflicts: Vec<Conflict> = resume
         .requested
         .iter()
@@ -722,17 +740,13 @@ fn as_a_resume_reads_it<M: Model, O: RecordedOptimizer>(
             end: config.end_step,
         });
     }
-    let invalid = |reason: String| {
-        RunError::Config(format!(
-            "the run's settings are not a run a resume could continue: {reason}"
-        ))
-    };
+    let invalid = |e: Box<dyn std::error::Error + Send + Sync>| RunError::Unresumable(e);
     let metadata = config.to_metadata(&model.id());
-    let bytes = checkpoint::to_bytes(state, &model.layout(), &metadata)
-        .map_err(|e| invalid(e.to_string()))?;
+    let bytes =
+        checkpoint::to_bytes(state, &model.layout(), &metadata).map_err(|e| invalid(e.into()))?;
     let read = checkpoint::from_bytes(&bytes, Path::new("the run's settings"), &model.layout())
-        .map_err(|e| invalid(e.to_string()))?;
-    check_checkpoint::<O>(&read, &model.id(), max_batch).map_err(invalid)?;
+        .map_err(|e| invalid(e.into()))?;
+    check_checkpoint::<O>(&read, &model.id(), max_batch).map_err(|e| invalid(e.into()))?;
     Ok(bytes)
 }
 
@@ -767,8 +781,13 @@ fn from_rank0<M: Model, O: RecordedOptimizer>(
     ranks.broadcast(&mut bytes);
     let source = Path::new("the run rank 0 sent");
     let received = checkpoint::from_bytes(&bytes, source, &model.layout())?;
-    let config = check_checkpoint::<O>(&received, &model.id(), setup.max_batch)
-        .map_err(|reason| RunError::Config(format!("{}: {reason}", source.display())))?;
+    let config =
+        check_checkpoint::<O>(&received, &model.id(), setup.max_batch).map_err(|reason| {
+            RunError::NotARun {
+                what: source.to_owned(),
+                source: reason,
+            }
+        })?;
     Ok((config, received.state))
 }
 
@@ -944,8 +963,8 @@ mod tests {
     use std::sync::LazyLock;
 
     use tandem_core::StepLoss;
+    use tandem_optim::Sgd;
     use tandem_pool::Device;
-    use tandem_strategy::Sgd;
 
     use super::*;
     use crate::MAX_STEPS;

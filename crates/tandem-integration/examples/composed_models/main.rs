@@ -21,8 +21,9 @@ use rand::SeedableRng;
 use tandem_core::{ParamSpan, Replica, ReplicaError};
 use tandem_mnist::Mnist;
 use tandem_model::{Mlp, Network};
+use tandem_optim::Sgd;
 use tandem_pool::{Device, DeviceSpec, GpuCount};
-use tandem_strategy::{Batches, Sgd};
+use tandem_strategy::Batches;
 use tandem_tensor::{CpuBackend, ExampleSet};
 use tandem_train::{
     AsyncRule, BatchScaling, Fresh, Interrupt, Length, Mode, Model, ModelId, Setup, StalenessBound,

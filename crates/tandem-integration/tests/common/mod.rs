@@ -6,8 +6,8 @@ use rand::SeedableRng;
 use tandem_core::TrainState;
 use tandem_mnist::Mnist;
 use tandem_model::{Mlp, MlpReplica, Network};
+use tandem_optim::Sgd;
 use tandem_pool::{Device, WorkerPool};
-use tandem_strategy::Sgd;
 use tandem_tensor::{CpuBackend, ExampleSet};
 
 pub struct Data {

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tandem_core::{DeviceAlloc, DeviceEvent, DeviceOp, DeviceQueue, ReplicaError, Residence};
+use tandem_optim::adam_update;
 use tandem_tensor::cpu::{self, UpdateStep};
 
 /// The device memory of every fake queue: blocks by their first byte's address, each with the
@@ -93,35 +94,49 @@ fn run(ops: &[DeviceOp], memory: usize) {
                 arena.span(*dst, values.len()).copy_from_slice(values);
             }
             DeviceOp::Update {
+                kernel,
                 params,
-                ema,
+                state,
                 grads,
                 len,
                 hyper,
             } => {
-                for &at in [*params, *ema, *hyper].iter().chain(grads) {
+                for &at in [*params, *hyper].iter().chain(state).chain(grads) {
                     let owner = arena.memory_of(at);
                     assert_eq!(
                         owner, memory,
                         "an update on device {memory} reads device {owner}"
                     );
                 }
-                let [learning_rate, weight_decay, ema_decay] = arena
-                    .read(*hyper, 3)
-                    .try_into()
-                    .expect("three hyper-parameters");
+                let values = match *kernel {
+                    "sgd_ema_update" => 3,
+                    _ => 6,
+                };
+                let hyper = arena.read(*hyper, values);
                 let grads: Vec<Vec<f32>> = grads.iter().map(|&g| arena.read(g, *len)).collect();
                 let grads: Vec<&[f32]> = grads.iter().map(Vec::as_slice).collect();
                 let mut p = arena.read(*params, *len);
-                let mut e = arena.read(*ema, *len);
-                let step = UpdateStep {
-                    learning_rate,
-                    weight_decay,
-                    ema_decay,
-                };
-                cpu::sgd_ema_update(&mut p, &mut e, &grads, step);
+                let mut slots: Vec<Vec<f32>> = state.iter().map(|&s| arena.read(s, *len)).collect();
+                let mut views: Vec<&mut [f32]> = slots.iter_mut().map(Vec::as_mut_slice).collect();
+                match (*kernel, &mut views[..]) {
+                    ("sgd_ema_update", [e]) => {
+                        let step = UpdateStep {
+                            learning_rate: hyper[0],
+                            weight_decay: hyper[1],
+                            ema_decay: hyper[2],
+                        };
+                        cpu::sgd_ema_update(&mut p, e, &grads, step);
+                    }
+                    ("adam_update", views) => {
+                        let values = hyper[..6].try_into().expect("six values");
+                        adam_update(&mut p, views, &grads, values);
+                    }
+                    (other, _) => panic!("no kernel {other} here"),
+                }
                 arena.span(*params, *len).copy_from_slice(&p);
-                arena.span(*ema, *len).copy_from_slice(&e);
+                for (&at, values) in state.iter().zip(&slots) {
+                    arena.span(at, *len).copy_from_slice(values);
+                }
             }
         }
     }
@@ -172,6 +187,13 @@ impl DeviceQueue for FakeQueue {
     }
     fn max_gradients(&self) -> usize {
         self.max_gradients
+    }
+    /// The kernels of tandem's optimisers, run with their host arithmetic.
+    fn has_update(&self, kernel: &str, states: usize) -> bool {
+        matches!(
+            (kernel, states),
+            ("sgd_ema_update", 1) | ("adam_update", 2 | 3)
+        )
     }
     unsafe fn run(&self, ops: &[DeviceOp]) -> Result<(), ReplicaError> {
         run(ops, self.memory);

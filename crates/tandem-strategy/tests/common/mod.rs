@@ -11,8 +11,9 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use tandem_core::{Alone, Helpers, ParamSpan, Replica, ReplicaError, StepLoss, TrainState};
+use tandem_optim::Sgd;
 use tandem_pool::{Device, WorkerPool};
-use tandem_strategy::{Batches, Sgd};
+use tandem_strategy::Batches;
 
 /// A run that takes longer than this hangs: the test fails rather than waits forever.
 pub const DEADLINE: Duration = Duration::from_secs(120);
