@@ -48,6 +48,15 @@ struct Spans {
     const float *hyper[MAX_SPANS];
 };
 
+// The values of the span (of count) that value i lies in.
+__device__ const float *span_values(const Spans &spans, unsigned count, size_t i) {
+    unsigned s = 0;
+    while (s + 1 < count && i >= spans.end[s]) {
+        ++s;
+    }
+    return spans.hyper[s];
+}
+
 // The fused SGD + L2 + moving-average update of the count spans (1 to MAX_SPANS) of p and e from
 // n gradient buffers.
 extern "C" __global__ void sgd_ema_update(float *__restrict__ p, float *__restrict__ e,
@@ -56,11 +65,7 @@ extern "C" __global__ void sgd_ema_update(float *__restrict__ p, float *__restri
     const size_t len = spans.end[count - 1];
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < len;
          i += (size_t)gridDim.x * blockDim.x) {
-        unsigned s = 0;
-        while (s + 1 < count && i >= spans.end[s]) {
-            ++s;
-        }
-        const float *hyper = spans.hyper[s];
+        const float *hyper = span_values(spans, count, i);
         const float lr = hyper[0], wd = hyper[1], d = hyper[2];
         const float g = mean_gradient(grads, n, i);
         const float pi = __fsub_rn(p[i], __fmul_rn(lr, __fadd_rn(g, __fmul_rn(wd, p[i]))));
@@ -86,11 +91,7 @@ extern "C" __global__ void adam_update(float *__restrict__ p, float *__restrict_
     const size_t len = spans.end[count - 1];
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < len;
          i += (size_t)gridDim.x * blockDim.x) {
-        unsigned s = 0;
-        while (s + 1 < count && i >= spans.end[s]) {
-            ++s;
-        }
-        const float *hyper = spans.hyper[s];
+        const float *hyper = span_values(spans, count, i);
         const float step = hyper[0], b1 = hyper[1], b2 = hyper[2], eps = hyper[3];
         const float wd = hyper[4], d = hyper[5];
         const float g = __fadd_rn(mean_gradient(grads, n, i), __fmul_rn(wd, p[i]));

@@ -441,15 +441,7 @@ fn consecutive_updates_are_each_spans_cpu_update() {
         ..STEP
     };
     let host: Vec<Vec<f32>> = (0..5).map(|_| random(&mut rng, len, 0.5)).collect();
-    let buffers: Vec<_> = host
-        .iter()
-        .map(|values| {
-            let buffer = queue.alloc(len).expect("alloc");
-            // SAFETY: the buffer holds `len` values.
-            unsafe { queue.write(buffer.address(), values) }.expect("write");
-            buffer
-        })
-        .collect();
+    let buffers = written(&queue, &host);
     let hyper = queue.alloc(6).expect("alloc");
     let values =
         [decayed(true), decayed(false)].map(|s| [s.learning_rate, s.weight_decay, s.ema_decay]);
@@ -540,15 +532,7 @@ fn adam_update_is_exactly_the_host_update() {
         // Parameters, the first moment, the second (not negative), the average, the gradients.
         let mut host: Vec<Vec<f32>> = (0..4 + grads).map(|_| random(&mut rng, len, 0.5)).collect();
         host[2].iter_mut().for_each(|v| *v = v.abs() * 1e-3);
-        let buffers: Vec<_> = host
-            .iter()
-            .map(|values| {
-                let buffer = queue.alloc(len).expect("alloc");
-                // SAFETY: the buffer holds `len` values.
-                unsafe { queue.write(buffer.address(), values) }.expect("write");
-                buffer
-            })
-            .collect();
+        let buffers = written(&queue, &host);
         let hyper = queue.alloc(12).expect("alloc");
         // SAFETY: twelve values.
         unsafe { queue.write(hyper.address(), &[values(true), values(false)].concat()) }
@@ -597,6 +581,21 @@ fn adam_update_is_exactly_the_host_update() {
         }
         assert_ne!(want[0], host[0], "the update moved the parameters");
     }
+}
+
+/// New buffers on `queue`'s device holding `host`'s vectors.
+fn written(
+    queue: &dyn tandem_core::DeviceQueue,
+    host: &[Vec<f32>],
+) -> Vec<Box<dyn tandem_core::DeviceAlloc>> {
+    host.iter()
+        .map(|values| {
+            let buffer = queue.alloc(values.len()).expect("alloc");
+            // SAFETY: the buffer holds as many values.
+            unsafe { queue.write(buffer.address(), values) }.expect("write");
+            buffer
+        })
+        .collect()
 }
 
 /// The device address of value `offset` of `buffers[buffer]`.
@@ -736,12 +735,17 @@ fn a_missing_device_skips_or_fails_as_required() {
         ordinal: 0,
         count: 0,
     };
-    let skipped = tandem_testkit::verdict("t", &reason, false).expect("skipped when not required");
+    use tandem_testkit::Verdict;
+    let Verdict::Skip(skipped) = tandem_testkit::verdict("t", &reason, false) else {
+        panic!("skipped when not required")
+    };
     assert!(
         skipped.starts_with("SKIPPED: t: no CUDA device"),
         "{skipped}"
     );
-    let failure = tandem_testkit::verdict("t", &reason, true).expect_err("fails when required");
+    let Verdict::Fail(failure) = tandem_testkit::verdict("t", &reason, true) else {
+        panic!("fails when required")
+    };
     assert!(failure.contains("TANDEM_REQUIRE_GPU=1"), "{failure}");
     // Any other error opening the device fails whether or not one is required.
     let broken = std::panic::catch_unwind(|| {

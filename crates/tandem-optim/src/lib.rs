@@ -184,6 +184,31 @@ pub mod check {
     }
 }
 
+/// The test every optimiser's record passes: it reads back as `optimizer`, and each of `lies`
+/// (a key and a value it refuses) is refused with an error naming the key.
+#[cfg(test)]
+pub(crate) fn check_record<O: RecordedOptimizer + std::fmt::Debug>(
+    optimizer: &O,
+    lies: &[(&str, &str)],
+) {
+    let record = optimizer.record();
+    let get = |record: &[(&str, String)], key: &str| {
+        record
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(O::from_values(&|k| get(&record, k)).as_ref(), Ok(optimizer));
+    for (key, bad) in lies {
+        let mut lying = record.clone();
+        lying.iter_mut().find(|(k, _)| k == key).unwrap().1 = (*bad).into();
+        let err = O::from_values(&|k| get(&lying, k)).unwrap_err();
+        assert!(err.to_string().contains(key), "{key}: {err}");
+    }
+    let err = O::from_values(&|k| get(&record[1..], k)).unwrap_err();
+    assert_eq!(err, MetadataError::Missing(record[0].0.to_owned()));
+}
+
 /// `min(ema_decay, (1 + step) / (10 + step))` (TensorFlow's `ExponentialMovingAverage` with
 /// `num_updates`): the average follows the parameters closely while they move fast.
 pub fn warmed_ema_decay(ema_decay: f32, step: u64) -> f32 {

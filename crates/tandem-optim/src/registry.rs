@@ -6,13 +6,16 @@ use tandem_core::{DeviceUpdate, Optimizer, Piece};
 
 use crate::{Adam, MetadataError, RecordedOptimizer, Sgd};
 
+/// Reads an optimiser's configuration from recorded values.
+type Configure = fn(&dyn Fn(&str) -> Option<String>) -> Result<Box<dyn Held>, MetadataError>;
+
 /// One optimiser as command lines and checkpoints name it.
 pub struct OptimizerKind {
     /// Its name (`--optimizer NAME`, and the metadata key [`Chosen::KEY`]).
     pub name: &'static str,
     /// One line for `--help`.
     pub about: &'static str,
-    configure: fn(&dyn Fn(&str) -> Option<String>) -> Result<Box<dyn Held>, MetadataError>,
+    configure: Configure,
     defaults: fn() -> Vec<(&'static str, String)>,
 }
 

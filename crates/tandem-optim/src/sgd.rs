@@ -190,26 +190,14 @@ mod tests {
             learning_rate: 0.25,
             ..Sgd::DEFAULT
         };
-        let record = sgd.record();
-        let get = |record: &[(&str, String)], key: &str| {
-            record
-                .iter()
-                .find(|(k, _)| *k == key)
-                .map(|(_, v)| v.clone())
-        };
-        assert_eq!(Sgd::from_values(&|k| get(&record, k)), Ok(sgd));
-        for (key, bad) in [
-            ("learning_rate", "-1"),
-            ("lr_decay", "1.5"),
-            ("weight_decay", "NaN"),
-            ("ema_decay", "1"),
-        ] {
-            let mut lying = record.clone();
-            lying.iter_mut().find(|(k, _)| *k == key).unwrap().1 = bad.into();
-            let err = Sgd::from_values(&|k| get(&lying, k)).unwrap_err();
-            assert!(err.to_string().contains(key), "{key}: {err}");
-        }
-        let err = Sgd::from_values(&|k| get(&record[1..], k)).unwrap_err();
-        assert_eq!(err, MetadataError::Missing("learning_rate".into()));
+        crate::check_record(
+            &sgd,
+            &[
+                ("learning_rate", "-1"),
+                ("lr_decay", "1.5"),
+                ("weight_decay", "NaN"),
+                ("ema_decay", "1"),
+            ],
+        );
     }
 }

@@ -58,20 +58,28 @@ pub fn no_device(reason: &dyn Display, required: bool) {
     match verdict(&test, reason, required) {
         // Straight to the process's stderr, in one write: the test harness captures
         // `eprintln!` of passing tests, and a skip must never pass silently.
-        Ok(skipped) => {
-            let _ = std::io::stderr().write_all(skipped.as_bytes());
+        Verdict::Skip(line) => {
+            let _ = std::io::stderr().write_all(line.as_bytes());
         }
-        Err(failure) => panic!("{failure}"),
+        Verdict::Fail(why) => panic!("{why}"),
     }
 }
 
-/// What [`no_device`] does for `test`: `Ok` with the line that says it is skipped, or `Err`
-/// with why it fails.
-pub fn verdict(test: &str, reason: &dyn Display, required: bool) -> Result<String, String> {
+/// What [`no_device`] does for a test.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// It is skipped, and this line says so.
+    Skip(String),
+    /// It fails, for this reason.
+    Fail(String),
+}
+
+/// What [`no_device`] does for `test`.
+pub fn verdict(test: &str, reason: &dyn Display, required: bool) -> Verdict {
     match required {
-        true => Err(format!(
+        true => Verdict::Fail(format!(
             "{test}: {REQUIRE_GPU}=1 but there is no CUDA device ({reason})"
         )),
-        false => Ok(format!("SKIPPED: {test}: no CUDA device ({reason})\n")),
+        false => Verdict::Skip(format!("SKIPPED: {test}: no CUDA device ({reason})\n")),
     }
 }
