@@ -1,12 +1,11 @@
 use std::path::PathBuf;
 
-use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 use tandem_model::Mlp;
-use tandem_optim::check::{ema_decay, learning_rate, lr_decay, weight_decay};
-use tandem_optim::{UnknownOptimizer, OPTIMIZERS};
+use tandem_optim::check::learning_rate;
 use tandem_pool::DeviceSpec;
 use tandem_strategy::{AsyncRule, BatchScaling, Batches, StalenessBound, Warmup};
-use tandem_train::{Display, Mode, DEFAULT_LOG_EVERY, MAX_STEPS};
+use tandem_train::cli::{async_bound, async_rule, async_warmup, lr_scaling, RunArgs, MAX_BATCH};
 
 /// Train the TensorFlow multi-GPU MNIST example's network (784-500-10 ReLU, SGD with
 /// exponential decay, L2 regularisation, a moving average of the weights) data-parallel across
@@ -160,120 +159,15 @@ pub struct CompareArgs {
     pub data_dir: Option<PathBuf>,
 }
 
-/// How progress is shown.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// A progress bar when stdout and stderr are terminals (not under mpirun, whose stderr is
-    /// a pipe), plain lines otherwise.
-    Auto,
-    /// The reference's plain lines: `step N, loss = L (E examples/sec; S sec/batch)`.
-    Plain,
-}
-
-impl From<LogFormat> for Display {
-    fn from(format: LogFormat) -> Self {
-        match format {
-            LogFormat::Auto => Display::Auto,
-            LogFormat::Plain => Display::Plain,
-        }
-    }
-}
-
-/// How to train.
-///
-/// The hyper-parameter flags are options without a stored default: a fresh run takes
-/// `tandem_optim::Sgd::DEFAULT`'s and `Batches::DEFAULT`'s values for those not given (their help states them, and a
-/// test holds the help and the README to them), and a resumed run takes the checkpoint's,
-/// so that a flag given with `--resume` can be told apart from a default (and refused when it
-/// disagrees with the run being resumed).
+/// How to train: the run's flags, and the network's.
 #[derive(Debug, Clone, Args)]
-#[command(group(ArgGroup::new("checkpoint_target").args(["checkpoint_dir", "resume"]).multiple(true)))]
 pub struct TrainArgs {
-    /// Synchronous data parallelism: averaged gradients, one identical update per step (default).
-    #[arg(long, conflicts_with = "asynchronous")]
-    pub sync: bool,
-
-    /// Asynchronous data parallelism: each worker updates the shared parameters on its own.
-    #[arg(long = "async", id = "asynchronous")]
-    pub asynchronous: bool,
-
-    /// What asynchronous updates do about staleness (the other updates that landed between a
-    /// worker's read of the parameters and its update): scaled divides each update's learning
-    /// rate by its staleness (at least 1), plain applies every update at the full rate (which
-    /// diverges from about 4 workers) [default: scaled].
-    #[arg(long, value_name = "RULE", value_parser = async_rule)]
-    pub async_rule: Option<AsyncRule>,
-
-    /// Asynchronous training's first epochs on one worker before the others join: auto (5 on
-    /// 4 or more workers, where stale updates hurt, none on fewer) or a number of epochs (0:
-    /// none) [default: auto].
-    #[arg(long, value_name = "EPOCHS", allow_negative_numbers = true, value_parser = async_warmup)]
-    pub async_warmup: Option<Warmup>,
-
-    /// A limit S on how stale an asynchronous update may be: none; wait:S (at most S + 1
-    /// workers compute at once, the others wait to read); or drop:S (an update more than S
-    /// stale is dropped and its batch computed again from fresh parameters) [default: none].
-    #[arg(long, value_name = "BOUND", value_parser = async_bound)]
-    pub async_bound: Option<StalenessBound>,
-
-    /// Synchronous training's learning rate as the global batch (every worker's batch) grows:
-    /// auto (the rate times global batch / 800 above 800 examples, at most twice, as on 9 or
-    /// more workers of 100) or a factor from 1 to 64 (1: none); a scaled rate grows linearly
-    /// from the base over the first 5 epochs [default: auto].
-    #[arg(long, value_name = "SCALING", value_parser = lr_scaling)]
-    pub lr_scaling: Option<BatchScaling>,
-
-    /// Devices, one replica each: auto (all GPUs, else one CPU worker per core), cpu:N,
-    /// cuda:0,1 (GPUs 0 and 1), cuda:0x4 (four replicas on GPU 0) or sim:N (N simulated
-    /// workers: exactly as N equally fast parallel workers would train, at one core's speed);
-    /// at most 256 replicas.
-    #[arg(long, default_value = "auto", value_name = "SPEC")]
-    pub devices: DeviceSpec,
-
-    /// Passes over the 55,000 training examples, 1 to 100000: the run ends at the first step
-    /// by which that many examples are drawn (epochs x 55,000 / global batch, rounded up)
-    /// [default: 100; when resuming, the checkpointed run's own length].
-    #[arg(long, conflicts_with = "steps", value_parser = clap::value_parser!(u64).range(1..=MAX_EPOCHS))]
-    pub epochs: Option<u64>,
-
-    /// Train until this global step instead of --epochs, 1 to 10^12 (sync: one step uses every
-    /// worker's batch; async: one step is one worker's update).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=MAX_STEPS))]
-    pub steps: Option<u64>,
-
-    /// Examples per worker per step, 1 to 60000 [default: 100].
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=MAX_BATCH))]
-    pub batch_size: Option<u64>,
-
-    /// The optimiser: sgd (SGD with L2 and a moving average, the reference's) or adam (Adam
-    /// with bias correction, L2 and a moving average; its defaults: --lr 0.001, betas 0.9 and
-    /// 0.999, epsilon 1e-8); --lr, --lr-decay, --weight-decay and --ema-decay set either's
-    /// [default: sgd; when resuming, the run's own].
-    #[arg(long, value_name = "NAME", value_parser = optimizer)]
-    pub optimizer: Option<String>,
-
-    /// Base learning rate, a finite number > 0 [default: 0.8 for one hidden layer, 0.8 / N for
-    /// N hidden layers; with --optimizer adam, 0.001].
-    #[arg(long = "lr", alias = "learning-rate", value_name = "RATE", allow_negative_numbers = true, value_parser = learning_rate)]
-    pub learning_rate: Option<f32>,
-
-    /// The learning rate is multiplied by this once per epoch (continuously), in (0, 1]
-    /// [default: 0.99].
-    #[arg(long, value_name = "FACTOR", allow_negative_numbers = true, value_parser = lr_decay)]
-    pub lr_decay: Option<f32>,
-
-    /// L2 regularisation coefficient on the weights, finite and >= 0 [default: 0.0001].
-    #[arg(long, value_name = "COEFF", allow_negative_numbers = true, value_parser = weight_decay)]
-    pub weight_decay: Option<f32>,
-
-    /// Moving-average decay of the parameters, in [0, 1) (warmed up as
-    /// min(decay, (1+step)/(10+step))) [default: 0.99].
-    #[arg(long, value_name = "DECAY", allow_negative_numbers = true, value_parser = ema_decay)]
-    pub ema_decay: Option<f32>,
+    #[command(flatten)]
+    pub run: RunArgs,
 
     /// The network's hidden layers, their widths from the input on, each 1 to 65536: 500 (the
-    /// reference's 784-500-10) or 256,128 (784-256-128-10); ReLU after each [default: 500; when
-    /// resuming, the run's own].
+    /// reference's 784-500-10) or 256,128 (784-256-128-10); ReLU after each; with N of them,
+    /// SGD's default --lr is divided by N [default: 500; when resuming, the run's own].
     #[arg(long, value_name = "N,N,...", allow_negative_numbers = true, value_parser = hidden)]
     pub hidden: Option<Mlp>,
 
@@ -282,91 +176,16 @@ pub struct TrainArgs {
     #[arg(long, value_name = "STDDEV", allow_negative_numbers = true, value_parser = init_stddev)]
     pub init_stddev: Option<f32>,
 
-    /// Seed of the initial weights and the data order [default: 1].
-    #[arg(long)]
-    pub seed: Option<u64>,
-
     /// Directory holding the four MNIST IDX files (gzip or plain) [default: $TANDEM_MNIST_DIR,
     /// else data/mnist under the current directory].
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
-
-    /// Print a progress line (and write a metrics record) every this many steps (0: never).
-    #[arg(long, default_value_t = DEFAULT_LOG_EVERY)]
-    pub log_every: u64,
-
-    /// Progress display.
-    #[arg(long, value_enum, default_value_t = LogFormat::Auto)]
-    pub log_format: LogFormat,
-
-    /// Write checkpoints (safetensors) into this directory. It belongs to one run: a second run
-    /// on it is refused while the first lives, and a fresh run refuses a directory that holds
-    /// another run's checkpoints (continue that run with --resume, or choose another
-    /// directory).
-    #[arg(long, value_name = "DIR")]
-    pub checkpoint_dir: Option<PathBuf>,
-
-    /// Save a checkpoint every this many steps [default: once per epoch, 55,000 / global batch
-    /// rounded up; when resuming, the run's own cadence], and always at the end.
-    #[arg(long, value_name = "STEPS", requires = "checkpoint_target", value_parser = clap::value_parser!(u64).range(1..=MAX_STEPS))]
-    pub save_every: Option<u64>,
-
-    /// Keep only the newest this many of the run's checkpoints (0: keep all).
-    #[arg(long, default_value_t = 3)]
-    pub keep: usize,
-
-    /// Continue from the newest valid checkpoint in DIR, with the configuration it was written
-    /// with (mode, batch size, hyper-parameters, seed, length, checkpoint cadence); damaged
-    /// checkpoints are skipped with a warning. New checkpoints go there too unless
-    /// --checkpoint-dir says otherwise. --steps or --epochs extend the run; a flag that
-    /// disagrees with the checkpointed run (e.g. --async for a sync run) is an error.
-    #[arg(long, value_name = "DIR")]
-    pub resume: Option<PathBuf>,
-
-    /// Append one JSON object per logged step and per evaluation to FILE.
-    #[arg(long, value_name = "FILE")]
-    pub metrics: Option<PathBuf>,
-
-    /// Seconds a worker may go without finishing a step before it is reported as stalled; a
-    /// Ctrl-C then saves the last consistent checkpoint and ends the run even though the worker
-    /// hangs.
-    #[arg(long, value_name = "SECONDS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
-    pub stall_timeout: u64,
 
     /// Exit 0 even when a run of an epoch or more ends at chance level (a test accuracy within
     /// 5 points of always answering the commonest digit: it diverged or learnt nothing), which
     /// is otherwise an error after the summary (the checkpoints are kept).
     #[arg(long)]
     pub allow_chance: bool,
-}
-
-/// The longest run `--epochs` may ask for.
-pub const MAX_EPOCHS: u64 = 100_000;
-/// The largest per-worker batch: the training set has 55,000 examples.
-pub const MAX_BATCH: u64 = 60_000;
-
-/// `--async-rule`: a rule's name.
-pub fn async_rule(text: &str) -> Result<AsyncRule, String> {
-    text.parse()
-        .map_err(|e: tandem_strategy::UnknownRule| e.to_string())
-}
-
-/// `--async-warmup`: auto or a number of epochs.
-pub fn async_warmup(text: &str) -> Result<Warmup, String> {
-    text.parse()
-        .map_err(|e: tandem_strategy::InvalidWarmup| e.to_string())
-}
-
-/// `--async-bound`: none, wait:S or drop:S.
-pub fn async_bound(text: &str) -> Result<StalenessBound, String> {
-    text.parse()
-        .map_err(|e: tandem_strategy::InvalidBound| e.to_string())
-}
-
-/// `--lr-scaling`: auto or a factor.
-pub fn lr_scaling(text: &str) -> Result<BatchScaling, String> {
-    text.parse()
-        .map_err(|e: tandem_strategy::InvalidScaling| e.to_string())
 }
 
 /// `--hidden`: widths joined by commas, an MNIST network with those hidden layers.
@@ -389,15 +208,6 @@ pub fn hidden_flag(mlp: &Mlp) -> String {
     widths.join(",")
 }
 
-/// `--optimizer`: a name in [`OPTIMIZERS`].
-fn optimizer(text: &str) -> Result<String, UnknownOptimizer> {
-    OPTIMIZERS
-        .iter()
-        .find(|kind| kind.name == text)
-        .map(|kind| kind.name.to_owned())
-        .ok_or_else(|| UnknownOptimizer(text.to_owned()))
-}
-
 /// `--init-stddev`: in (0, 10].
 pub fn init_stddev(text: &str) -> Result<f32, tandem_optim::ValueError> {
     tandem_optim::parse_finite(
@@ -407,26 +217,8 @@ pub fn init_stddev(text: &str) -> Result<f32, tandem_optim::ValueError> {
     )
 }
 
-/// The default number of epochs: with the reference's slowly decaying learning rate, test accuracy
-/// plateaus around 98.2% with +-0.2% of noise after 30 epochs; by 100 it has settled above 98.3%
-/// in both modes.
-pub const DEFAULT_EPOCHS: u64 = 100;
-
 /// The reference's standard deviation of the initial weights.
 pub const DEFAULT_INIT_STDDEV: f32 = 0.1;
-
-impl TrainArgs {
-    /// The mode the flags ask for, if either was given.
-    pub fn mode(&self) -> Option<Mode> {
-        if self.asynchronous {
-            Some(Mode::Async)
-        } else if self.sync {
-            Some(Mode::Sync)
-        } else {
-            None
-        }
-    }
-}
 
 /// The defaults the help and the README state are the ones the code uses: [`Sgd::DEFAULT`],
 /// [`Batches::DEFAULT`],
@@ -435,6 +227,8 @@ impl TrainArgs {
 mod tests {
     use clap::CommandFactory;
     use tandem_optim::Sgd;
+    use tandem_train::cli::DEFAULT_EPOCHS;
+    use tandem_train::DEFAULT_LOG_EVERY;
 
     use super::*;
 

@@ -8,10 +8,10 @@ use tandem_core::TrainState;
 use tandem_model::{Mlp, Network};
 use tandem_optim::Sgd;
 use tandem_pool::DeviceSpec;
-use tandem_strategy::{Batches, Epochs};
+use tandem_strategy::Batches;
 use tandem_tensor::CpuBackend;
-use tandem_train::report::{self, Point, Report, Run, Sweep, SweepPoint, Written};
-use tandem_train::{out, Fresh, Interrupt, Length, Mode, Plan, Start, Trainer, Watch};
+use tandem_train::report::{self, Report, Run, Sweep, SweepPoint, Written};
+use tandem_train::{out, EvaluateError, Fresh, Interrupt, Length, Mode, Start, Trainer};
 
 use crate::cli::{CompareArgs, DEFAULT_INIT_STDDEV};
 use crate::data::{self, Data};
@@ -123,22 +123,6 @@ fn print(written: &Written) {
     }
 }
 
-/// The global steps at which a run of `count` epochs stops to evaluate, `per_epoch` times an
-/// epoch: equal shares of the budget of examples, each ending at the first step by which its
-/// examples are drawn ([`Epochs::steps_for`]; the last at [`Epochs::end_step`]), without
-/// repeats (a tiny budget may have fewer segments).
-fn segment_ends(epochs: Epochs, count: u64, per_epoch: u64) -> Vec<u64> {
-    let budget = count * epochs.examples();
-    let segments = count * per_epoch;
-    let end = epochs.steps_for(budget);
-    let mut ends: Vec<u64> = (1..=segments)
-        .map(|i| epochs.steps_for(budget * i / segments).min(end))
-        .collect();
-    ends.dedup();
-    ends.retain(|&s| s > 0);
-    ends
-}
-
 /// Trains one mode for the budget with the reference's hyper-parameters, evaluating between
 /// segments.
 fn train(
@@ -148,10 +132,6 @@ fn train(
     data: &Data,
     interrupt: &Interrupt,
 ) -> Result<(Run, Vec<String>)> {
-    let batches = Batches {
-        batch_size: args.batch_size as usize,
-        seed: args.seed,
-    };
     let start = Start::Fresh(Fresh {
         mode,
         async_rule: args.async_rule,
@@ -162,7 +142,10 @@ fn train(
             learning_rate: args.learning_rate.unwrap_or(Sgd::DEFAULT.learning_rate),
             ..Sgd::DEFAULT
         },
-        batches,
+        batches: Batches {
+            batch_size: args.batch_size as usize,
+            seed: args.seed,
+        },
         length: Length::Epochs(args.epochs),
         save_every: None,
         params: model::initial_params(&Mlp::mnist(), DEFAULT_INIT_STDDEV, args.seed),
@@ -172,92 +155,17 @@ fn train(
         train: &data.train,
     };
     let mut trainer = Trainer::open(model, start, &model::setup(devices), None)?;
-    let config = trainer.config.clone();
-    let epochs = config.epochs(data.train.len());
-    let plan = Plan {
-        evaluate_at: segment_ends(epochs, args.epochs, args.evals_per_epoch),
-        ..Plan::to(config.end_step)
+    let test_accuracy = |state: &TrainState| -> Result<f64, EvaluateError> {
+        let averaged = evaluated(state, &Sgd::DEFAULT)?;
+        Ok(Mlp::mnist().evaluate(&CpuBackend, averaged, &data.test)?)
     };
-    out!(
-        "{}: {} worker(s) [{}], batch {} per worker, {} steps ({} examples)",
-        mode.name(),
-        config.workers,
-        trainer.device_names().join(", "),
-        batches.batch_size,
-        config.end_step,
-        config.end_step * config.examples_per_step()
-    );
-    let test_accuracy = |state: &TrainState| -> Result<f64> {
-        Mlp::mnist()
-            .evaluate(&CpuBackend, evaluated(state, &Sgd::DEFAULT)?, &data.test)
-            .context("cannot evaluate on the test set")
-    };
-    let mut points = vec![Point {
-        seconds: 0.0,
-        examples: 0,
-        accuracy: test_accuracy(&trainer.state)?,
-        loss: None,
-    }];
-    // About 20 loss samples per segment, but never a sum of squares over all parameters (the
-    // L2 term of a logged loss, which a GPU run reads back from the device) more often than
-    // every 10th step: it would slow training down. A short segment still logs once.
-    let per_segment = config.end_step / plan.evaluate_at.len().max(1) as u64;
-    let watch = Watch {
-        progress: None,
-        log_every: (per_segment / 20).max(10).min(per_segment.max(1)),
+    let run = report::measure(
+        &mut trainer,
+        args.epochs,
+        args.evals_per_epoch,
         interrupt,
-        stall_timeout: None,
-        on_abandon: None,
-    };
-    let summary = trainer.train(&plan, &watch, &mut |segment| {
-        // Evaluation happens here, between segments: outside the training time.
-        let point = Point {
-            seconds: segment.totals.seconds,
-            examples: segment.totals.examples,
-            accuracy: test_accuracy(segment.state)?,
-            loss: segment.mean_loss,
-        };
-        points.push(point);
-        let count = (points.len() - 1) as u64;
-        if segment.state.step == plan.end_step || count.is_multiple_of(args.evals_per_epoch) {
-            out!(
-                "  epoch {:>5.2}: test accuracy {:.4}, loss {}, {:.1} s",
-                epochs.epoch_at(segment.state.step),
-                point.accuracy,
-                point.loss.map_or("-".into(), |l| format!("{l:.4}")),
-                point.seconds
-            );
-        }
-        Ok(())
-    })?;
-    if summary.stopped {
-        bail!("interrupted: no report written");
-    }
-    let run = Run {
-        mode,
-        points,
-        staleness: summary.totals.staleness().map(|s| (s.mean, s.max)),
-        failures: summary.totals.failures,
-    };
+        &test_accuracy,
+    )
+    .context("no report written")?;
     Ok((run, trainer.device_names()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn segments_split_the_budget_into_whole_steps() {
-        assert_eq!(segment_ends(Epochs::new(1000, 100), 1, 4), [3, 5, 8, 10]);
-        assert_eq!(segment_ends(Epochs::new(1000, 300), 1, 4), [1, 2, 3, 4]);
-        // More segments than steps: no repeats, no empty segment.
-        assert_eq!(segment_ends(Epochs::new(200, 100), 1, 5), [1, 2]);
-        assert_eq!(segment_ends(Epochs::new(55_000, 200), 10, 5).len(), 50);
-        // A non-dividing batch: whole epochs end where Epochs says they do.
-        let odd = Epochs::new(55_000, 192);
-        let ends = segment_ends(odd, 3, 2);
-        assert_eq!(ends[1], odd.end_step(1).unwrap());
-        assert_eq!(ends[3], odd.end_step(2).unwrap());
-        assert_eq!(ends[5], odd.end_step(3).unwrap());
-    }
 }

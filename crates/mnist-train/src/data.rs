@@ -7,7 +7,6 @@ use tandem_core::{Optimizer, TrainState};
 use tandem_mnist::{Mnist, Split};
 use tandem_model::{Mlp, Network};
 use tandem_tensor::{CpuBackend, ExampleSet};
-use tandem_train::out;
 
 use crate::model::evaluated;
 
@@ -90,15 +89,15 @@ pub fn chance_accuracy(examples: &ExampleSet) -> f64 {
 }
 
 /// The summary's two accuracy lines (training and `eval` print the same).
-pub fn print_accuracy(validation: Accuracy, test: Accuracy) {
-    out!(
-        "validation accuracy: {:.4} averaged, {:.4} raw",
-        validation.averaged,
-        validation.raw
-    );
-    out!(
-        "test accuracy:       {:.4} averaged, {:.4} raw",
-        test.averaged,
-        test.raw
-    );
+pub fn accuracy_lines(validation: Accuracy, test: Accuracy) -> [String; 2] {
+    [
+        format!(
+            "validation accuracy: {:.4} averaged, {:.4} raw",
+            validation.averaged, validation.raw
+        ),
+        format!(
+            "test accuracy:       {:.4} averaged, {:.4} raw",
+            test.averaged, test.raw
+        ),
+    ]
 }

@@ -15,7 +15,7 @@ use tandem_strategy::checkpoint::{self, Checkpoint};
 use tandem_tensor::ExampleSet;
 use tandem_train::{output, ModelId, RunConfig, Setup};
 
-use crate::cli::MAX_BATCH;
+use tandem_train::cli::MAX_BATCH;
 
 /// The checkpoint format this binary writes and reads.
 pub const FORMAT: &str = "tandem-mlp-v1";

@@ -337,7 +337,10 @@ fn what_mpirun_would_run_once_per_process_is_refused() {
     };
     let report = tmp.path().join("report");
     let said = under_mpirun(&["compare", "--epochs", "1", "--report", arg(&report)]);
-    assert!(said.contains("run them without mpirun"), "{said}");
+    assert!(
+        said.contains("runs in one process") && said.contains("run it without mpirun"),
+        "{said}"
+    );
     if !cfg!(feature = "mpi") {
         let said = under_mpirun(&["--steps", "2"]);
         assert!(said.contains("this build has no MPI transport"), "{said}");

@@ -11,6 +11,8 @@
 //!   [`tandem_core::Replica`]; [`open_replica`] opens one on a `tandem_pool::Device`.
 //! * [`Mlp`]: the multi-layer perceptron of the TensorFlow multi-GPU MNIST example's
 //!   `mnist_inference.py` (784-500-10), of any depth.
+//! * [`Confusion`]: a classifier's confusion matrix on a labelled set, as text with recall and
+//!   precision.
 //!
 //! ```
 //! use rand::SeedableRng;
@@ -31,11 +33,13 @@
 //! ```
 #![warn(missing_docs)]
 
+mod confusion;
 pub mod layers;
 mod mlp;
 mod network;
 mod replica;
 
+pub use confusion::Confusion;
 pub use mlp::{Mlp, MlpError, MAX_HIDDEN_LAYERS, MAX_PARAMS, MAX_WIDTH};
 pub use network::Network;
 pub use replica::{open_replica, MlpReplica, NetworkReplica};

@@ -31,7 +31,7 @@ mod registry;
 mod sgd;
 
 pub use adam::{adam_update, Adam};
-pub use registry::{Chosen, OptimizerKind, UnknownOptimizer, OPTIMIZERS};
+pub use registry::{Chosen, ConfigureError, OptimizerKind, UnknownOptimizer, OPTIMIZERS};
 pub use sgd::Sgd;
 
 use tandem_core::Optimizer;

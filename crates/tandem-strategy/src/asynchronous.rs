@@ -36,19 +36,20 @@ use tandem_pool::{FailurePolicy, RunWatch, WorkerContext};
 
 use crate::common::{check_loss, watchdog, Job, StepLosses};
 use crate::hyper::reports;
-use crate::store::{ParamStore, UpdateAt};
+use crate::store::{AsyncStore, UpdateAt};
 use crate::{EpochOrder, Epochs, Staleness, StalenessBound, StepReport, TrainError, TrainReport};
 
-/// [`crate::train`] in this mode, on a validated job.
-pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R> + ?Sized>(
-    job: Job<'_, R, O, S>,
+/// [`crate::train`] in this mode, on a validated job, with `store` holding the parameters of
+/// record (loaded from the job's state, and saved back into it).
+pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: AsyncStore<R> + ?Sized>(
+    job: Job<'_, R, O>,
+    store: &S,
     schedule: &dyn Schedule,
 ) -> Result<TrainReport, TrainError> {
     let (pool, state) = (job.pool, job.state);
     let workers = pool.len();
     let batch_size = job.batches.batch_size as u64;
     let epochs = Epochs::new(job.examples, batch_size);
-    let store = job.store;
     let log_every = job.observer.log_every();
     let start_step = state.step;
     let started = Instant::now();
@@ -210,7 +211,7 @@ pub(crate) trait Schedule: Sync {
     fn complete(&self);
 
     /// The updates the store holds, when none is under way (see
-    /// [`ParamStore::consistent_copy`]).
+    /// [`crate::ParamStore::consistent_copy`]).
     fn version(&self) -> Option<u64>;
 
     /// Runs beside the workers, answering other ranks, until every rank's are
@@ -615,7 +616,7 @@ impl Tally {
     }
 
     /// Counts what `store` measured of `worker`'s updates since the last call.
-    fn take<R: Replica, S: ParamStore<R> + ?Sized>(
+    fn take<R: Replica, S: AsyncStore<R> + ?Sized>(
         &mut self,
         store: &S,
         worker: usize,

@@ -8,7 +8,8 @@ use tandem_pool::{Device, RunWatch, WorkerActivity, WorkerContext, WorkerPool};
 
 use crate::ranks::{Channel, Ranks};
 use crate::{
-    AsyncRule, Batches, NonFiniteLoss, Observer, SilentRank, StalenessBound, Stall, TrainError,
+    AsyncRule, Batches, ConfigError, NonFiniteLoss, Observer, SilentRank, StalenessBound, Stall,
+    TrainError,
 };
 
 /// How often the watchdog looks at the workers: a stall or an abandon is reported within this
@@ -16,7 +17,7 @@ use crate::{
 const WATCH_EVERY: Duration = Duration::from_millis(50);
 
 /// A validated training job, as [`crate::train`] hands it to a strategy.
-pub(crate) struct Job<'a, R, O: ?Sized, S: ?Sized> {
+pub(crate) struct Job<'a, R, O: ?Sized> {
     pub pool: &'a mut WorkerPool<R>,
     pub state: &'a mut TrainState,
     pub optimizer: &'a O,
@@ -25,8 +26,6 @@ pub(crate) struct Job<'a, R, O: ?Sized, S: ?Sized> {
     pub observer: &'a dyn Observer,
     /// The replicas' number of training examples.
     pub examples: usize,
-    /// The parameters of record, loaded from `state`; the strategy saves them back into it.
-    pub store: &'a S,
     /// The other processes of the run, when it spans several.
     pub ranks: Option<&'a dyn Ranks>,
     /// What asynchronous updates do about staleness.
@@ -46,12 +45,8 @@ pub(crate) fn simulated(devices: &[Device], across_ranks: bool) -> Result<bool, 
         .count();
     match sims {
         0 => Ok(false),
-        _ if sims < devices.len() => Err(TrainError::Config(
-            "simulated workers (sim:N) cannot train beside real ones".into(),
-        )),
-        _ if across_ranks => Err(TrainError::Config(
-            "simulated workers (sim:N) train in one process, not across ranks".into(),
-        )),
+        _ if sims < devices.len() => Err(ConfigError::SimulatedBesideReal.into()),
+        _ if across_ranks => Err(ConfigError::SimulatedAcrossRanks.into()),
         _ => Ok(true),
     }
 }
@@ -91,10 +86,12 @@ pub(crate) fn validate_across<R: Replica>(
     for (i, name) in what.iter().enumerate() {
         let (most, least) = (spread[i], !spread[i + what.len()]);
         if most != least {
-            return Err(TrainError::Config(format!(
-                "the ranks disagree on their {name}: from {least} to {most} (every rank must \
-                 run the same job, with as many devices)"
-            )));
+            return Err(ConfigError::RanksDisagree {
+                what: name,
+                least,
+                most,
+            }
+            .into());
         }
     }
     // Rank 0's: the others may watch less, but must take their losses when it logs.
@@ -111,10 +108,7 @@ pub(crate) fn validate<R: Replica, O: Optimizer + ?Sized>(
     optimizer: &O,
     batches: &Batches,
 ) -> Result<usize, TrainError> {
-    let first = pool
-        .replicas()
-        .first()
-        .ok_or_else(|| TrainError::Config("the pool has no workers".into()))?;
+    let first = pool.replicas().first().ok_or(ConfigError::NoWorkers)?;
     // Retired workers stay out for the pool's life; with none left there is nothing to run, and
     // the failure that retired the first of them says why.
     if pool.active() == 0 {
@@ -130,21 +124,18 @@ pub(crate) fn validate<R: Replica, O: Optimizer + ?Sized>(
         });
     }
     if !state.fits(optimizer) {
-        return Err(TrainError::Config(format!(
-            "the training state's optimiser state ({}) is not the optimiser's ({}), each as \
-             long as the parameters",
-            names(state.slots.iter().map(|s| s.name.as_str())),
-            names(optimizer.state_names().iter().copied())
-        )));
+        return Err(ConfigError::OtherOptimizerState {
+            state: names(state.slots.iter().map(|s| s.name.as_str())),
+            optimizer: names(optimizer.state_names().iter().copied()),
+        }
+        .into());
     }
     if batches.batch_size == 0 {
-        return Err(TrainError::Config(
-            "the batch size must be at least 1".into(),
-        ));
+        return Err(ConfigError::EmptyBatch.into());
     }
     let examples = first.training_examples();
     if examples == 0 {
-        return Err(TrainError::Config("the training set is empty".into()));
+        return Err(ConfigError::NoExamples.into());
     }
     Ok(examples)
 }

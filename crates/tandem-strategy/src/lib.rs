@@ -79,7 +79,7 @@ pub mod sync;
 pub mod thread_ranks;
 
 pub use batch_scaling::{BatchScaling, InvalidScaling};
-pub use device_store::DeviceStore;
+pub use device_store::{DeviceAsyncStore, DeviceSyncStore};
 pub use epochs::Epochs;
 pub use hyper::Batches;
 pub use order::EpochOrder;
@@ -88,7 +88,7 @@ pub use staleness::{
     AsyncRule, InvalidBound, InvalidWarmup, StalenessBound, Strategy, UnknownRule, Warmup,
     MAX_WARMUP_EPOCHS,
 };
-pub use store::{HostStore, ParamStore, UpdateAt};
+pub use store::{AsyncStore, HostStore, ParamStore, SyncStore, UpdateAt};
 
 use std::time::Duration;
 
@@ -225,16 +225,10 @@ fn run<R: Replica, O: Optimizer + ?Sized>(
         }
     };
     if ranks.is_some() && warmup_end > state.step {
-        return Err(TrainError::Config(
-            "a warm-up on one worker is not implemented across ranks: train with a warm-up of \
-             0 epochs"
-                .into(),
-        ));
+        return Err(ConfigError::WarmupAcrossRanks.into());
     }
     if ranks.is_some() && mode == Mode::Async && bound != StalenessBound::Unbounded {
-        return Err(TrainError::Config(format!(
-            "a staleness bound ({bound}) is not implemented across ranks: train with none"
-        )));
+        return Err(ConfigError::BoundAcrossRanks(bound).into());
     }
     let leader = (0..pool.len()).find(|&w| !pool.is_retired(w)).unwrap_or(0);
     // Asynchronous across ranks, the store also keeps the counters (at rank 0's service);
@@ -254,45 +248,6 @@ fn run<R: Replica, O: Optimizer + ?Sized>(
         true => &turns,
         false => &counters,
     };
-    let ranked_async = match (mode, ranks) {
-        (Mode::Async, Some(ranks)) => Some(RankedAsyncStore::new(
-            state,
-            &layout,
-            optimizer,
-            ranks,
-            pool.len(),
-            // The asynchronous schedule's: a step is one worker's batch.
-            (end_step, Epochs::new(examples, batches.batch_size as u64)),
-            rule,
-        )),
-        _ => None,
-    };
-    let other: Box<dyn ParamStore<R> + '_>;
-    let (store, schedule): (&dyn ParamStore<R>, &dyn asynchronous::Schedule) = match &ranked_async {
-        Some(store) => (store, store),
-        None => {
-            other = match ranks {
-                Some(ranks) => Box::new(RankedSyncStore::new(
-                    state,
-                    &layout,
-                    optimizer,
-                    ranks,
-                    pool.len(),
-                )),
-                None => {
-                    // Beside replicas that compute on one device, the parameters of record
-                    // stay there.
-                    match DeviceStore::open(mode, pool.replicas(), state, &layout, optimizer)
-                        .map_err(TrainError::Device)?
-                    {
-                        Some(store) => Box::new(store),
-                        None => Box::new(HostStore::new(state, &layout, optimizer, pool.len())),
-                    }
-                }
-            };
-            (&*other, local)
-        }
-    };
     let job = common::Job {
         pool,
         state,
@@ -301,15 +256,55 @@ fn run<R: Replica, O: Optimizer + ?Sized>(
         end_step,
         observer,
         examples,
-        store,
         ranks,
         rule,
         bound,
         log_every,
     };
-    match mode {
-        Mode::Sync => sync::run(job),
-        Mode::Async => asynchronous::run(job, schedule),
+    // The parameters of record: across ranks, shared by every rank's workers; beside replicas
+    // that compute on devices, on those devices; in host memory otherwise.
+    match (mode, ranks) {
+        (Mode::Sync, Some(ranks)) => {
+            let store = RankedSyncStore::new(job.state, &layout, optimizer, ranks, job.pool.len());
+            sync::run(job, &store)
+        }
+        (Mode::Sync, None) => {
+            let replicas = job.pool.replicas();
+            match DeviceSyncStore::open(replicas, job.state, &layout, optimizer)
+                .map_err(TrainError::Device)?
+            {
+                Some(store) => sync::run(job, &store),
+                None => {
+                    let store = HostStore::new(job.state, &layout, optimizer, job.pool.len());
+                    sync::run(job, &store)
+                }
+            }
+        }
+        (Mode::Async, Some(ranks)) => {
+            let store = RankedAsyncStore::new(
+                job.state,
+                &layout,
+                optimizer,
+                ranks,
+                job.pool.len(),
+                // The asynchronous schedule's: a step is one worker's batch.
+                (end_step, Epochs::new(examples, batches.batch_size as u64)),
+                rule,
+            );
+            asynchronous::run(job, &store, &store)
+        }
+        (Mode::Async, None) => {
+            let replicas = job.pool.replicas();
+            match DeviceAsyncStore::open(replicas, job.state, &layout, optimizer)
+                .map_err(TrainError::Device)?
+            {
+                Some(store) => asynchronous::run(job, &store, local),
+                None => {
+                    let store = HostStore::new(job.state, &layout, optimizer, job.pool.len());
+                    asynchronous::run(job, &store, local)
+                }
+            }
+        }
     }
 }
 
@@ -457,6 +452,59 @@ impl TrainReport {
     }
 }
 
+/// Why a configuration cannot train.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// Simulated workers mixed with real ones: a simulation is all its workers' turns.
+    #[error("simulated workers (sim:N) cannot train beside real ones")]
+    SimulatedBesideReal,
+    /// Simulated workers across processes.
+    #[error("simulated workers (sim:N) train in one process, not across ranks")]
+    SimulatedAcrossRanks,
+    /// The ranks would run different jobs.
+    #[error(
+        "the ranks disagree on their {what}: from {least} to {most} (every rank must run the \
+         same job, with as many devices)"
+    )]
+    RanksDisagree {
+        /// What differs (`workers`, `parameters`...).
+        what: &'static str,
+        /// Its smallest value across the ranks.
+        least: u64,
+        /// Its largest.
+        most: u64,
+    },
+    /// A pool without workers.
+    #[error("the pool has no workers")]
+    NoWorkers,
+    /// A state whose optimiser state is not the optimiser's.
+    #[error(
+        "the training state's optimiser state ({state}) is not the optimiser's ({optimizer}), \
+         each as long as the parameters"
+    )]
+    OtherOptimizerState {
+        /// The state's vectors, by name.
+        state: String,
+        /// The optimiser's.
+        optimizer: String,
+    },
+    /// A batch size of 0.
+    #[error("the batch size must be at least 1")]
+    EmptyBatch,
+    /// An empty training set.
+    #[error("the training set is empty")]
+    NoExamples,
+    /// A warm-up on one worker across ranks.
+    #[error(
+        "a warm-up on one worker is not implemented across ranks: train with a warm-up of 0 \
+         epochs"
+    )]
+    WarmupAcrossRanks,
+    /// A staleness bound across ranks.
+    #[error("a staleness bound ({0}) is not implemented across ranks: train with none")]
+    BoundAcrossRanks(StalenessBound),
+}
+
 /// Why a run could not finish.
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
@@ -470,7 +518,7 @@ pub enum TrainError {
     },
     /// The configuration cannot run.
     #[error("invalid training configuration: {0}")]
-    Config(String),
+    Config(#[from] ConfigError),
     /// A worker failed (synchronous: the run stopped, or the pool has a retired worker, without
     /// which lockstep training cannot run; asynchronous: every worker has failed, in this run or
     /// an earlier one on the same pool).

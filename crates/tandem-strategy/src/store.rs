@@ -54,66 +54,6 @@ pub trait ParamStore<R: Replica>: Sync {
     /// Gives `worker`'s `replica` the current parameters.
     fn load(&self, worker: usize, replica: &mut R) -> Result<(), ReplicaError>;
 
-    /// Synchronous: `worker`'s `replica` computes its gradients on `batch` from the current
-    /// parameters. A store may lend them to the replica rather than copy them into it, and then
-    /// lets `helpers` take part ([`Replica::compute_gradients_from`]); the default:
-    /// [`load`](Self::load), then compute.
-    fn compute(
-        &self,
-        worker: usize,
-        replica: &mut R,
-        batch: &[u32],
-        helpers: &dyn Helpers,
-    ) -> Result<StepLoss, ReplicaError> {
-        let _ = helpers;
-        load_then_compute(self, worker, replica, batch)
-    }
-
-    /// Synchronous: makes `worker`'s gradients of its last step available to
-    /// [`update_share`](Self::update_share).
-    fn publish(&self, worker: usize, replica: &mut R) -> Result<(), ReplicaError>;
-
-    /// Synchronous: `worker`'s part of update `step` (at `epoch`), with the mean of every
-    /// worker's published gradients, summed in worker order. Every worker calls it once a step,
-    /// between the same two barriers, and together they update every parameter once: a store
-    /// may divide the work as it goes, so that workers done early help the others. A store may
-    /// also leave the work to the worker's next step, if everything it hands out before then
-    /// holds the update.
-    fn update_share(&self, worker: usize, step: u64, epoch: f64) -> Result<(), ReplicaError>;
-
-    /// Asynchronous: applies `replica`'s gradients of its last step as one update, at once
-    /// for this worker (`worker_of`: the worker and how many there are), while others may
-    /// update too (each piece under its own lock, each worker starting at its own piece so
-    /// that workers rarely queue). `begin` is called once, just before the first piece is
-    /// written, and returns which update it is.
-    ///
-    /// Returns whether it also gave `replica` the parameters as it left them, each piece read
-    /// just after this update wrote it (while it is still in cache): the worker's next step,
-    /// which starts at once, computes from them without a [`load`](Self::load). They are the
-    /// latest but for what other workers write to a piece between its update and the step's
-    /// start, which the step after sees.
-    fn apply(
-        &self,
-        worker_of: (usize, usize),
-        replica: &mut R,
-        begin: &mut dyn FnMut() -> UpdateAt,
-    ) -> Result<bool, ReplicaError>;
-
-    /// Asynchronous: whether the store measures staleness itself, where the updates land
-    /// ([`take_staleness`](Self::take_staleness)); otherwise (the default) the strategy counts
-    /// the updates begun between a worker's load and its own.
-    fn measures_staleness(&self) -> bool {
-        false
-    }
-
-    /// Asynchronous, where [`measures_staleness`](Self::measures_staleness): appends to `out`
-    /// the staleness of `worker`'s updates since the last call, oldest first (waiting for the
-    /// device): how many other updates landed between its load and its update.
-    fn take_staleness(&self, worker: usize, out: &mut Vec<u64>) -> Result<(), ReplicaError> {
-        let _ = (worker, out);
-        Ok(())
-    }
-
     /// `weight_decay / 2 * sum of w^2` over the regularised parameters (the L2 term of the
     /// reported loss), as `worker` sees them after its last update.
     fn l2_loss(&self, worker: usize, weight_decay: f32) -> Result<f32, ReplicaError>;
@@ -147,7 +87,75 @@ pub trait ParamStore<R: Replica>: Sync {
     fn empty_state(&self, step: u64) -> TrainState;
 }
 
-/// [`ParamStore::compute`] by copying: `store` loads the replica, which then computes.
+/// A store for synchronous training: between two barriers a step, every worker computes from
+/// the same parameters, publishes its gradients, and updates its share with their mean.
+pub trait SyncStore<R: Replica>: ParamStore<R> {
+    /// `worker`'s `replica` computes its gradients on `batch` from the current
+    /// parameters. A store may lend them to the replica rather than copy them into it, and then
+    /// lets `helpers` take part ([`Replica::compute_gradients_from`]); the default:
+    /// [`load`](ParamStore::load), then compute.
+    fn compute(
+        &self,
+        worker: usize,
+        replica: &mut R,
+        batch: &[u32],
+        helpers: &dyn Helpers,
+    ) -> Result<StepLoss, ReplicaError> {
+        let _ = helpers;
+        load_then_compute(self, worker, replica, batch)
+    }
+
+    /// Makes `worker`'s gradients of its last step available to
+    /// [`update_share`](Self::update_share).
+    fn publish(&self, worker: usize, replica: &mut R) -> Result<(), ReplicaError>;
+
+    /// `worker`'s part of update `step` (at `epoch`), with the mean of every
+    /// worker's published gradients, summed in worker order. Every worker calls it once a step,
+    /// between the same two barriers, and together they update every parameter once: a store
+    /// may divide the work as it goes, so that workers done early help the others. A store may
+    /// also leave the work to the worker's next step, if everything it hands out before then
+    /// holds the update.
+    fn update_share(&self, worker: usize, step: u64, epoch: f64) -> Result<(), ReplicaError>;
+}
+
+/// A store for asynchronous training: each worker applies its own update whenever its step
+/// is done, while the others compute and update too.
+pub trait AsyncStore<R: Replica>: ParamStore<R> {
+    /// Applies `replica`'s gradients of its last step as one update, at once
+    /// for this worker (`worker_of`: the worker and how many there are), while others may
+    /// update too (each piece under its own lock, each worker starting at its own piece so
+    /// that workers rarely queue). `begin` is called once, just before the first piece is
+    /// written, and returns which update it is.
+    ///
+    /// Returns whether it also gave `replica` the parameters as it left them, each piece read
+    /// just after this update wrote it (while it is still in cache): the worker's next step,
+    /// which starts at once, computes from them without a [`load`](ParamStore::load). They are the
+    /// latest but for what other workers write to a piece between its update and the step's
+    /// start, which the step after sees.
+    fn apply(
+        &self,
+        worker_of: (usize, usize),
+        replica: &mut R,
+        begin: &mut dyn FnMut() -> UpdateAt,
+    ) -> Result<bool, ReplicaError>;
+
+    /// Whether the store measures staleness itself, where the updates land
+    /// ([`take_staleness`](Self::take_staleness)); otherwise (the default) the strategy counts
+    /// the updates begun between a worker's load and its own.
+    fn measures_staleness(&self) -> bool {
+        false
+    }
+
+    /// Where [`measures_staleness`](Self::measures_staleness): appends to `out`
+    /// the staleness of `worker`'s updates since the last call, oldest first (waiting for the
+    /// device): how many other updates landed between its load and its update.
+    fn take_staleness(&self, worker: usize, out: &mut Vec<u64>) -> Result<(), ReplicaError> {
+        let _ = (worker, out);
+        Ok(())
+    }
+}
+
+/// [`SyncStore::compute`] by copying: `store` loads the replica, which then computes.
 fn load_then_compute<R: Replica, S: ParamStore<R> + ?Sized>(
     store: &S,
     worker: usize,
@@ -166,7 +174,7 @@ fn load_then_compute<R: Replica, S: ParamStore<R> + ?Sized>(
 /// ([`Replica::compute_gradients_from`]): every worker reads the same parameters between the
 /// barriers, so none needs a copy of its own. In asynchronous training each needs a copy (the
 /// parameters change under a step), and an update writes it shard by shard as it goes
-/// ([`ParamStore::apply`]), rather than the next step reading every shard again.
+/// ([`AsyncStore::apply`]), rather than the next step reading every shard again.
 pub struct HostStore<'o, O: Optimizer + ?Sized> {
     optimizer: &'o O,
     shards: Shards,
@@ -299,7 +307,7 @@ impl<'o, O: Optimizer + ?Sized> HostStore<'o, O> {
     }
 
     /// One asynchronous update with `grads` (a whole flat vector) of every shard, worker
-    /// `worker` of `workers` starting at its own; see [`ParamStore::apply`].
+    /// `worker` of `workers` starting at its own; see [`AsyncStore::apply`].
     fn update_all(
         &self,
         (worker, workers): (usize, usize),
@@ -326,6 +334,32 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for HostStore<'_, O> {
         })
     }
 
+    fn l2_loss(&self, _: usize, weight_decay: f32) -> Result<f32, ReplicaError> {
+        let sum: f64 = (0..self.shards.len())
+            .map(|index| self.shards.read(index))
+            .filter(|s| s.weight_decay())
+            .map(|s| cpu::sum_squares(s.params()))
+            .sum();
+        Ok(l2_term(weight_decay, sum))
+    }
+
+    fn save_into(&self, state: &mut TrainState) -> Result<(), ReplicaError> {
+        for index in 0..self.shards.len() {
+            let shard = self.shards.read(index);
+            state.params[shard.range()].copy_from_slice(shard.params());
+            for (slot, values) in state.slots.iter_mut().zip(&shard.state) {
+                slot.values[shard.range()].copy_from_slice(values);
+            }
+        }
+        Ok(())
+    }
+
+    fn empty_state(&self, step: u64) -> TrainState {
+        zeros(self.len, &self.slot_names, step)
+    }
+}
+
+impl<R: Replica, O: Optimizer + ?Sized> SyncStore<R> for HostStore<'_, O> {
     fn compute(
         &self,
         worker: usize,
@@ -371,7 +405,9 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for HostStore<'_, O> {
         }
         Ok(())
     }
+}
 
+impl<R: Replica, O: Optimizer + ?Sized> AsyncStore<R> for HostStore<'_, O> {
     fn apply(
         &self,
         worker_of: (usize, usize),
@@ -395,30 +431,6 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for HostStore<'_, O> {
             self.update_all(worker_of, grads, begin, &mut |_| {});
         })?;
         Ok(false)
-    }
-
-    fn l2_loss(&self, _: usize, weight_decay: f32) -> Result<f32, ReplicaError> {
-        let sum: f64 = (0..self.shards.len())
-            .map(|index| self.shards.read(index))
-            .filter(|s| s.weight_decay())
-            .map(|s| cpu::sum_squares(s.params()))
-            .sum();
-        Ok(l2_term(weight_decay, sum))
-    }
-
-    fn save_into(&self, state: &mut TrainState) -> Result<(), ReplicaError> {
-        for index in 0..self.shards.len() {
-            let shard = self.shards.read(index);
-            state.params[shard.range()].copy_from_slice(shard.params());
-            for (slot, values) in state.slots.iter_mut().zip(&shard.state) {
-                slot.values[shard.range()].copy_from_slice(values);
-            }
-        }
-        Ok(())
-    }
-
-    fn empty_state(&self, step: u64) -> TrainState {
-        zeros(self.len, &self.slot_names, step)
     }
 }
 

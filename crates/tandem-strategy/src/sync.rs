@@ -26,12 +26,14 @@ use tandem_pool::{FailurePolicy, RunWatch, WorkerContext};
 use crate::common::{check_loss, watchdog, Job, StepLosses};
 use crate::helping::Board;
 use crate::hyper::reports;
-use crate::store::ParamStore;
+use crate::store::SyncStore;
 use crate::{EpochOrder, Epochs, StepReport, TrainError, TrainReport};
 
-/// [`crate::train`] in this mode, on a validated job.
-pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R> + ?Sized>(
-    job: Job<'_, R, O, S>,
+/// [`crate::train`] in this mode, on a validated job, with `store` holding the parameters of
+/// record (loaded from the job's state, and saved back into it).
+pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: SyncStore<R> + ?Sized>(
+    job: Job<'_, R, O>,
+    store: &S,
 ) -> Result<TrainReport, TrainError> {
     let (pool, state) = (job.pool, job.state);
     // The global batch and the split of the update are the whole pool's: without a retired
@@ -45,7 +47,6 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: ParamStore<R> + ?Sized>(
     let workers = local * ranks;
     let global_batch = (workers * job.batches.batch_size) as u64;
     let epochs = Epochs::new(job.examples, global_batch);
-    let store = job.store;
     // Every rank takes its workers' losses at the run's log steps; this rank's observer hears
     // of those it asked for.
     let (log_every, observed) = (job.log_every, job.observer.log_every());

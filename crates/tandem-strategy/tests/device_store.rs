@@ -1,4 +1,5 @@
-//! The device-resident store ([`tandem_strategy::DeviceStore`]) in the default suite: replicas
+//! The device-resident stores ([`tandem_strategy::DeviceSyncStore`],
+//! [`tandem_strategy::DeviceAsyncStore`]) in the default suite: replicas
 //! whose parameters and gradients live in a fake device's memory (host memory behind a
 //! [`tandem_core::DeviceQueue`], `common::fake_device`) make the strategies keep the parameters
 //! of record beside them, and every step then goes through the store's device protocol: the

@@ -176,6 +176,12 @@ pub enum RunError {
         /// Why.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// A run that must reach its end to be of use (a report's) was interrupted.
+    #[error("interrupted at step {step}")]
+    Interrupted {
+        /// Where it stopped.
+        step: u64,
+    },
     /// The metrics file cannot be opened.
     #[error("cannot open the metrics file {path}: {source}")]
     Metrics {

@@ -10,6 +10,8 @@
 //!   triggers; the run stops after its current step with a checkpoint).
 //! * [`output`]: stdout that never panics (a closed pipe stops a run like a Ctrl-C).
 //! * `report` (feature `report`): the sync-vs-async comparison's table and charts.
+//! * [`Launch`], [`drive`], [`print_summary`]: the run as a command runs it (`mpirun`, rank
+//!   roles, abort on error, the end-of-run summary); `cli` (feature `cli`): its flags.
 //!
 //! The optimiser is any [`RecordedOptimizer`] (tandem's [`Sgd`](tandem_optim::Sgd) is one):
 //! its configuration is part of the run's identity in checkpoint metadata.
@@ -18,11 +20,14 @@
 //! both modes, with a checkpoint and a resume.
 #![warn(missing_docs)]
 
+#[cfg(feature = "cli")]
+pub mod cli;
 mod config;
 mod error;
 mod interrupt;
 #[macro_use]
 pub mod output;
+mod launch;
 mod plan;
 mod progress;
 #[cfg(feature = "report")]
@@ -34,6 +39,9 @@ pub use config::{
 };
 pub use error::{Conflict, NotThisRun, RunError};
 pub use interrupt::Interrupt;
+pub use launch::{
+    describe, drive, launched_ranks, print_summary, Ended, Launch, LaunchError, Shown,
+};
 pub use plan::Plan;
 pub use progress::{Display, Progress, DEFAULT_LOG_EVERY};
 pub use tandem_optim::{MetadataError, RecordedOptimizer};

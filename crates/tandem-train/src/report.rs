@@ -18,7 +18,9 @@ use plotters::style::FontStyle;
 
 use crate::Mode;
 
+mod measure;
 mod sweep;
+pub use measure::{measure, segment_ends};
 pub use sweep::{sweep_table, write_sweep, Sweep, SweepPoint};
 
 /// Size of the PNG and SVG, in pixels.

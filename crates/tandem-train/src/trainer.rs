@@ -496,13 +496,30 @@ impl<M: Model, O: RecordedOptimizer> Trainer<M, O> {
         self.resumed_from.as_deref()
     }
 
+    /// The run's devices: this process's, or every rank's (as many on each) across ranks.
+    pub fn devices(&self) -> String {
+        let mine = self.device_names().join(", ");
+        match &self.ranks {
+            Some(ranks) => format!("{} ranks x {mine}", ranks.ranks()),
+            None => mine,
+        }
+    }
+
+    /// Whether this process leads the run: alone, or rank 0 (which alone reads and writes
+    /// checkpoints and reports).
+    pub fn leads(&self) -> bool {
+        self.ranks.as_ref().is_none_or(|r| r.rank() == 0)
+    }
+
+    /// The run's epochs: passes over the model's training examples, in steps.
+    pub fn epochs(&self) -> tandem_strategy::Epochs {
+        self.config.epochs(self.model.training_examples())
+    }
+
     /// The run's plan: to its end step, with a checkpoint at its cadence (when it has a
     /// checkpoint directory) and an evaluation every `evaluate_every` steps (0: none).
     pub fn plan(&self, evaluate_every: u64) -> Plan {
-        let epoch = self
-            .config
-            .epochs(self.model.training_examples())
-            .steps_per_epoch();
+        let epoch = self.epochs().steps_per_epoch();
         Plan {
             end_step: self.config.end_step,
             // Across ranks every rank stops where rank 0 saves: the segments are collective.

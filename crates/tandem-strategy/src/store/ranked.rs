@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use tandem_core::{Optimizer, ParamSpan, Replica, ReplicaError, TrainState};
 
-use super::{HostStore, ParamStore, UpdateAt};
+use super::{AsyncStore, HostStore, ParamStore, SyncStore, UpdateAt};
 use crate::asynchronous::Schedule;
 use crate::ranks::{Channel, Ranks};
 use crate::{AsyncRule, Epochs};
@@ -143,8 +143,29 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for RankedSyncStore<'_, '_
         self.host.load(worker, replica)
     }
 
+    fn l2_loss(&self, worker: usize, weight_decay: f32) -> Result<f32, ReplicaError> {
+        ParamStore::<R>::l2_loss(&self.host, worker, weight_decay)
+    }
+
+    /// Collective: every rank saves at the same step.
+    fn save_into(&self, state: &mut TrainState) -> Result<(), ReplicaError> {
+        self.host.gather_state(self.ranks, &self.owned());
+        ParamStore::<R>::save_into(&self.host, state)
+    }
+
+    /// Never: a copy needs every rank, and this is asked for when a worker hangs.
+    fn consistent_copy(&self, _: &dyn Fn() -> Option<u64>) -> Option<TrainState> {
+        None
+    }
+
+    fn empty_state(&self, step: u64) -> TrainState {
+        ParamStore::<R>::empty_state(&self.host, step)
+    }
+}
+
+impl<R: Replica, O: Optimizer + ?Sized> SyncStore<R> for RankedSyncStore<'_, '_, O> {
     fn publish(&self, worker: usize, replica: &mut R) -> Result<(), ReplicaError> {
-        ParamStore::<R>::publish(&self.host, worker, replica)
+        SyncStore::<R>::publish(&self.host, worker, replica)
     }
 
     fn update_share(&self, worker: usize, step: u64, epoch: f64) -> Result<(), ReplicaError> {
@@ -201,34 +222,6 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for RankedSyncStore<'_, '_
             at += share.len();
         }
         Ok(())
-    }
-
-    fn apply(
-        &self,
-        _: (usize, usize),
-        _: &mut R,
-        _: &mut dyn FnMut() -> UpdateAt,
-    ) -> Result<bool, ReplicaError> {
-        Err("a synchronous store applies no asynchronous update".into())
-    }
-
-    fn l2_loss(&self, worker: usize, weight_decay: f32) -> Result<f32, ReplicaError> {
-        ParamStore::<R>::l2_loss(&self.host, worker, weight_decay)
-    }
-
-    /// Collective: every rank saves at the same step.
-    fn save_into(&self, state: &mut TrainState) -> Result<(), ReplicaError> {
-        self.host.gather_state(self.ranks, &self.owned());
-        ParamStore::<R>::save_into(&self.host, state)
-    }
-
-    /// Never: a copy needs every rank, and this is asked for when a worker hangs.
-    fn consistent_copy(&self, _: &dyn Fn() -> Option<u64>) -> Option<TrainState> {
-        None
-    }
-
-    fn empty_state(&self, step: u64) -> TrainState {
-        ParamStore::<R>::empty_state(&self.host, step)
     }
 }
 
@@ -550,7 +543,7 @@ impl<O: Optimizer + ?Sized> Schedule for RankedAsyncStore<'_, '_, O> {
     }
 
     /// Never asked: [`crate::train_across`] refuses a staleness bound across ranks, since a
-    /// rank's update begins at rank 0's service, inside [`ParamStore::apply`].
+    /// rank's update begins at rank 0's service, inside [`AsyncStore::apply`].
     fn claim(&self, lane: usize, _: u64, _: u64) -> Result<u64, u64> {
         debug_assert!(false, "a staleness bound across ranks");
         Ok(self.begin(lane))
@@ -639,14 +632,47 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for RankedAsyncStore<'_, '
         }
     }
 
-    fn publish(&self, _: usize, _: &mut R) -> Result<(), ReplicaError> {
-        Err("an asynchronous store takes no synchronous gradients".into())
+    /// The L2 term of this rank's part now and the others' as its workers last fetched them.
+    fn l2_loss(&self, worker: usize, weight_decay: f32) -> Result<f32, ReplicaError> {
+        ParamStore::<R>::l2_loss(&self.host, worker, weight_decay)
     }
 
-    fn update_share(&self, _: usize, _: u64, _: f64) -> Result<(), ReplicaError> {
-        Err("an asynchronous store makes no synchronous update".into())
+    /// Collective: every rank saves when the run ends.
+    fn save_into(&self, state: &mut TrainState) -> Result<(), ReplicaError> {
+        let counts: Vec<usize> = self.owned.iter().map(Range::len).collect();
+        let mut mine = Vec::new();
+        self.host.copy_params(self.mine(), &mut mine);
+        let mut all = vec![0.0; self.host.len];
+        self.ranks.all_gather(0, &mine, &mut all, &counts);
+        for (rank, part) in self.owned.iter().enumerate() {
+            if rank != self.ranks.rank() {
+                self.host.set_params(part, &all[part.clone()]);
+            }
+        }
+        self.host.gather_state(self.ranks, &self.owned);
+        let order = self.in_order.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(step) = order.early.keys().next() {
+            return Err(format!(
+                "rank {}: update {step} arrived, but update {} never did",
+                self.ranks.rank(),
+                order.next
+            )
+            .into());
+        }
+        ParamStore::<R>::save_into(&self.host, state)
     }
 
+    /// Never: a copy needs every rank, and this is asked for when a worker hangs.
+    fn consistent_copy(&self, _: &dyn Fn() -> Option<u64>) -> Option<TrainState> {
+        None
+    }
+
+    fn empty_state(&self, step: u64) -> TrainState {
+        ParamStore::<R>::empty_state(&self.host, step)
+    }
+}
+
+impl<R: Replica, O: Optimizer + ?Sized> AsyncStore<R> for RankedAsyncStore<'_, '_, O> {
     fn apply(
         &self,
         (worker, _): (usize, usize),
@@ -689,43 +715,5 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for RankedAsyncStore<'_, '
         })?;
         // The other ranks' parts come with the next ticket.
         Ok(false)
-    }
-    /// The L2 term of this rank's part now and the others' as its workers last fetched them.
-    fn l2_loss(&self, worker: usize, weight_decay: f32) -> Result<f32, ReplicaError> {
-        ParamStore::<R>::l2_loss(&self.host, worker, weight_decay)
-    }
-
-    /// Collective: every rank saves when the run ends.
-    fn save_into(&self, state: &mut TrainState) -> Result<(), ReplicaError> {
-        let counts: Vec<usize> = self.owned.iter().map(Range::len).collect();
-        let mut mine = Vec::new();
-        self.host.copy_params(self.mine(), &mut mine);
-        let mut all = vec![0.0; self.host.len];
-        self.ranks.all_gather(0, &mine, &mut all, &counts);
-        for (rank, part) in self.owned.iter().enumerate() {
-            if rank != self.ranks.rank() {
-                self.host.set_params(part, &all[part.clone()]);
-            }
-        }
-        self.host.gather_state(self.ranks, &self.owned);
-        let order = self.in_order.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(step) = order.early.keys().next() {
-            return Err(format!(
-                "rank {}: update {step} arrived, but update {} never did",
-                self.ranks.rank(),
-                order.next
-            )
-            .into());
-        }
-        ParamStore::<R>::save_into(&self.host, state)
-    }
-
-    /// Never: a copy needs every rank, and this is asked for when a worker hangs.
-    fn consistent_copy(&self, _: &dyn Fn() -> Option<u64>) -> Option<TrainState> {
-        None
-    }
-
-    fn empty_state(&self, step: u64) -> TrainState {
-        ParamStore::<R>::empty_state(&self.host, step)
     }
 }

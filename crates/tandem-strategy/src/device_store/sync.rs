@@ -1,0 +1,291 @@
+//! [`DeviceSyncStore`]: synchronous training's parameters of record in the replicas' own
+//! device memory.
+
+use std::sync::Mutex;
+
+use tandem_core::{
+    DeviceAlloc, DeviceEvent, DeviceOp, Optimizer, ParamSpan, Piece, Replica, ReplicaError,
+    TrainState,
+};
+
+use super::{addresses, at, lock, upload_state, Devices};
+use crate::store::{ParamStore, SyncStore, UpdateAt};
+
+/// A synchronous replica's buffers beside its own, and where it is in the run.
+struct SyncReplica {
+    /// The optimiser's state vectors (each replica keeps them whole; the first one's are the
+    /// record).
+    state: Vec<Box<dyn DeviceAlloc>>,
+    /// Its gradients of a step, copied at the end of the step to `outbox[parity]` (the parity
+    /// of the replica's step count), where every replica's next step reads them; the other
+    /// one still holds the previous step's, which slower replicas may be reading.
+    outbox: [Box<dyn DeviceAlloc>; 2],
+    /// Where some replicas are on other devices: every replica's outbox copied here first
+    /// (worker `q`'s from value `q x len`), so that the update kernel reads only local memory.
+    staging: Option<Box<dyn DeviceAlloc>>,
+    /// Recorded after each of its steps.
+    done: Box<dyn DeviceEvent>,
+    progress: Mutex<Progress>,
+}
+
+/// An update whose gradients wait in the outboxes for a replica's next step.
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    step: u64,
+    epoch: f64,
+    parity: usize,
+}
+
+/// A synchronous replica's place in the run, as its worker moves it.
+#[derive(Default)]
+struct Progress {
+    /// Steps begun in this store: the next one's gradients go to `outbox[steps % 2]`.
+    steps: u64,
+    /// The update that the replica's parameters do not hold yet.
+    pending: Option<Pending>,
+    /// From the load that hands `pending` to the next step until the step is queued: the
+    /// parameters are then neither before nor after it, for a reader on another thread.
+    in_step: bool,
+}
+
+/// The parameters of record and the optimiser's state of synchronous training, in the device
+/// memory of replicas on any devices.
+///
+/// Each replica keeps the parameters and applies every update itself: a step's gradients go
+/// to the replica's outbox at the step's end, and the next step of every replica begins with
+/// the update from all outboxes, summed in worker order (the optimiser's kernel: bitwise its
+/// host arithmetic), copied to its own device first where a replica is on another. Store work
+/// and step are one unit, which a replica that replays its steps launches as one graph
+/// ([`tandem_core::DeviceQueue::around_next_step`]). Before a step, its queue waits for every
+/// other replica's previous step (events): their gradients are complete, and they have read
+/// the outbox this step overwrites. What the host reads (a save, the L2 term) is the first
+/// replica's parameters with the update still pending applied on the host.
+pub struct DeviceSyncStore<'o, O: Optimizer + ?Sized> {
+    devices: Devices<'o, O>,
+    replicas: Vec<SyncReplica>,
+}
+
+impl<'o, O: Optimizer + ?Sized> DeviceSyncStore<'o, O> {
+    /// A store for `replicas`, holding `state`, if they can have one (see the module): every
+    /// replica is resident, no more replicas than one update kernel averages, and `optimizer`
+    /// has a device update that their queues run. `None` otherwise (the host store serves
+    /// them). `state` must fit `layout` and `optimizer` (the strategies check it first).
+    pub fn open<R: Replica>(
+        replicas: &[R],
+        state: &TrainState,
+        layout: &[ParamSpan],
+        optimizer: &'o O,
+    ) -> Result<Option<Self>, ReplicaError> {
+        // The update averages every replica's gradients in one kernel, which takes so many.
+        let workers = replicas.len();
+        let Some((devices, fleet)) = Devices::open(replicas, state, layout, optimizer, |fleet| {
+            fleet.max_gradients >= workers
+        })?
+        else {
+            return Ok(None);
+        };
+        let len = devices.len;
+        let replicas = devices
+            .members
+            .iter()
+            .map(|member| {
+                let queue = member.queue();
+                queue.bind()?;
+                // SAFETY: the replica's parameter buffer holds `len` values (its layout's).
+                unsafe { queue.write(member.residence.params, &state.params)? };
+                let slots = upload_state(queue, state)?;
+                let done = queue.event()?;
+                // Recorded once, so that the first step's waits have something to wait for.
+                queue.record(&*done)?;
+                Ok(SyncReplica {
+                    state: slots,
+                    outbox: [queue.alloc(len)?, queue.alloc(len)?],
+                    staging: match fleet.one_device {
+                        true => None,
+                        false => Some(queue.alloc(len * workers)?),
+                    },
+                    done,
+                    progress: Mutex::default(),
+                })
+            })
+            .collect::<Result<Vec<_>, ReplicaError>>()?;
+        Ok(Some(Self { devices, replicas }))
+    }
+
+    /// What `worker`'s next step applies first, `pending` from every replica's outbox.
+    fn pending_update(
+        &self,
+        worker: usize,
+        pending: Pending,
+    ) -> Result<Vec<DeviceOp>, ReplicaError> {
+        let devices = &self.devices;
+        let me = &self.replicas[worker];
+        let memory = devices.members[worker].queue().memory();
+        let mut ops = Vec::new();
+        let mut grads = Vec::with_capacity(self.replicas.len());
+        for (q, other) in self.replicas.iter().enumerate() {
+            let theirs = other.outbox[pending.parity].address();
+            match &me.staging {
+                Some(staging) if devices.members[q].queue().memory() != memory => {
+                    let here = at(staging.address(), q * devices.len);
+                    ops.push(DeviceOp::Copy {
+                        dst: here,
+                        src: theirs,
+                        len: devices.len,
+                    });
+                    grads.push(here);
+                }
+                _ => grads.push(theirs),
+            }
+        }
+        ops.push(devices.hyper_upload(worker, UpdateAt::full(pending.step, pending.epoch))?);
+        let params = devices.members[worker].residence.params;
+        let state = addresses(&me.state);
+        ops.extend(devices.update_ops(worker, (params, &state), &grads, 0..devices.len));
+        Ok(ops)
+    }
+
+    /// The parameters of record and the optimiser's state (as many vectors as it has), read on
+    /// `worker`'s thread (or any, between runs), with the device bound to that worker's queue
+    /// afterwards.
+    fn read_record(
+        &self,
+        worker: usize,
+        params: &mut [f32],
+        state: &mut [&mut [f32]],
+    ) -> Result<(), ReplicaError> {
+        let members = &self.devices.members;
+        // Held while reading: the first replica's worker cannot queue another step.
+        let progress = lock(&self.replicas[0].progress);
+        if progress.in_step {
+            return Err("the parameters are being updated".into());
+        }
+        let first = members[0].queue();
+        first.bind()?;
+        for other in &self.replicas {
+            first.wait(&*other.done)?;
+        }
+        // SAFETY: the replica's parameters and its average hold `len` values; the reads wait
+        // for the queue's work, and the waits above for every replica's last step.
+        unsafe {
+            first.read(members[0].residence.params, params)?;
+            for (slot, values) in self.replicas[0].state.iter().zip(state.iter_mut()) {
+                first.read(slot.address(), values)?;
+            }
+        }
+        if let Some(pending) = progress.pending {
+            self.apply_on_host(pending, params, state)?;
+        }
+        members[worker].queue().bind()
+    }
+
+    /// Applies `pending` to `params` and `state` on the host, from every replica's outbox: the
+    /// optimiser's own arithmetic, which its kernel is bit for bit.
+    fn apply_on_host(
+        &self,
+        pending: Pending,
+        params: &mut [f32],
+        state: &mut [&mut [f32]],
+    ) -> Result<(), ReplicaError> {
+        let devices = &self.devices;
+        let mut grads = vec![vec![0.0f32; devices.len]; self.replicas.len()];
+        for ((member, replica), out) in devices.members.iter().zip(&self.replicas).zip(&mut grads) {
+            let queue = member.queue();
+            queue.bind()?;
+            // SAFETY: the outbox holds `len` values; the read waits for its replica's queue.
+            unsafe { queue.read(replica.outbox[pending.parity].address(), out)? };
+        }
+        for (range, decayed) in &devices.spans {
+            let parts: Vec<&[f32]> = grads.iter().map(|g| &g[range.clone()]).collect();
+            let mut slots: Vec<&mut [f32]> =
+                state.iter_mut().map(|s| &mut s[range.clone()]).collect();
+            let piece = Piece {
+                params: &mut params[range.clone()],
+                state: &mut slots,
+                grads: &parts,
+                weight_decay: *decayed,
+                rate_scale: 1.0,
+            };
+            devices.optimizer.update(piece, pending.step, pending.epoch);
+        }
+        Ok(())
+    }
+}
+
+impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for DeviceSyncStore<'_, O> {
+    fn load(&self, worker: usize, _: &mut R) -> Result<(), ReplicaError> {
+        let member = &self.devices.members[worker];
+        let queue = member.queue();
+        let me = &self.replicas[worker];
+        let mut progress = lock(&me.progress);
+        // The others' last steps: their gradients are complete, and they have read the outbox
+        // that this step overwrites.
+        for (q, other) in self.replicas.iter().enumerate() {
+            if q != worker {
+                queue.wait(&*other.done)?;
+            }
+        }
+        let before = match progress.pending {
+            Some(pending) => self.pending_update(worker, pending)?,
+            None => Vec::new(),
+        };
+        let outbox = &me.outbox[(progress.steps % 2) as usize];
+        let after = vec![DeviceOp::Copy {
+            dst: outbox.address(),
+            src: member.residence.grads,
+            len: self.devices.len,
+        }];
+        // SAFETY: every address is one of the store's buffers or the replica's, of the lengths
+        // given, alive as long as the store; the waits above order the other replicas' work on
+        // them.
+        unsafe { queue.around_next_step(before, after)? };
+        progress.pending = None;
+        progress.steps += 1;
+        progress.in_step = true;
+        Ok(())
+    }
+
+    fn l2_loss(&self, worker: usize, weight_decay: f32) -> Result<f32, ReplicaError> {
+        (self.devices).l2_loss(weight_decay, |params, state| {
+            self.read_record(worker, params, state)
+        })
+    }
+
+    fn save_into(&self, state: &mut TrainState) -> Result<(), ReplicaError> {
+        (self.devices).save_into(state, |params, slots| self.read_record(0, params, slots))
+    }
+
+    fn empty_state(&self, step: u64) -> TrainState {
+        self.devices.empty_state(step)
+    }
+}
+
+impl<R: Replica, O: Optimizer + ?Sized> SyncStore<R> for DeviceSyncStore<'_, O> {
+    fn publish(&self, worker: usize, _: &mut R) -> Result<(), ReplicaError> {
+        let queue = self.devices.members[worker].queue();
+        if queue.step_ops_pending() {
+            return Err(
+                "the replica's step did not take the store's work around it (its \
+                        backend must run `DeviceQueue::around_next_step`'s operations)"
+                    .into(),
+            );
+        }
+        let me = &self.replicas[worker];
+        let mut progress = lock(&me.progress);
+        queue.record(&*me.done)?;
+        progress.in_step = false;
+        Ok(())
+    }
+
+    fn update_share(&self, worker: usize, step: u64, epoch: f64) -> Result<(), ReplicaError> {
+        // Applied at the start of the replica's next step, or on the host by a read before it.
+        let mut progress = lock(&self.replicas[worker].progress);
+        let parity = ((progress.steps + 1) % 2) as usize;
+        progress.pending = Some(Pending {
+            step,
+            epoch,
+            parity,
+        });
+        Ok(())
+    }
+}

@@ -1,0 +1,338 @@
+//! A run as a command runs it: how `mpirun` launched the process, which rank leads, what a
+//! failing rank does to the others ([`Launch`]); a [`Trainer`] driven through its plan with a
+//! progress display, Ctrl-C and the stall watch ([`drive`]); the end-of-run summary
+//! ([`print_summary`]). A binary that trains a model is its flags, its model and its
+//! evaluation around these.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tandem_strategy::{Mode, Ranks};
+
+use crate::{
+    output, BatchScaling, Display, EvaluateError, Interrupt, Model, Progress, RecordedOptimizer,
+    RunError, Segment, Summary, Trainer, Watch,
+};
+
+/// How many processes `mpirun` started with this one, as Open MPI (or a PMI launcher such as
+/// MPICH's) tells each of them (1 without `mpirun`).
+pub fn launched_ranks() -> usize {
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"]
+        .iter()
+        .find_map(|name| std::env::var(name).ok()?.parse().ok())
+        .unwrap_or(1)
+}
+
+/// Why this process cannot run what it was started for.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// A one-process command started by `mpirun` on several: each would write the same
+    /// outputs.
+    #[error("{what} runs in one process; mpirun started {ranks}: run it without mpirun")]
+    OneProcess {
+        /// The command, as the user typed it.
+        what: String,
+        /// The processes `mpirun` started.
+        ranks: usize,
+    },
+    /// Training under `mpirun` in a build without the transport: each process would train on
+    /// its own, all into one directory.
+    #[error(
+        "mpirun started {ranks} processes, but this build has no MPI transport: each would \
+         train on its own; build with --features mpi (README: Across processes and hosts)"
+    )]
+    NoTransport {
+        /// The processes `mpirun` started.
+        ranks: usize,
+    },
+    /// The MPI transport could not start.
+    #[cfg(feature = "mpi")]
+    #[error(transparent)]
+    Mpi(#[from] tandem_strategy::mpi::MpiError),
+}
+
+/// The processes of one run: this one alone, or the `mpirun` job it is a rank of (with the
+/// `mpi` feature). Rank 0 leads: it alone reads and writes checkpoints, evaluates and reports.
+pub struct Launch {
+    ranks: Option<Arc<dyn Ranks>>,
+}
+
+impl Launch {
+    /// Joins the job `mpirun` started, or runs alone. `one_process`: the command, when it is
+    /// one that must not run once per process (an evaluation, a report), refused under
+    /// `mpirun`.
+    pub fn init(one_process: Option<&str>) -> Result<Self, LaunchError> {
+        let ranks = launched_ranks();
+        if ranks > 1 {
+            if let Some(what) = one_process {
+                return Err(LaunchError::OneProcess {
+                    what: what.to_owned(),
+                    ranks,
+                });
+            }
+            if !cfg!(feature = "mpi") {
+                return Err(LaunchError::NoTransport { ranks });
+            }
+        }
+        if one_process.is_some() {
+            return Ok(Self::alone());
+        }
+        Self::join()
+    }
+
+    /// This process alone.
+    pub fn alone() -> Self {
+        Self { ranks: None }
+    }
+
+    #[cfg(feature = "mpi")]
+    fn join() -> Result<Self, LaunchError> {
+        let ranks: Arc<dyn Ranks> = Arc::new(tandem_strategy::mpi::MpiRanks::init()?);
+        Ok(Self {
+            ranks: (ranks.ranks() > 1).then_some(ranks),
+        })
+    }
+
+    #[cfg(not(feature = "mpi"))]
+    fn join() -> Result<Self, LaunchError> {
+        Ok(Self::alone())
+    }
+
+    /// The run's processes when there are several (for [`Setup::ranks`](crate::Setup)).
+    pub fn ranks(&self) -> Option<Arc<dyn Ranks>> {
+        self.ranks.clone()
+    }
+
+    /// Whether this process leads the run (rank 0, or alone).
+    pub fn leads(&self) -> bool {
+        self.ranks.as_ref().is_none_or(|r| r.rank() == 0)
+    }
+
+    /// `result`, except that across ranks an error ends the whole job after printing it: the
+    /// other ranks would wait for this one forever.
+    pub fn or_abort<T, E: AsRef<dyn std::error::Error + Send + Sync>>(
+        &self,
+        result: Result<T, E>,
+    ) -> Result<T, E> {
+        match (result, &self.ranks) {
+            (Err(e), Some(ranks)) => {
+                let rank = ranks.rank();
+                output::warn(format!("error: rank {rank}: {}", describe(e.as_ref())));
+                ranks.abort(1)
+            }
+            (result, _) => result,
+        }
+    }
+}
+
+/// `error` and its causes in one line, each cause once: most errors already name their cause
+/// in their own message, which a report of the whole chain would print a second time.
+pub fn describe(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(next) = cause {
+        let line = next.to_string();
+        if !text.contains(&line) {
+            text = format!("{text}: {line}");
+        }
+        cause = next.source();
+    }
+    text
+}
+
+/// How [`drive`] shows a run.
+#[derive(Debug, Clone, Copy)]
+pub struct Shown<'a> {
+    /// The bar or plain lines.
+    pub display: Display,
+    /// A progress line and metrics record every this many steps (0: never).
+    pub log_every: u64,
+    /// A JSON-lines file the records are appended to; with one, the run evaluates once an
+    /// epoch.
+    pub metrics: Option<&'a Path>,
+    /// How long a worker may go without finishing a step before it is reported as stalled.
+    pub stall_timeout: Duration,
+}
+
+/// How a driven run ended.
+#[derive(Debug)]
+pub enum Ended {
+    /// The lead reached the plan's end.
+    Done(Summary),
+    /// A rank other than the lead reached it (the lead reports for all).
+    Followed,
+    /// It stopped early; the process should exit with this status (130 for an interrupt,
+    /// the output's failure status for a closed stdout). The lead has said so.
+    Stopped(i32),
+}
+
+/// Trains `trainer` to its end: a checkpoint at its cadence, `evaluate` once an epoch when
+/// there is a metrics file, Ctrl-C stops it with a checkpoint, stalled workers are reported and
+/// a run given up on them ends the process. The lead shows the run (a header line, the
+/// progress); the other ranks train silently.
+pub fn drive<M: Model, O: RecordedOptimizer>(
+    trainer: &mut Trainer<M, O>,
+    shown: &Shown<'_>,
+    evaluate: &mut dyn FnMut(&Segment<'_>, &Progress) -> Result<(), EvaluateError>,
+) -> Result<Ended, RunError> {
+    let config = trainer.config.clone();
+    let start = trainer.state.step;
+    let epoch = trainer.epochs().steps_per_epoch();
+    let plan = trainer.plan(if shown.metrics.is_some() { epoch } else { 0 });
+    if start >= plan.end_step {
+        return Err(RunError::NothingToTrain {
+            step: start,
+            end: plan.end_step,
+        });
+    }
+    let interrupt = Interrupt::on_ctrl_c()?;
+    let mut watch = Watch {
+        progress: None,
+        log_every: 0,
+        interrupt: &interrupt,
+        stall_timeout: Some(shown.stall_timeout),
+        on_abandon: Some(exit_abandoned),
+    };
+    if !trainer.leads() {
+        let summary = trainer.train(&plan, &watch, &mut |_| Ok(()))?;
+        return Ok(match summary.stopped {
+            true => Ended::Stopped(130),
+            false => Ended::Followed,
+        });
+    }
+    let progress = Progress::new(
+        shown.display,
+        shown.log_every,
+        start,
+        config.end_step,
+        shown.metrics,
+    )?;
+    progress.println(&format!(
+        "tandem: {} training on {} worker(s) [{}], batch {} per worker, steps {}..{}{}",
+        config.mode.name(),
+        config.workers,
+        trainer.devices(),
+        config.batches.batch_size,
+        start,
+        config.end_step,
+        trainer
+            .resumed_from()
+            .map(|p| format!(", resumed from {}", p.display()))
+            .unwrap_or_default()
+    ));
+    (watch.progress, watch.log_every) = (Some(&progress), shown.log_every);
+    let summary = trainer.train(&plan, &watch, &mut |segment| evaluate(segment, &progress))?;
+    progress.finish();
+    if !summary.stopped {
+        return Ok(Ended::Done(summary));
+    }
+    if let Some(status) = output::failure_status() {
+        // stdout was closed under the run: nobody is left to read a summary.
+        return Ok(Ended::Stopped(status));
+    }
+    let step = trainer.state.step;
+    match &summary.last_checkpoint {
+        Some(path) => out!(
+            "interrupted at step {step}: checkpoint written to {}",
+            path.display()
+        ),
+        None => out!("interrupted at step {step} (no --checkpoint-dir, nothing saved)"),
+    }
+    Ok(Ended::Stopped(130))
+}
+
+/// Says why the run was given up on its hung workers (after saving what was consistent) and
+/// ends the process as an interrupted one: their threads cannot be joined.
+fn exit_abandoned(message: &str) -> ! {
+    output::warn(message);
+    std::process::exit(130);
+}
+
+/// Prints the summary of a finished run: mode, devices, steps, throughput, staleness and
+/// failures, then `results` (the caller's lines: accuracy, say), the last checkpoint and the
+/// times; `wall` is when the command started.
+pub fn print_summary<M: Model, O: RecordedOptimizer>(
+    trainer: &Trainer<M, O>,
+    summary: &Summary,
+    results: &[String],
+    wall: Instant,
+) {
+    let (config, totals) = (&trainer.config, &summary.totals);
+    out!("== summary ==");
+    // Every rank's.
+    let workers = config.workers;
+    match config.mode {
+        Mode::Sync => {
+            let examples = config.batches.batch_size as u64 * workers as u64;
+            match config.lr_scaling.factor(examples) {
+                1.0 => out!("mode:                sync"),
+                factor => out!(
+                    "mode:                sync, learning rate x{factor} for a global batch of \
+                     {examples} (scaling {}, reached over the first {} epochs)",
+                    config.lr_scaling,
+                    BatchScaling::WARMUP_EPOCHS
+                ),
+            }
+        }
+        Mode::Async => out!(
+            "mode:                async, rule {}, warm-up {} epoch(s) on one worker, bound {}",
+            config.async_rule,
+            config.async_warmup.epochs(workers),
+            config.async_bound
+        ),
+    }
+    out!("devices:             {workers} [{}]", trainer.devices());
+    out!(
+        "steps:               {} ({} examples this run)",
+        trainer.state.step,
+        totals.examples
+    );
+    out!("examples/sec:        {:.0}", totals.examples_per_sec());
+    if let Some(staleness) = totals.staleness() {
+        out!(
+            "staleness:           mean {:.2}, max {}{}",
+            staleness.mean,
+            staleness.max,
+            match staleness.dropped {
+                0 => String::new(),
+                n => format!(", {n} too stale dropped"),
+            }
+        );
+    }
+    for failure in &totals.failures {
+        out!("worker failure:      {failure} (out for the rest of the run)");
+    }
+    for line in results {
+        out!("{line}");
+    }
+    if let Some(path) = &summary.last_checkpoint {
+        out!("checkpoint:          {}", path.display());
+    }
+    out!("training time:       {:.1} s", totals.seconds);
+    out!("wall time:           {:.1} s", wall.elapsed().as_secs_f64());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("{0}")]
+    struct Context(&'static str, #[source] std::io::Error);
+
+    #[test]
+    fn an_error_names_each_cause_once() {
+        let named = Context("cannot save: disk full", std::io::Error::other("disk full"));
+        assert_eq!(describe(&named), "cannot save: disk full");
+        let unnamed = Context("cannot save", std::io::Error::other("disk full"));
+        assert_eq!(describe(&unnamed), "cannot save: disk full");
+    }
+
+    #[test]
+    fn a_one_process_command_runs_alone_without_mpirun() {
+        // The test runs without mpirun: nothing to refuse, no ranks.
+        let launch = Launch::init(Some("eval")).unwrap();
+        assert!(launch.leads() && launch.ranks().is_none());
+    }
+}
