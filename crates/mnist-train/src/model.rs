@@ -6,12 +6,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, Result};
 use rand::SeedableRng;
+use tandem_checkpoint::{self as checkpoint, Checkpoint};
 use tandem_core::Optimizer;
 use tandem_core::{ParamSpan, Replica, ReplicaError};
 use tandem_model::{Mlp, Network};
 use tandem_optim::{Chosen, Sgd};
 use tandem_pool::{Device, GpuCount};
-use tandem_strategy::checkpoint::{self, Checkpoint};
 use tandem_tensor::ExampleSet;
 use tandem_train::{output, ModelId, RunConfig, Setup};
 

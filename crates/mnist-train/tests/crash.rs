@@ -9,8 +9,8 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
+use tandem_checkpoint::{self as checkpoint, CheckpointDir};
 use tandem_model::{Mlp, Network};
-use tandem_strategy::checkpoint::{self, CheckpointDir};
 
 use common::{arg, command, succeed};
 

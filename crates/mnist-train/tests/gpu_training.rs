@@ -10,9 +10,9 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{arg, data_dir, succeed};
+use tandem_checkpoint as checkpoint;
 use tandem_model::{Mlp, Network};
 use tandem_optim::Sgd;
-use tandem_strategy::checkpoint;
 
 /// Steps and examples per replica of every run here.
 const STEPS: &str = "4";

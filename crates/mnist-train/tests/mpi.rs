@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use tandem_strategy::checkpoint;
+use tandem_checkpoint as checkpoint;
 
 use common::{arg, command, data_dir, line_starting, stderr, stdout, succeed};
 

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use tandem_checkpoint as checkpoint;
 use tandem_model::{Mlp, Network};
-use tandem_strategy::checkpoint;
 
 use common::{arg, command, fail, mnist_train, stderr, stdout, succeed};
 

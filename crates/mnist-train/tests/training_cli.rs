@@ -7,8 +7,8 @@ use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 
 use serde_json::Value;
+use tandem_checkpoint as checkpoint;
 use tandem_model::{Mlp, Network};
-use tandem_strategy::checkpoint;
 
 use common::{arg, command, fail, line_starting, mnist_train, stderr, succeed};
 

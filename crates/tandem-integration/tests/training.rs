@@ -107,7 +107,7 @@ impl tandem_strategy::Observer for StopAt {
 
 #[test]
 fn a_sync_run_stopped_checkpointed_and_resumed_equals_the_uninterrupted_run_bitwise() {
-    use tandem_strategy::checkpoint;
+    use tandem_checkpoint as checkpoint;
     let batches = Batches::default();
     let end = 50;
     let mut straight = initial_state(8);

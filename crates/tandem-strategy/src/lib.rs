@@ -63,7 +63,6 @@
 
 pub mod asynchronous;
 mod batch_scaling;
-pub mod checkpoint;
 mod common;
 mod device_store;
 mod epochs;

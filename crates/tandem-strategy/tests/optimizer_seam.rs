@@ -18,10 +18,10 @@ use std::time::Duration;
 use common::{batches, within, LeastSquares, Loss, Model, Quirks, EXAMPLES};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
+use tandem_checkpoint::{self as checkpoint, CheckpointDir, CheckpointError};
 use tandem_core::{Optimizer, ParamSpan, Piece, Replica, ReplicaError, Slot, TrainState};
 use tandem_optim::Sgd;
 use tandem_pool::WorkerPool;
-use tandem_strategy::checkpoint::{self, CheckpointDir, CheckpointError};
 use tandem_strategy::{
     Batches, ConfigError, EpochOrder, NoObserver, Observer, StepReport, TrainError, TrainReport,
 };
@@ -608,10 +608,10 @@ fn an_optimiser_without_state_trains_and_round_trips() {
 }
 
 /// A checkpoint file with tensors `params/NAME` and `SLOT/NAME` for each of `slots` (in
-/// [`common::checkpoints::layout`]'s spans, distinct values for each tensor) and `metadata`.
+/// the spans of `weights_and_bias(vec![2, 3], 3)`, distinct values for each tensor) and `metadata`.
 /// Returns the bytes and the values written, flat in the layout's order, params first.
 fn file(slots: &[&str], metadata: HashMap<String, String>) -> (Vec<u8>, Vec<Vec<f32>>) {
-    let layout = common::checkpoints::layout();
+    let layout = common::weights_and_bias(vec![2, 3], 3);
     let prefixes: Vec<&str> = std::iter::once("params")
         .chain(slots.iter().copied())
         .collect();
@@ -657,7 +657,7 @@ fn a_checkpoint_from_before_the_seam_loads_its_ema_as_sgds_average() {
     let metadata = strings(&[("step", "7"), ("mode", "sync"), ("batch_size", "100")]);
     let (bytes, values) = file(&["ema"], metadata);
     fs::write(&path, bytes).unwrap();
-    let layout = common::checkpoints::layout();
+    let layout = common::weights_and_bias(vec![2, 3], 3);
     let loaded = checkpoint::load(&path, &layout).unwrap();
     assert_eq!(loaded.state.step, 7);
     assert_eq!(loaded.state.params, values[0]);
@@ -690,7 +690,7 @@ fn a_checkpoint_from_before_the_seam_loads_its_ema_as_sgds_average() {
 fn optimizer_state_names_the_slots_in_order() {
     let tmp = tempfile::tempdir().unwrap();
     let path = tmp.path().join("step-0000000001.safetensors");
-    let layout = common::checkpoints::layout();
+    let layout = common::weights_and_bias(vec![2, 3], 3);
     for slots in [&[][..], &["ema"], &["velocity", "ema"], &["v", "m"]] {
         let list = slots.join(",");
         let (bytes, values) = file(slots, strings(&[("step", "1"), ("optimizer_state", &list)]));
@@ -741,7 +741,7 @@ fn hostile_optimizer_state_is_refused_as_damage() {
         ("ema/w", vec!["ema/w"]),
         ("\u{e9}ma", vec!["\u{e9}ma"]),
     ];
-    let layout = common::checkpoints::layout();
+    let layout = common::weights_and_bias(vec![2, 3], 3);
     let tmp = tempfile::tempdir().unwrap();
     for (index, (list, slots)) in cases.into_iter().enumerate() {
         let shown: String = list.chars().take(40).collect();

@@ -83,3 +83,24 @@ pub fn verdict(test: &str, reason: &dyn Display, required: bool) -> Verdict {
         false => Verdict::Skip(format!("SKIPPED: {test}: no CUDA device ({reason})\n")),
     }
 }
+
+/// A run that takes longer than this hangs: the test fails rather than waits forever.
+pub const DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Runs `f` on its own thread and fails the test, naming `what`, if it has not returned within
+/// [`DEADLINE`] (or if it panicked).
+pub fn within<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(DEADLINE) {
+        Ok(value) => value,
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("{what} did not finish within {DEADLINE:?}: a worker hangs")
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            panic!("{what} panicked (see above)")
+        }
+    }
+}

@@ -1,8 +1,8 @@
 use std::path::PathBuf;
 
+use tandem_checkpoint::CheckpointError;
 use tandem_optim::MetadataError;
 use tandem_pool::DeviceError;
-use tandem_strategy::checkpoint::CheckpointError;
 use tandem_strategy::TrainError;
 
 /// A flag or setting given for a resumed run that disagrees with the run's checkpoint.

@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tandem_checkpoint::{self as checkpoint, Checkpoint, CheckpointDir};
 use tandem_core::{ParamSpan, Replica, ReplicaError, TrainState};
 use tandem_pool::{Device, DeviceSpec, GpuCount, WorkerPool};
-use tandem_strategy::checkpoint::{self, Checkpoint, CheckpointDir};
 use tandem_strategy::{
     AsyncRule, BatchScaling, Batches, Observer, Ranks, SilentRank, Staleness, StalenessBound,
     Stall, StepReport, TrainReport, Warmup,

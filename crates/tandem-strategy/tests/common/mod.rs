@@ -1,38 +1,18 @@
 //! What the strategy tests share: replicas of tiny models (the strategies know nothing of
 //! MNIST), among them a least-squares fit that each test gives its own faults, hangs or logs; a
-//! deadline for runs that could hang; and the checkpoint fixtures ([`checkpoints`]).
+//! deadline for runs that could hang (`tandem_testkit::within`).
 #![allow(dead_code)] // each test binary uses its own part of this module
 
-pub mod checkpoints;
 pub mod fake_device;
 pub use tandem_strategy::thread_ranks as ranks;
-
-use std::sync::mpsc;
-use std::time::Duration;
 
 use tandem_core::{Alone, Helpers, ParamSpan, Replica, ReplicaError, StepLoss, TrainState};
 use tandem_optim::Sgd;
 use tandem_pool::{Device, WorkerPool};
 use tandem_strategy::Batches;
 
-/// A run that takes longer than this hangs: the test fails rather than waits forever.
-pub const DEADLINE: Duration = Duration::from_secs(120);
-
-/// Runs `f` on its own thread and fails the test, naming `what`, if it has not returned within
-/// [`DEADLINE`] (or if it panicked).
-pub fn within<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(DEADLINE) {
-        Ok(value) => value,
-        Err(mpsc::RecvTimeoutError::Timeout) => {
-            panic!("{what} did not finish within {DEADLINE:?}: a worker hangs")
-        }
-        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("{what} panicked (see above)"),
-    }
-}
+#[allow(unused_imports)] // each test binary uses its own part of this module
+pub use tandem_testkit::{within, DEADLINE};
 
 /// A weight span "w" of shape `w` (with L2) and a bias span "b" of `b` values (without).
 pub fn weights_and_bias(w: Vec<usize>, b: usize) -> Vec<ParamSpan> {

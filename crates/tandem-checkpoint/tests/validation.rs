@@ -8,9 +8,9 @@ mod common;
 use std::collections::HashMap;
 use std::fs;
 
-use common::checkpoints::{file_with_metadata, layout};
+use common::{file_with_metadata, layout};
 use safetensors::Dtype;
-use tandem_strategy::checkpoint::{self, CheckpointError};
+use tandem_checkpoint::{self as checkpoint, CheckpointError};
 
 /// Which dtype each tensor of a test file gets, by name.
 type DtypeOf = fn(&str) -> Dtype;

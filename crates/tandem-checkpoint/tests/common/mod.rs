@@ -1,4 +1,5 @@
-//! The checkpoint tests' fixtures: a layout of a few values, and checkpoint files written by hand.
+//! The checkpoint tests' fixtures: layouts of a few values, and checkpoint files written by hand.
+#![allow(dead_code)] // each test binary uses its own part of this module
 
 use std::collections::HashMap;
 
@@ -6,9 +7,25 @@ use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 use tandem_core::ParamSpan;
 
+/// A weight span "w" of shape `w` (with L2) and a bias span "b" of `b` values (without).
+pub fn weights_and_bias(w: Vec<usize>, b: usize) -> Vec<ParamSpan> {
+    vec![
+        ParamSpan {
+            name: "w".into(),
+            shape: w,
+            weight_decay: true,
+        },
+        ParamSpan {
+            name: "b".into(),
+            shape: vec![b],
+            weight_decay: false,
+        },
+    ]
+}
+
 /// Weights of shape [2, 3] and 3 biases.
 pub fn layout() -> Vec<ParamSpan> {
-    super::weights_and_bias(vec![2, 3], 3)
+    weights_and_bias(vec![2, 3], 3)
 }
 
 fn size_of(dtype: Dtype) -> usize {

@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::checkpoints::{file_with_metadata, layout};
+use common::{file_with_metadata, layout};
 use safetensors::Dtype;
-use tandem_core::{ParamSpan, Slot, TrainState};
-use tandem_strategy::checkpoint::{
-    self, read_header, save_in_dir, to_bytes, CheckpointDir, CheckpointError,
+use tandem_checkpoint::{
+    self as checkpoint, read_header, save_in_dir, to_bytes, CheckpointDir, CheckpointError,
 };
+use tandem_core::{ParamSpan, Slot, TrainState};
 
 fn state(step: u64) -> TrainState {
     let params: Vec<f32> = (0..9)
@@ -192,7 +192,7 @@ fn a_held_directory_is_locked_and_a_released_one_is_taken_over() {
     fs::write(&live_temp, b"a live writer's bytes").unwrap();
     let path = tmp.path().to_owned();
     // Under a deadline: an open that waited for ever on another's lock must fail the test.
-    let err = common::within("opening a locked directory", move || {
+    let err = tandem_testkit::within("opening a locked directory", move || {
         CheckpointDir::open(&path).map(|_| ())
     })
     .unwrap_err();
