@@ -86,7 +86,7 @@ pub fn model_in(dir: &Path) -> Result<Option<Mlp>> {
 /// the driver's answer in a build with the `cuda` feature, "no CUDA" otherwise.
 pub fn gpu_count() -> GpuCount {
     #[cfg(feature = "cuda")]
-    return GpuCount::Driver(tandem_kernels::device_count().map_err(|e| e.to_string()));
+    return GpuCount::Driver(tandem_kernels::device_count().map_err(tandem_pool::DriverError::new));
     #[cfg(not(feature = "cuda"))]
     GpuCount::NoCuda
 }

@@ -84,8 +84,29 @@ pub enum DeviceError {
     },
     /// The CUDA driver could not be asked.
     #[error("cannot enumerate CUDA devices: {0}")]
-    Cuda(String),
+    Cuda(#[source] DriverError),
 }
+
+/// Why the CUDA driver is present but unusable: the caller's error (the pool knows no CUDA
+/// types), shared so that a [`GpuCount`] can be cloned and compared (by its message).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error(transparent)]
+pub struct DriverError(std::sync::Arc<dyn std::error::Error + Send + Sync>);
+
+impl DriverError {
+    /// The driver's error `why`.
+    pub fn new(why: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self(std::sync::Arc::new(why))
+    }
+}
+
+impl PartialEq for DriverError {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.to_string() == other.0.to_string()
+    }
+}
+
+impl Eq for DriverError {}
 
 /// How many CUDA GPUs the machine has, as the caller found out: the pool knows no CUDA, so
 /// whoever can ask the driver (a binary built with CUDA support) answers for it. A resolution
@@ -97,7 +118,7 @@ pub enum GpuCount {
     NoCuda,
     /// What the CUDA driver said: `Ok(n)` GPUs (0 where there is no driver or no device), or
     /// why the driver is present but unusable.
-    Driver(Result<usize, String>),
+    Driver(Result<usize, DriverError>),
 }
 
 impl FromStr for DeviceSpec {
@@ -338,6 +359,11 @@ mod tests {
         }
     }
 
+    /// A driver that failed with `why`.
+    fn broken(why: &str) -> DriverError {
+        DriverError::new(std::io::Error::other(why.to_owned()))
+    }
+
     #[test]
     fn auto_says_why_it_falls_back_to_the_cpu_only_when_the_driver_is_broken() {
         let cuda = |ordinal| Device::Cuda { ordinal };
@@ -351,14 +377,14 @@ mod tests {
         let why = "initialising the CUDA driver: CUDA error 46";
         let expected = "CUDA driver present but unusable (initialising the CUDA driver: CUDA \
                         error 46): training on CPU";
-        let (devices, note) = auto(GpuCount::Driver(Err(why.into())), 2);
+        let (devices, note) = auto(GpuCount::Driver(Err(broken(why))), 2);
         assert_eq!(devices, cpus(2));
         assert_eq!(note.as_deref(), Some(expected));
         // resolve_noting passes the note on.
         let mut told = None;
         let devices = DeviceSpec::Auto
             .resolve_noting(
-                || GpuCount::Driver(Err(why.into())),
+                || GpuCount::Driver(Err(broken(why))),
                 |n| told = Some(n.to_owned()),
             )
             .unwrap();
@@ -367,7 +393,7 @@ mod tests {
         // Nothing to say for specs other than auto.
         let mut told = 0;
         DeviceSpec::Cpu(2)
-            .resolve_noting(|| GpuCount::Driver(Err(why.into())), |_| told += 1)
+            .resolve_noting(|| GpuCount::Driver(Err(broken(why))), |_| told += 1)
             .unwrap();
         assert_eq!(told, 0);
     }
@@ -402,8 +428,8 @@ mod tests {
                 available: 0
             })
         );
-        let broken = || GpuCount::Driver(Err("counting CUDA devices: CUDA error 999".into()));
-        let err = DeviceSpec::Cuda(vec![(0, 1)]).resolve(broken).unwrap_err();
+        let failing = || GpuCount::Driver(Err(broken("counting CUDA devices: CUDA error 999")));
+        let err = DeviceSpec::Cuda(vec![(0, 1)]).resolve(failing).unwrap_err();
         assert_eq!(
             err.to_string(),
             "cannot enumerate CUDA devices: counting CUDA devices: CUDA error 999"

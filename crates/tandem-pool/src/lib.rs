@@ -28,7 +28,7 @@
 mod device;
 mod workers;
 
-pub use device::{Device, DeviceError, DeviceSpec, GpuCount, MAX_REPLICAS};
+pub use device::{Device, DeviceError, DeviceSpec, DriverError, GpuCount, MAX_REPLICAS};
 pub use workers::{
     Aborted, FailurePolicy, RunOutcome, RunWatch, WorkerActivity, WorkerContext, WorkerFailure,
     WorkerPool,

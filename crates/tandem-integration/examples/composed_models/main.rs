@@ -65,7 +65,7 @@ struct Run {
 /// The CUDA GPUs there are, in a build with the `cuda` feature.
 fn gpus() -> GpuCount {
     #[cfg(feature = "cuda")]
-    return GpuCount::Driver(tandem_kernels::device_count().map_err(|e| e.to_string()));
+    return GpuCount::Driver(tandem_kernels::device_count().map_err(tandem_pool::DriverError::new));
     #[cfg(not(feature = "cuda"))]
     GpuCount::NoCuda
 }
