@@ -15,5 +15,5 @@ fi
 
 # Open MPI refuses root unless told twice; CI's containers run as root.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-cargo clippy -p tandem-strategy -p mnist-train --all-targets --features mnist-train/mpi -- -D warnings
+cargo clippy -p tandem-mpi -p tandem-train -p mnist-train --all-targets --features mnist-train/mpi -- -D warnings
 cargo test -p mnist-train --features mpi --test mpi

@@ -7,7 +7,6 @@ use anyhow::{bail, Result};
 use serde_json::json;
 use tandem_model::Mlp;
 use tandem_optim::{Chosen, OPTIMIZERS};
-use tandem_strategy::Ranks;
 use tandem_train::{drive, print_summary, Checkpoints, Ended, Launch, Setup, Start, Trainer};
 
 use crate::cli::{hidden_flag, TrainArgs, DEFAULT_INIT_STDDEV};
@@ -37,10 +36,9 @@ fn start(args: &TrainArgs, mlp: &Mlp) -> Result<Start<Chosen>> {
 /// The network to train: a fresh run's `--hidden` (the reference's by default); a resumed
 /// run's own, as its checkpoints name it (`--hidden` may only repeat it). Across ranks, rank
 /// 0's, which alone reads the checkpoints.
-fn network(args: &TrainArgs, ranks: Option<&dyn Ranks>) -> Result<Mlp> {
+fn network(args: &TrainArgs, launch: &Launch) -> Result<Mlp> {
     let mut mlp = args.hidden.clone().unwrap_or_else(Mlp::mnist);
-    let lead = ranks.is_none_or(|r| r.rank() == 0);
-    if let (true, Some(dir)) = (lead, &args.run.resume) {
+    if let (true, Some(dir)) = (launch.leads(), &args.run.resume) {
         if let Some(run) = model::model_in(dir)? {
             if args.hidden.as_ref().is_some_and(|asked| *asked != run) {
                 bail!(
@@ -56,7 +54,7 @@ fn network(args: &TrainArgs, ranks: Option<&dyn Ranks>) -> Result<Mlp> {
             mlp = run;
         }
     }
-    if let Some(ranks) = ranks {
+    if let Some(ranks) = launch.ranks() {
         let mut name = mlp.name().into_bytes();
         ranks.broadcast(&mut name);
         mlp = Mlp::from_name(&String::from_utf8_lossy(&name))?;
@@ -79,14 +77,13 @@ pub fn run(args: &TrainArgs, launch: &Launch) -> Result<Option<i32>> {
         false => None,
     };
     let data = data::load(args.data_dir.as_deref())?;
-    let ranks = launch.ranks();
-    let mlp = network(args, ranks.as_deref())?;
+    let mlp = network(args, launch)?;
     let model = Mnist {
         mlp: mlp.clone(),
         train: &data.train,
     };
     let setup = Setup {
-        ranks,
+        ranks: launch.ranks(),
         ..model::setup(&args.run.devices)
     };
     let mut trainer = Trainer::open(model, start(args, &mlp)?, &setup, checkpoints)?;

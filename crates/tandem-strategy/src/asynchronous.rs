@@ -154,7 +154,7 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: AsyncStore<R> + ?Sized>(
     let outcome = std::thread::scope(|scope| {
         scope.spawn(|| schedule.serve());
         let outcome = pool.run_watched(FailurePolicy::Continue, work, |run| {
-            watchdog(job.observer, run, job.ranks, snapshot)
+            watchdog(job.observer, run, job.messages, snapshot)
         });
         schedule.done();
         outcome

@@ -6,11 +6,11 @@ use std::time::{Duration, Instant};
 use tandem_core::{Optimizer, Replica, ReplicaError, StepLoss, TrainState};
 use tandem_pool::{Device, RunWatch, WorkerActivity, WorkerContext, WorkerPool};
 
-use crate::ranks::{Channel, Ranks};
 use crate::{
     AsyncRule, Batches, ConfigError, NonFiniteLoss, Observer, SilentRank, StalenessBound, Stall,
     TrainError,
 };
+use tandem_collectives::{Channel, Collectives, Ranks};
 
 /// How often the watchdog looks at the workers: a stall or an abandon is reported within this
 /// of its deadline, and a wake-up this rare costs nothing next to training.
@@ -27,7 +27,9 @@ pub(crate) struct Job<'a, R, O: ?Sized> {
     /// The replicas' number of training examples.
     pub examples: usize,
     /// The other processes of the run, when it spans several.
-    pub ranks: Option<&'a dyn Ranks>,
+    pub ranks: Option<&'a dyn Collectives>,
+    /// The same, when the transport carries messages too.
+    pub messages: Option<&'a dyn Ranks>,
     /// What asynchronous updates do about staleness.
     pub rule: AsyncRule,
     /// How stale an asynchronous update may be.
@@ -54,7 +56,7 @@ pub(crate) fn simulated(devices: &[Device], across_ranks: bool) -> Result<bool, 
 /// Checks that every rank runs the same job: as many workers, training examples and
 /// parameters, and the same steps. Collective; every rank gets the same answer.
 pub(crate) fn validate_across<R: Replica>(
-    ranks: &dyn Ranks,
+    ranks: &dyn Collectives,
     pool: &WorkerPool<R>,
     state: &TrainState,
     examples: usize,

@@ -68,21 +68,16 @@ mod device_store;
 mod epochs;
 mod helping;
 mod hyper;
-#[cfg(feature = "mpi")]
-pub mod mpi;
 mod order;
-pub mod ranks;
 mod staleness;
 mod store;
 pub mod sync;
-pub mod thread_ranks;
 
 pub use batch_scaling::{BatchScaling, InvalidScaling};
 pub use device_store::{DeviceAsyncStore, DeviceSyncStore};
 pub use epochs::Epochs;
 pub use hyper::Batches;
 pub use order::EpochOrder;
-pub use ranks::Ranks;
 pub use staleness::{
     AsyncRule, InvalidBound, InvalidWarmup, StalenessBound, Strategy, UnknownRule, Warmup,
     MAX_WARMUP_EPOCHS,
@@ -91,6 +86,7 @@ pub use store::{AsyncStore, HostStore, ParamStore, SyncStore, UpdateAt};
 
 use std::time::Duration;
 
+use tandem_collectives::Transport;
 use tandem_core::{Optimizer, Replica, ReplicaError, TrainState};
 use tandem_pool::{WorkerFailure, WorkerPool};
 
@@ -146,15 +142,19 @@ pub fn train<R: Replica, O: Optimizer + ?Sized>(
     )
 }
 
-/// [`train`] as rank `ranks.rank()` of a run that spans `ranks.ranks()` processes, each with a
-/// pool of as many workers. Every rank calls it with the same arguments (and the same `state`)
-/// and ends with the same `state`. The run's workers are every rank's, in rank order
-/// ([`ranks`]): its global batch, data order and schedule are those of one
+/// [`train`] as one rank of a run that spans the processes of `transport`, each with a pool of
+/// as many workers. Every rank calls it with the same arguments (and the same `state`) and ends
+/// with the same `state`. The run's workers are every rank's, in rank order
+/// ([`tandem_collectives`]): its global batch, data order and schedule are those of one
 /// process with all of them, and a synchronous run's result is bitwise that one process's.
 /// Step reports count every rank's examples. With one rank this is [`train`].
+///
+/// A synchronous run needs only the transport's collectives; an asynchronous one needs its
+/// messages too ([`Transport::Ranks`]), and with them rank 0 names a rank that stops
+/// ([`Stall::silent_ranks`]).
 #[allow(clippy::too_many_arguments)]
 pub fn train_across<R: Replica, O: Optimizer + ?Sized>(
-    ranks: &dyn Ranks,
+    transport: Transport<'_>,
     strategy: impl Into<Strategy>,
     pool: &mut WorkerPool<R>,
     state: &mut TrainState,
@@ -163,9 +163,9 @@ pub fn train_across<R: Replica, O: Optimizer + ?Sized>(
     end_step: u64,
     observer: &dyn Observer,
 ) -> Result<TrainReport, TrainError> {
-    let ranks = (ranks.ranks() > 1).then_some(ranks);
+    let transport = (transport.collectives().ranks() > 1).then_some(transport);
     run(
-        ranks,
+        transport,
         strategy.into(),
         pool,
         state,
@@ -178,7 +178,7 @@ pub fn train_across<R: Replica, O: Optimizer + ?Sized>(
 
 #[allow(clippy::too_many_arguments)]
 fn run<R: Replica, O: Optimizer + ?Sized>(
-    ranks: Option<&dyn Ranks>,
+    transport: Option<Transport<'_>>,
     Strategy {
         mode,
         rule,
@@ -193,6 +193,7 @@ fn run<R: Replica, O: Optimizer + ?Sized>(
     end_step: u64,
     observer: &dyn Observer,
 ) -> Result<TrainReport, TrainError> {
+    let ranks = transport.map(Transport::collectives);
     // A synchronous run's rate scaled for its global batch; at a factor of 1 (and in async
     // mode) every rate is multiplied by exactly 1, which changes no bit.
     let global_batch =
@@ -256,6 +257,7 @@ fn run<R: Replica, O: Optimizer + ?Sized>(
         observer,
         examples,
         ranks,
+        messages: transport.and_then(Transport::ranks),
         rule,
         bound,
         log_every,
@@ -279,7 +281,8 @@ fn run<R: Replica, O: Optimizer + ?Sized>(
                 }
             }
         }
-        (Mode::Async, Some(ranks)) => {
+        (Mode::Async, Some(_)) => {
+            let ranks = job.messages.ok_or(ConfigError::AsyncWithoutMessages)?;
             let store = RankedAsyncStore::new(
                 job.state,
                 &layout,
@@ -499,6 +502,12 @@ pub enum ConfigError {
          epochs"
     )]
     WarmupAcrossRanks,
+    /// An asynchronous run over a transport that carries no messages.
+    #[error(
+        "an asynchronous run across processes needs a transport with point-to-point messages \
+         (its parameter service): this one has collectives only, so train with --sync"
+    )]
+    AsyncWithoutMessages,
     /// A staleness bound across ranks.
     #[error("a staleness bound ({0}) is not implemented across ranks: train with none")]
     BoundAcrossRanks(StalenessBound),

@@ -142,7 +142,7 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: SyncStore<R> + ?Sized>(
         Ok(done)
     };
     let outcome = pool.run_watched(FailurePolicy::StopAll, work, |run| {
-        watchdog(job.observer, run, job.ranks, snapshot)
+        watchdog(job.observer, run, job.messages, snapshot)
     });
     let elapsed = started.elapsed();
     let finished = outcome.into_results()?;

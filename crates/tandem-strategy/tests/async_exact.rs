@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{across, ema, pool_of, weights_and_bias, within, Loss, Model, TestReplica};
+use tandem_collectives::Transport;
 use tandem_core::{ParamSpan, TrainState};
 use tandem_optim::Sgd;
 use tandem_pool::WorkerPool;
@@ -313,7 +314,7 @@ fn async_across_ranks_applies_every_update_to_every_part_exactly_once() {
             let mut staleness = Vec::new();
             for end in [30, END] {
                 let report = train_across(
-                    rank,
+                    Transport::Ranks(rank),
                     PLAIN_ASYNC,
                     &mut pool,
                     &mut state,
@@ -387,9 +388,10 @@ fn bounded_async_on_parallel_workers_keeps_its_bound_and_loses_no_update() {
 }
 
 /// What the turns of one process do is not built across ranks: a warm-up on one worker and a
-/// staleness bound are refused there, on every rank, before any update.
+/// staleness bound are refused there, on every rank, before any update; so is an asynchronous
+/// run over a transport with collectives only (its parameter service needs messages).
 #[test]
-fn across_ranks_a_warmup_or_a_bound_is_refused_before_training() {
+fn across_ranks_a_warmup_a_bound_or_no_messages_is_refused_before_training() {
     let refused = [
         Strategy {
             warmup: tandem_strategy::Warmup::Epochs(1),
@@ -404,12 +406,20 @@ fn across_ranks_a_warmup_or_a_bound_is_refused_before_training() {
             ..PLAIN_ASYNC
         },
     ];
-    for strategy in refused {
+    let refused = refused
+        .map(|strategy| (strategy, true))
+        .into_iter()
+        .chain([(PLAIN_ASYNC, false)]);
+    for (strategy, messages) in refused {
         let results = within("refused on 2 ranks", move || {
             across(2, |rank| {
                 let mut state = initial_state();
+                let transport = match messages {
+                    true => Transport::Ranks(rank),
+                    false => Transport::Collectives(rank),
+                };
                 let result = train_across(
-                    rank,
+                    transport,
                     strategy,
                     &mut pool(2, None),
                     &mut state,
@@ -422,13 +432,18 @@ fn across_ranks_a_warmup_or_a_bound_is_refused_before_training() {
             })
         });
         for (result, step) in results {
+            let refusal = match &result {
+                Err(TrainError::Config(refusal)) => refusal,
+                _ => panic!("{strategy:?}: {result:?}"),
+            };
             assert!(
-                matches!(
-                    &result,
-                    Err(TrainError::Config(
+                match messages {
+                    true => matches!(
+                        refusal,
                         ConfigError::WarmupAcrossRanks | ConfigError::BoundAcrossRanks(_)
-                    ))
-                ),
+                    ),
+                    false => matches!(refusal, ConfigError::AsyncWithoutMessages),
+                },
                 "{strategy:?}: {result:?}"
             );
             assert_eq!(step, 0, "{strategy:?}");

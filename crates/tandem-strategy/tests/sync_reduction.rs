@@ -17,12 +17,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{across, ema, pool_of, weights_and_bias, within, Loss, Model, TestReplica};
+use tandem_collectives::{Collectives, Transport};
 use tandem_core::{Helpers, ParamSpan, TrainState};
 use tandem_optim::Sgd;
 use tandem_pool::WorkerPool;
-use tandem_strategy::{
-    train_across, Batches, EpochOrder, Mode, NoObserver, Observer, Ranks, StepReport,
-};
+use tandem_strategy::{train_across, Batches, EpochOrder, Mode, NoObserver, Observer, StepReport};
 use tandem_tensor::cpu::{sgd_ema_update, UpdateStep};
 
 /// Training examples the batch indices address.
@@ -462,7 +461,8 @@ fn async_with_one_worker_equals_sync_with_one_worker_bitwise() {
 
 /// A run over ranks (threads standing in for MPI processes, [`common::ranks`]) is the run of
 /// one process with all their workers, bitwise, on every rank, across segments too: 2 x 1,
-/// 2 x 2 and 3 x 1 ranks x workers.
+/// 2 x 2 and 3 x 1 ranks x workers, over the collectives alone (a synchronous run needs no
+/// messages).
 #[test]
 fn sync_across_ranks_equals_one_process_of_all_their_workers() {
     const STEPS: u64 = 20;
@@ -477,7 +477,7 @@ fn sync_across_ranks_equals_one_process_of_all_their_workers() {
                     let mode = Mode::Sync;
                     let (sgd, batches) = (sgd(), batches());
                     let report = train_across(
-                        rank,
+                        Transport::Collectives(rank),
                         mode,
                         &mut pool,
                         &mut state,
@@ -541,7 +541,7 @@ fn sync_across_ranks_reports_the_losses_of_one_process() {
             let mut state = initial_state();
             let (sgd, batches) = (sgd(), batches());
             train_across(
-                rank,
+                Transport::Ranks(rank),
                 Mode::Sync,
                 &mut pool(1, false),
                 &mut state,

@@ -12,13 +12,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{batches, ema, sgd, LeastSquares, Quirks, EXAMPLES};
+use tandem_collectives::{Channel, Collectives, Messages, Ranks, Transport};
 use tandem_core::{Optimizer, ReplicaError, TrainState};
 use tandem_optim::Sgd;
 use tandem_pool::{Device, WorkerPool};
-use tandem_strategy::ranks::Channel;
 use tandem_strategy::{
-    train_across, Batches, Epochs, Mode, NoObserver, Observer, Ranks, Stall, TrainError,
-    TrainReport,
+    train_across, Batches, Epochs, Mode, NoObserver, Observer, Stall, TrainError, TrainReport,
 };
 use tandem_tensor::cpu::{sgd_ema_update, UpdateStep};
 
@@ -350,7 +349,7 @@ fn a_healthy_run_that_is_asked_to_stop_is_not_abandoned() {
 #[derive(Debug)]
 struct Silent<'r>(&'r dyn Ranks, Instant);
 
-impl Ranks for Silent<'_> {
+impl Collectives for Silent<'_> {
     fn rank(&self) -> usize {
         self.0.rank()
     }
@@ -383,6 +382,12 @@ impl Ranks for Silent<'_> {
     fn broadcast(&self, bytes: &mut Vec<u8>) {
         self.0.broadcast(bytes)
     }
+    fn abort(&self, code: i32) -> ! {
+        self.0.abort(code)
+    }
+}
+
+impl Messages for Silent<'_> {
     fn send(&self, channel: Channel, to: usize, tag: u16, header: &[u64], payload: &[f32]) {
         if channel != Channel::Beacon || Instant::now() < self.1 {
             self.0.send(channel, to, tag, header, payload)
@@ -400,9 +405,6 @@ impl Ranks for Silent<'_> {
         payload: &mut Vec<f32>,
     ) {
         self.0.receive(channel, from, tag, header, payload)
-    }
-    fn abort(&self, code: i32) -> ! {
-        self.0.abort(code)
     }
 }
 
@@ -452,7 +454,7 @@ fn rank_0_names_the_rank_that_gives_no_sign_of_life_in_its_stall_report() {
             };
             let mut state = TrainState::new(vec![0.0; 2], &sgd());
             train_across(
-                ranks,
+                Transport::Ranks(ranks),
                 Mode::Sync,
                 &mut pool,
                 &mut state,

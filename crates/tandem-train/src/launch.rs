@@ -5,10 +5,10 @@
 //! evaluation around these.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tandem_strategy::{Mode, Ranks};
+use tandem_collectives::SharedTransport;
+use tandem_strategy::Mode;
 
 use crate::{
     output, BatchScaling, Display, EvaluateError, Interrupt, Model, Progress, RecordedOptimizer,
@@ -49,13 +49,13 @@ pub enum LaunchError {
     /// The MPI transport could not start.
     #[cfg(feature = "mpi")]
     #[error(transparent)]
-    Mpi(#[from] tandem_strategy::mpi::MpiError),
+    Mpi(#[from] tandem_mpi::MpiError),
 }
 
 /// The processes of one run: this one alone, or the `mpirun` job it is a rank of (with the
 /// `mpi` feature). Rank 0 leads: it alone reads and writes checkpoints, evaluates and reports.
 pub struct Launch {
-    ranks: Option<Arc<dyn Ranks>>,
+    ranks: Option<SharedTransport>,
 }
 
 impl Launch {
@@ -88,7 +88,7 @@ impl Launch {
 
     #[cfg(feature = "mpi")]
     fn join() -> Result<Self, LaunchError> {
-        let ranks: Arc<dyn Ranks> = Arc::new(tandem_strategy::mpi::MpiRanks::init()?);
+        let ranks = SharedTransport::Ranks(std::sync::Arc::new(tandem_mpi::MpiRanks::init()?));
         Ok(Self {
             ranks: (ranks.ranks() > 1).then_some(ranks),
         })
@@ -100,7 +100,7 @@ impl Launch {
     }
 
     /// The run's processes when there are several (for [`Setup::ranks`](crate::Setup)).
-    pub fn ranks(&self) -> Option<Arc<dyn Ranks>> {
+    pub fn ranks(&self) -> Option<SharedTransport> {
         self.ranks.clone()
     }
 

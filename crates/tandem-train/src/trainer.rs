@@ -3,15 +3,16 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use tandem_checkpoint::{self as checkpoint, Checkpoint, CheckpointDir};
+use tandem_collectives::{Collectives, SharedTransport};
 use tandem_core::{ParamSpan, Replica, ReplicaError, TrainState};
 use tandem_pool::{Device, DeviceSpec, GpuCount, WorkerPool};
 use tandem_strategy::{
-    AsyncRule, BatchScaling, Batches, Observer, Ranks, SilentRank, Staleness, StalenessBound,
-    Stall, StepReport, TrainReport, Warmup,
+    AsyncRule, BatchScaling, Batches, Observer, SilentRank, Staleness, StalenessBound, Stall,
+    StepReport, TrainReport, Warmup,
 };
 
 use crate::config::{ModelId, RunConfig, MAX_WORKERS};
@@ -129,11 +130,12 @@ pub struct Setup {
     pub gpus: fn() -> GpuCount,
     /// The largest batch size a checkpoint may record.
     pub max_batch: u64,
-    /// The processes of a run that spans several (`None`, or one rank: this process alone).
+    /// The processes of a run that spans several (`None`, or one rank: this process alone). An
+    /// asynchronous run needs a transport with messages ([`SharedTransport::Ranks`]).
     /// Every rank opens the trainer with the same arguments and as many devices; rank 0 alone
     /// reads the checkpoint it resumes from and should be the only one given a checkpoint
     /// directory, and sends every rank the run's configuration and state.
-    pub ranks: Option<Arc<dyn Ranks>>,
+    pub ranks: Option<SharedTransport>,
 }
 
 impl Setup {
@@ -337,7 +339,7 @@ pub struct Trainer<M: Model, O> {
     checkpoints: Option<Checkpoints>,
     resumed_from: Option<PathBuf>,
     /// The run's processes, when there are several.
-    ranks: Option<Arc<dyn Ranks>>,
+    ranks: Option<SharedTransport>,
 }
 
 /// Warns when CPU workers outnumber the cores: they would only take turns.
@@ -464,7 +466,7 @@ impl<M: Model, O: RecordedOptimizer> Trainer<M, O> {
         devices: Vec<Device>,
         checkpoints: Option<Checkpoints>,
         resumed_from: Option<PathBuf>,
-        ranks: Option<Arc<dyn Ranks>>,
+        ranks: Option<SharedTransport>,
     ) -> Result<Self, RunError> {
         let batch = config.batches.batch_size;
         let pool = WorkerPool::new(devices, |device| {
@@ -584,7 +586,7 @@ impl<M: Model, O: RecordedOptimizer> Trainer<M, O> {
         while self.state.step < plan.end_step {
             let to = plan.next_stop(self.state.step);
             let report = advance(
-                self.ranks.as_deref(),
+                self.ranks.as_ref(),
                 &mut self.pool,
                 &mut self.state,
                 &self.config,
@@ -709,7 +711,7 @@ fn resume_from<M: Model, O: RecordedOptimizer>(
 
 /// Trains until global step `to` (or until `observer` stops it) in the run's mode.
 fn advance<R: Replica, O: RecordedOptimizer>(
-    ranks: Option<&dyn Ranks>,
+    ranks: Option<&SharedTransport>,
     pool: &mut WorkerPool<R>,
     state: &mut TrainState,
     config: &RunConfig<O>,
@@ -719,7 +721,7 @@ fn advance<R: Replica, O: RecordedOptimizer>(
     let (optimizer, batches) = (&config.optimizer, &config.batches);
     if let Some(ranks) = ranks {
         return Ok(tandem_strategy::train_across(
-            ranks,
+            ranks.transport(),
             config.strategy(),
             pool,
             state,
@@ -768,7 +770,7 @@ fn as_a_resume_reads_it<M: Model, O: RecordedOptimizer>(
 }
 
 /// Rank 0's `plan`, on every rank (rank 0 sends its own).
-fn rank0_plan(ranks: &dyn Ranks, plan: &Plan) -> Plan {
+fn rank0_plan(ranks: &dyn Collectives, plan: &Plan) -> Plan {
     let mut bytes: Vec<u8> = [plan.end_step, plan.save_every, plan.evaluate_every]
         .into_iter()
         .chain(plan.evaluate_at.iter().copied())
@@ -792,7 +794,7 @@ fn rank0_plan(ranks: &dyn Ranks, plan: &Plan) -> Plan {
 fn from_rank0<M: Model, O: RecordedOptimizer>(
     model: &M,
     setup: &Setup,
-    ranks: &dyn Ranks,
+    ranks: &dyn Collectives,
 ) -> Result<(RunConfig<O>, TrainState), RunError> {
     let mut bytes = Vec::new();
     ranks.broadcast(&mut bytes);
@@ -977,7 +979,7 @@ fn abandon(saver: Option<&Saver<'_>>, stalled: &[Stall], state: Option<&TrainSta
 
 #[cfg(test)]
 mod tests {
-    use std::sync::LazyLock;
+    use std::sync::{Arc, LazyLock};
 
     use tandem_core::StepLoss;
     use tandem_optim::Sgd;
@@ -1274,7 +1276,7 @@ mod tests {
     type Outcome = (TrainState, Vec<Option<f64>>);
 
     /// Trains `start` on `workers` CPU workers in each of `ranks` processes (threads standing in
-    /// for them, [`tandem_strategy::thread_ranks`]; 1: this process alone), logging every step.
+    /// for them, [`tandem_collectives::threads`]; 1: this process alone), logging every step.
     /// Rank r trains `plan(r, trainer)`, as ranks given different flags would. Returns rank 0's
     /// outcome.
     fn on_ranks<M: Model>(
@@ -1283,7 +1285,7 @@ mod tests {
         (ranks, workers): (usize, usize),
         plan: impl Fn(usize, &Trainer<M, Sgd>) -> Plan + Sync,
     ) -> Outcome {
-        let train = |rank: Option<Arc<dyn Ranks>>| {
+        let train = |rank: Option<SharedTransport>| {
             let setup = Setup {
                 ranks: rank.clone(),
                 ..Setup::new(DeviceSpec::Cpu(workers))
@@ -1308,9 +1310,9 @@ mod tests {
             return train(None);
         }
         std::thread::scope(|scope| {
-            let threads: Vec<_> = tandem_strategy::thread_ranks::cluster(ranks)
+            let threads: Vec<_> = tandem_collectives::threads::cluster(ranks)
                 .into_iter()
-                .map(|rank| scope.spawn(|| train(Some(Arc::new(rank)))))
+                .map(|rank| scope.spawn(|| train(Some(SharedTransport::Ranks(Arc::new(rank))))))
                 .collect();
             let mut outcomes = threads.into_iter().map(|t| t.join().unwrap());
             outcomes.next().unwrap()

@@ -1,4 +1,4 @@
-//! The parameters of record of a run that spans several processes ([`Ranks`]): every rank keeps
+//! The parameters of record of a run that spans several processes: every rank keeps
 //! a [`HostStore`] of all the parameters, and the stores exchange what their workers need.
 
 use std::collections::BTreeMap;
@@ -10,8 +10,8 @@ use tandem_core::{Optimizer, ParamSpan, Replica, ReplicaError, TrainState};
 
 use super::{AsyncStore, HostStore, ParamStore, SyncStore, UpdateAt};
 use crate::asynchronous::Schedule;
-use crate::ranks::{Channel, Ranks};
 use crate::{AsyncRule, Epochs};
+use tandem_collectives::{Channel, Collectives, Ranks};
 
 impl<O: Optimizer + ?Sized> HostStore<'_, O> {
     /// The parameters that shards `shards` hold.
@@ -53,7 +53,7 @@ impl<O: Optimizer + ?Sized> HostStore<'_, O> {
 
     /// Gathers every rank's `owned` part of the optimiser state into every rank's store
     /// (collective, on lane 0): the state stays with its owner while training.
-    fn gather_state(&self, ranks: &dyn Ranks, owned: &[Range<usize>]) {
+    fn gather_state(&self, ranks: &dyn Collectives, owned: &[Range<usize>]) {
         let me = &owned[ranks.rank()];
         let counts: Vec<usize> = owned.iter().map(|r| r.len()).collect();
         let mut all = vec![0.0; self.len];
@@ -90,7 +90,7 @@ impl<O: Optimizer + ?Sized> HostStore<'_, O> {
 /// state stays with the share's owner until [`save_into`](ParamStore::save_into) gathers it.
 pub(crate) struct RankedSyncStore<'o, 'r, O: Optimizer + ?Sized> {
     host: HostStore<'o, O>,
-    ranks: &'r dyn Ranks,
+    ranks: &'r dyn Collectives,
     local: usize,
     /// Each global worker's share, as parameters.
     shares: Vec<Range<usize>>,
@@ -106,7 +106,7 @@ impl<'o, 'r, O: Optimizer + ?Sized> RankedSyncStore<'o, 'r, O> {
         state: &TrainState,
         layout: &[ParamSpan],
         optimizer: &'o O,
-        ranks: &'r dyn Ranks,
+        ranks: &'r dyn Collectives,
         local: usize,
     ) -> Self {
         let host = HostStore::with_shares(state, layout, optimizer, local, ranks.ranks() * local);

@@ -4,7 +4,7 @@
 #![allow(dead_code)] // each test binary uses its own part of this module
 
 pub mod fake_device;
-pub use tandem_strategy::thread_ranks as ranks;
+pub use tandem_collectives::threads as ranks;
 
 use tandem_core::{Alone, Helpers, ParamSpan, Replica, ReplicaError, StepLoss, TrainState};
 use tandem_optim::Sgd;

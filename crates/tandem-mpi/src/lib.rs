@@ -1,5 +1,12 @@
-//! [`Ranks`] over MPI (the `mpi` feature; the `mpi` crate over the system's MPI library, e.g.
-//! Open MPI): one rank per process started by `mpirun`.
+//! The MPI transport of tandem's runs across processes: `MpiRanks`, the
+//! [`tandem_collectives::Collectives`] and [`tandem_collectives::Messages`] over the system's
+//! MPI library (e.g.
+//! Open MPI, through the `mpi` crate), one rank per process started by `mpirun`.
+//!
+//! The crate is empty without its `mpi` feature, which needs that library and libclang to
+//! build: a workspace build needs no MPI.
+#![warn(missing_docs)]
+#![cfg(feature = "mpi")]
 
 use std::sync::RwLock;
 
@@ -10,7 +17,7 @@ use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 use mpi::Threading;
 
-use crate::ranks::{Channel, Ranks};
+use tandem_collectives::{Channel, Collectives, Messages};
 
 /// A communicator that worker threads share. MPI is initialised with `MPI_THREAD_MULTIPLE`
 /// ([`MpiRanks::init`] refuses a library without it), under which any thread may call MPI on
@@ -25,7 +32,7 @@ unsafe impl Sync for Shared {}
 
 /// How long a waiting thread sleeps between looks for its message: short next to a training
 /// step (milliseconds), long enough that waiting costs its core nothing.
-pub(crate) const IDLE: std::time::Duration = std::time::Duration::from_micros(20);
+const IDLE: std::time::Duration = std::time::Duration::from_micros(20);
 
 /// Why MPI cannot carry a run.
 #[derive(Debug, thiserror::Error)]
@@ -115,7 +122,7 @@ fn count(n: usize) -> i32 {
     i32::try_from(n).unwrap_or(i32::MAX)
 }
 
-impl Ranks for MpiRanks {
+impl Collectives for MpiRanks {
     fn rank(&self) -> usize {
         self.world.0.rank() as usize
     }
@@ -177,6 +184,12 @@ impl Ranks for MpiRanks {
         root.broadcast_into(&mut bytes[..]);
     }
 
+    fn abort(&self, code: i32) -> ! {
+        self.world.0.abort(code)
+    }
+}
+
+impl Messages for MpiRanks {
     fn send(&self, channel: Channel, to: usize, tag: u16, header: &[u64], payload: &[f32]) {
         let target = self.channel(channel).process_at_rank(to as i32);
         target.send_with_tag(header, i32::from(tag));
@@ -205,10 +218,6 @@ impl Ranks for MpiRanks {
         }
         *header = source.receive_vec_with_tag::<u64>(i32::from(tag)).0;
         *payload = source.receive_vec_with_tag::<f32>(i32::from(tag)).0;
-    }
-
-    fn abort(&self, code: i32) -> ! {
-        self.world.0.abort(code)
     }
 }
 

@@ -1,14 +1,14 @@
-//! [`Ranks`] between threads of this process: a cluster of `n` ranks, each a thread, that
+//! [`Ranks`](crate::Ranks) between threads of this process: a cluster of `n` ranks, each a thread, that
 //! exchange through shared memory exactly what MPI ranks would send each other. The strategies
-//! cannot tell it from MPI, so a run across ranks is tested without an MPI library (by this
-//! crate's tests, and by any caller's: `tandem-train` opens its trainer on them;
+//! cannot tell it from MPI, so a run across ranks is tested without an MPI library
+//! (`tandem-strategy`'s tests run on it, and `tandem-train` opens its trainer on it;
 //! `mnist-train`'s `tests/mpi.rs` runs the real transport under `mpirun`). Values travel as
 //! f64, which carries every f32 and every byte exactly.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Barrier, Condvar, Mutex, PoisonError};
 
-use crate::ranks::{Channel, Ranks};
+use crate::{Channel, Collectives, Messages};
 
 /// A message on its way: source, tag, header, payload.
 type Message = (usize, u16, Vec<u64>, Vec<f32>);
@@ -104,7 +104,7 @@ fn wide(values: &[f32]) -> Vec<f64> {
     values.iter().map(|&v| f64::from(v)).collect()
 }
 
-impl Ranks for ThreadRank {
+impl Collectives for ThreadRank {
     fn rank(&self) -> usize {
         self.rank
     }
@@ -193,6 +193,12 @@ impl Ranks for ThreadRank {
         *bytes = posted[0].0.iter().map(|&b| b as u8).collect();
     }
 
+    fn abort(&self, code: i32) -> ! {
+        panic!("rank {} aborted the cluster with status {code}", self.rank)
+    }
+}
+
+impl Messages for ThreadRank {
     fn send(&self, channel: Channel, to: usize, tag: u16, header: &[u64], payload: &[f32]) {
         let (inbox, arrived) = &self.shared.inboxes[to][channel_index(channel)];
         inbox
@@ -231,9 +237,5 @@ impl Ranks for ThreadRank {
                 .wait(waiting)
                 .unwrap_or_else(PoisonError::into_inner);
         }
-    }
-
-    fn abort(&self, code: i32) -> ! {
-        panic!("rank {} aborted the cluster with status {code}", self.rank)
     }
 }
