@@ -6,7 +6,7 @@
 use std::any::Any;
 use std::sync::Arc;
 
-use crate::ReplicaError;
+use crate::{DType, ReplicaError};
 
 /// A step's data loss, as [`Replica::compute_gradients`](crate::Replica::compute_gradients)
 /// reports it.
@@ -41,6 +41,9 @@ pub struct DeviceUpdate {
 pub trait DeviceAlloc: Send + Sync {
     /// Its device address.
     fn address(&self) -> u64;
+
+    /// The type of its values, as [`DeviceQueue::alloc`] was asked for.
+    fn dtype(&self) -> DType;
 }
 
 /// A marker in a queue's work (a CUDA event): [`DeviceQueue::wait`] makes another queue's
@@ -50,10 +53,12 @@ pub trait DeviceEvent: Send + Sync {
     fn as_any(&self) -> &dyn Any;
 }
 
-/// One operation on a [`DeviceQueue`], over `f32` device memory named by address.
+/// One operation on a [`DeviceQueue`], over device memory named by address. Each says the
+/// type of the values it moves; the parameters of record and the optimiser's state are `f32`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum DeviceOp {
-    /// Copies `len` values from `src` to `dst` (either may be another device's memory).
+    /// Copies `len` values of type `dtype` from `src` to `dst` (either may be another
+    /// device's memory).
     Copy {
         /// Where to.
         dst: u64,
@@ -61,8 +66,10 @@ pub enum DeviceOp {
         src: u64,
         /// How many values.
         len: usize,
+        /// Their type, the same at both ends.
+        dtype: DType,
     },
-    /// Copies `values` from the host to `dst`. The values are this call's input: a queue that
+    /// Copies `values` from the host to the `f32` memory at `dst`. The values are this call's input: a queue that
     /// replays a step as a captured graph copies them in before the graph, each time.
     Upload {
         /// Where to.
@@ -70,11 +77,12 @@ pub enum DeviceOp {
         /// What.
         values: Vec<f32>,
     },
-    /// The optimiser update `kernel` of `len` parameters at `params` and their state vectors
-    /// at `state` (in the optimiser's [`state_names`](crate::Optimizer::state_names) order)
-    /// with the mean of the gradients at `grads` (summed in their order; at most
-    /// [`DeviceQueue::max_gradients`]), reading the [`DeviceUpdate::hyper`] values at `hyper`;
-    /// all in the queue's own memory.
+    /// The optimiser update `kernel` of `len` `f32` parameters at `params` and their `f32`
+    /// state vectors at `state` (in the optimiser's
+    /// [`state_names`](crate::Optimizer::state_names) order) with the mean of the gradients of
+    /// type `grads_dtype` at `grads` (summed in their order; at most
+    /// [`DeviceQueue::max_gradients`]), reading the `f32` [`DeviceUpdate::hyper`] values at
+    /// `hyper`; all in the queue's own memory.
     Update {
         /// The kernel ([`DeviceUpdate::kernel`]).
         kernel: &'static str,
@@ -84,6 +92,8 @@ pub enum DeviceOp {
         state: Vec<u64>,
         /// The gradient vectors to average.
         grads: Vec<u64>,
+        /// The gradients' type ([`Residence::dtype`]).
+        grads_dtype: DType,
         /// How many values each holds.
         len: usize,
         /// The kernel's [`DeviceUpdate::hyper`] values.
@@ -91,8 +101,8 @@ pub enum DeviceOp {
     },
 }
 
-/// The ordered queue of work of one replica on one device (a CUDA stream), over `f32` device
-/// memory named by address. Everything but [`read`](Self::read) and [`write`](Self::write) is
+/// The ordered queue of work of one replica on one device (a CUDA stream), over device memory
+/// named by address. Everything but [`read`](Self::read) and [`write`](Self::write) is
 /// queued behind the replica's earlier work and returns without waiting for the device.
 ///
 /// The operations that take addresses are `unsafe`: the caller promises that each names live
@@ -107,15 +117,17 @@ pub trait DeviceQueue: Send + Sync {
     /// Makes the device usable from the calling thread.
     fn bind(&self) -> Result<(), ReplicaError>;
 
-    /// `len` values of device memory on this queue's device (contents undefined).
-    fn alloc(&self, len: usize) -> Result<Box<dyn DeviceAlloc>, ReplicaError>;
+    /// Device memory for `len` values of type `dtype` on this queue's device (contents
+    /// undefined).
+    fn alloc(&self, len: usize, dtype: DType) -> Result<Box<dyn DeviceAlloc>, ReplicaError>;
 
     /// How many gradient vectors one [`DeviceOp::Update`] averages at most.
     fn max_gradients(&self) -> usize;
 
-    /// Whether [`DeviceOp::Update`] runs `kernel` over `states` state vectors here: a store
-    /// keeps the parameters of record on the device only for an optimiser whose update does.
-    fn has_update(&self, kernel: &str, states: usize) -> bool;
+    /// Whether [`DeviceOp::Update`] runs `kernel` over `states` state vectors and gradients
+    /// of type `grads` here: a store keeps the parameters of record on the device only for an
+    /// optimiser whose update does, for replicas computing in that type.
+    fn has_update(&self, kernel: &str, states: usize, grads: DType) -> bool;
 
     /// Queues `ops`, in order. An [`Upload`](DeviceOp::Upload)'s values are copied before this
     /// returns, so the caller may drop them at once.
@@ -144,13 +156,15 @@ pub trait DeviceQueue: Send + Sync {
     /// waiting for a step to take them.
     fn step_ops_pending(&self) -> bool;
 
-    /// Copies `src.len()` host values to `dst` and waits until they have landed.
+    /// Copies `src.len()` host values to the `f32` memory at `dst` and waits until they have
+    /// landed.
     ///
     /// # Safety
     /// See the trait.
     unsafe fn write(&self, dst: u64, src: &[f32]) -> Result<(), ReplicaError>;
 
-    /// Waits for the queue's work so far, then copies `dst.len()` values at `src` to the host.
+    /// Waits for the queue's work so far, then copies `dst.len()` values of the `f32` memory at
+    /// `src` to the host.
     ///
     /// # Safety
     /// See the trait.
@@ -181,4 +195,6 @@ pub struct Residence {
     pub params: u64,
     /// The address of its gradients of the last step.
     pub grads: u64,
+    /// The type of its parameters and gradients: what it computes in.
+    pub dtype: DType,
 }

@@ -65,6 +65,7 @@
 #![warn(missing_docs)]
 
 mod device;
+mod dtype;
 mod helpers;
 mod optimizer;
 mod replica;
@@ -73,6 +74,7 @@ mod state;
 pub use device::{
     DeviceAlloc, DeviceEvent, DeviceOp, DeviceQueue, DeviceUpdate, Residence, StepLoss, MAX_HYPER,
 };
+pub use dtype::{DType, UnknownDType};
 pub use helpers::{Alone, Helpers};
 pub use optimizer::{Optimizer, Piece};
 pub use replica::{ParamSpan, Replica, ReplicaError};

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use tandem_core::DeviceOp;
+use tandem_core::{DType, DeviceOp};
 use tandem_tensor::check::{self, Operand};
 use tandem_tensor::cpu::UpdateStep;
 use tandem_tensor::{Activation, Backend, ExampleSet, Gemm, ShapeError};
@@ -342,6 +342,7 @@ impl CudaBackend {
                         params: p,
                         state: vec![e],
                         grads,
+                        grads_dtype: DType::F32,
                         len,
                         hyper,
                     },
@@ -923,9 +924,14 @@ impl Launcher<'_> {
                     unsafe { self.stream.copy_in(DevicePointer::from_raw(*dst), values) }
                         .map_err(cuda("copying to the device"))?
                 }
-                DeviceOp::Copy { dst, src, len } if pass != Pass::Inputs => {
+                DeviceOp::Copy {
+                    dst,
+                    src,
+                    len,
+                    dtype,
+                } if pass != Pass::Inputs => {
                     // SAFETY: the caller's promises.
-                    unsafe { self.stream.copy_device(*dst, *src, 4 * len) }
+                    unsafe { self.stream.copy_device(*dst, *src, dtype.bytes(*len)) }
                         .map_err(cuda("copying on the device"))?
                 }
                 DeviceOp::Update {
@@ -933,8 +939,16 @@ impl Launcher<'_> {
                     params,
                     state,
                     grads,
+                    grads_dtype,
                     ..
                 } if pass != Pass::Inputs => {
+                    if !runs_update(kernel, state.len(), *grads_dtype) {
+                        return Err(KernelError::NoUpdateKernel {
+                            kernel: kernel.to_string(),
+                            states: state.len(),
+                            grads: *grads_dtype,
+                        });
+                    }
                     let spans = consecutive_spans(rest);
                     done = spans.len();
                     // SAFETY: the caller's promises, for each update that the spans join.
@@ -948,16 +962,19 @@ impl Launcher<'_> {
     }
 }
 
-/// Whether an update kernel `kernel` of `kernels/update.cu` takes `states` state vectors.
-pub(crate) fn runs_update(kernel: &str, states: usize) -> bool {
-    (kernel == Kernel::SgdEmaUpdate.entry() && states == 1)
-        || (kernel == Kernel::AdamUpdate.entry() && (2..=3).contains(&states))
+/// Whether an update kernel `kernel` of `kernels/update.cu` takes `states` state vectors and
+/// gradients of type `grads` (`f32`, the only type the kernels read so far).
+pub(crate) fn runs_update(kernel: &str, states: usize, grads: DType) -> bool {
+    grads == DType::F32
+        && ((kernel == Kernel::SgdEmaUpdate.entry() && states == 1)
+            || (kernel == Kernel::AdamUpdate.entry() && (2..=3).contains(&states)))
 }
 
 fn no_update_kernel(kernel: &str, state: &[u64]) -> KernelError {
     KernelError::NoUpdateKernel {
         kernel: kernel.to_owned(),
         states: state.len(),
+        grads: DType::F32,
     }
 }
 
@@ -992,24 +1009,38 @@ fn update_spans(spans: &[(usize, u64)]) -> Result<([u64; SPAN_TABLE], u32), Kern
 /// What identifies a [`DeviceOp`] in a captured graph: all of it but an upload's values.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum OpShape {
-    Copy(u64, u64, usize),
+    Copy(u64, u64, usize, DType),
     Upload(u64, usize),
-    Update(&'static str, u64, Vec<u64>, Vec<u64>, usize, u64),
+    Update(&'static str, u64, Vec<u64>, Vec<u64>, DType, usize, u64),
 }
 
 impl OpShape {
     fn of(op: &DeviceOp) -> OpShape {
         match op {
-            DeviceOp::Copy { dst, src, len } => OpShape::Copy(*dst, *src, *len),
+            DeviceOp::Copy {
+                dst,
+                src,
+                len,
+                dtype,
+            } => OpShape::Copy(*dst, *src, *len, *dtype),
             DeviceOp::Upload { dst, values } => OpShape::Upload(*dst, values.len()),
             DeviceOp::Update {
                 kernel,
                 params,
                 state,
                 grads,
+                grads_dtype,
                 len,
                 hyper,
-            } => OpShape::Update(kernel, *params, state.clone(), grads.clone(), *len, *hyper),
+            } => OpShape::Update(
+                kernel,
+                *params,
+                state.clone(),
+                grads.clone(),
+                *grads_dtype,
+                *len,
+                *hyper,
+            ),
         }
     }
 }
@@ -1070,6 +1101,10 @@ impl Backend for CudaBackend {
     type Labels = DeviceBuffer<u32>;
     type Examples = DeviceExamples;
     type Error = KernelError;
+
+    fn dtype(&self) -> DType {
+        DType::F32
+    }
 
     fn bind_thread(&self) -> Result<(), KernelError> {
         self.make_current()
@@ -1226,7 +1261,8 @@ impl Backend for CudaBackend {
         }
         let (from, to) = (span(src).as_raw(), span_mut(dst).as_raw());
         // SAFETY: both spans hold `len` values (checked above) of this device's memory.
-        unsafe { self.stream.copy_device(to, from, 4 * len) }.map_err(cuda("copying on the device"))
+        unsafe { self.stream.copy_device(to, from, DType::F32.bytes(len)) }
+            .map_err(cuda("copying on the device"))
     }
 
     /// The first run of a key goes as it comes (allocating what it needs); the second is
@@ -1382,6 +1418,7 @@ impl Backend for CudaBackend {
             queue: Arc::new(self.queue()),
             params: params.as_device_ptr().as_raw(),
             grads: grads.as_device_ptr().as_raw(),
+            dtype: self.dtype(),
         })
     }
 

@@ -62,13 +62,16 @@ pub enum KernelError {
         /// The kernel's entry point.
         kernel: &'static str,
     },
-    /// An update named a kernel, or a number of state vectors, that no update kernel has.
-    #[error("no update kernel {kernel} over {states} state vector(s)")]
+    /// An update named a kernel, a number of state vectors or a gradient type that no update
+    /// kernel has.
+    #[error("no update kernel {kernel} over {states} state vector(s) and {grads} gradients")]
     NoUpdateKernel {
         /// The kernel named.
         kernel: String,
         /// The state vectors given.
         states: usize,
+        /// The gradients' type.
+        grads: tandem_core::DType,
     },
     /// An update or reduction was given no gradient buffer, or more than one launch averages.
     #[error("{op}: {given} gradient buffers given, 1 to {MAX_GRADIENT_BUFFERS} supported")]

@@ -4,7 +4,7 @@
 // Used by the `cuda` feature's backend; without it only the tests use them.
 #![cfg_attr(not(feature = "cuda"), allow(dead_code))]
 
-use tandem_core::DeviceOp;
+use tandem_core::{DType, DeviceOp};
 
 use crate::ptx::{MAX_UPDATE_SPANS, SPAN_TABLE};
 
@@ -49,41 +49,44 @@ impl KSplits {
 /// The spans, `(len, hyper)`, of the updates at the start of `ops` that one update launch can
 /// apply (at least the first, at most [`MAX_UPDATE_SPANS`]): each runs the same kernel and
 /// begins in every buffer (parameters, each state vector, each gradient vector) where the one
-/// before it ends. The sync update of a whole parameter vector, one update per tensor, is then
-/// one kernel.
+/// before it ends, with gradients of the same type. The sync update of a whole parameter
+/// vector, one update per tensor, is then one kernel.
 pub(crate) fn consecutive_spans(ops: &[DeviceOp]) -> Vec<(usize, u64)> {
     let mut spans = Vec::new();
     let mut first = None;
-    let mut offset = 0u64; // bytes from the first update's addresses
+    let mut offset = 0; // values from the first update's addresses
     for op in ops.iter().take(MAX_UPDATE_SPANS) {
         let DeviceOp::Update {
             kernel,
             params,
             state,
             grads,
+            grads_dtype,
             len,
             hyper,
         } = op
         else {
             break;
         };
-        let (k0, p0, s0, g0) = *first.get_or_insert((*kernel, *params, state, grads));
-        let shifted = |these: &[u64], first: &[u64]| {
+        let (k0, p0, s0, g0, d0) =
+            *first.get_or_insert((*kernel, *params, state, grads, *grads_dtype));
+        let shifted = |these: &[u64], first: &[u64], dtype: DType| {
             these.len() == first.len()
                 && these
                     .iter()
                     .zip(first)
-                    .all(|(a, a0)| a.wrapping_sub(*a0) == offset)
+                    .all(|(a, a0)| a.wrapping_sub(*a0) == dtype.bytes(offset) as u64)
         };
         let follows = *kernel == k0
-            && params.wrapping_sub(p0) == offset
-            && shifted(state, s0)
-            && shifted(grads, g0);
+            && *grads_dtype == d0
+            && shifted(&[*params], &[p0], DType::F32)
+            && shifted(state, s0, DType::F32)
+            && shifted(grads, g0, d0);
         if !follows {
             break;
         }
         spans.push((*len, *hyper));
-        offset = offset.wrapping_add(4 * *len as u64);
+        offset += len;
     }
     spans
 }
@@ -117,6 +120,7 @@ mod tests {
             params: at,
             state: vec![at + 10_000 + if ema_shift { 1_000 } else { 0 }],
             grads: (0..grads).map(|g| at + 20_000 + 10_000 * g).collect(),
+            grads_dtype: DType::F32,
             len,
             hyper,
         }
@@ -154,6 +158,7 @@ mod tests {
             dst: 0,
             src: 0,
             len: 1,
+            dtype: DType::F32,
         };
         assert_eq!(consecutive_spans(&[update(0, 8, 1), copy]), [(8, 1)]);
         // Another kernel, or another number of state vectors, is another launch.
@@ -167,6 +172,33 @@ mod tests {
             state.push(50_032);
         }
         assert_eq!(consecutive_spans(&[update(0, 8, 1), more_state]), [(8, 1)]);
+        // Gradients of another type are another launch; a narrower type's next span begins
+        // fewer bytes on in the gradients, and as far in the f32 parameters and state.
+        let narrow = |at: u64, len| {
+            let mut op = update(at, len, 1);
+            if let DeviceOp::Update {
+                grads, grads_dtype, ..
+            } = &mut op
+            {
+                *grads_dtype = DType::BF16;
+                for g in grads.iter_mut() {
+                    *g -= at / 2;
+                }
+            }
+            op
+        };
+        assert_eq!(
+            consecutive_spans(&[update(0, 8, 1), narrow(32, 1)]),
+            [(8, 1)]
+        );
+        assert_eq!(
+            consecutive_spans(&[narrow(0, 8), narrow(32, 1)]),
+            [(8, 1), (1, 1)]
+        );
+        assert_eq!(
+            consecutive_spans(&[narrow(0, 8), update(32, 1, 1)]),
+            [(8, 1)]
+        );
         let many: Vec<_> = (0..20).map(|i| update(4 * i, 1, i)).collect();
         let joined = consecutive_spans(&many);
         assert_eq!(joined.len(), MAX_UPDATE_SPANS);

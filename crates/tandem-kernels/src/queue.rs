@@ -5,7 +5,7 @@
 use std::any::Any;
 use std::sync::Arc;
 
-use tandem_core::{DeviceAlloc, DeviceEvent, DeviceOp, DeviceQueue, ReplicaError};
+use tandem_core::{DType, DeviceAlloc, DeviceEvent, DeviceOp, DeviceQueue, ReplicaError};
 
 use crate::backend::{Kernels, Launcher, Pass, StepOps};
 use crate::driver::{Context, DeviceBuffer, DevicePointer, Event, Stream};
@@ -48,9 +48,19 @@ impl CudaQueue {
     }
 }
 
-impl DeviceAlloc for DeviceBuffer<f32> {
+/// Memory [`CudaQueue::alloc`] made: bytes, with the type they were asked for.
+struct QueueAlloc {
+    memory: DeviceBuffer<u8>,
+    dtype: DType,
+}
+
+impl DeviceAlloc for QueueAlloc {
     fn address(&self) -> u64 {
-        self.as_device_ptr().as_raw()
+        self.memory.as_device_ptr().as_raw()
+    }
+
+    fn dtype(&self) -> DType {
+        self.dtype
     }
 }
 
@@ -81,8 +91,8 @@ impl DeviceQueue for CudaQueue {
         MAX_GRADIENT_BUFFERS
     }
 
-    fn has_update(&self, kernel: &str, states: usize) -> bool {
-        crate::backend::runs_update(kernel, states)
+    fn has_update(&self, kernel: &str, states: usize, grads: DType) -> bool {
+        crate::backend::runs_update(kernel, states, grads)
     }
 
     fn bind(&self) -> Result<(), ReplicaError> {
@@ -92,10 +102,10 @@ impl DeviceQueue for CudaQueue {
             .map_err(cuda("making the context current"))?)
     }
 
-    fn alloc(&self, len: usize) -> Result<Box<dyn DeviceAlloc>, ReplicaError> {
-        let buffer = DeviceBuffer::<f32>::uninitialized(&self.context, len)
+    fn alloc(&self, len: usize, dtype: DType) -> Result<Box<dyn DeviceAlloc>, ReplicaError> {
+        let memory = DeviceBuffer::<u8>::uninitialized(&self.context, dtype.bytes(len))
             .map_err(cuda("allocating device memory"))?;
-        Ok(Box::new(buffer))
+        Ok(Box::new(QueueAlloc { memory, dtype }))
     }
 
     unsafe fn run(&self, ops: &[DeviceOp]) -> Result<(), ReplicaError> {

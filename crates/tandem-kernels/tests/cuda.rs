@@ -138,6 +138,38 @@ fn gemm_case(
     (download(gpu, &gc, 2, spec.m * spec.n), want)
 }
 
+/// A device copy moves as many bytes as its values' type takes: two `f32`s, then two `bf16`s
+/// (one `f32`'s bytes), leaving the last value alone.
+#[test]
+fn a_device_copy_moves_the_bytes_of_its_values_type() {
+    use tandem_core::{DType, DeviceOp};
+    let Some(gpu) = gpu() else { return };
+    let from = upload(&gpu, &[1.0, 2.0, 3.0, 4.0], 0);
+    let to = poisoned(&gpu, 4);
+    let residence = gpu.residence(&from, &to).expect("device memory");
+    assert_eq!(residence.dtype, gpu.dtype());
+    let (src, dst) = (residence.params, residence.grads);
+    let ops = [
+        DeviceOp::Copy {
+            dst,
+            src,
+            len: 2,
+            dtype: DType::F32,
+        },
+        DeviceOp::Copy {
+            dst: DType::F32.at(dst, 2),
+            src: DType::F32.at(src, 2),
+            len: 2,
+            dtype: DType::BF16,
+        },
+    ];
+    // SAFETY: both copies lie inside the two buffers of four values, which outlive the read.
+    unsafe { residence.queue.run(&ops) }.expect("copies");
+    let got = download(&gpu, &to, 0, 4);
+    assert_eq!(got[..3], [1.0, 2.0, 3.0]);
+    assert!(got[3].is_nan(), "{got:?}");
+}
+
 #[test]
 fn matmul_matches_cpu_in_every_transposition() {
     let Some(gpu) = gpu() else { return };
@@ -430,7 +462,7 @@ fn sgd_ema_update_is_exactly_the_cpu_update() {
 /// update of each span. An update of another buffer after them is applied on its own.
 #[test]
 fn consecutive_updates_are_each_spans_cpu_update() {
-    use tandem_core::{DeviceOp, DeviceQueue};
+    use tandem_core::{DType, DeviceOp, DeviceQueue};
     let Some(gpu) = gpu() else { return };
     let queue = gpu.queue();
     let mut rng = rng(9);
@@ -442,7 +474,7 @@ fn consecutive_updates_are_each_spans_cpu_update() {
     };
     let host: Vec<Vec<f32>> = (0..5).map(|_| random(&mut rng, len, 0.5)).collect();
     let buffers = written(&queue, &host);
-    let hyper = queue.alloc(6).expect("alloc");
+    let hyper = queue.alloc(6, DType::F32).expect("alloc");
     let values =
         [decayed(true), decayed(false)].map(|s| [s.learning_rate, s.weight_decay, s.ema_decay]);
     // SAFETY: six values.
@@ -456,6 +488,7 @@ fn consecutive_updates_are_each_spans_cpu_update() {
             params: at(0, offset),
             state: vec![at(1, offset)],
             grads: vec![at(2, offset), at(3, offset)],
+            grads_dtype: DType::F32,
             len: span,
             hyper: hyper.address() + if on { 0 } else { 12 },
         });
@@ -467,11 +500,22 @@ fn consecutive_updates_are_each_spans_cpu_update() {
         params: at(4, 0),
         state: vec![at(0, 0)],
         grads: vec![at(2, 0)],
+        grads_dtype: DType::F32,
         len: 100,
         hyper: hyper.address(),
     });
     // SAFETY: every span lies in its buffers, which outlive the reads below (they wait).
     unsafe { queue.run(&ops) }.expect("run");
+    // Gradients of a type no update kernel reads are refused before anything is queued.
+    assert!(queue.has_update("sgd_ema_update", 1, DType::F32));
+    assert!(!queue.has_update("sgd_ema_update", 1, DType::BF16));
+    let mut narrow = ops[0].clone();
+    if let DeviceOp::Update { grads_dtype, .. } = &mut narrow {
+        *grads_dtype = DType::BF16;
+    }
+    // SAFETY: as above; the update is refused, not run.
+    let refused = unsafe { queue.run(&[narrow]) }.expect_err("bf16 gradients");
+    assert!(refused.to_string().contains("bf16 gradients"), "{refused}");
 
     let (mut want_p, mut want_e) = (host[0].clone(), host[1].clone());
     let mut offset = 0;
@@ -510,7 +554,7 @@ fn consecutive_updates_are_each_spans_cpu_update() {
 /// average and without it (a null average the kernel leaves alone).
 #[test]
 fn adam_update_is_exactly_the_host_update() {
-    use tandem_core::{DeviceOp, DeviceQueue, Optimizer};
+    use tandem_core::{DType, DeviceOp, DeviceQueue, Optimizer};
     use tandem_optim::{adam_update, Adam};
     let Some(gpu) = gpu() else { return };
     let queue = gpu.queue();
@@ -533,7 +577,7 @@ fn adam_update_is_exactly_the_host_update() {
         let mut host: Vec<Vec<f32>> = (0..4 + grads).map(|_| random(&mut rng, len, 0.5)).collect();
         host[2].iter_mut().for_each(|v| *v = v.abs() * 1e-3);
         let buffers = written(&queue, &host);
-        let hyper = queue.alloc(12).expect("alloc");
+        let hyper = queue.alloc(12, DType::F32).expect("alloc");
         // SAFETY: twelve values.
         unsafe { queue.write(hyper.address(), &[values(true), values(false)].concat()) }
             .expect("write");
@@ -547,6 +591,7 @@ fn adam_update_is_exactly_the_host_update() {
                 params: at(0, offset),
                 state: (1..=states).map(|s| at(s, offset)).collect(),
                 grads: (4..4 + grads).map(|g| at(g, offset)).collect(),
+                grads_dtype: DType::F32,
                 len: span,
                 hyper: hyper.address() + if on { 0 } else { 24 },
             });
@@ -590,7 +635,9 @@ fn written(
 ) -> Vec<Box<dyn tandem_core::DeviceAlloc>> {
     host.iter()
         .map(|values| {
-            let buffer = queue.alloc(values.len()).expect("alloc");
+            let buffer = queue
+                .alloc(values.len(), tandem_core::DType::F32)
+                .expect("alloc");
             // SAFETY: the buffer holds as many values.
             unsafe { queue.write(buffer.address(), values) }.expect("write");
             buffer
@@ -600,7 +647,7 @@ fn written(
 
 /// The device address of value `offset` of `buffers[buffer]`.
 fn buffer_at(buffers: &[Box<dyn tandem_core::DeviceAlloc>], buffer: usize, offset: usize) -> u64 {
-    buffers[buffer].address() + 4 * offset as u64
+    tandem_core::DType::F32.at(buffers[buffer].address(), offset)
 }
 
 #[test]

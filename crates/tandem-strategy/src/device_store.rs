@@ -16,8 +16,8 @@ use std::ops::Range;
 use std::sync::{Mutex, MutexGuard};
 
 use tandem_core::{
-    DeviceAlloc, DeviceOp, DeviceQueue, Optimizer, ParamSpan, Replica, ReplicaError, Residence,
-    TrainState, MAX_HYPER,
+    DType, DeviceAlloc, DeviceOp, DeviceQueue, Optimizer, ParamSpan, Replica, ReplicaError,
+    Residence, TrainState, MAX_HYPER,
 };
 use tandem_tensor::cpu;
 
@@ -28,11 +28,6 @@ mod sync;
 
 pub use asynchronous::DeviceAsyncStore;
 pub use sync::DeviceSyncStore;
-
-/// The device address of value `index` of the `f32` array at `base`.
-fn at(base: u64, index: usize) -> u64 {
-    base.wrapping_add(4 * index as u64)
-}
 
 /// One worker's replica as the store sees it.
 struct Member {
@@ -58,6 +53,8 @@ struct Devices<'o, O: Optimizer + ?Sized> {
     hyper_len: usize,
     spans: Vec<(Range<usize>, bool)>,
     len: usize,
+    /// The type of every replica's parameters and gradients ([`Residence::dtype`]).
+    grads_dtype: DType,
     slot_names: Vec<String>,
     members: Vec<Member>,
 }
@@ -91,6 +88,12 @@ impl<'o, O: Optimizer + ?Sized> Devices<'o, O> {
         let Some(first) = residences.first() else {
             return Ok(None);
         };
+        // The parameters of record (f32) are copied into the replicas' as they are: a replica
+        // computing in another type would need an update that also writes its narrow copy.
+        let grads_dtype = first.dtype;
+        if residences.iter().any(|r| r.dtype != DType::F32) {
+            return Ok(None);
+        }
         let memory = first.queue.memory();
         let fleet = Fleet {
             one_device: residences.iter().all(|r| r.queue.memory() == memory),
@@ -107,7 +110,7 @@ impl<'o, O: Optimizer + ?Sized> Devices<'o, O> {
             .filter(|(kernel, _)| {
                 residences
                     .iter()
-                    .all(|r| r.queue.has_update(kernel, state.slots.len()))
+                    .all(|r| r.queue.has_update(kernel, state.slots.len(), grads_dtype))
             });
         let Some((kernel, hyper_len)) = kernel.filter(|_| serves(&fleet)) else {
             return Ok(None);
@@ -116,7 +119,7 @@ impl<'o, O: Optimizer + ?Sized> Devices<'o, O> {
             .into_iter()
             .map(|residence| {
                 residence.queue.bind()?;
-                let hyper = residence.queue.alloc(2 * hyper_len)?;
+                let hyper = residence.queue.alloc(2 * hyper_len, DType::F32)?;
                 Ok(Member { residence, hyper })
             })
             .collect::<Result<Vec<_>, ReplicaError>>()?;
@@ -132,6 +135,7 @@ impl<'o, O: Optimizer + ?Sized> Devices<'o, O> {
             hyper_len,
             spans,
             len: state.params.len(),
+            grads_dtype,
             slot_names: state.slots.iter().map(|s| s.name.clone()).collect(),
             members,
         };
@@ -172,11 +176,16 @@ impl<'o, O: Optimizer + ?Sized> Devices<'o, O> {
                 let piece = range.start.max(span.start)..range.end.min(span.end);
                 (!piece.is_empty()).then(|| DeviceOp::Update {
                     kernel: self.kernel,
-                    params: at(params, piece.start),
-                    state: state.iter().map(|&s| at(s, piece.start)).collect(),
-                    grads: grads.iter().map(|&g| at(g, piece.start)).collect(),
+                    params: DType::F32.at(params, piece.start),
+                    state: (state.iter())
+                        .map(|&s| DType::F32.at(s, piece.start))
+                        .collect(),
+                    grads: (grads.iter())
+                        .map(|&g| self.grads_dtype.at(g, piece.start))
+                        .collect(),
+                    grads_dtype: self.grads_dtype,
                     len: piece.len(),
-                    hyper: at(hyper, if *decayed { 0 } else { self.hyper_len }),
+                    hyper: DType::F32.at(hyper, if *decayed { 0 } else { self.hyper_len }),
                 })
             })
             .collect()
@@ -234,7 +243,7 @@ fn upload_state(
         .slots
         .iter()
         .map(|slot| {
-            let buffer = queue.alloc(slot.values.len())?;
+            let buffer = queue.alloc(slot.values.len(), DType::F32)?;
             // SAFETY: the buffer was just allocated with as many values.
             unsafe { queue.write(buffer.address(), &slot.values)? };
             Ok(buffer)

@@ -11,7 +11,7 @@ mod common;
 use common::fake_device::Resident;
 use common::{pool_on, weights_and_bias, Loss, Model, TestReplica, EXAMPLES};
 use std::sync::Mutex;
-use tandem_core::{Optimizer, ParamSpan, Piece, TrainState};
+use tandem_core::{DType, Optimizer, ParamSpan, Piece, TrainState};
 use tandem_pool::{Device, WorkerPool};
 
 use tandem_optim::{Adam, Sgd};
@@ -50,15 +50,16 @@ fn pool(
     simulated: bool,
     memory: Option<fn(usize) -> usize>,
 ) -> WorkerPool<TestReplica<Pull>> {
-    pool_with(workers, simulated, memory, 16)
+    pool_with(workers, simulated, memory, (16, DType::F32))
 }
 
-/// [`pool`], the devices' update kernels averaging up to `max_gradients` replicas' gradients.
+/// [`pool`], the devices' update kernels averaging up to `max_gradients` replicas' gradients,
+/// the replicas computing in `dtype`.
 fn pool_with(
     workers: usize,
     simulated: bool,
     memory: Option<fn(usize) -> usize>,
-    max_gradients: usize,
+    (max_gradients, dtype): (usize, DType),
 ) -> WorkerPool<TestReplica<Pull>> {
     let devices = (0..workers)
         .map(|worker| match simulated {
@@ -69,7 +70,7 @@ fn pool_with(
     let mut pool = pool_on(devices, layout(), EXAMPLES, |_| Pull);
     if let Some(memory) = memory {
         for (worker, replica) in pool.replicas_mut().iter_mut().enumerate() {
-            replica.device = Some(Resident::new(memory(worker), len(), max_gradients));
+            replica.device = Some(Resident::new(memory(worker), len(), max_gradients, dtype));
         }
     }
     pool
@@ -257,14 +258,15 @@ impl Optimizer for Unfused {
 /// Where the device cannot hold the run's updates, the parameters of record stay on the host,
 /// and the run trains exactly as with host replicas: a sync update over more replicas than
 /// one kernel averages, async replicas on different devices (each update runs on its worker's
-/// device), an optimiser with no fused kernel.
+/// device), an optimiser with no fused kernel, replicas that compute in a narrower type than
+/// the f32 parameters of record (no update kernel writes their copy yet).
 #[test]
 fn replicas_on_devices_that_cannot_hold_the_update_train_through_the_host() {
     let one_device: fn(usize) -> usize = |_| 0;
     let own_devices: fn(usize) -> usize = |worker| worker;
     let expected = train(Mode::Sync, &mut pool(3, false, None), 23);
     for (max_gradients, resident) in [(2, false), (3, true)] {
-        let mut pool = pool_with(3, false, Some(one_device), max_gradients);
+        let mut pool = pool_with(3, false, Some(one_device), (max_gradients, DType::F32));
         assert_eq!(train(Mode::Sync, &mut pool, 23), expected);
         assert_eq!(
             resident_store_used(&pool),
@@ -291,5 +293,14 @@ fn replicas_on_devices_that_cannot_hold_the_update_train_through_the_host() {
             "{mode:?}"
         );
         assert!(!resident_store_used(&device), "{mode:?}: no fused kernel");
+    }
+
+    for mode in [Mode::Sync, Mode::Async] {
+        let expected = train(mode, &mut pool(2, true, None), 19);
+        for dtype in [DType::BF16, DType::F16] {
+            let mut narrow = pool_with(2, true, Some(one_device), (16, dtype));
+            assert_eq!(train(mode, &mut narrow, 19), expected, "{mode:?} {dtype}");
+            assert!(!resident_store_used(&narrow), "{mode:?}: {dtype} replicas");
+        }
     }
 }

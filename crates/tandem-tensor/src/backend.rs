@@ -1,6 +1,6 @@
 use std::sync::{Arc, Mutex};
 
-use tandem_core::{Helpers, Residence};
+use tandem_core::{DType, Helpers, Residence};
 
 use crate::check::{self, Operand};
 use crate::cpu;
@@ -180,14 +180,15 @@ impl ExampleSet {
 
 /// The operations a multi-layer perceptron's training step is written against.
 ///
-/// A backend owns its memory: `Buffer` holds `f32` values and `Labels` holds `u32` class
+/// A backend owns its memory: `Buffer` holds values of the backend's [`dtype`](Self::dtype)
+/// (which cross to and from the host as `f32` whatever it is) and `Labels` holds `u32` class
 /// labels, wherever the backend computes (host memory for [`CpuBackend`], device memory for
 /// CUDA). Operands are passed as `(buffer, offset)` so that one flat buffer can hold every
 /// parameter of a model. Every operation checks that its operands are long enough and returns
 /// an error rather than panicking: the checks of [`check`](crate::check), the same for every
 /// backend, so that all of them refuse the same inputs with the same [`ShapeError`].
 pub trait Backend: Send {
-    /// `f32` storage.
+    /// Storage of values of the backend's [`dtype`](Self::dtype).
     type Buffer: Send;
     /// `u32` label storage.
     type Labels: Send;
@@ -196,6 +197,9 @@ pub trait Backend: Send {
     /// What can go wrong.
     type Error: std::error::Error + From<ShapeError> + Send + Sync + 'static;
 
+    /// The type its buffers hold values in: what it computes with. Uploads and downloads
+    /// take and give `f32`; a backend of a narrower type converts at that edge.
+    fn dtype(&self) -> DType;
     /// Makes this backend usable from the calling thread (a GPU backend makes its context
     /// current). Called once by each worker thread before anything else.
     fn bind_thread(&self) -> Result<(), Self::Error> {
@@ -416,6 +420,10 @@ impl Backend for CpuBackend {
     type Labels = Vec<u32>;
     type Examples = ExampleSet;
     type Error = ShapeError;
+
+    fn dtype(&self) -> DType {
+        DType::F32
+    }
 
     fn zeros(&self, len: usize) -> Result<Vec<f32>, ShapeError> {
         Ok(vec![0.0; len])

@@ -377,3 +377,13 @@ fn zero_width_operands_are_errors_not_panics() {
         .is_err());
     assert!(cpu.count_correct(&x, &vec![0; 4], 4, 0).is_err());
 }
+
+#[test]
+fn the_cpu_backend_holds_values_in_the_type_it_names() {
+    let buffer = CpuBackend.zeros(3).expect("zeros");
+    assert_eq!(
+        std::mem::size_of_val(buffer.as_slice()),
+        CpuBackend.dtype().bytes(3)
+    );
+    assert_eq!(CpuBackend.dtype(), tandem_core::DType::F32);
+}

@@ -5,10 +5,11 @@ use std::ops::Range;
 use std::sync::Mutex;
 
 use tandem_core::{
-    DeviceAlloc, DeviceEvent, DeviceOp, Optimizer, ParamSpan, Replica, ReplicaError, TrainState,
+    DType, DeviceAlloc, DeviceEvent, DeviceOp, Optimizer, ParamSpan, Replica, ReplicaError,
+    TrainState,
 };
 
-use super::{addresses, at, lock, upload_state, Devices};
+use super::{addresses, lock, upload_state, Devices};
 use crate::store::{AsyncStore, ParamStore, UpdateAt};
 
 /// Updates a worker may make before its staleness records are taken.
@@ -82,7 +83,7 @@ impl<'o, O: Optimizer + ?Sized> DeviceAsyncStore<'o, O> {
         let (len, workers) = (devices.len, devices.members.len());
         let queue = devices.members[0].queue();
         queue.bind()?;
-        let params = queue.alloc(len)?;
+        let params = queue.alloc(len, DType::F32)?;
         // SAFETY: the buffer was just allocated with `len` values.
         unsafe { queue.write(params.address(), &state.params)? };
         let slots = upload_state(queue, state)?;
@@ -100,13 +101,14 @@ impl<'o, O: Optimizer + ?Sized> DeviceAsyncStore<'o, O> {
                 })
             })
             .collect::<Result<Vec<_>, ReplicaError>>()?;
-        let begun = queue.alloc(workers)?;
+        // Counts, as the bits of 4-byte values.
+        let begun = queue.alloc(workers, DType::F32)?;
         // SAFETY: `begun` holds a value per worker.
         unsafe { queue.write(begun.address(), &vec![0.0; workers])? };
         let seen = (0..workers)
             .map(|_| {
                 Ok(Mutex::new(Seen {
-                    ring: queue.alloc(SEEN_RING * 2 * workers)?,
+                    ring: queue.alloc(SEEN_RING * 2 * workers, DType::F32)?,
                     current: 0,
                     pending: 0,
                     own: 0,
@@ -129,6 +131,7 @@ impl<'o, O: Optimizer + ?Sized> DeviceAsyncStore<'o, O> {
             dst: record,
             src: self.begun.address(),
             len: self.devices.members.len(),
+            dtype: DType::F32,
         }
     }
 
@@ -171,7 +174,7 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for DeviceAsyncStore<'_, O
         }
         seen.current = (seen.current + 1) % SEEN_RING;
         let workers = self.devices.members.len();
-        let record = at(seen.ring.address(), seen.current * 2 * workers);
+        let record = DType::F32.at(seen.ring.address(), seen.current * 2 * workers);
         // SAFETY: the store and the replica hold the `len` parameters (the replica's previous
         // step, which reads them, is earlier on the same queue); the record holds `2 x
         // workers` values and `begun` `workers`.
@@ -182,6 +185,7 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for DeviceAsyncStore<'_, O
                     dst: member.residence.params,
                     src: self.params.address(),
                     len: self.devices.len,
+                    dtype: DType::F32,
                 },
             ])
         }
@@ -217,7 +221,7 @@ impl<R: Replica, O: Optimizer + ?Sized> AsyncStore<R> for DeviceAsyncStore<'_, O
         let mut seen = lock(&self.seen[worker]);
         // What others had begun when this update begins (the second half of its record), then
         // this one counted as begun.
-        let record = at(seen.ring.address(), (2 * seen.current + 1) * workers);
+        let record = DType::F32.at(seen.ring.address(), (2 * seen.current + 1) * workers);
         seen.own = seen.own.wrapping_add(1);
         seen.pending += 1;
         // SAFETY: the record's second half holds `workers` values, as `begun` does; `hyper`
@@ -227,7 +231,7 @@ impl<R: Replica, O: Optimizer + ?Sized> AsyncStore<R> for DeviceAsyncStore<'_, O
             queue.run(&[
                 self.snapshot_begun(record),
                 DeviceOp::Upload {
-                    dst: at(self.begun.address(), worker),
+                    dst: DType::F32.at(self.begun.address(), worker),
                     values: vec![f32::from_bits(seen.own)],
                 },
                 devices.hyper_upload(worker, update)?,
@@ -267,8 +271,9 @@ impl<R: Replica, O: Optimizer + ?Sized> AsyncStore<R> for DeviceAsyncStore<'_, O
         let queue = self.devices.members[worker].queue();
         for (start, piece) in [(first, early), (0, late)] {
             if !piece.is_empty() {
+                let oldest = DType::F32.at(seen.ring.address(), start * record_len);
                 // SAFETY: the piece lies in the ring of `SEEN_RING` records.
-                unsafe { queue.read(at(seen.ring.address(), start * record_len), piece)? };
+                unsafe { queue.read(oldest, piece)? };
             }
         }
         let count = |values: &[f32]| values.iter().map(|v| u64::from(v.to_bits())).sum::<u64>();

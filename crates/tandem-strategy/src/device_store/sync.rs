@@ -8,7 +8,7 @@ use tandem_core::{
     TrainState,
 };
 
-use super::{addresses, at, lock, upload_state, Devices};
+use super::{addresses, lock, upload_state, Devices};
 use crate::store::{ParamStore, SyncStore, UpdateAt};
 
 /// A synchronous replica's buffers beside its own, and where it is in the run.
@@ -99,10 +99,13 @@ impl<'o, O: Optimizer + ?Sized> DeviceSyncStore<'o, O> {
                 queue.record(&*done)?;
                 Ok(SyncReplica {
                     state: slots,
-                    outbox: [queue.alloc(len)?, queue.alloc(len)?],
+                    outbox: [
+                        queue.alloc(len, devices.grads_dtype)?,
+                        queue.alloc(len, devices.grads_dtype)?,
+                    ],
                     staging: match fleet.one_device {
                         true => None,
-                        false => Some(queue.alloc(len * workers)?),
+                        false => Some(queue.alloc(len * workers, devices.grads_dtype)?),
                     },
                     done,
                     progress: Mutex::default(),
@@ -127,11 +130,12 @@ impl<'o, O: Optimizer + ?Sized> DeviceSyncStore<'o, O> {
             let theirs = other.outbox[pending.parity].address();
             match &me.staging {
                 Some(staging) if devices.members[q].queue().memory() != memory => {
-                    let here = at(staging.address(), q * devices.len);
+                    let here = devices.grads_dtype.at(staging.address(), q * devices.len);
                     ops.push(DeviceOp::Copy {
                         dst: here,
                         src: theirs,
                         len: devices.len,
+                        dtype: devices.grads_dtype,
                     });
                     grads.push(here);
                 }
@@ -234,6 +238,7 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for DeviceSyncStore<'_, O>
             dst: outbox.address(),
             src: member.residence.grads,
             len: self.devices.len,
+            dtype: self.devices.grads_dtype,
         }];
         // SAFETY: every address is one of the store's buffers or the replica's, of the lengths
         // given, alive as long as the store; the waits above order the other replicas' work on

@@ -1,7 +1,9 @@
 //! A [`DeviceQueue`] in host memory, so that the device-resident store's protocol (which
 //! buffers it copies, where its updates read and write, what it uploads) runs in the default
-//! test suite, without a GPU or the driver stand-in. Its "device memory" is one arena of f32
-//! blocks named by byte address, shared by every queue; each queue runs its operations at
+//! test suite, without a GPU or the driver stand-in. Its "device memory" is one arena of
+//! blocks named by byte address, shared by every queue, each addressed in the type it was
+//! allocated with (the values are held as f32 whatever the type: the fake checks the store's
+//! addresses and types, not rounding); each queue runs its operations at
 //! once, in order, so it shows what the store asks for but not the ordering between queues that
 //! the store's events provide on a real device (the stand-in's CI job checks that).
 
@@ -9,15 +11,23 @@ use std::any::Any;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use tandem_core::{DeviceAlloc, DeviceEvent, DeviceOp, DeviceQueue, ReplicaError, Residence};
+use tandem_core::{
+    DType, DeviceAlloc, DeviceEvent, DeviceOp, DeviceQueue, ReplicaError, Residence,
+};
 use tandem_optim::adam_update;
 use tandem_tensor::cpu::{self, UpdateStep};
 
-/// The device memory of every fake queue: blocks by their first byte's address, each with the
-/// device memory it was allocated in.
+/// One allocation: the device memory it is in, its type and its values.
+struct Allocated {
+    memory: usize,
+    dtype: DType,
+    values: Vec<f32>,
+}
+
+/// The device memory of every fake queue: blocks by their first byte's address.
 struct Arena {
     next: u64,
-    blocks: BTreeMap<u64, (usize, Vec<f32>)>,
+    blocks: BTreeMap<u64, Allocated>,
 }
 
 static ARENA: Mutex<Arena> = Mutex::new(Arena {
@@ -30,39 +40,45 @@ fn arena() -> MutexGuard<'static, Arena> {
 }
 
 impl Arena {
-    /// The `len` values at byte address `at`, which must lie inside one block.
-    fn span(&mut self, at: u64, len: usize) -> &mut [f32] {
-        let (&start, (_, block)) = self
+    /// The `len` values of type `dtype` at byte address `at`, which must lie inside one block
+    /// of that type.
+    fn span(&mut self, at: u64, len: usize, dtype: DType) -> &mut [f32] {
+        let (&start, block) = self
             .blocks
             .range_mut(..=at)
             .next_back()
             .unwrap_or_else(|| panic!("no device memory at {at:#x}"));
-        assert_eq!((at - start) % 4, 0, "{at:#x} is not an f32's address");
-        let from = ((at - start) / 4) as usize;
-        let size = block.len();
-        block
+        assert_eq!(block.dtype, dtype, "{dtype} values at {at:#x}");
+        let size = dtype.size() as u64;
+        assert_eq!((at - start) % size, 0, "{at:#x} is not a {dtype}'s address");
+        let from = ((at - start) / size) as usize;
+        let held = block.values.len();
+        (block.values)
             .get_mut(from..from + len)
-            .unwrap_or_else(|| panic!("{len} values at {at:#x} run past a block of {size}"))
+            .unwrap_or_else(|| panic!("{len} values at {at:#x} run past a block of {held}"))
     }
 
-    fn read(&mut self, at: u64, len: usize) -> Vec<f32> {
-        self.span(at, len).to_vec()
+    fn read(&mut self, at: u64, len: usize, dtype: DType) -> Vec<f32> {
+        self.span(at, len, dtype).to_vec()
     }
 
     /// Which device's memory the block holding byte address `at` is in.
     fn memory_of(&self, at: u64) -> usize {
-        let (_, (memory, _)) = (self.blocks.range(..=at).next_back())
+        let (_, block) = (self.blocks.range(..=at).next_back())
             .unwrap_or_else(|| panic!("no device memory at {at:#x}"));
-        *memory
+        block.memory
     }
 }
 
 /// A block of the arena, freed when dropped.
-struct Block(u64);
+struct Block(u64, DType);
 
 impl DeviceAlloc for Block {
     fn address(&self) -> u64 {
         self.0
+    }
+    fn dtype(&self) -> DType {
+        self.1
     }
 }
 
@@ -86,21 +102,32 @@ fn run(ops: &[DeviceOp], memory: usize) {
     let mut arena = arena();
     for op in ops {
         match op {
-            DeviceOp::Copy { dst, src, len } => {
-                let values = arena.read(*src, *len);
-                arena.span(*dst, *len).copy_from_slice(&values);
+            DeviceOp::Copy {
+                dst,
+                src,
+                len,
+                dtype,
+            } => {
+                let values = arena.read(*src, *len, *dtype);
+                arena.span(*dst, *len, *dtype).copy_from_slice(&values);
             }
             DeviceOp::Upload { dst, values } => {
-                arena.span(*dst, values.len()).copy_from_slice(values);
+                (arena.span(*dst, values.len(), DType::F32)).copy_from_slice(values);
             }
             DeviceOp::Update {
                 kernel,
                 params,
                 state,
                 grads,
+                grads_dtype,
                 len,
                 hyper,
             } => {
+                assert_eq!(
+                    *grads_dtype,
+                    DType::F32,
+                    "a store updates from f32 gradients only"
+                );
                 for &at in [*params, *hyper].iter().chain(state).chain(grads) {
                     let owner = arena.memory_of(at);
                     assert_eq!(
@@ -112,11 +139,15 @@ fn run(ops: &[DeviceOp], memory: usize) {
                     "sgd_ema_update" => 3,
                     _ => 6,
                 };
-                let hyper = arena.read(*hyper, values);
-                let grads: Vec<Vec<f32>> = grads.iter().map(|&g| arena.read(g, *len)).collect();
+                let hyper = arena.read(*hyper, values, DType::F32);
+                let grads: Vec<Vec<f32>> = (grads.iter())
+                    .map(|&g| arena.read(g, *len, *grads_dtype))
+                    .collect();
                 let grads: Vec<&[f32]> = grads.iter().map(Vec::as_slice).collect();
-                let mut p = arena.read(*params, *len);
-                let mut slots: Vec<Vec<f32>> = state.iter().map(|&s| arena.read(s, *len)).collect();
+                let mut p = arena.read(*params, *len, DType::F32);
+                let mut slots: Vec<Vec<f32>> = (state.iter())
+                    .map(|&s| arena.read(s, *len, DType::F32))
+                    .collect();
                 let mut views: Vec<&mut [f32]> = slots.iter_mut().map(Vec::as_mut_slice).collect();
                 match (*kernel, &mut views[..]) {
                     ("sgd_ema_update", [e]) => {
@@ -133,9 +164,9 @@ fn run(ops: &[DeviceOp], memory: usize) {
                     }
                     (other, _) => panic!("no kernel {other} here"),
                 }
-                arena.span(*params, *len).copy_from_slice(&p);
+                arena.span(*params, *len, DType::F32).copy_from_slice(&p);
                 for (&at, values) in state.iter().zip(&slots) {
-                    arena.span(at, *len).copy_from_slice(values);
+                    arena.span(at, *len, DType::F32).copy_from_slice(values);
                 }
             }
         }
@@ -177,19 +208,26 @@ impl DeviceQueue for FakeQueue {
     fn bind(&self) -> Result<(), ReplicaError> {
         Ok(())
     }
-    fn alloc(&self, len: usize) -> Result<Box<dyn DeviceAlloc>, ReplicaError> {
+    fn alloc(&self, len: usize, dtype: DType) -> Result<Box<dyn DeviceAlloc>, ReplicaError> {
         let mut arena = arena();
         let at = arena.next;
         // A gap after every block, so that a span running past its block is caught.
-        arena.next += 4 * len as u64 + 256;
-        arena.blocks.insert(at, (self.memory, vec![f32::NAN; len]));
-        Ok(Box::new(Block(at)))
+        arena.next += dtype.bytes(len) as u64 + 256;
+        let block = Allocated {
+            memory: self.memory,
+            dtype,
+            values: vec![f32::NAN; len],
+        };
+        arena.blocks.insert(at, block);
+        Ok(Box::new(Block(at, dtype)))
     }
     fn max_gradients(&self) -> usize {
         self.max_gradients
     }
-    /// The kernels of tandem's optimisers, run with their host arithmetic.
-    fn has_update(&self, kernel: &str, states: usize) -> bool {
+    /// The kernels of tandem's optimisers, run with their host arithmetic, over gradients of
+    /// any type (the fake holds every value as f32): that a store does not send narrow
+    /// replicas' gradients to them is then the store's own rule, which a test can see.
+    fn has_update(&self, kernel: &str, states: usize, _: DType) -> bool {
         matches!(
             (kernel, states),
             ("sgd_ema_update", 1) | ("adam_update", 2 | 3)
@@ -216,11 +254,11 @@ impl DeviceQueue for FakeQueue {
             .is_some()
     }
     unsafe fn write(&self, dst: u64, src: &[f32]) -> Result<(), ReplicaError> {
-        arena().span(dst, src.len()).copy_from_slice(src);
+        (arena().span(dst, src.len(), DType::F32)).copy_from_slice(src);
         Ok(())
     }
     unsafe fn read(&self, src: u64, dst: &mut [f32]) -> Result<(), ReplicaError> {
-        dst.copy_from_slice(arena().span(src, dst.len()));
+        dst.copy_from_slice(arena().span(src, dst.len(), DType::F32));
         Ok(())
     }
     fn event(&self) -> Result<Box<dyn DeviceEvent>, ReplicaError> {
@@ -242,13 +280,13 @@ pub struct Resident {
 }
 
 impl Resident {
-    /// `len` parameters and gradients on a new queue of `memory`, whose update kernel
-    /// averages up to `max_gradients` replicas' gradients.
-    pub fn new(memory: usize, len: usize, max_gradients: usize) -> Self {
+    /// `len` parameters and gradients of type `dtype` on a new queue of `memory`, whose
+    /// update kernel averages up to `max_gradients` replicas' gradients.
+    pub fn new(memory: usize, len: usize, max_gradients: usize, dtype: DType) -> Self {
         let queue = Arc::new(FakeQueue::new(memory, max_gradients));
         Self {
-            params: queue.alloc(len).expect("arena memory"),
-            grads: queue.alloc(len).expect("arena memory"),
+            params: queue.alloc(len, dtype).expect("arena memory"),
+            grads: queue.alloc(len, dtype).expect("arena memory"),
             queue,
         }
     }
@@ -259,6 +297,7 @@ impl Resident {
             queue: self.queue.clone(),
             params: self.params.address(),
             grads: self.grads.address(),
+            dtype: self.params.dtype(),
         }
     }
 
@@ -273,10 +312,11 @@ impl Resident {
     ) -> T {
         let (before, after) = self.queue.take_step_ops();
         run(&before, self.queue.memory);
-        params.copy_from_slice(arena().span(self.params.address(), params.len()));
+        let dtype = self.params.dtype();
+        params.copy_from_slice(arena().span(self.params.address(), params.len(), dtype));
         let out = compute(params, grads);
         arena()
-            .span(self.grads.address(), grads.len())
+            .span(self.grads.address(), grads.len(), dtype)
             .copy_from_slice(grads);
         run(&after, self.queue.memory);
         out
@@ -285,7 +325,7 @@ impl Resident {
     /// Writes the replica's parameters to the device.
     pub fn write_params(&self, params: &[f32]) {
         arena()
-            .span(self.params.address(), params.len())
+            .span(self.params.address(), params.len(), self.params.dtype())
             .copy_from_slice(params);
     }
 }
