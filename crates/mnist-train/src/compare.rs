@@ -149,6 +149,7 @@ fn train(
         length: Length::Epochs(args.epochs),
         save_every: None,
         params: model::initial_params(&Mlp::mnist(), DEFAULT_INIT_STDDEV, args.seed),
+        precision: tandem_train::Precision::F32,
     });
     let model = Mnist {
         mlp: Mlp::mnist(),

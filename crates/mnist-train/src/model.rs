@@ -8,7 +8,7 @@ use anyhow::{anyhow, Result};
 use rand::SeedableRng;
 use tandem_checkpoint::{self as checkpoint, Checkpoint};
 use tandem_core::Optimizer;
-use tandem_core::{ParamSpan, Replica, ReplicaError};
+use tandem_core::{ParamSpan, Precision, Replica, ReplicaError};
 use tandem_model::{Mlp, Network};
 use tandem_optim::{Chosen, Sgd};
 use tandem_pool::{Device, GpuCount};
@@ -124,8 +124,13 @@ impl tandem_train::Model for Mnist<'_> {
         self.train.len()
     }
 
-    fn open(&self, device: &Device, batch: usize) -> Result<Box<dyn Replica>, ReplicaError> {
-        tandem_model::open_replica(self.mlp.clone(), device, self.train, batch)
+    fn open(
+        &self,
+        device: &Device,
+        batch: usize,
+        precision: Precision,
+    ) -> Result<Box<dyn Replica>, ReplicaError> {
+        tandem_model::open_replica(self.mlp.clone(), device, self.train, batch, precision)
     }
 }
 

@@ -96,6 +96,8 @@ pub fn run(args: &TrainArgs, launch: &Launch) -> Result<Option<i32>> {
             "wall_time": segment.totals.seconds,
             "validation_accuracy_averaged": validation.averaged,
             "validation_accuracy_raw": validation.raw,
+            "loss_scale_overflows": segment.totals.loss_scaling.map(|s| s.overflows),
+            "loss_scale": segment.totals.loss_scaling.map(|s| s.smallest),
         }));
         Ok(())
     })?;

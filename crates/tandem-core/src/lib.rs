@@ -68,6 +68,7 @@ mod device;
 mod dtype;
 mod helpers;
 mod optimizer;
+mod precision;
 mod replica;
 mod state;
 
@@ -77,5 +78,6 @@ pub use device::{
 pub use dtype::{DType, UnknownDType};
 pub use helpers::{Alone, Helpers};
 pub use optimizer::{Optimizer, Piece};
+pub use precision::{check_loss_scale, BadLossScale, LossScaler, NonFiniteGradients, Precision};
 pub use replica::{ParamSpan, Replica, ReplicaError};
 pub use state::{Slot, TrainState};

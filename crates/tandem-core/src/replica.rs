@@ -1,4 +1,4 @@
-use crate::{Helpers, Residence, StepLoss};
+use crate::{Helpers, LossScaler, Residence, StepLoss};
 
 /// A named, contiguous span of a model's flat parameter vector.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,6 +106,13 @@ pub trait Replica: Send {
 
     /// The number of training examples `batch` indices may address.
     fn training_examples(&self) -> usize;
+
+    /// The loss scaler of a replica whose pass is loss-scaled (an `f16`
+    /// [`Precision`](crate::Precision)): its scale now and the passes it threw away. `None` (the
+    /// default) for a replica that does not scale.
+    fn loss_scaling(&self) -> Option<LossScaler> {
+        None
+    }
 }
 
 /// Lets a pool hold replicas of different backends side by side.
@@ -153,5 +160,9 @@ impl<R: Replica + ?Sized> Replica for Box<R> {
 
     fn training_examples(&self) -> usize {
         (**self).training_examples()
+    }
+
+    fn loss_scaling(&self) -> Option<LossScaler> {
+        (**self).loss_scaling()
     }
 }

@@ -1,6 +1,8 @@
-use tandem_core::{Alone, Helpers, ParamSpan, Replica, ReplicaError, Residence, StepLoss};
+use tandem_core::{
+    Alone, Helpers, LossScaler, ParamSpan, Precision, Replica, ReplicaError, Residence, StepLoss,
+};
 use tandem_pool::Device;
-use tandem_tensor::{Backend, CpuBackend, ExampleSet, ShapeError};
+use tandem_tensor::{Backend, CpuBackend, ExampleSet, NarrowCpuBackend, ShapeError};
 
 use crate::layers::SoftmaxCrossEntropy;
 use crate::network::{activation_buffers, logits_of, logits_of_mut};
@@ -22,9 +24,19 @@ pub struct NetworkReplica<N: Network, B: Backend> {
     losses: DeviceLosses<B>,
     capacity: usize,
     batch: BatchBuffers<B>,
+    /// The loss scale of an `f16` pass, and the scale the gradients now held were computed at.
+    scaling: Option<Scaling>,
     /// Declared last so that it is dropped last: a device backend's buffers must be freed while
     /// its context is still alive.
     backend: B,
+}
+
+/// A loss-scaled replica's scaler, the scale of the gradients it holds and where they are
+/// handed out from, unscaled.
+struct Scaling {
+    scaler: LossScaler,
+    held_at: f32,
+    unscaled: Vec<f32>,
 }
 
 /// The replica of a multi-layer perceptron.
@@ -56,7 +68,9 @@ impl<B: Backend> BatchBuffers<B> {
 
 impl<N: Network, B: Backend> NetworkReplica<N, B> {
     /// A replica with zero parameters (set them with [`Replica::set_params`]) and buffers for
-    /// batches of up to `max_batch` examples drawn from `training`.
+    /// batches of up to `max_batch` examples drawn from `training`. On an `f16` backend its
+    /// passes are loss-scaled from [`LossScaler::DEFAULT_INITIAL`] (see
+    /// [`with_initial_loss_scale`](Self::with_initial_loss_scale)).
     pub fn new(
         network: N,
         backend: B,
@@ -67,6 +81,13 @@ impl<N: Network, B: Backend> NetworkReplica<N, B> {
         let capacity = max_batch.max(1);
         let params = backend.zeros(network.num_params())?;
         let grads = backend.zeros(network.num_params())?;
+        let scaling = Precision::new(backend.dtype())
+            .scaler()
+            .map(|scaler| Scaling {
+                scaler,
+                held_at: 1.0,
+                unscaled: Vec::new(),
+            });
         Ok(Self {
             layout: network.layout(),
             examples: backend.upload_examples(training)?,
@@ -82,14 +103,65 @@ impl<N: Network, B: Backend> NetworkReplica<N, B> {
             grads,
             capacity,
             batch: BatchBuffers::new(&backend, &network, capacity)?,
+            scaling,
             network,
             backend,
         })
     }
 
+    /// Starts a loss-scaled replica's scale at `scale` (a power of two,
+    /// [`tandem_core::check_loss_scale`]); a replica that does not scale ignores it.
+    pub fn with_initial_loss_scale(mut self, scale: f32) -> Self {
+        if let Some(scaling) = &mut self.scaling {
+            scaling.scaler = LossScaler::new(scale);
+        }
+        self
+    }
+
     /// The backend this replica computes on.
     pub fn backend(&self) -> &B {
         &self.backend
+    }
+
+    /// [`step`](Self::step), loss-scaled where the replica scales: a pass whose gradients are
+    /// not all finite halves the scale and computes the batch again ([`LossScaler`]).
+    fn scaled_step(
+        &mut self,
+        lent: Option<&B::Buffer>,
+        batch: &[u32],
+        helpers: &dyn Helpers,
+    ) -> Result<StepLoss, ReplicaError> {
+        let Some(mut scaling) = self.scaling.take() else {
+            return Ok(self.step(lent, batch, helpers)?);
+        };
+        let outcome = self.scaled_passes(&mut scaling, lent, batch, helpers);
+        self.scaling = Some(scaling);
+        outcome
+    }
+
+    fn scaled_passes(
+        &mut self,
+        scaling: &mut Scaling,
+        lent: Option<&B::Buffer>,
+        batch: &[u32],
+        helpers: &dyn Helpers,
+    ) -> Result<StepLoss, ReplicaError> {
+        loop {
+            let scale = scaling.scaler.scale();
+            if !self.backend.set_loss_scale(scale) {
+                let dtype = self.backend.dtype();
+                return Err(format!("a {dtype} backend that cannot scale the loss").into());
+            }
+            let loss = self.step(lent, batch, helpers)?;
+            let mut finite = true;
+            self.backend.read_with(&self.grads, &mut |g| {
+                finite = g.iter().all(|v| v.is_finite())
+            })?;
+            scaling.held_at = scale;
+            if scaling.scaler.record(finite)? {
+                return Ok(loss);
+            }
+        }
     }
 
     fn grow(&mut self, rows: usize) -> Result<(), B::Error> {
@@ -215,7 +287,7 @@ impl<N: Network, B: Backend> Replica for NetworkReplica<N, B> {
     }
 
     fn compute_gradients(&mut self, batch: &[u32]) -> Result<StepLoss, ReplicaError> {
-        Ok(self.step(None, batch, &Alone)?)
+        self.scaled_step(None, batch, &Alone)
     }
 
     fn compute_gradients_from(
@@ -231,7 +303,7 @@ impl<N: Network, B: Backend> Replica for NetworkReplica<N, B> {
         let needed = self.network.num_params();
         ShapeError::check_exact("compute_gradients_from", "params", needed, params.len())
             .map_err(B::Error::from)?;
-        Ok(Some(self.step(Some(view), batch, helpers)?))
+        Ok(Some(self.scaled_step(Some(view), batch, helpers)?))
     }
 
     fn take_losses(&mut self, losses: &mut Vec<f32>) -> Result<(), ReplicaError> {
@@ -243,10 +315,25 @@ impl<N: Network, B: Backend> Replica for NetworkReplica<N, B> {
     }
 
     fn read_gradients(&mut self, read: &mut dyn FnMut(&[f32])) -> Result<(), ReplicaError> {
-        Ok(self.backend.read_with(&self.grads, read)?)
+        let Some(scaling) = &mut self.scaling else {
+            return Ok(self.backend.read_with(&self.grads, read)?);
+        };
+        // Unscaled in f32, where they no longer underflow: dividing by a power of two is exact.
+        let unscale = 1.0 / scaling.held_at;
+        let unscaled = &mut scaling.unscaled;
+        self.backend.read_with(&self.grads, &mut |g| {
+            unscaled.clear();
+            unscaled.extend(g.iter().map(|v| v * unscale));
+        })?;
+        read(unscaled);
+        Ok(())
     }
 
     fn exchange_gradients(&mut self, buffer: &mut Vec<f32>) -> Result<bool, ReplicaError> {
+        if self.scaling.is_some() {
+            // Its gradients are scaled: they are handed out unscaled, by `read_gradients`.
+            return Ok(false);
+        }
         // Every step writes every gradient (the products overwrite, the column sums start from
         // zero), so what the replica receives needs no clearing.
         Ok(self.backend.exchange(&mut self.grads, buffer))
@@ -255,23 +342,42 @@ impl<N: Network, B: Backend> Replica for NetworkReplica<N, B> {
     fn training_examples(&self) -> usize {
         self.training_examples
     }
+
+    fn loss_scaling(&self) -> Option<LossScaler> {
+        self.scaling.as_ref().map(|s| s.scaler)
+    }
 }
 
 /// Opens a replica of `network` on `device` for batches of up to `max_batch` examples of
-/// `training`: on the host for CPU and simulated workers, on the GPU for a CUDA device (in a
-/// build with this crate's `cuda` feature; without it, an error saying so).
+/// `training`, computing in `precision`: on the host for CPU and simulated workers (`f32` on
+/// [`CpuBackend`], `bf16` and `f16` on [`NarrowCpuBackend`]), on the GPU for a CUDA device (in
+/// a build with this crate's `cuda` feature; without it, an error saying so).
 pub fn open_replica<N: Network>(
     network: N,
     device: &Device,
     training: &ExampleSet,
     max_batch: usize,
+    precision: Precision,
 ) -> Result<Box<dyn Replica>, ReplicaError> {
     match device {
-        Device::Cpu { .. } | Device::Sim { .. } => Ok(Box::new(NetworkReplica::new(
-            network, CpuBackend, training, max_batch,
-        )?)),
+        Device::Cpu { .. } | Device::Sim { .. } => match NarrowCpuBackend::new(precision.compute) {
+            None => Ok(Box::new(NetworkReplica::new(
+                network, CpuBackend, training, max_batch,
+            )?)),
+            Some(narrow) => Ok(Box::new(
+                NetworkReplica::new(network, narrow, training, max_batch)?
+                    .with_initial_loss_scale(precision.initial_loss_scale),
+            )),
+        },
         #[cfg(feature = "cuda")]
         Device::Cuda { ordinal } => {
+            if precision.compute != tandem_core::DType::F32 {
+                return Err(NotOnGpu {
+                    precision,
+                    device: device.clone(),
+                }
+                .into());
+            }
             let backend = tandem_kernels::CudaBackend::new(*ordinal)?;
             Ok(Box::new(NetworkReplica::new(
                 network, backend, training, max_batch,
@@ -280,4 +386,14 @@ pub fn open_replica<N: Network>(
         #[cfg(not(feature = "cuda"))]
         Device::Cuda { .. } => Err(format!("{device} needs a build with `--features cuda`").into()),
     }
+}
+
+/// A precision the CUDA kernels do not compute in.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("--precision {precision} is not available on {device}: tandem's CUDA kernels compute in f32 only (train with --precision f32 there, or on CPU workers)")]
+pub struct NotOnGpu {
+    /// The precision asked for.
+    pub precision: Precision,
+    /// The GPU.
+    pub device: Device,
 }

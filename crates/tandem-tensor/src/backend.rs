@@ -200,6 +200,14 @@ pub trait Backend: Send {
     /// The type its buffers hold values in: what it computes with. Uploads and downloads
     /// take and give `f32`; a backend of a narrower type converts at that edge.
     fn dtype(&self) -> DType;
+    /// Multiplies, from now on, the gradient that the softmax cross-entropy writes by `scale`
+    /// before it is stored in the backend's type (loss scaling: `f16` gradients would
+    /// underflow otherwise). `false` (the default) where the backend does not scale: it then
+    /// computes as if the scale were 1, and a caller must not scale with it.
+    fn set_loss_scale(&self, scale: f32) -> bool {
+        let _ = scale;
+        false
+    }
     /// Makes this backend usable from the calling thread (a GPU backend makes its context
     /// current). Called once by each worker thread before anything else.
     fn bind_thread(&self) -> Result<(), Self::Error> {

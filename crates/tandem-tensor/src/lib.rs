@@ -11,6 +11,9 @@
 //! * [`cpu`]: the plain CPU functions behind [`CpuBackend`]. They are also the reference twins
 //!   that every GPU kernel is tested against, and hold the host-side optimiser step
 //!   ([`cpu::sgd_ema_update`]).
+//! * [`NarrowCpuBackend`]: the CPU backend storing `bf16` or `f16` ([`round_to`], with the
+//!   `half` crate), computing in `f32`: mixed-precision training on CPU workers, and the twin
+//!   of 16-bit kernels.
 //!
 //! ```
 //! use tandem_tensor::{Backend, CpuBackend, Gemm};
@@ -29,7 +32,9 @@
 mod backend;
 pub mod check;
 pub mod cpu;
+mod narrow;
 mod tensor;
 
 pub use backend::{Activation, Backend, CpuBackend, ExampleSet, Gemm, ShapeError};
+pub use narrow::{round_to, NarrowCpuBackend};
 pub use tensor::Tensor;

@@ -13,7 +13,7 @@ use tandem_pool::{Device, DeviceSpec};
 use tandem_strategy::Batches;
 use tandem_train::{
     AsyncRule, BatchScaling, Checkpoints, Fresh, Interrupt, Length, Mode, Model, ModelId,
-    StalenessBound,
+    Precision, StalenessBound,
 };
 use tandem_train::{Resume, Setup, Start, Trainer, Warmup, Watch};
 
@@ -88,8 +88,12 @@ impl Model for LinearModel {
     fn training_examples(&self) -> usize {
         EXAMPLES
     }
-    fn open(&self, _: &Device, _: usize) -> Result<Linear, ReplicaError> {
-        Ok(Linear::default())
+    fn open(&self, _: &Device, _: usize, precision: Precision) -> Result<Linear, ReplicaError> {
+        // Its gradients are computed in f32 only.
+        match precision == Precision::F32 {
+            true => Ok(Linear::default()),
+            false => Err(format!("the linear model computes in f32, not {precision}").into()),
+        }
     }
 }
 
@@ -131,6 +135,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             length,
             save_every,
             params,
+            precision: Precision::F32,
         };
         train(Start::Fresh(fresh), &dir)?;
         let resume = Resume {

@@ -17,9 +17,11 @@ use tandem_optim::{Chosen, ConfigureError, UnknownOptimizer, OPTIMIZERS};
 use tandem_pool::DeviceSpec;
 use tandem_strategy::{AsyncRule, BatchScaling, Batches, StalenessBound, Warmup};
 
+use tandem_core::{check_loss_scale, BadLossScale, DType, Precision, UnknownDType};
+
 use crate::{
     Display, Fresh, Length, Mode, Requested, Resume, Shown, Start, ASYNC_BOUND, ASYNC_RULE,
-    ASYNC_WARMUP, DEFAULT_LOG_EVERY, LR_SCALING, MAX_STEPS,
+    ASYNC_WARMUP, DEFAULT_LOG_EVERY, LOSS_SCALE, LR_SCALING, MAX_STEPS, PRECISION,
 };
 
 /// The longest run `--epochs` may ask for.
@@ -170,6 +172,19 @@ pub struct RunArgs {
     #[arg(long, value_name = "DECAY", allow_negative_numbers = true, value_parser = ema_decay)]
     pub ema_decay: Option<f32>,
 
+    /// What the replicas compute in: f32, or bf16 or f16 (mixed precision: weights,
+    /// activations and gradients in 16 bits, products accumulated in f32; the parameters of
+    /// record, their moving average and the optimiser's state in f32; f16 with a dynamic loss
+    /// scale) [default: f32; when resuming, the run's own].
+    #[arg(long, value_name = "TYPE", value_parser = precision)]
+    pub precision: Option<DType>,
+
+    /// f16's initial loss scale, a power of two from 1 to 2^64: halved (and the batch computed
+    /// again) when a pass's gradients overflow, doubled after 2000 passes without [default:
+    /// 65536; when resuming, the run's own].
+    #[arg(long, value_name = "SCALE", value_parser = loss_scale)]
+    pub loss_scale: Option<f32>,
+
     /// Seed of the initial weights and the data order [default: 1].
     #[arg(long)]
     pub seed: Option<u64>,
@@ -237,6 +252,17 @@ pub fn lr_scaling(text: &str) -> Result<BatchScaling, tandem_strategy::InvalidSc
     text.parse()
 }
 
+/// `--precision`: `f32`, `bf16` or `f16`.
+pub fn precision(text: &str) -> Result<DType, UnknownDType> {
+    text.parse()
+}
+
+/// `--loss-scale`: a power of two from 1 to 2^64.
+pub fn loss_scale(text: &str) -> Result<f32, String> {
+    let scale: f32 = text.parse().map_err(|e| format!("{e}"))?;
+    check_loss_scale(scale).map_err(|e: BadLossScale| e.to_string())
+}
+
 /// `--optimizer`: a name in [`OPTIMIZERS`].
 fn optimizer(text: &str) -> Result<String, UnknownOptimizer> {
     OPTIMIZERS
@@ -276,7 +302,7 @@ impl RunArgs {
         &self,
         default_rate: impl Fn(&str) -> Option<f32>,
         params: impl FnOnce(u64) -> Vec<f32>,
-    ) -> Result<Start<Chosen>, ConfigureError> {
+    ) -> Result<Start<Chosen>, StartError> {
         let length = match (self.steps, self.epochs) {
             (Some(steps), _) => Some(Length::Steps(steps)),
             (None, Some(epochs)) => Some(Length::Epochs(epochs)),
@@ -298,6 +324,14 @@ impl RunArgs {
             .into_iter()
             .filter_map(|(key, value)| Some((key, value?.to_string())))
             .collect();
+            let compute = self.precision.unwrap_or_default();
+            let mut precision = Precision::new(compute);
+            if let Some(scale) = self.loss_scale {
+                if !precision.scaled() {
+                    return Err(StartError::LossScaleUnused(compute));
+                }
+                precision.initial_loss_scale = scale;
+            }
             return Ok(Start::Fresh(Fresh {
                 mode: self.mode().unwrap_or(Mode::Sync),
                 async_rule: self.async_rule.unwrap_or_default(),
@@ -309,6 +343,7 @@ impl RunArgs {
                 batches,
                 length: length.unwrap_or(Length::Epochs(DEFAULT_EPOCHS)),
                 save_every: self.save_every,
+                precision,
             }));
         };
         let requested = [
@@ -324,6 +359,8 @@ impl RunArgs {
             given("weight_decay", "--weight-decay", self.weight_decay),
             given("ema_decay", "--ema-decay", self.ema_decay),
             given("seed", "--seed", self.seed),
+            given(PRECISION, "--precision", self.precision),
+            given(LOSS_SCALE, "--loss-scale", self.loss_scale),
         ];
         Ok(Start::Resume(Resume {
             dir: dir.clone(),
@@ -332,6 +369,17 @@ impl RunArgs {
             save_every: self.save_every,
         }))
     }
+}
+
+/// Flags that cannot start a run.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The optimiser flags.
+    #[error(transparent)]
+    Optimizer(#[from] ConfigureError),
+    /// `--loss-scale` for a precision that is not loss-scaled.
+    #[error("--loss-scale sets the loss scale of --precision f16, but this run computes in {0}, which is not scaled: drop it")]
+    LossScaleUnused(DType),
 }
 
 /// A flag given for a resumed run, as the metadata key it would set.

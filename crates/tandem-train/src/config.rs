@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
 
+use tandem_core::{check_loss_scale, DType, LossScaler, Precision};
 use tandem_optim::{MetadataError, RecordedOptimizer};
 use tandem_strategy::{AsyncRule, BatchScaling, Batches, Epochs, StalenessBound, Strategy, Warmup};
 
@@ -61,6 +62,9 @@ pub struct RunConfig<O> {
     /// Steps between checkpoints; `None`: once per epoch ([`Epochs::steps_per_epoch`]).
     /// Fresh runs always record it.
     pub save_every: Option<u64>,
+    /// What the replicas compute in (recorded when it is not `f32`, so that an `f32` run's
+    /// checkpoints are those of the versions before mixed precision, byte for byte).
+    pub precision: Precision,
 }
 
 /// The metadata key of an asynchronous run's [`AsyncRule`].
@@ -71,6 +75,10 @@ pub const ASYNC_WARMUP: &str = "async_warmup";
 pub const ASYNC_BOUND: &str = "async_bound";
 /// The metadata key of a synchronous run's [`BatchScaling`].
 pub const LR_SCALING: &str = "lr_scaling";
+/// The metadata key of a run's [`Precision`] (its type's name; absent: `f32`).
+pub const PRECISION: &str = "precision";
+/// The metadata key of a loss-scaled (`f16`) run's initial loss scale.
+pub const LOSS_SCALE: &str = "loss_scale";
 
 /// The keys of a run's identity before the optimiser's: what a resume keeps fixed.
 const RUN_KEYS: &[&str] = &["format", "model", "mode", "batch_size", "seed"];
@@ -134,9 +142,18 @@ impl<O: RecordedOptimizer> RunConfig<O> {
         let synchronous = [(LR_SCALING, self.lr_scaling.to_string())]
             .into_iter()
             .filter(|_| self.mode == Mode::Sync);
+        let precision = self.precision;
+        let narrow = [(PRECISION, precision.to_string())]
+            .into_iter()
+            .filter(|_| precision.compute != DType::F32);
+        let scaled = [(LOSS_SCALE, precision.initial_loss_scale.to_string())]
+            .into_iter()
+            .filter(|_| precision.scaled());
         run.into_iter()
             .chain(asynchronous)
             .chain(synchronous)
+            .chain(narrow)
+            .chain(scaled)
             .chain(optimizer)
             .chain(self.save_every.map(|n| ("save_every", n.to_string())))
             .map(|(k, v)| (k.to_string(), v))
@@ -155,6 +172,9 @@ impl<O: RecordedOptimizer> RunConfig<O> {
             .collect();
         if self.mode == Mode::Sync {
             keys.push("workers");
+        }
+        if self.precision.compute != DType::F32 {
+            keys.push(PRECISION);
         }
         keys
     }
@@ -240,6 +260,30 @@ impl<O: RecordedOptimizer> RunConfig<O> {
             None => None,
             Some(_) => Some(integer("save_every", 1..=MAX_STEPS)?),
         };
+        let precision = match meta.get(PRECISION) {
+            // Written before mixed precision, or by an f32 run.
+            None => Precision::F32,
+            Some(text) => text
+                .parse::<Precision>()
+                .map_err(|e| MetadataError::invalid(PRECISION, text, e))?,
+        };
+        let precision = match (precision.scaled(), meta.get(LOSS_SCALE)) {
+            (false, _) => precision,
+            (true, None) => Precision {
+                initial_loss_scale: LossScaler::DEFAULT_INITIAL,
+                ..precision
+            },
+            (true, Some(text)) => Precision {
+                initial_loss_scale: text
+                    .parse::<f32>()
+                    .map_err(|e| MetadataError::invalid(LOSS_SCALE, text, e))
+                    .and_then(|scale| {
+                        check_loss_scale(scale)
+                            .map_err(|e| MetadataError::invalid(LOSS_SCALE, text, e))
+                    })?,
+                ..precision
+            },
+        };
         Ok(Self {
             mode,
             async_rule,
@@ -254,6 +298,7 @@ impl<O: RecordedOptimizer> RunConfig<O> {
             },
             end_step: integer("end_step", 1..=MAX_STEPS)?,
             save_every,
+            precision,
         })
     }
 }
@@ -288,6 +333,7 @@ mod tests {
             },
             end_step: 100,
             save_every: Some(10),
+            precision: Precision::F32,
         }
     }
 
@@ -428,6 +474,44 @@ mod tests {
             "seed",
         ]) {
             assert!(sync.contains(key) && asynchronous.contains(key), "{key}");
+        }
+    }
+
+    #[test]
+    fn precision_is_recorded_when_it_is_not_f32_and_read_back() {
+        let f32_run = config(Mode::Sync);
+        let meta = f32_run.to_metadata(&model());
+        assert!(!meta.contains_key(PRECISION) && !meta.contains_key(LOSS_SCALE));
+        assert!(!f32_run.identity_keys().contains(&PRECISION));
+        let read = RunConfig::<Sgd>::from_metadata(&meta, &model(), 100).unwrap();
+        assert_eq!(read.precision, Precision::F32);
+        for (dtype, scaled) in [(DType::BF16, false), (DType::F16, true)] {
+            let run = RunConfig {
+                precision: Precision {
+                    compute: dtype,
+                    initial_loss_scale: 1024.0,
+                },
+                ..config(Mode::Async)
+            };
+            let meta = run.to_metadata(&model());
+            assert_eq!(meta[PRECISION], dtype.name());
+            assert_eq!(meta.contains_key(LOSS_SCALE), scaled);
+            assert!(run.identity_keys().contains(&PRECISION));
+            let read = RunConfig::<Sgd>::from_metadata(&meta, &model(), 100).unwrap();
+            assert_eq!(read.precision.compute, dtype);
+            if scaled {
+                assert_eq!(read.precision.initial_loss_scale, 1024.0);
+            }
+        }
+        for (key, lie) in [(PRECISION, "fp8"), (LOSS_SCALE, "3"), (LOSS_SCALE, "inf")] {
+            let mut meta = RunConfig {
+                precision: Precision::new(DType::F16),
+                ..config(Mode::Sync)
+            }
+            .to_metadata(&model());
+            meta.insert(key.into(), lie.into());
+            let err = RunConfig::<Sgd>::from_metadata(&meta, &model(), 100).unwrap_err();
+            assert!(err.to_string().contains(key), "{err}");
         }
     }
 }

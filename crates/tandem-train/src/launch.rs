@@ -11,8 +11,8 @@ use tandem_collectives::SharedTransport;
 use tandem_strategy::Mode;
 
 use crate::{
-    output, BatchScaling, Display, EvaluateError, Interrupt, Model, Progress, RecordedOptimizer,
-    RunError, Segment, Summary, Trainer, Watch,
+    output, BatchScaling, Display, EvaluateError, Interrupt, Model, Precision, Progress,
+    RecordedOptimizer, RunError, Segment, Summary, Totals, Trainer, Watch,
 };
 
 /// How many processes `mpirun` started with this one, as Open MPI (or a PMI launcher such as
@@ -283,6 +283,12 @@ pub fn print_summary<M: Model, O: RecordedOptimizer>(
         ),
     }
     out!("devices:             {workers} [{}]", trainer.devices());
+    if config.precision != Precision::F32 {
+        out!(
+            "precision:           {}",
+            precision_summary(config.precision, totals)
+        );
+    }
     out!(
         "steps:               {} ({} examples this run)",
         trainer.state.step,
@@ -311,6 +317,23 @@ pub fn print_summary<M: Model, O: RecordedOptimizer>(
     }
     out!("training time:       {:.1} s", totals.seconds);
     out!("wall time:           {:.1} s", wall.elapsed().as_secs_f64());
+}
+
+/// The summary's precision: the type, and where the loss is scaled, this process's overflows
+/// and scales.
+fn precision_summary(precision: Precision, totals: &Totals) -> String {
+    let Some(scaling) = totals.loss_scaling else {
+        return format!("{precision} (f32 master weights)");
+    };
+    let scale = match scaling.smallest == scaling.largest {
+        true => format!("{}", scaling.smallest),
+        false => format!("{} to {}", scaling.smallest, scaling.largest),
+    };
+    format!(
+        "{precision} (f32 master weights), loss scale now {scale}, {} overflowed pass(es) \
+         skipped and computed again at half the scale",
+        scaling.overflows
+    )
 }
 
 #[cfg(test)]

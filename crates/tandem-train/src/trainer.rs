@@ -8,14 +8,14 @@ use std::time::Duration;
 
 use tandem_checkpoint::{self as checkpoint, Checkpoint, CheckpointDir};
 use tandem_collectives::{Collectives, SharedTransport};
-use tandem_core::{ParamSpan, Replica, ReplicaError, TrainState};
+use tandem_core::{LossScaler, ParamSpan, Precision, Replica, ReplicaError, TrainState};
 use tandem_pool::{Device, DeviceSpec, GpuCount, WorkerPool};
 use tandem_strategy::{
     AsyncRule, BatchScaling, Batches, Observer, SilentRank, Staleness, StalenessBound, Stall,
     StepReport, TrainReport, Warmup,
 };
 
-use crate::config::{ModelId, RunConfig, MAX_WORKERS};
+use crate::config::{ModelId, RunConfig, MAX_WORKERS, PRECISION};
 use crate::error::{Conflict, NotThisRun};
 use crate::{output, Interrupt, Mode, Plan, Progress, RunError};
 use tandem_optim::RecordedOptimizer;
@@ -35,8 +35,15 @@ pub trait Model {
     /// The number of training examples (what an epoch is).
     fn training_examples(&self) -> usize;
 
-    /// Opens a replica on `device` for batches of `batch_size` examples.
-    fn open(&self, device: &Device, batch_size: usize) -> Result<Self::Replica, ReplicaError>;
+    /// Opens a replica on `device` for batches of `batch_size` examples, computing in
+    /// `precision` (a model that computes only in `f32` refuses the others with an error
+    /// saying so).
+    fn open(
+        &self,
+        device: &Device,
+        batch_size: usize,
+        precision: Precision,
+    ) -> Result<Self::Replica, ReplicaError>;
 }
 
 /// How long a fresh run trains, or how far a resumed one goes.
@@ -72,6 +79,8 @@ pub struct Fresh<O> {
     pub save_every: Option<u64>,
     /// The initial parameters.
     pub params: Vec<f32>,
+    /// What the replicas compute in (the parameters of record stay `f32`).
+    pub precision: Precision,
 }
 
 /// A setting given for a resumed run: accepted when it agrees with the run's checkpoint
@@ -285,6 +294,41 @@ pub struct Totals {
     dropped: u64,
     /// Workers that failed while the others carried on (asynchronous).
     pub failures: Vec<String>,
+    /// The loss scaling of this process's replicas, where they scale (`f16`).
+    pub loss_scaling: Option<LossScaling>,
+}
+
+/// The loss scaling of a run's replicas (this process's), since they were opened.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LossScaling {
+    /// Passes thrown away (and computed again at half the scale) because their gradients were
+    /// not finite, over every replica.
+    pub overflows: u64,
+    /// The smallest replica's scale now.
+    pub smallest: f32,
+    /// The largest replica's scale now.
+    pub largest: f32,
+}
+
+impl LossScaling {
+    /// Over `scalers`, one a replica; `None` where none scales.
+    pub fn over(scalers: impl IntoIterator<Item = LossScaler>) -> Option<Self> {
+        scalers.into_iter().fold(None, |so_far, scaler| {
+            let (overflows, scale) = (scaler.overflows(), scaler.scale());
+            Some(match so_far {
+                None => LossScaling {
+                    overflows,
+                    smallest: scale,
+                    largest: scale,
+                },
+                Some(s) => LossScaling {
+                    overflows: s.overflows + overflows,
+                    smallest: s.smallest.min(scale),
+                    largest: s.largest.max(scale),
+                },
+            })
+        })
+    }
 }
 
 impl Totals {
@@ -424,6 +468,7 @@ impl<M: Model, O: RecordedOptimizer> Trainer<M, O> {
                     batches: fresh.batches,
                     end_step: 0,
                     save_every: fresh.save_every,
+                    precision: fresh.precision,
                 };
                 config.end_step = end_step(&config, fresh.length, examples)?;
                 let epoch = config.epochs(examples).steps_per_epoch();
@@ -468,10 +513,10 @@ impl<M: Model, O: RecordedOptimizer> Trainer<M, O> {
         resumed_from: Option<PathBuf>,
         ranks: Option<SharedTransport>,
     ) -> Result<Self, RunError> {
-        let batch = config.batches.batch_size;
+        let (batch, precision) = (config.batches.batch_size, config.precision);
         let pool = WorkerPool::new(devices, |device| {
             model
-                .open(device, batch)
+                .open(device, batch, precision)
                 .map_err(|source| RunError::Replica {
                     device: device.to_string(),
                     source,
@@ -597,6 +642,12 @@ impl<M: Model, O: RecordedOptimizer> Trainer<M, O> {
                 progress.end_segment(&report);
             }
             summary.totals.add(&report);
+            summary.totals.loss_scaling = LossScaling::over(
+                self.pool
+                    .replicas()
+                    .iter()
+                    .filter_map(Replica::loss_scaling),
+            );
             let step = self.state.step;
             if let Some(saver) = &saver {
                 if plan.saves_at(step, report.stopped) {
@@ -665,6 +716,8 @@ fn resume_from<M: Model, O: RecordedOptimizer>(
         }
     })?;
     let mut recorded = config.to_metadata(&id);
+    // Its precision as given on the command line, `f32` included.
+    recorded.insert(PRECISION.to_owned(), config.precision.to_string());
     recorded.extend(
         config
             .optimizer
@@ -1065,7 +1118,7 @@ mod tests {
         fn training_examples(&self) -> usize {
             EXAMPLES
         }
-        fn open(&self, _: &Device, _: usize) -> Result<Scalar, ReplicaError> {
+        fn open(&self, _: &Device, _: usize, _: Precision) -> Result<Scalar, ReplicaError> {
             Ok(Scalar {
                 fit: self.0,
                 ..Scalar::default()
@@ -1091,6 +1144,7 @@ mod tests {
             length: Length::Steps(steps),
             save_every: Some(4),
             params: vec![0.0],
+            precision: Precision::F32,
         })
     }
 

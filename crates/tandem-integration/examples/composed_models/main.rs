@@ -18,7 +18,7 @@ use std::error::Error;
 use std::io::Write;
 
 use rand::SeedableRng;
-use tandem_core::{ParamSpan, Replica, ReplicaError};
+use tandem_core::{ParamSpan, Precision, Replica, ReplicaError};
 use tandem_mnist::Mnist;
 use tandem_model::{Mlp, Network};
 use tandem_optim::Sgd;
@@ -48,8 +48,13 @@ impl<N: Network> Model for Composed<'_, N> {
     fn training_examples(&self) -> usize {
         self.train.len()
     }
-    fn open(&self, device: &Device, batch: usize) -> Result<Box<dyn Replica>, ReplicaError> {
-        tandem_model::open_replica(self.network.clone(), device, self.train, batch)
+    fn open(
+        &self,
+        device: &Device,
+        batch: usize,
+        precision: Precision,
+    ) -> Result<Box<dyn Replica>, ReplicaError> {
+        tandem_model::open_replica(self.network.clone(), device, self.train, batch, precision)
     }
 }
 
@@ -91,6 +96,7 @@ fn train<N: Network>(name: &'static str, network: N, run: &Run) -> Result<(), Bo
             length: Length::Steps(run.steps),
             save_every: None,
             params,
+            precision: Precision::F32,
         };
         let model = Composed {
             name,
