@@ -344,6 +344,10 @@ fn a_resume_refuses_every_flag_that_would_change_the_run_and_takes_the_runs_own_
                     vec!["--optimizer", "adam"],
                     "--optimizer adam (the run has sgd)",
                 ),
+                (
+                    vec!["--precision", "bf16"],
+                    "--precision bf16 (the run has f32)",
+                ),
                 (vec!["--init-stddev", "0.2"], "--init-stddev 0.2"),
                 (
                     vec!["--hidden", "256,128"],
@@ -465,6 +469,98 @@ fn an_adam_run_records_its_optimiser_and_resumes_as_adam() {
     let message = fail(&[&quick[..], &["--optimizer", "lion", "--steps", "2"]].concat());
     assert!(message.contains("unknown optimiser \"lion\""), "{message}");
     assert!(message.contains("sgd, adam"), "{message}");
+}
+
+#[test]
+fn a_sixteen_bit_run_records_its_precision_and_resumes_in_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let quick = ["--devices", "cpu:2", "--log-every", "0"];
+    for precision in ["bf16", "f16"] {
+        let dir = tmp.path().join(precision);
+        let metrics = tmp.path().join(format!("{precision}.jsonl"));
+        let first = [&quick[..], &["--precision", precision, "--steps", "300"]].concat();
+        let out = succeed(
+            &[
+                &first[..],
+                &["--checkpoint-dir", arg(&dir), "--metrics", arg(&metrics)],
+            ]
+            .concat(),
+        );
+        let trained = number_after(&out, "test accuracy:");
+        assert!(trained > 0.9, "300 steps in {precision}: {trained}\n{out}");
+        let line = line_starting(&out, "precision:");
+        assert!(
+            line.contains(&format!("{precision} (f32 master weights)")),
+            "{line}"
+        );
+        let (_, metadata) =
+            checkpoint::read_header(&dir.join("step-0000000300.safetensors")).unwrap();
+        assert_eq!(metadata["precision"], precision);
+        // f16 scales its loss: it says how, in the summary and in every evaluation record.
+        let scaled = precision == "f16";
+        assert_eq!(metadata.get("loss_scale").is_some(), scaled, "{metadata:?}");
+        assert_eq!(line.contains("overflowed pass(es)"), scaled, "{line}");
+        let evaluation: Value = std::fs::read_to_string(&metrics)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .find(|r| r["kind"] == "eval")
+            .unwrap();
+        assert_eq!(
+            evaluation["loss_scale_overflows"].is_u64(),
+            scaled,
+            "{evaluation}"
+        );
+        let resume = [
+            "--resume",
+            arg(&dir),
+            "--steps",
+            "400",
+            "--devices",
+            "cpu:2",
+        ];
+        let other = if scaled { "bf16" } else { "f16" };
+        let message = fail(&[&resume[..], &["--precision", other]].concat());
+        let named = format!("--precision {other} (the run has {precision})");
+        assert!(message.contains(&named), "{message}");
+        let again = succeed(&[&resume[..], &["--log-every", "0"]].concat());
+        assert!(
+            line_starting(&again, "precision:").contains(precision),
+            "{again}"
+        );
+        let (_, metadata) =
+            checkpoint::read_header(&dir.join("step-0000000400.safetensors")).unwrap();
+        assert_eq!(metadata["precision"], precision);
+        let eval = succeed(&["eval", "--checkpoint", arg(&dir)]);
+        assert!(number_after(&eval, "test accuracy:") > 0.9, "{eval}");
+    }
+    // An f32 run's checkpoints name no precision: byte for byte those of before.
+    let plain = tmp.path().join("f32");
+    succeed(
+        &[
+            &quick[..],
+            &["--steps", "2", "--checkpoint-dir", arg(&plain)],
+        ]
+        .concat(),
+    );
+    let (_, metadata) =
+        checkpoint::read_header(&plain.join("step-0000000002.safetensors")).unwrap();
+    assert!(!metadata.contains_key("precision"), "{metadata:?}");
+    for (flags, says) in [
+        (vec!["--precision", "f8"], "expected one of f32, bf16, f16"),
+        (vec!["--loss-scale", "1000"], "a power of two"),
+        (
+            vec!["--loss-scale", "1024"],
+            "--loss-scale sets the loss scale of --precision f16",
+        ),
+        (
+            vec!["--precision", "bf16", "--loss-scale", "1024"],
+            "computes in bf16",
+        ),
+    ] {
+        let message = fail(&[&quick[..], &["--steps", "2"], &flags[..]].concat());
+        assert!(message.contains(says), "{flags:?}: {message}");
+    }
 }
 
 /// A network of other hidden layers trains, and its checkpoints name it: a resume, `eval` and
