@@ -150,6 +150,7 @@ fn train(
         save_every: None,
         params: model::initial_params(&Mlp::mnist(), DEFAULT_INIT_STDDEV, args.seed),
         precision: tandem_train::Precision::F32,
+        exchange: tandem_train::Exchange::F32,
     });
     let model = Mnist {
         mlp: Mlp::mnist(),

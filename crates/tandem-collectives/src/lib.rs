@@ -48,6 +48,27 @@ pub trait Collectives: Sync + std::fmt::Debug {
     /// (`counts[q]` values from rank `q`).
     fn all_gather(&self, lane: usize, mine: &[f32], all: &mut [f32], counts: &[usize]);
 
+    /// [`all_to_all`](Self::all_to_all) of 16-bit values (the bit patterns of `bf16` or
+    /// `f16`, which travel unchanged): half the bytes of `f32`.
+    fn all_to_all_half(
+        &self,
+        lane: usize,
+        send: &[u16],
+        send_counts: &[usize],
+        recv: &mut [u16],
+        recv_counts: &[usize],
+    );
+
+    /// [`all_gather`](Self::all_gather) of 16-bit values.
+    fn all_gather_half(&self, lane: usize, mine: &[u16], all: &mut [u16], counts: &[usize]);
+
+    /// The bytes of this rank's own values that its collectives so far addressed to other
+    /// ranks: all-to-all, what it sends to the others; all-gather, its part once for each other
+    /// rank; all-sum and all-max, its values once for each other rank; broadcast, rank 0's
+    /// bytes once for each other rank. (An MPI library may route them otherwise, through a
+    /// ring or a tree; this is the payload, what a compression of it halves.)
+    fn sent_bytes(&self) -> u64;
+
     /// Replaces each of `values` by its sum over the ranks.
     fn all_sum(&self, lane: usize, values: &mut [f64]);
 

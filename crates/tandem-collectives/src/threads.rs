@@ -6,6 +6,7 @@
 //! f64, which carries every f32 and every byte exactly.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, Condvar, Mutex, PoisonError};
 
 use crate::{Channel, Collectives, Messages};
@@ -34,6 +35,8 @@ struct Shared {
 pub struct ThreadRank {
     rank: usize,
     shared: Arc<Shared>,
+    /// [`Collectives::sent_bytes`].
+    sent: AtomicU64,
 }
 
 impl std::fmt::Debug for ThreadRank {
@@ -56,6 +59,7 @@ pub fn cluster(n: usize) -> Vec<ThreadRank> {
         .map(|rank| ThreadRank {
             rank,
             shared: shared.clone(),
+            sent: AtomicU64::new(0),
         })
         .collect()
 }
@@ -100,8 +104,86 @@ impl ThreadRank {
     }
 }
 
-fn wide(values: &[f32]) -> Vec<f64> {
-    values.iter().map(|&v| f64::from(v)).collect()
+/// A value type the collectives carry, through f64 (which holds each exactly).
+trait Carried: Copy {
+    const BYTES: u64;
+    fn wide(self) -> f64;
+    fn narrow(wide: f64) -> Self;
+}
+
+impl Carried for f32 {
+    const BYTES: u64 = 4;
+    fn wide(self) -> f64 {
+        f64::from(self)
+    }
+    fn narrow(wide: f64) -> Self {
+        wide as f32
+    }
+}
+
+impl Carried for u16 {
+    const BYTES: u64 = 2;
+    fn wide(self) -> f64 {
+        f64::from(self)
+    }
+    fn narrow(wide: f64) -> Self {
+        wide as u16
+    }
+}
+
+fn wide<T: Carried>(values: &[T]) -> Vec<f64> {
+    values.iter().map(|&v| v.wide()).collect()
+}
+
+impl ThreadRank {
+    /// Counts `values` of `bytes` each sent to each of `others` ranks.
+    fn count(&self, values: usize, bytes: u64, others: usize) {
+        let sent = values as u64 * bytes * others as u64;
+        self.sent.fetch_add(sent, Ordering::Relaxed);
+    }
+
+    fn all_to_all_of<T: Carried>(
+        &self,
+        lane: usize,
+        send: &[T],
+        send_counts: &[usize],
+        recv: &mut [T],
+        recv_counts: &[usize],
+    ) {
+        let to_others: usize = (send_counts.iter().enumerate())
+            .filter(|&(q, _)| q != self.rank)
+            .map(|(_, &n)| n)
+            .sum();
+        self.count(to_others, T::BYTES, 1);
+        let all = self.exchange(lane, wide(send), send_counts.to_vec());
+        let mut at = 0;
+        for (from, (values, counts)) in all.iter().enumerate() {
+            let start: usize = counts[..self.rank].iter().sum();
+            let n = counts[self.rank];
+            assert_eq!(
+                n, recv_counts[from],
+                "rank {from} sends what rank {} expects",
+                self.rank
+            );
+            for (dst, &v) in recv[at..at + n].iter_mut().zip(&values[start..start + n]) {
+                *dst = T::narrow(v);
+            }
+            at += n;
+        }
+    }
+
+    fn all_gather_of<T: Carried>(&self, lane: usize, mine: &[T], all: &mut [T], counts: &[usize]) {
+        self.count(mine.len(), T::BYTES, self.shared.ranks - 1);
+        let posted = self.exchange(lane, wide(mine), Vec::new());
+        let mut at = 0;
+        for (from, (values, _)) in posted.iter().enumerate() {
+            assert_eq!(values.len(), counts[from]);
+            for (dst, &v) in all[at..at + values.len()].iter_mut().zip(values) {
+                *dst = T::narrow(v);
+            }
+            at += values.len();
+        }
+    }
 }
 
 impl Collectives for ThreadRank {
@@ -135,36 +217,34 @@ impl Collectives for ThreadRank {
         recv: &mut [f32],
         recv_counts: &[usize],
     ) {
-        let all = self.exchange(lane, wide(send), send_counts.to_vec());
-        let mut at = 0;
-        for (from, (values, counts)) in all.iter().enumerate() {
-            let start: usize = counts[..self.rank].iter().sum();
-            let n = counts[self.rank];
-            assert_eq!(
-                n, recv_counts[from],
-                "rank {from} sends what rank {} expects",
-                self.rank
-            );
-            for (dst, &v) in recv[at..at + n].iter_mut().zip(&values[start..start + n]) {
-                *dst = v as f32;
-            }
-            at += n;
-        }
+        self.all_to_all_of(lane, send, send_counts, recv, recv_counts);
     }
 
     fn all_gather(&self, lane: usize, mine: &[f32], all: &mut [f32], counts: &[usize]) {
-        let posted = self.exchange(lane, wide(mine), Vec::new());
-        let mut at = 0;
-        for (from, (values, _)) in posted.iter().enumerate() {
-            assert_eq!(values.len(), counts[from]);
-            for (dst, &v) in all[at..at + values.len()].iter_mut().zip(values) {
-                *dst = v as f32;
-            }
-            at += values.len();
-        }
+        self.all_gather_of(lane, mine, all, counts);
+    }
+
+    fn all_to_all_half(
+        &self,
+        lane: usize,
+        send: &[u16],
+        send_counts: &[usize],
+        recv: &mut [u16],
+        recv_counts: &[usize],
+    ) {
+        self.all_to_all_of(lane, send, send_counts, recv, recv_counts);
+    }
+
+    fn all_gather_half(&self, lane: usize, mine: &[u16], all: &mut [u16], counts: &[usize]) {
+        self.all_gather_of(lane, mine, all, counts);
+    }
+
+    fn sent_bytes(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
     }
 
     fn all_sum(&self, lane: usize, values: &mut [f64]) {
+        self.count(values.len(), 8, self.shared.ranks - 1);
         let posted = self.exchange(lane, values.to_vec(), Vec::new());
         for (i, v) in values.iter_mut().enumerate() {
             *v = posted.iter().map(|(p, _)| p[i]).sum();
@@ -172,6 +252,7 @@ impl Collectives for ThreadRank {
     }
 
     fn all_max(&self, lane: usize, values: &mut [u64]) {
+        self.count(values.len(), 8, self.shared.ranks - 1);
         // u64 values through f64 would round: carried as their two 32-bit halves.
         let halves: Vec<f64> = values
             .iter()
@@ -188,6 +269,9 @@ impl Collectives for ThreadRank {
     }
 
     fn broadcast(&self, bytes: &mut Vec<u8>) {
+        if self.rank == 0 {
+            self.count(bytes.len(), 1, self.shared.ranks - 1);
+        }
         self.open_lanes(1);
         let posted = self.exchange(0, bytes.iter().map(|&b| f64::from(b)).collect(), Vec::new());
         *bytes = posted[0].0.iter().map(|&b| b as u8).collect();

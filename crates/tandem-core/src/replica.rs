@@ -1,4 +1,4 @@
-use crate::{Helpers, LossScaler, Residence, StepLoss};
+use crate::{DType, Helpers, LossScaler, Residence, StepLoss};
 
 /// A named, contiguous span of a model's flat parameter vector.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,6 +113,12 @@ pub trait Replica: Send {
     fn loss_scaling(&self) -> Option<LossScaler> {
         None
     }
+
+    /// The type its pass computes in: [`set_params`](Self::set_params) rounds the parameters
+    /// to it (`f32`, the default, keeps them as they are).
+    fn dtype(&self) -> DType {
+        DType::F32
+    }
 }
 
 /// Lets a pool hold replicas of different backends side by side.
@@ -164,5 +170,9 @@ impl<R: Replica + ?Sized> Replica for Box<R> {
 
     fn loss_scaling(&self) -> Option<LossScaler> {
         (**self).loss_scaling()
+    }
+
+    fn dtype(&self) -> DType {
+        (**self).dtype()
     }
 }

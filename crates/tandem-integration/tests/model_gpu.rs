@@ -90,6 +90,7 @@ fn sync_run_scaled<B: tandem_tensor::Backend>(
     };
     let strategy = Strategy {
         batch_scaling: scaling,
+        exchange: tandem_strategy::Exchange::F32,
         ..Strategy::from(Mode::Sync)
     };
     train(

@@ -346,6 +346,10 @@ impl<N: Network, B: Backend> Replica for NetworkReplica<N, B> {
     fn loss_scaling(&self) -> Option<LossScaler> {
         self.scaling.as_ref().map(|s| s.scaler)
     }
+
+    fn dtype(&self) -> tandem_core::DType {
+        self.backend.dtype()
+    }
 }
 
 /// Opens a replica of `network` on `device` for batches of up to `max_batch` examples of

@@ -8,6 +8,7 @@
 #![warn(missing_docs)]
 #![cfg(feature = "mpi")]
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
 
 use mpi::collective::SystemOperation;
@@ -57,6 +58,8 @@ pub struct MpiRanks {
     replies: Shared,
     beacons: Shared,
     world: Shared,
+    /// [`Collectives::sent_bytes`].
+    sent: AtomicU64,
     _universe: Universe,
 }
 
@@ -75,6 +78,7 @@ impl MpiRanks {
             replies: Shared(world.duplicate()),
             beacons: Shared(world.duplicate()),
             world: Shared(world),
+            sent: AtomicU64::new(0),
             _universe: universe,
         })
     }
@@ -95,6 +99,46 @@ impl MpiRanks {
             Channel::Reply => &self.replies.0,
             Channel::Beacon => &self.beacons.0,
         }
+    }
+
+    /// Counts `values` of `T` sent to each of `others` ranks.
+    fn count<T>(&self, values: usize, others: usize) {
+        let bytes = (values * std::mem::size_of::<T>() * others) as u64;
+        self.sent.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    fn all_to_all_of<T: Equivalence>(
+        &self,
+        lane: usize,
+        (send, send_counts): (&[T], &[usize]),
+        (recv, recv_counts): (&mut [T], &[usize]),
+    ) {
+        let to_others: usize = (send_counts.iter().enumerate())
+            .filter(|&(q, _)| q != self.rank())
+            .map(|(_, &n)| n)
+            .sum();
+        self.count::<T>(to_others, 1);
+        let comm = self.lane(lane);
+        let (sc, sd) = partition(send_counts);
+        let (rc, rd) = partition(recv_counts);
+        comm.0.all_to_all_varcount_into(
+            &Partition::new(send, sc, sd),
+            &mut PartitionMut::new(recv, rc, rd),
+        );
+    }
+
+    fn all_gather_of<T: Equivalence>(
+        &self,
+        lane: usize,
+        mine: &[T],
+        all: &mut [T],
+        counts: &[usize],
+    ) {
+        self.count::<T>(mine.len(), self.ranks() - 1);
+        let comm = self.lane(lane);
+        let (c, d) = partition(counts);
+        comm.0
+            .all_gather_varcount_into(mine, &mut PartitionMut::new(all, c, d));
     }
 
     fn abort_with(&self, message: &str) -> ! {
@@ -146,23 +190,34 @@ impl Collectives for MpiRanks {
         recv: &mut [f32],
         recv_counts: &[usize],
     ) {
-        let comm = self.lane(lane);
-        let (sc, sd) = partition(send_counts);
-        let (rc, rd) = partition(recv_counts);
-        comm.0.all_to_all_varcount_into(
-            &Partition::new(send, sc, sd),
-            &mut PartitionMut::new(recv, rc, rd),
-        );
+        self.all_to_all_of(lane, (send, send_counts), (recv, recv_counts));
     }
 
     fn all_gather(&self, lane: usize, mine: &[f32], all: &mut [f32], counts: &[usize]) {
-        let comm = self.lane(lane);
-        let (c, d) = partition(counts);
-        comm.0
-            .all_gather_varcount_into(mine, &mut PartitionMut::new(all, c, d));
+        self.all_gather_of(lane, mine, all, counts);
+    }
+
+    fn all_to_all_half(
+        &self,
+        lane: usize,
+        send: &[u16],
+        send_counts: &[usize],
+        recv: &mut [u16],
+        recv_counts: &[usize],
+    ) {
+        self.all_to_all_of(lane, (send, send_counts), (recv, recv_counts));
+    }
+
+    fn all_gather_half(&self, lane: usize, mine: &[u16], all: &mut [u16], counts: &[usize]) {
+        self.all_gather_of(lane, mine, all, counts);
+    }
+
+    fn sent_bytes(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
     }
 
     fn all_sum(&self, lane: usize, values: &mut [f64]) {
+        self.count::<f64>(values.len(), self.ranks() - 1);
         let send = values.to_vec();
         self.lane(lane)
             .0
@@ -170,6 +225,7 @@ impl Collectives for MpiRanks {
     }
 
     fn all_max(&self, lane: usize, values: &mut [u64]) {
+        self.count::<u64>(values.len(), self.ranks() - 1);
         let send = values.to_vec();
         self.lane(lane)
             .0
@@ -182,6 +238,9 @@ impl Collectives for MpiRanks {
         root.broadcast_into(&mut len[..]);
         bytes.resize(len[0] as usize, 0);
         root.broadcast_into(&mut bytes[..]);
+        if self.rank() == 0 {
+            self.count::<u8>(bytes.len(), self.ranks() - 1);
+        }
     }
 
     fn abort(&self, code: i32) -> ! {

@@ -66,6 +66,7 @@ mod batch_scaling;
 mod common;
 mod device_store;
 mod epochs;
+mod exchange;
 mod helping;
 mod hyper;
 mod order;
@@ -76,6 +77,7 @@ pub mod sync;
 pub use batch_scaling::{BatchScaling, InvalidScaling};
 pub use device_store::{DeviceAsyncStore, DeviceSyncStore};
 pub use epochs::Epochs;
+pub use exchange::{Exchange, UnknownExchange};
 pub use hyper::Batches;
 pub use order::EpochOrder;
 pub use staleness::{
@@ -87,10 +89,10 @@ pub use store::{AsyncStore, HostStore, ParamStore, SyncStore, UpdateAt};
 use std::time::Duration;
 
 use tandem_collectives::Transport;
-use tandem_core::{Optimizer, Replica, ReplicaError, TrainState};
+use tandem_core::{DType, Optimizer, Replica, ReplicaError, TrainState};
 use tandem_pool::{WorkerFailure, WorkerPool};
 
-use crate::store::{RankedAsyncStore, RankedSyncStore};
+use crate::store::{RankedAsyncStore, RankedSyncStore, Sends};
 
 /// Synchronous or asynchronous data parallelism.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -185,6 +187,7 @@ fn run<R: Replica, O: Optimizer + ?Sized>(
         warmup,
         bound,
         batch_scaling,
+        exchange,
     }: Strategy,
     pool: &mut WorkerPool<R>,
     state: &mut TrainState,
@@ -230,6 +233,15 @@ fn run<R: Replica, O: Optimizer + ?Sized>(
     if ranks.is_some() && mode == Mode::Async && bound != StalenessBound::Unbounded {
         return Err(ConfigError::BoundAcrossRanks(bound).into());
     }
+    match (exchange, mode, ranks) {
+        (Exchange::F32, ..) | (_, Mode::Sync, Some(_)) => {}
+        (_, Mode::Async, _) => {
+            return Err(ConfigError::ExchangeUnused(exchange, "is asynchronous").into())
+        }
+        (_, Mode::Sync, None) => {
+            return Err(ConfigError::ExchangeUnused(exchange, "is one process").into())
+        }
+    }
     let leader = (0..pool.len()).find(|&w| !pool.is_retired(w)).unwrap_or(0);
     // Asynchronous across ranks, the store also keeps the counters (at rank 0's service);
     // simulated workers take turns.
@@ -266,7 +278,19 @@ fn run<R: Replica, O: Optimizer + ?Sized>(
     // that compute on devices, on those devices; in host memory otherwise.
     match (mode, ranks) {
         (Mode::Sync, Some(ranks)) => {
-            let store = RankedSyncStore::new(job.state, &layout, optimizer, ranks, job.pool.len());
+            // The updated shares go back in 16 bits where every replica rounds to them anyway.
+            let narrow = (job.pool.replicas().iter())
+                .all(|r| exchange == Exchange::Bf16 && r.dtype() == DType::BF16);
+            let sends = Sends {
+                gradients: exchange,
+                params: if narrow {
+                    Exchange::Bf16
+                } else {
+                    Exchange::F32
+                },
+            };
+            let local = job.pool.len();
+            let store = RankedSyncStore::new(job.state, &layout, optimizer, ranks, local, sends);
             sync::run(job, &store)
         }
         (Mode::Sync, None) => {
@@ -511,6 +535,12 @@ pub enum ConfigError {
     /// A staleness bound across ranks.
     #[error("a staleness bound ({0}) is not implemented across ranks: train with none")]
     BoundAcrossRanks(StalenessBound),
+    /// A 16-bit exchange where nothing is exchanged between ranks, or asynchronously.
+    #[error(
+        "--exchange {0} compresses the gradients a synchronous run sends between processes \
+         (under mpirun); this run {1}: drop it"
+    )]
+    ExchangeUnused(Exchange, &'static str),
 }
 
 /// Why a run could not finish.

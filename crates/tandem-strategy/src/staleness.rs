@@ -214,6 +214,8 @@ pub struct Strategy {
     pub bound: StalenessBound,
     /// How a synchronous run's learning rate follows its global batch.
     pub batch_scaling: BatchScaling,
+    /// What a synchronous run across ranks exchanges its gradients in.
+    pub exchange: crate::Exchange,
 }
 
 impl From<Mode> for Strategy {
@@ -224,6 +226,7 @@ impl From<Mode> for Strategy {
             warmup: Warmup::Auto,
             bound: StalenessBound::Unbounded,
             batch_scaling: BatchScaling::Auto,
+            exchange: crate::Exchange::F32,
         }
     }
 }

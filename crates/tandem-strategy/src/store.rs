@@ -12,7 +12,7 @@ use tandem_tensor::cpu;
 
 mod ranked;
 mod shards;
-pub(crate) use ranked::{RankedAsyncStore, RankedSyncStore};
+pub(crate) use ranked::{RankedAsyncStore, RankedSyncStore, Sends};
 use shards::{ShardWrite, Shards};
 
 /// Parameters per shard: small enough that workers updating different shards rarely wait for

@@ -40,6 +40,7 @@ fn asynchronous(rule: AsyncRule, warmup: u64) -> Strategy {
         warmup: Warmup::Epochs(warmup),
         bound: StalenessBound::Unbounded,
         batch_scaling: BatchScaling::Auto,
+        exchange: tandem_strategy::Exchange::F32,
     }
 }
 

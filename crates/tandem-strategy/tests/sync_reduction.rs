@@ -18,10 +18,12 @@ use std::time::Duration;
 
 use common::{across, ema, pool_of, weights_and_bias, within, Loss, Model, TestReplica};
 use tandem_collectives::{Collectives, Transport};
-use tandem_core::{Helpers, ParamSpan, TrainState};
+use tandem_core::{DType, Helpers, ParamSpan, TrainState};
 use tandem_optim::Sgd;
 use tandem_pool::WorkerPool;
-use tandem_strategy::{train_across, Batches, EpochOrder, Mode, NoObserver, Observer, StepReport};
+use tandem_strategy::{
+    train_across, Batches, EpochOrder, Exchange, Mode, NoObserver, Observer, StepReport, Strategy,
+};
 use tandem_tensor::cpu::{sgd_ema_update, UpdateStep};
 
 /// Training examples the batch indices address.
@@ -208,6 +210,26 @@ fn ema_decay(sgd: &Sgd, step: u64) -> f32 {
 /// every worker's gradients at the current parameters on its part of the global batch, then one
 /// fused update per span with the gradients in worker order.
 fn expected_sync(state: &TrainState, workers: usize, steps: u64) -> TrainState {
+    expected_sync_exchanging(state, workers, steps, None)
+}
+
+/// bf16 by bit manipulation (round to nearest, ties to even), independently of the code under
+/// test.
+fn bf16_by_bits(x: f32) -> f32 {
+    let bits = x.to_bits();
+    f32::from_bits(bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) & 0xffff_0000)
+}
+
+/// [`expected_sync`] with the gradients exchanged in bf16 where `bf16` is `Some`: each
+/// worker's divided by the worker count and rounded, their f32 sum in worker order the one
+/// gradient of the update; `Some(true)`: the replicas compute from the parameters rounded to
+/// bf16 too.
+fn expected_sync_exchanging(
+    state: &TrainState,
+    workers: usize,
+    steps: u64,
+    bf16: Option<bool>,
+) -> TrainState {
     let (sgd, batches) = (sgd(), batches());
     let global = (workers * batches.batch_size) as u64;
     let steps_per_epoch = EXAMPLES as f64 / global as f64;
@@ -216,15 +238,30 @@ fn expected_sync(state: &TrainState, workers: usize, steps: u64) -> TrainState {
     let mut grads = vec![vec![0.0f32; num_params()]; workers];
     let mut batch = vec![0u32; batches.batch_size];
     for step in state.step..state.step + steps {
+        let seen: Vec<f32> = match bf16 {
+            Some(true) => state.params.iter().map(|&p| bf16_by_bits(p)).collect(),
+            _ => state.params.clone(),
+        };
         for (worker, g) in grads.iter_mut().enumerate() {
             order.fill(
                 step * global + (worker * batches.batch_size) as u64,
                 &mut batch,
             );
-            noisy_gradients(&batch, &state.params, g);
+            noisy_gradients(&batch, &seen, g);
         }
+        let mean: Vec<f32> = match bf16 {
+            None => Vec::new(),
+            Some(_) => (0..num_params())
+                .map(|i| {
+                    (grads.iter()).fold(0.0f32, |sum, g| sum + bf16_by_bits(g[i] / workers as f32))
+                })
+                .collect(),
+        };
         for (range, decayed) in spans(&layout()) {
-            let parts: Vec<&[f32]> = grads.iter().map(|g| &g[range.clone()]).collect();
+            let parts: Vec<&[f32]> = match bf16 {
+                None => grads.iter().map(|g| &g[range.clone()]).collect(),
+                Some(_) => vec![&mean[range.clone()]],
+            };
             let update = UpdateStep {
                 learning_rate: learning_rate(&sgd, step, steps_per_epoch),
                 weight_decay: if decayed { sgd.weight_decay } else { 0.0 },
@@ -563,5 +600,98 @@ fn sync_across_ranks_reports_the_losses_of_one_process() {
             (loss - one_loss).abs() <= 1e-6 * one_loss.abs(),
             "step {step}: loss {loss} across ranks, {one_loss} in one process"
         );
+    }
+}
+
+/// `--exchange bf16` across ranks, bit for bit: every worker's gradients divided by the worker
+/// count and rounded to bf16 before they travel, summed in f32 in worker order on arrival,
+/// whatever the ranks' timing; the replicas' parameters rounded to bf16 too where they compute
+/// in it. The bytes sent for the gradients halve; with bf16 replicas, so do those of the
+/// parameters, and the whole exchange is half of f32's.
+#[test]
+fn a_bf16_exchange_sends_half_the_bytes_and_sums_the_rounded_means_in_worker_order() {
+    // Enough steps that the one f32 gather of the parameters before the save weighs little.
+    const STEPS: u64 = 60;
+    let (ranks, local) = (2, 2);
+    let run = |exchange: Exchange, dtype: DType| {
+        within("sync across 2 ranks x 2 workers", move || {
+            across(ranks, |rank| {
+                let mut pool = pool(local, true);
+                for replica in pool.replicas_mut() {
+                    replica.dtype = dtype;
+                }
+                let mut state = initial_state();
+                let strategy = Strategy {
+                    exchange,
+                    ..Strategy::from(Mode::Sync)
+                };
+                let (sgd, batches) = (sgd(), batches());
+                let before = rank.sent_bytes();
+                train_across(
+                    Transport::Collectives(rank),
+                    strategy,
+                    &mut pool,
+                    &mut state,
+                    &sgd,
+                    &batches,
+                    STEPS,
+                    &NoObserver,
+                )
+                .unwrap();
+                (state, rank.sent_bytes() - before)
+            })
+        })
+    };
+    let plain = run(Exchange::F32, DType::F32);
+    for (dtype, rounded) in [(DType::F32, false), (DType::BF16, true)] {
+        let expected =
+            expected_sync_exchanging(&initial_state(), ranks * local, STEPS, Some(rounded));
+        let what = format!("bf16 exchange, {dtype} replicas");
+        let compressed = run(Exchange::Bf16, dtype);
+        for (rank, (state, sent)) in compressed.iter().enumerate() {
+            assert_bitwise(&format!("{what}, rank {rank}"), state, &expected);
+            let ratio = *sent as f64 / plain[rank].1 as f64;
+            eprintln!("{what}, rank {rank}: {sent} bytes sent, {ratio:.3} of f32's");
+            match rounded {
+                // Gradients halved, parameters not: between a half and the whole.
+                false => assert!(ratio > 0.55 && ratio < 0.95, "{what}: {ratio}"),
+                // Both halved; what stays is the per-step loss and stop sums (16 bytes) and the
+                // owners' f32 parameters gathered once for the save: about 1% at 60 steps.
+                true => assert!((0.5..0.515).contains(&ratio), "{what}: {ratio}"),
+            }
+        }
+    }
+    // An f32 exchange is the plain reduction, as before.
+    let expected = expected_sync(&initial_state(), ranks * local, STEPS);
+    for (state, _) in &plain {
+        assert_bitwise("f32 exchange", state, &expected);
+    }
+}
+
+/// A bf16 exchange where nothing crosses processes, or in an asynchronous run, is refused.
+#[test]
+fn a_bf16_exchange_without_ranks_or_in_async_is_refused() {
+    for mode in [Mode::Sync, Mode::Async] {
+        let strategy = Strategy {
+            exchange: Exchange::Bf16,
+            ..Strategy::from(mode)
+        };
+        let mut state = initial_state();
+        let (sgd, batches) = (sgd(), batches());
+        let err = tandem_strategy::train(
+            strategy,
+            &mut pool(2, false),
+            &mut state,
+            &sgd,
+            &batches,
+            2,
+            &NoObserver,
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("--exchange bf16"),
+            "{mode:?}: {err}"
+        );
+        assert_eq!(state.step, 0);
     }
 }

@@ -373,6 +373,23 @@ impl Collectives for Silent<'_> {
     fn all_gather(&self, lane: usize, mine: &[f32], all: &mut [f32], counts: &[usize]) {
         self.0.all_gather(lane, mine, all, counts)
     }
+    fn all_to_all_half(
+        &self,
+        lane: usize,
+        send: &[u16],
+        send_counts: &[usize],
+        recv: &mut [u16],
+        recv_counts: &[usize],
+    ) {
+        self.0
+            .all_to_all_half(lane, send, send_counts, recv, recv_counts)
+    }
+    fn all_gather_half(&self, lane: usize, mine: &[u16], all: &mut [u16], counts: &[usize]) {
+        self.0.all_gather_half(lane, mine, all, counts)
+    }
+    fn sent_bytes(&self) -> u64 {
+        self.0.sent_bytes()
+    }
     fn all_sum(&self, lane: usize, values: &mut [f64]) {
         self.0.all_sum(lane, values)
     }

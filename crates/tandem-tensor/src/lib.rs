@@ -36,5 +36,5 @@ mod narrow;
 mod tensor;
 
 pub use backend::{Activation, Backend, CpuBackend, ExampleSet, Gemm, ShapeError};
-pub use narrow::{round_to, NarrowCpuBackend};
+pub use narrow::{decode_bf16, encode_bf16, round_to, NarrowCpuBackend};
 pub use tensor::Tensor;

@@ -27,6 +27,20 @@ pub fn round_to(dtype: DType, values: &mut [f32]) {
     }
 }
 
+/// `src` as `bf16` bit patterns in `dst` (round to nearest, ties to even): what travels when
+/// values are exchanged in 16 bits.
+pub fn encode_bf16(src: &[f32], dst: &mut Vec<u16>) {
+    dst.clear();
+    dst.extend(src.iter().map(|&v| bf16::from_f32(v).to_bits()));
+}
+
+/// `bf16` bit patterns back to `f32` (exactly) in `dst`.
+pub fn decode_bf16(src: &[u16], dst: &mut [f32]) {
+    for (d, &bits) in dst.iter_mut().zip(src) {
+        *d = bf16::from_bits(bits).to_f32();
+    }
+}
+
 fn round_through<T>(values: &mut [f32])
 where
     T: Copy + Default,
@@ -280,6 +294,21 @@ mod tests {
         let mut tie = [1.0 + 1.0 / 256.0];
         round_to(DType::BF16, &mut tie);
         assert_eq!(tie, [1.0]);
+    }
+
+    #[test]
+    fn bf16_bits_round_trip_as_rounding_does() {
+        let values: Vec<f32> = (0..5_000).map(|i| (i as f32 - 2_500.0) * 1.37e-3).collect();
+        let mut bits = Vec::new();
+        encode_bf16(&values, &mut bits);
+        let mut back = vec![0.0; values.len()];
+        decode_bf16(&bits, &mut back);
+        let expected: Vec<f32> = values.iter().map(|&v| bf16_by_bits(v)).collect();
+        assert_eq!(back, expected);
+        assert!(bits
+            .iter()
+            .zip(&values)
+            .all(|(&b, &v)| b == (bf16_by_bits(v).to_bits() >> 16) as u16));
     }
 
     #[test]

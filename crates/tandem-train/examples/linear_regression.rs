@@ -136,6 +136,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             save_every,
             params,
             precision: Precision::F32,
+            exchange: tandem_train::Exchange::F32,
         };
         train(Start::Fresh(fresh), &dir)?;
         let resume = Resume {

@@ -15,13 +15,13 @@ use clap::{ArgGroup, Args, ValueEnum};
 use tandem_optim::check::{ema_decay, learning_rate, lr_decay, weight_decay};
 use tandem_optim::{Chosen, ConfigureError, UnknownOptimizer, OPTIMIZERS};
 use tandem_pool::DeviceSpec;
-use tandem_strategy::{AsyncRule, BatchScaling, Batches, StalenessBound, Warmup};
+use tandem_strategy::{AsyncRule, BatchScaling, Batches, Exchange, StalenessBound, Warmup};
 
 use tandem_core::{check_loss_scale, BadLossScale, DType, Precision, UnknownDType};
 
 use crate::{
     Display, Fresh, Length, Mode, Requested, Resume, Shown, Start, ASYNC_BOUND, ASYNC_RULE,
-    ASYNC_WARMUP, DEFAULT_LOG_EVERY, LOSS_SCALE, LR_SCALING, MAX_STEPS, PRECISION,
+    ASYNC_WARMUP, DEFAULT_LOG_EVERY, EXCHANGE, LOSS_SCALE, LR_SCALING, MAX_STEPS, PRECISION,
 };
 
 /// The longest run `--epochs` may ask for.
@@ -185,6 +185,13 @@ pub struct RunArgs {
     #[arg(long, value_name = "SCALE", value_parser = loss_scale)]
     pub loss_scale: Option<f32>,
 
+    /// What a synchronous run across processes (under mpirun) sends its gradients in: f32, or
+    /// bf16 (divided by the worker count, rounded, summed in f32 on arrival: half the bytes;
+    /// the updated parameters travel in bf16 too where the run computes in bf16) [default: f32;
+    /// when resuming, the run's own].
+    #[arg(long, value_name = "TYPE", value_parser = exchange)]
+    pub exchange: Option<Exchange>,
+
     /// Seed of the initial weights and the data order [default: 1].
     #[arg(long)]
     pub seed: Option<u64>,
@@ -261,6 +268,11 @@ pub fn precision(text: &str) -> Result<DType, UnknownDType> {
 pub fn loss_scale(text: &str) -> Result<f32, String> {
     let scale: f32 = text.parse().map_err(|e| format!("{e}"))?;
     check_loss_scale(scale).map_err(|e: BadLossScale| e.to_string())
+}
+
+/// `--exchange`: `f32` or `bf16`.
+pub fn exchange(text: &str) -> Result<Exchange, tandem_strategy::UnknownExchange> {
+    text.parse()
 }
 
 /// `--optimizer`: a name in [`OPTIMIZERS`].
@@ -344,6 +356,7 @@ impl RunArgs {
                 length: length.unwrap_or(Length::Epochs(DEFAULT_EPOCHS)),
                 save_every: self.save_every,
                 precision,
+                exchange: self.exchange.unwrap_or_default(),
             }));
         };
         let requested = [
@@ -361,6 +374,7 @@ impl RunArgs {
             given("seed", "--seed", self.seed),
             given(PRECISION, "--precision", self.precision),
             given(LOSS_SCALE, "--loss-scale", self.loss_scale),
+            given(EXCHANGE, "--exchange", self.exchange),
         ];
         Ok(Start::Resume(Resume {
             dir: dir.clone(),

@@ -5,7 +5,9 @@ use std::ops::RangeInclusive;
 
 use tandem_core::{check_loss_scale, DType, LossScaler, Precision};
 use tandem_optim::{MetadataError, RecordedOptimizer};
-use tandem_strategy::{AsyncRule, BatchScaling, Batches, Epochs, StalenessBound, Strategy, Warmup};
+use tandem_strategy::{
+    AsyncRule, BatchScaling, Batches, Epochs, Exchange, StalenessBound, Strategy, Warmup,
+};
 
 use crate::{Mode, RunError};
 
@@ -65,6 +67,9 @@ pub struct RunConfig<O> {
     /// What the replicas compute in (recorded when it is not `f32`, so that an `f32` run's
     /// checkpoints are those of the versions before mixed precision, byte for byte).
     pub precision: Precision,
+    /// What a synchronous run across processes sends its gradients in (recorded when it is
+    /// not `f32`).
+    pub exchange: Exchange,
 }
 
 /// The metadata key of an asynchronous run's [`AsyncRule`].
@@ -75,6 +80,8 @@ pub const ASYNC_WARMUP: &str = "async_warmup";
 pub const ASYNC_BOUND: &str = "async_bound";
 /// The metadata key of a synchronous run's [`BatchScaling`].
 pub const LR_SCALING: &str = "lr_scaling";
+/// The metadata key of a synchronous run's [`Exchange`] (absent: `f32`).
+pub const EXCHANGE: &str = "exchange";
 /// The metadata key of a run's [`Precision`] (its type's name; absent: `f32`).
 pub const PRECISION: &str = "precision";
 /// The metadata key of a loss-scaled (`f16`) run's initial loss scale.
@@ -92,6 +99,7 @@ impl<O: RecordedOptimizer> RunConfig<O> {
             warmup: self.async_warmup,
             bound: self.async_bound,
             batch_scaling: self.lr_scaling,
+            exchange: self.exchange,
         }
     }
 
@@ -139,8 +147,11 @@ impl<O: RecordedOptimizer> RunConfig<O> {
         let asynchronous = asynchronous
             .into_iter()
             .filter(|_| self.mode == Mode::Async);
+        let compressed =
+            (self.exchange != Exchange::F32).then(|| (EXCHANGE, self.exchange.to_string()));
         let synchronous = [(LR_SCALING, self.lr_scaling.to_string())]
             .into_iter()
+            .chain(compressed)
             .filter(|_| self.mode == Mode::Sync);
         let precision = self.precision;
         let narrow = [(PRECISION, precision.to_string())]
@@ -260,6 +271,13 @@ impl<O: RecordedOptimizer> RunConfig<O> {
             None => None,
             Some(_) => Some(integer("save_every", 1..=MAX_STEPS)?),
         };
+        let exchange = match (mode, meta.get(EXCHANGE)) {
+            // Written before 16-bit exchanges, by an f32 one, or by an async run.
+            (Mode::Async, _) | (Mode::Sync, None) => Exchange::F32,
+            (Mode::Sync, Some(text)) => text
+                .parse()
+                .map_err(|e| MetadataError::invalid(EXCHANGE, text, e))?,
+        };
         let precision = match meta.get(PRECISION) {
             // Written before mixed precision, or by an f32 run.
             None => Precision::F32,
@@ -299,6 +317,7 @@ impl<O: RecordedOptimizer> RunConfig<O> {
             end_step: integer("end_step", 1..=MAX_STEPS)?,
             save_every,
             precision,
+            exchange,
         })
     }
 }
@@ -334,6 +353,7 @@ mod tests {
             end_step: 100,
             save_every: Some(10),
             precision: Precision::F32,
+            exchange: Exchange::F32,
         }
     }
 
@@ -503,7 +523,23 @@ mod tests {
                 assert_eq!(read.precision.initial_loss_scale, 1024.0);
             }
         }
-        for (key, lie) in [(PRECISION, "fp8"), (LOSS_SCALE, "3"), (LOSS_SCALE, "inf")] {
+        let compressed = RunConfig {
+            exchange: Exchange::Bf16,
+            ..config(Mode::Sync)
+        };
+        let meta = compressed.to_metadata(&model());
+        assert_eq!(meta[EXCHANGE], "bf16");
+        let read = RunConfig::<Sgd>::from_metadata(&meta, &model(), 100).unwrap();
+        assert_eq!(read.exchange, Exchange::Bf16);
+        assert!(!config(Mode::Sync)
+            .to_metadata(&model())
+            .contains_key(EXCHANGE));
+        for (key, lie) in [
+            (PRECISION, "fp8"),
+            (LOSS_SCALE, "3"),
+            (LOSS_SCALE, "inf"),
+            (EXCHANGE, "f16"),
+        ] {
             let mut meta = RunConfig {
                 precision: Precision::new(DType::F16),
                 ..config(Mode::Sync)

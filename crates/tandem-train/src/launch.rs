@@ -295,6 +295,12 @@ pub fn print_summary<M: Model, O: RecordedOptimizer>(
         totals.examples
     );
     out!("examples/sec:        {:.0}", totals.examples_per_sec());
+    if let Some(bytes) = totals.sent_per_step() {
+        out!(
+            "exchanged:           {bytes:.0} bytes sent per step by this rank (gradients in {})",
+            config.exchange
+        );
+    }
     if let Some(staleness) = totals.staleness() {
         out!(
             "staleness:           mean {:.2}, max {}{}",

@@ -35,8 +35,8 @@ pub mod report;
 mod trainer;
 
 pub use config::{
-    ModelId, RunConfig, ASYNC_BOUND, ASYNC_RULE, ASYNC_WARMUP, LOSS_SCALE, LR_SCALING, MAX_STEPS,
-    MAX_WORKERS, PRECISION,
+    ModelId, RunConfig, ASYNC_BOUND, ASYNC_RULE, ASYNC_WARMUP, EXCHANGE, LOSS_SCALE, LR_SCALING,
+    MAX_STEPS, MAX_WORKERS, PRECISION,
 };
 pub use error::{Conflict, NotThisRun, RunError};
 pub use interrupt::Interrupt;
@@ -47,7 +47,7 @@ pub use plan::Plan;
 pub use progress::{Display, Progress, DEFAULT_LOG_EVERY};
 pub use tandem_core::{DType, Precision};
 pub use tandem_optim::{MetadataError, RecordedOptimizer};
-pub use tandem_strategy::{AsyncRule, BatchScaling, Mode, StalenessBound, Warmup};
+pub use tandem_strategy::{AsyncRule, BatchScaling, Exchange, Mode, StalenessBound, Warmup};
 pub use trainer::{
     check_checkpoint, Checkpoints, EvaluateError, Fresh, Length, LossScaling, Model, Requested,
     Resume, Segment, Setup, Start, Summary, Totals, Trainer, Watch,

@@ -11,11 +11,11 @@ use tandem_collectives::{Collectives, SharedTransport};
 use tandem_core::{LossScaler, ParamSpan, Precision, Replica, ReplicaError, TrainState};
 use tandem_pool::{Device, DeviceSpec, GpuCount, WorkerPool};
 use tandem_strategy::{
-    AsyncRule, BatchScaling, Batches, Observer, SilentRank, Staleness, StalenessBound, Stall,
-    StepReport, TrainReport, Warmup,
+    AsyncRule, BatchScaling, Batches, Exchange, Observer, SilentRank, Staleness, StalenessBound,
+    Stall, StepReport, TrainReport, Warmup,
 };
 
-use crate::config::{ModelId, RunConfig, MAX_WORKERS, PRECISION};
+use crate::config::{ModelId, RunConfig, EXCHANGE, MAX_WORKERS, PRECISION};
 use crate::error::{Conflict, NotThisRun};
 use crate::{output, Interrupt, Mode, Plan, Progress, RunError};
 use tandem_optim::RecordedOptimizer;
@@ -81,6 +81,8 @@ pub struct Fresh<O> {
     pub params: Vec<f32>,
     /// What the replicas compute in (the parameters of record stay `f32`).
     pub precision: Precision,
+    /// What a synchronous run across processes sends its gradients in.
+    pub exchange: Exchange,
 }
 
 /// A setting given for a resumed run: accepted when it agrees with the run's checkpoint
@@ -296,6 +298,11 @@ pub struct Totals {
     pub failures: Vec<String>,
     /// The loss scaling of this process's replicas, where they scale (`f16`).
     pub loss_scaling: Option<LossScaling>,
+    /// Steps trained.
+    pub steps: u64,
+    /// Across processes: the bytes this rank's collectives sent to the others while training
+    /// ([`tandem_collectives::Collectives::sent_bytes`]).
+    pub sent_bytes: Option<u64>,
 }
 
 /// The loss scaling of a run's replicas (this process's), since they were opened.
@@ -334,6 +341,7 @@ impl LossScaling {
 impl Totals {
     fn add(&mut self, report: &TrainReport) {
         self.examples += report.examples;
+        self.steps += report.steps;
         self.seconds += report.elapsed.as_secs_f64();
         if let Some(Staleness { mean, max, dropped }) = report.staleness {
             self.staleness_sum += mean * report.steps as f64;
@@ -343,6 +351,12 @@ impl Totals {
         }
         self.failures
             .extend(report.failures.iter().map(ToString::to_string));
+    }
+
+    /// Across processes: the bytes this rank sent the others per step trained.
+    pub fn sent_per_step(&self) -> Option<f64> {
+        self.sent_bytes
+            .map(|bytes| bytes as f64 / self.steps.max(1) as f64)
     }
 
     /// Examples per second of training time.
@@ -469,6 +483,7 @@ impl<M: Model, O: RecordedOptimizer> Trainer<M, O> {
                     end_step: 0,
                     save_every: fresh.save_every,
                     precision: fresh.precision,
+                    exchange: fresh.exchange,
                 };
                 config.end_step = end_step(&config, fresh.length, examples)?;
                 let epoch = config.epochs(examples).steps_per_epoch();
@@ -630,6 +645,7 @@ impl<M: Model, O: RecordedOptimizer> Trainer<M, O> {
         };
         while self.state.step < plan.end_step {
             let to = plan.next_stop(self.state.step);
+            let sent_before = self.ranks.as_ref().map(|r| r.sent_bytes());
             let report = advance(
                 self.ranks.as_ref(),
                 &mut self.pool,
@@ -642,6 +658,10 @@ impl<M: Model, O: RecordedOptimizer> Trainer<M, O> {
                 progress.end_segment(&report);
             }
             summary.totals.add(&report);
+            if let (Some(ranks), Some(before)) = (&self.ranks, sent_before) {
+                let sent = ranks.sent_bytes() - before;
+                summary.totals.sent_bytes = Some(summary.totals.sent_bytes.unwrap_or(0) + sent);
+            }
             summary.totals.loss_scaling = LossScaling::over(
                 self.pool
                     .replicas()
@@ -718,6 +738,7 @@ fn resume_from<M: Model, O: RecordedOptimizer>(
     let mut recorded = config.to_metadata(&id);
     // Its precision as given on the command line, `f32` included.
     recorded.insert(PRECISION.to_owned(), config.precision.to_string());
+    recorded.insert(EXCHANGE.to_owned(), config.exchange.to_string());
     recorded.extend(
         config
             .optimizer
@@ -1145,6 +1166,7 @@ mod tests {
             save_every: Some(4),
             params: vec![0.0],
             precision: Precision::F32,
+            exchange: Exchange::F32,
         })
     }
 

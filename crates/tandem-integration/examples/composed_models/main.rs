@@ -97,6 +97,7 @@ fn train<N: Network>(name: &'static str, network: N, run: &Run) -> Result<(), Bo
             save_every: None,
             params,
             precision: Precision::F32,
+            exchange: tandem_train::Exchange::F32,
         };
         let model = Composed {
             name,

@@ -10,8 +10,9 @@ use tandem_core::{Optimizer, ParamSpan, Replica, ReplicaError, TrainState};
 
 use super::{AsyncStore, HostStore, ParamStore, SyncStore, UpdateAt};
 use crate::asynchronous::Schedule;
-use crate::{AsyncRule, Epochs};
+use crate::{AsyncRule, Epochs, Exchange};
 use tandem_collectives::{Channel, Collectives, Ranks};
+use tandem_tensor::{decode_bf16, encode_bf16};
 
 impl<O: Optimizer + ?Sized> HostStore<'_, O> {
     /// The parameters that shards `shards` hold.
@@ -88,15 +89,42 @@ impl<O: Optimizer + ?Sized> HostStore<'_, O> {
 /// Each rank sends `local + 1` times its part of the parameters per step and receives as
 /// much: about `(local + 1) * parameters`, whatever the number of ranks. The optimiser's
 /// state stays with the share's owner until [`save_into`](ParamStore::save_into) gathers it.
+///
+/// With [`Sends`] in `bf16` the gradients travel divided by the run's worker count and rounded
+/// (step 1), and the owner sums them in `f32` in global worker order, which is their mean; the
+/// updated shares travel in `bf16` where the replicas compute in it (step 3), and the owners'
+/// `f32` values are gathered before a save.
 pub(crate) struct RankedSyncStore<'o, 'r, O: Optimizer + ?Sized> {
     host: HostStore<'o, O>,
     ranks: &'r dyn Collectives,
     local: usize,
+    sends: Sends,
     /// Each global worker's share, as parameters.
     shares: Vec<Range<usize>>,
-    /// Per lane: the gradients sent, the gradients received, this rank's updated share, the
-    /// parameters gathered.
-    scratch: Vec<Mutex<[Vec<f32>; 4]>>,
+    /// Per lane: what it exchanges.
+    scratch: Vec<Mutex<Scratch>>,
+}
+
+/// What a synchronous run across ranks sends: its gradients, and its updated parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Sends {
+    /// The gradients' type.
+    pub gradients: Exchange,
+    /// The updated shares' type.
+    pub params: Exchange,
+}
+
+/// One lane's buffers: the gradients sent and received, this rank's updated share, the
+/// parameters gathered; their 16-bit forms; the mean of 16-bit gradients.
+#[derive(Default)]
+struct Scratch {
+    send: Vec<f32>,
+    received: Vec<f32>,
+    own: Vec<f32>,
+    gathered: Vec<f32>,
+    send_half: Vec<u16>,
+    received_half: Vec<u16>,
+    mean: Vec<f32>,
 }
 
 impl<'o, 'r, O: Optimizer + ?Sized> RankedSyncStore<'o, 'r, O> {
@@ -108,6 +136,7 @@ impl<'o, 'r, O: Optimizer + ?Sized> RankedSyncStore<'o, 'r, O> {
         optimizer: &'o O,
         ranks: &'r dyn Collectives,
         local: usize,
+        sends: Sends,
     ) -> Self {
         let host = HostStore::with_shares(state, layout, optimizer, local, ranks.ranks() * local);
         let shares = host.share_params();
@@ -116,6 +145,7 @@ impl<'o, 'r, O: Optimizer + ?Sized> RankedSyncStore<'o, 'r, O> {
             host,
             ranks,
             local,
+            sends,
             shares,
             scratch: (0..local).map(|_| Mutex::new(Default::default())).collect(),
         }
@@ -149,7 +179,21 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for RankedSyncStore<'_, '_
 
     /// Collective: every rank saves at the same step.
     fn save_into(&self, state: &mut TrainState) -> Result<(), ReplicaError> {
-        self.host.gather_state(self.ranks, &self.owned());
+        let owned = self.owned();
+        self.host.gather_state(self.ranks, &owned);
+        if self.sends.params != Exchange::F32 {
+            // The others' shares arrived rounded: their owners' f32 values, for the record.
+            let me = &owned[self.ranks.rank()];
+            let counts: Vec<usize> = owned.iter().map(Range::len).collect();
+            let (mut mine, mut all) = (Vec::new(), vec![0.0; self.host.len]);
+            self.host.copy_params(me, &mut mine);
+            self.ranks.all_gather(0, &mine, &mut all, &counts);
+            for (rank, range) in owned.iter().enumerate() {
+                if rank != self.ranks.rank() {
+                    self.host.set_params(range, &all[range.clone()]);
+                }
+            }
+        }
         ParamStore::<R>::save_into(&self.host, state)
     }
 
@@ -171,12 +215,21 @@ impl<R: Replica, O: Optimizer + ?Sized> SyncStore<R> for RankedSyncStore<'_, '_,
     fn update_share(&self, worker: usize, step: u64, epoch: f64) -> Result<(), ReplicaError> {
         let lane = worker;
         let mut scratch = self.scratch[lane].lock().unwrap_or_else(|p| p.into_inner());
-        let [send, received, own, gathered] = &mut *scratch;
+        let Scratch {
+            send,
+            received,
+            own,
+            gathered,
+            send_half,
+            received_half,
+            mean,
+        } = &mut *scratch;
         let mine = self.shares[self.ranks.rank() * self.local + lane].clone();
+        let ranks = self.ranks.ranks();
 
         // 1. Every local worker's gradients of each rank's share on this lane, to that rank.
         send.clear();
-        let mut send_counts = Vec::with_capacity(self.ranks.ranks());
+        let mut send_counts = Vec::with_capacity(ranks);
         {
             let grads: Vec<_> = self
                 .host
@@ -191,14 +244,45 @@ impl<R: Replica, O: Optimizer + ?Sized> SyncStore<R> for RankedSyncStore<'_, '_,
                 send_counts.push(self.local * share.len());
             }
         }
-        let recv_counts = vec![self.local * mine.len(); self.ranks.ranks()];
+        let recv_counts = vec![self.local * mine.len(); ranks];
         received.resize(recv_counts.iter().sum(), 0.0);
-        self.ranks
-            .all_to_all(lane, send, &send_counts, received, &recv_counts);
+        match self.sends.gradients {
+            Exchange::F32 => {
+                self.ranks
+                    .all_to_all(lane, send, &send_counts, received, &recv_counts);
+            }
+            Exchange::Bf16 => {
+                // Divided before the rounding (PyTorch DDP's compression hooks do the same),
+                // so that their sum on arrival is the mean.
+                let workers = (ranks * self.local) as f32;
+                send.iter_mut().for_each(|g| *g /= workers);
+                encode_bf16(send, send_half);
+                received_half.resize(received.len(), 0);
+                self.ranks.all_to_all_half(
+                    lane,
+                    send_half,
+                    &send_counts,
+                    received_half,
+                    &recv_counts,
+                );
+                decode_bf16(received_half, received);
+            }
+        }
 
         // 2. The update of this worker's share, the gradients in global worker order.
         if !mine.is_empty() {
-            let parts: Vec<&[f32]> = received.chunks(mine.len()).collect();
+            let parts: Vec<&[f32]> = match self.sends.gradients {
+                Exchange::F32 => received.chunks(mine.len()).collect(),
+                Exchange::Bf16 => {
+                    // Their f32 sum in worker order: the mean, one part to average.
+                    mean.clear();
+                    mean.resize(mine.len(), 0.0);
+                    for part in received.chunks(mine.len()) {
+                        mean.iter_mut().zip(part).for_each(|(m, g)| *m += g);
+                    }
+                    vec![&mean[..]]
+                }
+            };
             for index in self.host.shares[self.ranks.rank() * self.local + lane].clone() {
                 self.host.shards.write(index).update(
                     self.host.optimizer,
@@ -213,7 +297,16 @@ impl<R: Replica, O: Optimizer + ?Sized> SyncStore<R> for RankedSyncStore<'_, '_,
         let counts: Vec<usize> = self.lane_shares(lane).map(Range::len).collect();
         self.host.copy_params(&mine, own);
         gathered.resize(counts.iter().sum(), 0.0);
-        self.ranks.all_gather(lane, own, gathered, &counts);
+        match self.sends.params {
+            Exchange::F32 => self.ranks.all_gather(lane, own, gathered, &counts),
+            Exchange::Bf16 => {
+                encode_bf16(own, send_half);
+                received_half.resize(gathered.len(), 0);
+                self.ranks
+                    .all_gather_half(lane, send_half, received_half, &counts);
+                decode_bf16(received_half, gathered);
+            }
+        }
         let mut at = 0;
         for (rank, share) in self.lane_shares(lane).enumerate() {
             if rank != self.ranks.rank() {

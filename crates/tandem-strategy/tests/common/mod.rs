@@ -77,6 +77,8 @@ pub struct TestReplica<M> {
     pub exchanges: bool,
     /// How many times its parameters were set (copied into it).
     pub loads: u64,
+    /// The type it computes in: `set_params` rounds the parameters to it.
+    pub dtype: tandem_core::DType,
     /// Its parameters and gradients in a fake device's memory, where a store may keep the
     /// parameters of record beside them ([`Replica::residence`]); `None`: host memory only.
     pub device: Option<fake_device::Resident>,
@@ -113,6 +115,7 @@ impl<M: Model> Replica for TestReplica<M> {
     fn set_params(&mut self, fill: &mut dyn FnMut(&mut [f32])) -> Result<(), ReplicaError> {
         self.loads += 1;
         fill(&mut self.params);
+        tandem_tensor::round_to(self.dtype, &mut self.params);
         if let Some(device) = &self.device {
             device.write_params(&self.params);
         }
@@ -155,6 +158,9 @@ impl<M: Model> Replica for TestReplica<M> {
     fn training_examples(&self) -> usize {
         self.examples
     }
+    fn dtype(&self) -> tandem_core::DType {
+        self.dtype
+    }
 }
 
 /// A pool of `workers` CPU replicas with parameters of `layout` and `examples` training
@@ -190,6 +196,7 @@ pub fn pool_on<M: Model>(
             borrows: false,
             exchanges: false,
             loads: 0,
+            dtype: tandem_core::DType::F32,
             device: None,
             model: model(worker),
         })
@@ -331,6 +338,7 @@ pub const PLAIN_ASYNC: tandem_strategy::Strategy = tandem_strategy::Strategy {
     warmup: tandem_strategy::Warmup::Epochs(0),
     bound: tandem_strategy::StalenessBound::Unbounded,
     batch_scaling: tandem_strategy::BatchScaling::Auto,
+    exchange: tandem_strategy::Exchange::F32,
 };
 
 /// [`tandem_strategy::train`] in async mode with the [`PLAIN_ASYNC`] rule, as a function the

@@ -1,0 +1,70 @@
+//! What a synchronous run across ranks sends between them ([`Exchange`]).
+
+use std::fmt;
+use std::str::FromStr;
+
+/// The type a synchronous run across ranks exchanges its gradients in.
+///
+/// `Bf16` divides each worker's gradients by the number of workers, rounds them to `bf16` and
+/// sends those (half the bytes of `f32`); the owner of a share sums what arrives in `f32`, in
+/// worker order as always, so a run stays bitwise reproducible for a seed and worker count.
+/// The updated shares travel back in `bf16` too where the replicas compute in `bf16` (they
+/// round the parameters to it anyway, so nothing they see changes), in `f32` otherwise; the
+/// owner keeps its share's `f32` master values, gathered whole before a checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Exchange {
+    /// `f32`, as computed.
+    #[default]
+    F32,
+    /// `bf16`, divided by the worker count first.
+    Bf16,
+}
+
+impl Exchange {
+    /// Its name on the command line and in checkpoints.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Exchange::F32 => "f32",
+            Exchange::Bf16 => "bf16",
+        }
+    }
+}
+
+impl fmt::Display for Exchange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A name that is no [`Exchange`]'s.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown exchange type {0:?}: expected f32 or bf16")]
+pub struct UnknownExchange(pub String);
+
+impl FromStr for Exchange {
+    type Err = UnknownExchange;
+
+    fn from_str(name: &str) -> Result<Self, UnknownExchange> {
+        [Exchange::F32, Exchange::Bf16]
+            .into_iter()
+            .find(|e| e.name() == name)
+            .ok_or_else(|| UnknownExchange(name.to_owned()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_others_are_refused() {
+        for exchange in [Exchange::F32, Exchange::Bf16] {
+            assert_eq!(exchange.to_string().parse(), Ok(exchange));
+        }
+        assert_eq!(
+            "fp16".parse::<Exchange>(),
+            Err(UnknownExchange("fp16".into()))
+        );
+        assert_eq!(Exchange::default(), Exchange::F32);
+    }
+}
