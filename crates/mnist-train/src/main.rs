@@ -6,6 +6,7 @@ mod cli;
 mod compare;
 mod data;
 mod eval;
+mod export;
 mod model;
 mod predict;
 mod train;
@@ -22,6 +23,7 @@ fn main() {
         Command::Eval(_) => "eval",
         Command::Predict(_) => "predict",
         Command::Compare(_) => "compare",
+        Command::Export(_) => "export",
     });
     let result = Launch::init(one_process)
         .map_err(anyhow::Error::from)
@@ -39,6 +41,7 @@ fn main() {
             Some(Command::Eval(args)) => eval::run(&args),
             Some(Command::Predict(args)) => predict::run(&args),
             Some(Command::Compare(args)) => compare::run(&args),
+            Some(Command::Export(args)) => export::run(&args),
         });
     if let Err(e) = &result {
         output::warn(format!("Error: {}", describe(e.as_ref())));

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, bail, Result};
 use rand::SeedableRng;
 use tandem_checkpoint::{self as checkpoint, Checkpoint};
 use tandem_core::Optimizer;
@@ -170,6 +170,62 @@ pub fn load_checkpoint(path: &Path) -> Result<(PathBuf, Checkpoint, RunConfig<Ch
             )
         })?;
     Ok((file, checkpoint, config, mlp))
+}
+
+/// What `eval` and `predict` read: a checkpoint, or parameters exported from one.
+pub enum Inference {
+    /// A checkpoint: its file, state, configuration and network.
+    Checkpoint(PathBuf, Box<Checkpoint>, Box<RunConfig<Chosen>>, Mlp),
+    /// An export (`mnist-train export`): its file, parameters and network.
+    Export(PathBuf, checkpoint::Export, Mlp),
+}
+
+impl Inference {
+    /// Loads `path`: an export where the file says it is one, else a checkpoint file or
+    /// directory ([`load_checkpoint`]). Either is checked whole; errors name the file.
+    pub fn load(path: &Path) -> Result<Self> {
+        let export = path.is_file()
+            && checkpoint::is_export(path).map_err(|e| anyhow!("cannot load: {e}"))?;
+        if !export {
+            let (file, saved, config, mlp) = load_checkpoint(path)?;
+            return Ok(Inference::Checkpoint(
+                file,
+                Box::new(saved),
+                Box::new(config),
+                mlp,
+            ));
+        }
+        let mlp = model_of(path)?;
+        let export = checkpoint::load_export(path, &mlp.layout())
+            .map_err(|e| anyhow!("cannot load the export: {e}"))?;
+        let format = export.metadata.get("format").map(String::as_str);
+        if format != Some(FORMAT) {
+            bail!(
+                "{}: not an export of this binary's networks: its format is {format:?}, not \
+                 {FORMAT:?}",
+                path.display()
+            );
+        }
+        Ok(Inference::Export(path.to_owned(), export, mlp))
+    }
+
+    /// The network.
+    pub fn mlp(&self) -> &Mlp {
+        match self {
+            Inference::Checkpoint(.., mlp) | Inference::Export(.., mlp) => mlp,
+        }
+    }
+
+    /// The parameters to classify with: a checkpoint's evaluated ones (its moving average),
+    /// an export's.
+    pub fn params(&self) -> Result<&[f32]> {
+        match self {
+            Inference::Checkpoint(_, saved, config, _) => {
+                evaluated(&saved.state, &config.optimizer)
+            }
+            Inference::Export(_, export, _) => Ok(&export.params),
+        }
+    }
 }
 
 /// What evaluation and prediction use of a state of `optimizer`: the values it names for it

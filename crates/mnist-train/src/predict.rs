@@ -13,18 +13,18 @@ use tandem_model::{Mlp, Network};
 use tandem_train::{out, output};
 
 use crate::cli::PredictArgs;
-use crate::model::{evaluated, load_checkpoint};
+use crate::model::Inference;
 
 /// `mnist-train predict`: prints `PATH: DIGIT (p = PROBABILITY)` for each image, or
 /// `PATH: no digit found` for a blank one.
 pub fn run(args: &PredictArgs) -> Result<()> {
-    let (_, saved, config, mlp) = load_checkpoint(&args.checkpoint)?;
-    let params = evaluated(&saved.state, &config.optimizer)?;
+    let loaded = Inference::load(&args.checkpoint)?;
+    let (mlp, params) = (loaded.mlp(), loaded.params()?);
     // Every image gets its line or its error: one unreadable file should not hide the answers
     // for the others, but it must still fail the command.
     let mut failures = Vec::new();
     for path in &args.images {
-        let answer = match classify(&mlp, params, path) {
+        let answer = match classify(mlp, params, path) {
             Ok(Some((digit, p))) => format!("{digit} (p = {p:.3})"),
             Ok(None) => "no digit found".to_owned(),
             Err(e) => {

@@ -273,6 +273,94 @@ fn eval_and_predict_use_a_trained_checkpoint() {
     assert!(stdout(&output).contains(&digits[0].0.display().to_string()));
 }
 
+/// `export` writes the averaged parameters in 16 bits; `eval` and `predict` take the file and
+/// agree with the checkpoint to within what the rounding changes; what cannot be exported is
+/// refused, and a damaged export is an error naming it.
+#[test]
+fn an_export_in_sixteen_bits_evaluates_and_predicts_as_its_checkpoint() {
+    let tmp = tempfile::tempdir().expect("a temporary directory");
+    let checkpoints = tmp.path().join("checkpoints");
+    let quick = ["--steps", "300", "--log-every", "0", "--devices", "cpu:2"];
+    succeed(&[&quick[..], &["--checkpoint-dir", arg(&checkpoints)]].concat());
+    let evaluated = succeed(&["eval", "--checkpoint", arg(&checkpoints)]);
+    let number = |text: &str, prefix: &str| -> f64 {
+        line_starting(text, prefix)[prefix.len()..]
+            .split_whitespace()
+            .next()
+            .and_then(|n| n.trim_end_matches(',').parse().ok())
+            .unwrap_or_else(|| panic!("no number after {prefix:?} in {text}"))
+    };
+    let f32_accuracy = number(&evaluated, "test accuracy:");
+    let digits = write_digits(tmp.path());
+    let images: Vec<&str> = digits.iter().map(|(p, ..)| arg(p)).collect();
+    let predict = |model: &Path| {
+        let out = succeed(&[&["predict", "--checkpoint", arg(model)][..], &images].concat());
+        // The digits alone: the probabilities may move in the last places.
+        out.lines()
+            .map(|l| l.split(" (p").next().unwrap_or(l).to_owned())
+            .collect::<Vec<_>>()
+    };
+    let f32_digits = predict(&checkpoints);
+    for dtype in ["bf16", "f16"] {
+        let file = tmp.path().join(format!("mnist-{dtype}.safetensors"));
+        let said = succeed(&["export", "--dtype", dtype, arg(&checkpoints), arg(&file)]);
+        assert!(said.contains(&format!("as {dtype} to")), "{said}");
+        // Two bytes a parameter, and a header.
+        let size = std::fs::metadata(&file).expect("the export").len();
+        let params = 784 * 500 + 500 + 500 * 10 + 10;
+        assert!((2 * params..2 * params + 1024).contains(&size), "{size}");
+        let exported = succeed(&["eval", "--checkpoint", arg(&file)]);
+        assert!(
+            exported.contains(&format!("averaged parameters in {dtype}")),
+            "{exported}"
+        );
+        let accuracy = number(&exported, "test accuracy:");
+        // Rounding the weights moves a handful of the 10,000 test answers at most.
+        assert!(
+            (accuracy - f32_accuracy).abs() <= 0.002,
+            "{dtype}: {accuracy} vs {f32_accuracy}"
+        );
+        let total = |text: &str| text.lines().filter(|l| l.contains(" | ")).count();
+        assert_eq!(total(&exported), total(&evaluated), "{exported}");
+        let agree = (predict(&file).iter().zip(&f32_digits))
+            .filter(|(a, b)| a == b)
+            .count();
+        assert!(
+            agree + 1 >= f32_digits.len(),
+            "{dtype}: {agree} of {}",
+            f32_digits.len()
+        );
+        // A damaged export names its file.
+        let bytes = std::fs::read(&file).expect("the export");
+        let damaged = tmp.path().join(format!("damaged-{dtype}.safetensors"));
+        std::fs::write(&damaged, &bytes[..bytes.len() - 3]).expect("write");
+        let output = mnist_train(&["eval", "--checkpoint", arg(&damaged)]);
+        assert!(!output.status.success());
+        let message = stderr(&output);
+        assert!(
+            message.contains(&damaged.display().to_string()),
+            "{message}"
+        );
+        assert!(!message.contains("panicked"), "{message}");
+    }
+    for (args, says) in [
+        (vec!["--dtype", "f32"], "an export is 16-bit"),
+        (vec!["--dtype", "fp8"], "expected one of"),
+    ] {
+        let out = mnist_train(&[&["export"][..], &args, &[arg(&checkpoints), "x"]].concat());
+        assert!(
+            !out.status.success() && stderr(&out).contains(says),
+            "{args:?}"
+        );
+    }
+    let onto_itself = mnist_train(&["export", arg(&checkpoints), arg(&checkpoints)]);
+    assert!(
+        stderr(&onto_itself).contains("is a directory"),
+        "{}",
+        stderr(&onto_itself)
+    );
+}
+
 #[test]
 fn compare_writes_a_report() {
     let tmp = tempfile::tempdir().expect("a temporary directory");

@@ -25,6 +25,9 @@ use std::time::{Duration, Instant};
 use safetensors::tensor::{Dtype, Metadata, SafeTensors, TensorView};
 use tandem_core::{ParamSpan, Slot, TrainState};
 
+mod export;
+pub use export::{export, export_bytes, is_export, load_export, Export};
+
 /// File names are `step-<decimal step>.safetensors`, zero-padded to 10 digits when written.
 const PREFIX: &str = "step-";
 const SUFFIX: &str = ".safetensors";
@@ -151,10 +154,8 @@ fn parse_step(digits: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
-/// Serialises `state` with `layout`'s names and shapes, and `metadata`.
-///
-/// The bytes depend only on the arguments: safetensors keeps metadata in a `HashMap`, whose
-/// order changes from map to map, so the header is written again from sorted maps.
+/// Serialises `state` with `layout`'s names and shapes, and `metadata`. The bytes depend only
+/// on the arguments.
 pub fn to_bytes(
     state: &TrainState,
     layout: &[ParamSpan],
@@ -170,33 +171,20 @@ pub fn to_bytes(
             ));
         }
     }
-    let mut bytes = Vec::new();
+    let mut tensors = Vec::new();
     let mut offset = 0;
     for span in layout {
         let range = offset..offset + span.len();
         for (prefix, values) in tensors_of(state) {
-            bytes.push((
+            tensors.push((
                 format!("{prefix}/{}", span.name),
+                Dtype::F32,
                 span.shape.clone(),
                 le_bytes(&values[range.clone()]),
             ));
         }
         offset += span.len();
     }
-    let views = bytes
-        .iter()
-        .map(|(name, shape, data)| {
-            Ok((
-                name.as_str(),
-                TensorView::new(Dtype::F32, shape.clone(), data)?,
-            ))
-        })
-        .collect::<Result<Vec<_>, safetensors::SafeTensorError>>()?;
-    // safetensors lays out the data (sorted by dtype, then name) and the tensor entries; without
-    // metadata its output is already deterministic.
-    let plain = safetensors::serialize(views, None)?;
-    let (n, header) = SafeTensors::read_metadata(&plain)?;
-    let data = &plain[N_LEN as usize + n..];
     let step = state.step.to_string();
     let slots = slot_names(state).join(",");
     let mut info: BTreeMap<&str, &str> = metadata
@@ -205,9 +193,30 @@ pub fn to_bytes(
         .collect();
     info.insert(STEP, &step);
     info.insert(SLOTS, &slots);
+    serialize_sorted(&tensors, &info)
+}
+
+/// safetensors' bytes of `tensors` (name, type, shape, little-endian data) with `metadata`,
+/// deterministically: safetensors keeps metadata in a `HashMap`, whose order changes from map
+/// to map, so the header is written again from sorted maps.
+fn serialize_sorted(
+    tensors: &[(String, Dtype, Vec<usize>, Vec<u8>)],
+    metadata: &BTreeMap<&str, &str>,
+) -> Result<Vec<u8>, safetensors::SafeTensorError> {
+    let views = tensors
+        .iter()
+        .map(|(name, dtype, shape, data)| {
+            Ok((name.as_str(), TensorView::new(*dtype, shape.clone(), data)?))
+        })
+        .collect::<Result<Vec<_>, safetensors::SafeTensorError>>()?;
+    // safetensors lays out the data (sorted by dtype, then name) and the tensor entries; without
+    // metadata its output is already deterministic.
+    let plain = safetensors::serialize(views, None)?;
+    let (n, header) = SafeTensors::read_metadata(&plain)?;
+    let data = &plain[N_LEN as usize + n..];
     // BTreeMaps serialise in key order whatever serde_json's features are.
     let mut json = BTreeMap::new();
-    json.insert("__metadata__".to_string(), serde_json::to_value(info)?);
+    json.insert("__metadata__".to_string(), serde_json::to_value(metadata)?);
     for (name, tensor) in header.tensors() {
         json.insert(name, serde_json::to_value(tensor)?);
     }
@@ -307,6 +316,29 @@ fn read_all(
 /// Reads and checks the header of the open `file` of `len` bytes, leaving it positioned at the
 /// data.
 fn read_header_of(file: &mut impl Read, len: u64, path: &Path) -> Result<Header, CheckpointError> {
+    let (tensors, mut metadata) = read_safetensors_header(file, len, path)?;
+    let step = metadata
+        .remove(STEP)
+        .ok_or_else(|| corrupt(path, "no step in its metadata"))?;
+    let step = parse_step(&step)
+        .ok_or_else(|| corrupt(path, format!("its step {step:?} is not a u64")))?;
+    let slots = take_slots(&mut metadata, path)?;
+    Ok(Header {
+        step,
+        slots,
+        metadata,
+        tensors,
+    })
+}
+
+/// Reads and checks the safetensors header of the open `file` of `len` bytes (its length
+/// within safetensors' limit, the data it describes exactly the rest of the file), leaving it
+/// positioned at the data: the tensors' entries and the metadata.
+fn read_safetensors_header(
+    file: &mut impl Read,
+    len: u64,
+    path: &Path,
+) -> Result<(Metadata, BTreeMap<String, String>), CheckpointError> {
     if len < N_LEN {
         return Err(corrupt(
             path,
@@ -343,24 +375,13 @@ fn read_header_of(file: &mut impl Read, len: u64, path: &Path) -> Result<Header,
             ),
         ));
     }
-    let mut metadata: BTreeMap<String, String> = tensors
+    let metadata: BTreeMap<String, String> = tensors
         .metadata()
         .clone()
         .unwrap_or_default()
         .into_iter()
         .collect();
-    let step = metadata
-        .remove(STEP)
-        .ok_or_else(|| corrupt(path, "no step in its metadata"))?;
-    let step = parse_step(&step)
-        .ok_or_else(|| corrupt(path, format!("its step {step:?} is not a u64")))?;
-    let slots = take_slots(&mut metadata, path)?;
-    Ok(Header {
-        step,
-        slots,
-        metadata,
-        tensors,
-    })
+    Ok((tensors, metadata))
 }
 
 /// Reads only the header of the checkpoint at `path` and checks it and the file's size: its
