@@ -102,6 +102,88 @@ fn two_ranks_of_two_workers_train_bitwise_as_one_process_of_four_every_time() {
     assert!(one == first, "2 x 2 differs from 1 x 4");
 }
 
+/// `--exchange bf16` under `mpirun`: a bf16 run's exchange (gradients and parameters) is half
+/// an f32 one's in bytes, as the summary measures them; the checkpoint resumes in it; it learns
+/// as the f32 exchange does; and it stays bitwise reproducible. In one process it is refused.
+#[test]
+fn a_bf16_exchange_halves_the_bytes_between_two_ranks_and_trains() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bytes_and_accuracy = |out: &str| -> (f64, f64) {
+        let sent = line_starting(out, "exchanged:")["exchanged:".len()..]
+            .split_whitespace()
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no bytes in:\n{out}"));
+        let accuracy = line_starting(out, "test accuracy:")["test accuracy:".len()..]
+            .split_whitespace()
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no accuracy in:\n{out}"));
+        (sent, accuracy)
+    };
+    let quick = [
+        "--sync",
+        "--devices",
+        "cpu:1",
+        "--steps",
+        "300",
+        "--log-every",
+        "0",
+    ];
+    let plain = succeed_on(2, &quick);
+    let (f32_bytes, f32_accuracy) = bytes_and_accuracy(&plain);
+    let runs: Vec<(String, Vec<u8>)> = (0..2)
+        .map(|i| {
+            let dir = tmp.path().join(format!("bf16-{i}"));
+            let narrow = [
+                "--precision",
+                "bf16",
+                "--exchange",
+                "bf16",
+                "--checkpoint-dir",
+                arg(&dir),
+            ];
+            let out = succeed_on(2, &[&quick[..], &narrow].concat());
+            (out, checkpoint_in(&dir))
+        })
+        .collect();
+    let (bf16_bytes, bf16_accuracy) = bytes_and_accuracy(&runs[0].0);
+    let ratio = bf16_bytes / f32_bytes;
+    eprintln!("bytes per step: f32 {f32_bytes}, bf16 {bf16_bytes} ({ratio:.3}); accuracy {f32_accuracy} vs {bf16_accuracy}");
+    // Half, but for the per-step loss and stop sums and the one f32 gather before the save.
+    assert!((0.5..0.51).contains(&ratio), "{ratio}");
+    assert!(bf16_accuracy > 0.9 && (bf16_accuracy - f32_accuracy).abs() < 0.01);
+    assert!(runs[0].1 == runs[1].1, "two bf16-exchange runs differ");
+    let dir = tmp.path().join("bf16-0");
+    let newest = dir.join("step-0000000300.safetensors");
+    let (_, metadata) = checkpoint::read_header(&newest).unwrap();
+    assert_eq!(metadata["exchange"], "bf16");
+    let resumed = succeed_on(
+        2,
+        &[
+            "--resume",
+            arg(&dir),
+            "--steps",
+            "320",
+            "--log-every",
+            "0",
+            "--devices",
+            "cpu:1",
+        ],
+    );
+    assert!(
+        line_starting(&resumed, "exchanged:").contains("bf16"),
+        "{resumed}"
+    );
+    let alone = common::mnist_train(&["--devices", "cpu:1", "--steps", "2", "--exchange", "bf16"]);
+    assert!(!alone.status.success());
+    assert!(
+        stderr(&alone).contains("this run is one process"),
+        "{}",
+        stderr(&alone)
+    );
+}
+
 /// The logged figures of a run: its progress lines' steps and losses, and its metrics
 /// records without their timings (which differ from run to run).
 fn logged(stdout: &str, metrics: &Path) -> (Vec<String>, Vec<String>) {

@@ -13,7 +13,7 @@ use safetensors::tensor::Dtype;
 use tandem_core::{DType, ParamSpan};
 
 use crate::{
-    corrupt, io, layout_len, mismatch, parse_step, read_all, read_safetensors_header,
+    corrupt, io, layout_len, mismatch, parse_step, read_data, read_safetensors_header,
     serialize_sorted, write_atomically, CheckpointError, STEP,
 };
 
@@ -185,18 +185,7 @@ pub fn load_export(path: &Path, layout: &[ParamSpan]) -> Result<Export, Checkpoi
         }
         ranges.push((span.name.as_str(), info.data_offsets));
     }
-    let needed = 2 * layout_len(layout);
-    if tensors.data_len() != needed {
-        return Err(mismatch(
-            path,
-            format!(
-                "its data is {} bytes, the model needs {needed}",
-                tensors.data_len()
-            ),
-        ));
-    }
-    let mut data = vec![0; needed];
-    read_all(&mut file, &mut data, path, "tensors")?;
+    let data = read_data(&mut file, &tensors, 2 * layout_len(layout), path)?;
     let mut params = Vec::with_capacity(layout_len(layout));
     for (name, (start, end)) in ranges {
         let bytes = data

@@ -313,6 +313,29 @@ fn read_all(
     })
 }
 
+/// Reads the tensors' data that follows a checked header: `needed` bytes, which the header's
+/// entries must describe exactly (this follows from the checks of each tensor against the
+/// model; said outright because it bounds the read).
+fn read_data(
+    file: &mut impl Read,
+    tensors: &Metadata,
+    needed: usize,
+    path: &Path,
+) -> Result<Vec<u8>, CheckpointError> {
+    if tensors.data_len() != needed {
+        return Err(mismatch(
+            path,
+            format!(
+                "its data is {} bytes, the model needs {needed}",
+                tensors.data_len()
+            ),
+        ));
+    }
+    let mut data = vec![0; needed];
+    read_all(file, &mut data, path, "tensors")?;
+    Ok(data)
+}
+
 /// Reads and checks the header of the open `file` of `len` bytes, leaving it positioned at the
 /// data.
 fn read_header_of(file: &mut impl Read, len: u64, path: &Path) -> Result<Header, CheckpointError> {
@@ -452,19 +475,7 @@ fn decode(
             ranges.push((which, name, info.data_offsets));
         }
     }
-    // Follows from the checks above; said outright because it bounds the read below.
-    let needed = per_span * 4 * layout_len(layout);
-    if tensors.data_len() != needed {
-        return Err(mismatch(
-            path,
-            format!(
-                "its data is {} bytes, the model needs {needed}",
-                tensors.data_len()
-            ),
-        ));
-    }
-    let mut data = vec![0; needed];
-    read_all(file, &mut data, path, "tensors")?;
+    let data = read_data(file, tensors, per_span * 4 * layout_len(layout), path)?;
     let total = layout_len(layout);
     let mut values_of: Vec<Vec<f32>> = vec![Vec::with_capacity(total); per_span];
     for (which, name, (start, end)) in ranges {
