@@ -142,6 +142,8 @@ fn a_bf16_exchange_halves_the_bytes_between_two_ranks_and_trains() {
                 "bf16",
                 "--checkpoint-dir",
                 arg(&dir),
+                "--keep",
+                "1",
             ];
             let out = succeed_on(2, &[&quick[..], &narrow].concat());
             (out, checkpoint_in(&dir))
