@@ -66,7 +66,10 @@ for source in "${sources[@]}"; do
     name="$(basename "$source" .cu)"
     if [[ $check == 1 ]]; then out="$scratch/$name.ptx"; else out="$here/$name.ptx"; fi
     # The xtask's flags: no -lineinfo / -G (they embed paths), no fast math, warnings are errors.
-    "$nvcc" -ptx -arch=compute_75 -std=c++17 -Werror all-warnings "${include[@]}" -o "$out" "$source"
+    # compute_75 unless the source asks for another (`// nvcc-arch: compute_90` on its first
+    # line: instructions older targets do not have, such as bf16 arithmetic).
+    arch="$(sed -n '1s|^// nvcc-arch: \(compute_[0-9]*\)$|\1|p' "$source")"
+    "$nvcc" -ptx -arch="${arch:-compute_75}" -std=c++17 -Werror all-warnings "${include[@]}" -o "$out" "$source"
     "$ptxas" -arch=sm_90 --warning-as-error -o "$scratch/$name.cubin" "$out"
     if [[ $check == 1 ]] && ! cmp -s "$out" "$here/$name.ptx"; then
         stale+=("$name.ptx")
@@ -82,4 +85,4 @@ if [[ ${#stale[@]} -gt 0 ]]; then
     echo "stale PTX in kernels/conformance: ${stale[*]}; run kernels/conformance/build.sh and commit" >&2
     exit 1
 fi
-echo "$([[ $check == 1 ]] && echo checked || echo built) ${#sources[@]} conformance kernel files (compute_75 PTX, ptxas-validated for sm_90, nvcc $release)" >&2
+echo "$([[ $check == 1 ]] && echo checked || echo built) ${#sources[@]} conformance kernel files (compute_75 PTX unless a file names another, ptxas-validated for sm_90, nvcc $release)" >&2

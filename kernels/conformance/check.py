@@ -861,6 +861,172 @@ def conversions(s, rng, report):
             report(f"{name} (exact)", compare_exact(gf[row], want.astype(np.float32)))
 
 
+# The 16-bit formats: stored significand bits and the largest exponent (also the bias).
+HALF_FORMATS = {"f16": (10, 15), "bf16": (7, 127)}
+HALF_NAN = 0x7FFF
+
+
+def _half_round(value, fmt, mode):
+    """The bits of `value` (a float, or a Fraction with `negative` zero sign given by a float
+    0.0 or -0.0) rounded to `fmt` in `mode` ('rn', 'rz', 'rd', 'ru'), by exact rational
+    arithmetic: IEEE 754's one rounding, written here independently of the stand-in."""
+    man, emax = HALF_FORMATS[fmt]
+    inf = (2 * emax + 1) << man
+    if isinstance(value, float):
+        if value != value:
+            return HALF_NAN
+        negative = np.signbit(value)
+        if value in (float("inf"), float("-inf")):
+            return (0x8000 if negative else 0) | inf
+        q = Fraction(value)
+    else:
+        q, negative = value
+    sign = 0x8000 if negative else 0
+    a = abs(q)
+    if a == 0:
+        return sign
+    e = a.numerator.bit_length() - a.denominator.bit_length()
+    if Fraction(2) ** e > a:
+        e -= 1
+    qexp = max(e, 1 - emax) - man
+    scaled = a / Fraction(2) ** qexp
+    n = scaled.numerator // scaled.denominator
+    frac = scaled - n
+    away = (mode == "ru" and not negative) or (mode == "rd" and negative)
+    if mode == "rn":
+        up = frac > Fraction(1, 2) or (frac == Fraction(1, 2) and n % 2 == 1)
+    else:
+        up = away and frac > 0
+    m = n + int(up)
+    if m == 2 ** (man + 1):
+        m, qexp = m // 2, qexp + 1
+    if m < 2 ** man:
+        return sign | m
+    exponent = qexp + man
+    if exponent > emax:
+        return sign | (inf if mode == "rn" or away else inf - 1)
+    return sign | ((exponent + emax) << man) | (m - 2 ** man)
+
+
+def _half_value(bits, fmt):
+    """The value of 16-bit `bits` as a Python float (exact)."""
+    if fmt == "bf16":
+        return float(np.array([bits << 16], dtype=np.uint32).view(np.float32)[0])
+    return float(np.array([bits], dtype=np.uint16).view(np.float16)[0])
+
+
+def _half_arith(op, fmt, a_bits, b_bits, c_bits=0):
+    """`a op b` (or fma a * b + c) of 16-bit values, exact, rounded once to nearest even; NaN
+    for invalid operations, and IEEE's signs of zero."""
+    a, b, c = (_half_value(v, fmt) for v in (a_bits, b_bits, c_bits))
+    with np.errstate(invalid="ignore", over="ignore"):
+        if op == "add":
+            inexact = a + b
+        elif op == "mul":
+            inexact = a * b
+        else:
+            inexact = a * b + c
+    if inexact != inexact or inexact in (float("inf"), float("-inf")) or \
+            any(v in (float("inf"), float("-inf")) for v in (a, b, c)):
+        # Infinities and NaN: f64 gets these right (no rounding is involved).
+        return _half_round(inexact, fmt, "rn")
+    if op == "add":
+        exact, zero = Fraction(a) + Fraction(b), a + b
+    elif op == "mul":
+        exact, zero = Fraction(a) * Fraction(b), a * b
+    else:
+        exact, zero = Fraction(a) * Fraction(b) + Fraction(c), (a * b) + c
+    # An exact zero takes f64's sign (the same IEEE rule: + unless both addends are -0).
+    negative = exact < 0 or (exact == 0 and np.signbit(zero))
+    return _half_round((exact, negative), fmt, "rn")
+
+
+def _bf16_rn_by_bits(x):
+    """bf16 rounding to nearest even by bit manipulation of the f32 pattern (NaN left NaN)."""
+    u = x.view(np.uint32).astype(np.uint64)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(x), HALF_NAN, rounded).astype(np.uint16)
+
+
+def _lanes(packed):
+    return packed & 0xFFFF, packed >> 16
+
+
+@check
+def half_ops(s, rng, report):
+    """16-bit floats on sm_90 PTX: conversions in every rounding mode and packed add, mul, fma
+    on f16x2 and bf16x2, exact (bit for bit) against rational arithmetic rounded once; the
+    round-to-nearest conversions also against NumPy's float16 and bf16 by bit manipulation.
+    NaN results are compared as NaN, not by payload (PTX returns the canonical 0x7fff)."""
+    fn = s.function("half_ops", "half_ops")
+    specials = [1.0 + 2.0 ** -11, 1.0 + 3 * 2.0 ** -11, 1.0 + 2.0 ** -8, 1.0 + 3 * 2.0 ** -8,
+                65504.0, 65520.0, 65519.996, 70000.0, -65520.0, 2.0 ** -24, 2.0 ** -25,
+                3 * 2.0 ** -26, 1e-8, -3e-5, 6.1e-5, 1e-40, -1e-45, 3.0e38, 3.4028235e38,
+                -3.4028235e38, np.inf, -np.inf, np.nan, 0.0, -0.0, 2.0 ** -133, 2.0 ** -134,
+                1.5 * 2.0 ** -133, 0.1, -0.1, 1e4, -7.0]
+    n = 4096
+    def spread(count):
+        mags = 2.0 ** rng.uniform(-30, 30, count)
+        return (rng.standard_normal(count) * mags).astype(np.float32)
+    x, y, z = spread(n), spread(n), spread(n)
+    # Values a few ulps of f16 apart, where sums and products tie or overflow.
+    near = (rng.integers(-2048, 2048, 1024) * 2.0 ** -10).astype(np.float32)
+    x[n // 2: n // 2 + 1024], z[n // 2: n // 2 + 1024] = near, near[::-1]
+    x[: len(specials)] = np.array(specials, dtype=np.float32)
+    y[len(specials): 2 * len(specials)] = np.array(specials, dtype=np.float32)
+    bufs = [s.to_device(x), s.to_device(y), s.to_device(z)]
+    dbits, dwide, dpacked = s.zeros(8 * n, np.uint16), s.zeros(2 * n, np.float32), \
+        s.zeros(10 * n, np.uint32)
+    s.launch(fn, (8,), (128,), bufs + [dbits, dwide, dpacked, c_int(n)])
+    gb = s.from_device(dbits, np.uint16).reshape(8, n)
+    gw = s.from_device(dwide, np.float32).reshape(2, n)
+    gp = s.from_device(dpacked, np.uint32).reshape(10, n)
+
+    def same_bits(got, want, fmt):
+        nan_got = np.array([np.isnan(_half_value(int(v), fmt)) for v in got])
+        nan_want = np.array([np.isnan(_half_value(int(v), fmt)) for v in want])
+        return compare_exact(np.where(nan_got, HALF_NAN, got), np.where(nan_want, HALF_NAN, want),
+                             extra=lambda i: f"index {i} (x={x[i]!r}, y={y[i]!r}, z={z[i]!r})")
+
+    ref = {}
+    for row, (fmt, mode) in enumerate([(f, m) for f in ("f16", "bf16")
+                                       for m in ("rn", "rz", "rd", "ru")]):
+        want = np.array([_half_round(float(v), fmt, mode) for v in x], dtype=np.uint16)
+        ref[fmt, mode] = want
+        report(f"cvt.{mode.replace('rd', 'rm').replace('ru', 'rp')}.{fmt}.f32 (exact)",
+               same_bits(gb[row], want, fmt))
+    with np.errstate(over="ignore"):
+        as_numpy = x.astype(np.float16).view(np.uint16)
+    report("cvt.rn.f16.f32 against NumPy's float16", same_bits(gb[0], as_numpy, "f16"))
+    report("cvt.rn.bf16.f32 against bf16 by bit manipulation",
+           same_bits(gb[4], _bf16_rn_by_bits(x), "bf16"))
+    for row, fmt in enumerate(("f16", "bf16")):
+        want = np.array([_half_value(_half_round(float(v), fmt, "rz"), fmt) for v in y],
+                        dtype=np.float32)
+        report(f"cvt.f32.{fmt} of y toward zero (exact)", compare_exact(gw[row], want))
+
+    for base, fmt in ((0, "f16"), (5, "bf16")):
+        h_lo = np.array([_half_round(float(v), fmt, "rn") for v in x])
+        h_hi = np.array([_half_round(float(v), fmt, "rn") for v in y])
+        g_lo = np.array([_half_round(float(v), fmt, "rn") for v in z])
+        g_hi = h_lo
+        for row, (lo, hi) in ((base, (h_lo, h_hi)), (base + 1, (g_lo, g_hi))):
+            got_lo, got_hi = _lanes(gp[row])
+            report(f"cvt.rn.{fmt}x2.f32, {'h' if row == base else 'g'} lanes (exact)",
+                   same_bits(np.concatenate([got_lo, got_hi]), np.concatenate([lo, hi]), fmt))
+        sums = [np.array([_half_arith("add", fmt, a, b) for a, b in zip(hh, gg)])
+                for hh, gg in ((h_lo, g_lo), (h_hi, g_hi))]
+        prods = [np.array([_half_arith("mul", fmt, a, b) for a, b in zip(hh, gg)])
+                 for hh, gg in ((h_lo, g_lo), (h_hi, g_hi))]
+        fmas = [np.array([_half_arith("fma", fmt, a, b, c) for a, b, c in zip(hh, gg, ss)])
+                for hh, gg, ss in ((h_lo, g_lo, sums[0]), (h_hi, g_hi, sums[1]))]
+        for row, name, want in ((base + 2, "add", sums), (base + 3, "mul", prods),
+                                (base + 4, "fma.rn", fmas)):
+            got_lo, got_hi = _lanes(gp[row])
+            report(f"{name}.{fmt}x2, both lanes (exact, one rounding)",
+                   same_bits(np.concatenate([got_lo, got_hi]), np.concatenate(want), fmt))
+
+
 class Affine(ctypes.Structure):
     _fields_ = [("scale", ctypes.c_float), ("shift", ctypes.c_float), ("count", c_int),
                 ("bias", ctypes.c_double)]

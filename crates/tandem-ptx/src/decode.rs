@@ -1,5 +1,6 @@
 //! Decoding one instruction's opcode, modifiers and operands into an [`Op`].
 
+use crate::float::HalfOp;
 use crate::ir::*;
 use crate::parse::{Decoded, Parser, Raw, SINK};
 use crate::ParseError;
@@ -390,12 +391,23 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
         }
         "mov" => mov(p, &mut m, ops, line),
         "cvt" => {
-            n_ops(ops, 2)?;
             let rnd = m.rnd();
             let ftz = m.has("ftz");
             let sat = m.has("sat");
             let (dty, sty) = m.ty2().ok_or(None)?;
-            if dty == Ty::Pred || sty == Ty::Pred {
+            if let (Some(fmt), true) = (dty.half(), dty.packed()) {
+                // cvt.frnd.{f16x2,bf16x2}.f32 d, a, b: only the rounding modes (no .relu,
+                // .satfinite), and one is required.
+                n_ops(ops, 3)?;
+                if sty != Ty::F32 || ftz || sat || matches!(rnd, Rnd::Default) {
+                    return Err(None);
+                }
+                let d = p.dst(&ops[0], line)?;
+                let [a, b] = srcs(p, ops, [Ty::F32, Ty::F32], line)?;
+                return done(Op::CvtPack { fmt, rnd, d, a, b });
+            }
+            n_ops(ops, 2)?;
+            if dty == Ty::Pred || sty == Ty::Pred || dty.packed() || sty.packed() {
                 return Err(None);
             }
             let (d, a) = (p.dst(&ops[0], line)?, p.src(&ops[1], sty, line)?);
@@ -583,8 +595,32 @@ fn binary(p: &mut Parser, base: &str, m: &mut Mods, ops: &[Raw], line: usize) ->
     let lohi = m.any(&["lo", "hi", "wide"]);
     let ty = m.ty().ok_or(None)?;
     let d = p.dst(&ops[0], line)?;
+    if let Some(fmt) = ty.half() {
+        let op = match base {
+            "add" => HalfOp::Add,
+            "sub" => HalfOp::Sub,
+            "mul" => HalfOp::Mul,
+            _ => return Err(None),
+        };
+        // .ftz, .sat and .relu are not implemented: refused, not ignored.
+        if ftz || sat || relu || approx || full || nan || cc || lohi.is_some() {
+            return Err(None);
+        }
+        let [a, b] = srcs(p, ops, [ty, ty], line)?;
+        let lanes = if ty.packed() { 2 } else { 1 };
+        return done(Op::HalfArith {
+            op,
+            fmt,
+            lanes,
+            rnd,
+            d,
+            a,
+            b,
+            c: b,
+        });
+    }
     if ty.float() {
-        if lohi.is_some() || cc || ty == Ty::F16 {
+        if lohi.is_some() || cc {
             return Err(None);
         }
         let op = match base {
@@ -702,7 +738,7 @@ fn unary(p: &mut Parser, base: &str, m: &mut Mods, ops: &[Raw], line: usize) -> 
     let ty = m.ty().ok_or(None)?;
     let d = p.dst(&ops[0], line)?;
     if ty.float() {
-        if ty == Ty::F16 {
+        if ty.half().is_some() {
             return Err(None);
         }
         let op = match base {
@@ -788,8 +824,26 @@ fn mad(p: &mut Parser, base: &str, m: &mut Mods, ops: &[Raw], line: usize) -> R 
             c,
         });
     }
+    if let Some(fmt) = ty.half() {
+        // fma.rn{.ftz}{.sat}{.relu}.{f16,f16x2,bf16,bf16x2}: the rounding is required.
+        if base != "fma" || ftz || sat || m.has("relu") || lohi.is_some() || rnd != Rnd::Rn {
+            return Err(None);
+        }
+        let [a, b, c] = srcs(p, ops, [ty; 3], line)?;
+        let lanes = if ty.packed() { 2 } else { 1 };
+        return done(Op::HalfArith {
+            op: HalfOp::Fma,
+            fmt,
+            lanes,
+            rnd,
+            d,
+            a,
+            b,
+            c,
+        });
+    }
     if ty.float() {
-        if lohi.is_some() || base == "mad24" || ty == Ty::F16 {
+        if lohi.is_some() || base == "mad24" {
             return Err(None);
         }
         let [a, b, c] = srcs(p, ops, [ty; 3], line)?;
@@ -865,7 +919,7 @@ fn setp(p: &mut Parser, m: &mut Mods, ops: &[Raw], line: usize) -> R {
     };
     let ftz = m.has("ftz");
     let ty = m.ty().ok_or(None)?;
-    if ty == Ty::Pred || ty == Ty::F16 {
+    if ty == Ty::Pred || ty.half().is_some() {
         return Err(None);
     }
     if !ty.float()

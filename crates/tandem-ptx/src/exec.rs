@@ -695,7 +695,7 @@ fn fval(v: u64, ty: Ty, ftz: bool) -> f64 {
     match ty {
         Ty::F32 if ftz => ftz32(f32v(v)) as f64,
         Ty::F32 => f32v(v) as f64,
-        Ty::F16 => f16_to_f32(v as u16) as f64,
+        Ty::F16 | Ty::Bf16 => ty.half().map_or(f64::NAN, |fmt| fmt.value(v as u16)),
         _ => f64::from_bits(v),
     }
 }
@@ -720,7 +720,17 @@ fn cvt(dty: Ty, sty: Ty, rnd: Rnd, sat: bool, ftz: bool, v: u64) -> u64 {
                     let f = int_to_f64(x, rnd);
                     (if sat { sat64(f) } else { f }).to_bits()
                 }
-                _ => f32_to_f16(sat_if32(int_to_f32(x, rnd), sat)) as u64,
+                _ => {
+                    // Exactly hi + lo, whatever the integer's width.
+                    let hi = x as f64;
+                    let lo = (x - hi as i128) as f64;
+                    let (hi, lo) = if sat {
+                        (hi.clamp(0.0, 1.0), 0.0)
+                    } else {
+                        (hi, lo)
+                    };
+                    half_bits(hi, lo, dty, rnd)
+                }
             }
         }
         (false, true) => {
@@ -757,16 +767,29 @@ fn cvt(dty: Ty, sty: Ty, rnd: Rnd, sat: bool, ftz: bool, v: u64) -> u64 {
                     f32b(sat_if32(f, sat))
                 }
                 _ => {
-                    let f = if is_int_rnd {
-                        round_int(x, rnd) as f32
+                    let (f, rnd) = if is_int_rnd {
+                        (round_int(x, rnd), Rnd::Rn)
                     } else {
-                        x as f32
+                        (x, rnd)
                     };
-                    f32_to_f16(sat_if32(f, sat)) as u64
+                    let f = if sat && !f.is_nan() {
+                        f.clamp(0.0, 1.0)
+                    } else if sat {
+                        0.0
+                    } else {
+                        f
+                    };
+                    half_bits(f, 0.0, dty, rnd)
                 }
             }
         }
     }
+}
+
+/// `hi + lo` rounded to the 16-bit type `ty` with `rnd`, as register bits.
+fn half_bits(hi: f64, lo: f64, ty: Ty, rnd: Rnd) -> u64 {
+    let fmt = ty.half().unwrap_or(Half::F16);
+    u64::from(round_half(hi, lo, fmt, rnd))
 }
 
 fn sat_if32(f: f32, sat: bool) -> f32 {
@@ -1296,6 +1319,29 @@ impl Ctx<'_> {
                     let n = clamp_or_wrap(r[c as usize] as u32, clamp);
                     let v = ((r[b as usize] & 0xffff_ffff) << 32) | (r[a as usize] & 0xffff_ffff);
                     r[d as usize] = if left { (v << n) >> 32 } else { v >> n } & 0xffff_ffff;
+                }
+                &Op::HalfArith {
+                    op,
+                    fmt,
+                    lanes,
+                    rnd,
+                    d,
+                    a,
+                    b,
+                    c,
+                } => {
+                    let (x, y, z) = (r[a as usize], r[b as usize], r[c as usize]);
+                    let mut out = 0u64;
+                    for lane in 0..u32::from(lanes) {
+                        let of = |v: u64| (v >> (16 * lane)) as u16;
+                        let v = half_op(op, fmt, rnd, of(x), of(y), of(z));
+                        out |= u64::from(v) << (16 * lane);
+                    }
+                    r[d as usize] = out;
+                }
+                &Op::CvtPack { fmt, rnd, d, a, b } => {
+                    let round = |v: u64| u64::from(round_half(f32v(v) as f64, 0.0, fmt, rnd));
+                    r[d as usize] = round(r[a as usize]) << 16 | round(r[b as usize]);
                 }
                 &Op::FBin {
                     op,

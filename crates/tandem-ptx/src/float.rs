@@ -287,45 +287,6 @@ pub(crate) fn int_to_f64(v: i128, rnd: Rnd) -> f64 {
     adjust64(f, err, rnd)
 }
 
-/// f32 bits to IEEE half bits, round to nearest even.
-pub(crate) fn f32_to_f16(x: f32) -> u16 {
-    let b = x.to_bits();
-    let sign = ((b >> 16) & 0x8000) as u16;
-    let exp = ((b >> 23) & 0xff) as i32;
-    let man = b & 0x7f_ffff;
-    if exp == 0xff {
-        return sign | 0x7c00 | if man != 0 { 0x200 } else { 0 };
-    }
-    let e = exp - 127 + 15;
-    if e >= 0x1f {
-        return sign | 0x7c00;
-    }
-    if e <= 0 {
-        if e < -10 {
-            return sign;
-        }
-        let m = man | 0x80_0000;
-        let shift = (14 - e) as u32;
-        let half = m >> shift;
-        let rem = m & ((1 << shift) - 1);
-        let mid = 1 << (shift - 1);
-        let r = if rem > mid || (rem == mid && half & 1 == 1) {
-            half + 1
-        } else {
-            half
-        };
-        return sign | r as u16;
-    }
-    let half = ((e as u32) << 10) | (man >> 13);
-    let rem = man & 0x1fff;
-    let r = if rem > 0x1000 || (rem == 0x1000 && half & 1 == 1) {
-        half + 1
-    } else {
-        half
-    };
-    sign | r as u16
-}
-
 /// IEEE half bits to f32 (exact).
 pub(crate) fn f16_to_f32(h: u16) -> f32 {
     let sign = if h & 0x8000 != 0 { -1.0f32 } else { 1.0 };
@@ -336,5 +297,239 @@ pub(crate) fn f16_to_f32(h: u16) -> f32 {
         0x1f if man == 0.0 => sign * f32::INFINITY,
         0x1f => f32::NAN,
         e => sign * (1.0 + man / 1024.0) * 2f32.powi(e - 15),
+    }
+}
+
+/// A 16-bit floating-point format: IEEE binary16 (`.f16`) or bfloat16 (`.bf16`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Half {
+    F16,
+    Bf16,
+}
+
+/// The canonical NaN of both 16-bit formats (what PTX's half-precision instructions return).
+pub(crate) const HALF_NAN: u16 = 0x7fff;
+
+impl Half {
+    /// Stored significand bits.
+    fn man_bits(self) -> i32 {
+        match self {
+            Half::F16 => 10,
+            Half::Bf16 => 7,
+        }
+    }
+    /// The largest exponent, which is also the bias.
+    fn emax(self) -> i32 {
+        match self {
+            Half::F16 => 15,
+            Half::Bf16 => 127,
+        }
+    }
+    fn emin(self) -> i32 {
+        1 - self.emax()
+    }
+    /// The value of `bits` (exact).
+    pub(crate) fn value(self, bits: u16) -> f64 {
+        match self {
+            Half::F16 => f16_to_f32(bits) as f64,
+            Half::Bf16 => f32::from_bits(u32::from(bits) << 16) as f64,
+        }
+    }
+}
+
+/// Rounds the exact value `hi + lo` (`lo` the error of the f64 `hi`, as an error-free
+/// transformation leaves it, or 0) to `fmt` with `rnd` (the default is to nearest, ties to
+/// even), as IEEE 754 does with one rounding: subnormals kept, overflow to infinity or to the
+/// largest finite value as the direction says. NaN gives the canonical NaN.
+pub(crate) fn round_half(hi: f64, lo: f64, fmt: Half, rnd: Rnd) -> u16 {
+    if hi.is_nan() {
+        return HALF_NAN;
+    }
+    let negative = hi.is_sign_negative();
+    let sign: u16 = if negative { 0x8000 } else { 0 };
+    let man = fmt.man_bits();
+    let inf = ((2 * fmt.emax() + 1) << man) as u16;
+    let max_finite = inf - 1;
+    let (a, l) = if negative { (-hi, -lo) } else { (hi, lo) };
+    // Whether rounding away from zero is rounding up in this direction.
+    let away = match rnd {
+        Rnd::Rp | Rnd::Rpi => !negative,
+        Rnd::Rm | Rnd::Rmi => negative,
+        _ => false,
+    };
+    let nearest = matches!(rnd, Rnd::Default | Rnd::Rn | Rnd::Rni);
+    if a.is_infinite() {
+        return sign | inf;
+    }
+    if a == 0.0 {
+        return sign;
+    }
+    // The exponent of `a` (f64 subnormals lie far below every 16-bit format's range).
+    let e = ((a.to_bits() >> 52) & 0x7ff) as i32 - 1023;
+    let qexp = e.max(fmt.emin()) - man;
+    let quantum = 2f64.powi(qexp);
+    let q = a / quantum;
+    let n = q.floor();
+    let frac = q - n;
+    let rest = l / quantum;
+    let m = if nearest {
+        let up = frac > 0.5 || (frac == 0.5 && (rest > 0.0 || (rest == 0.0 && n % 2.0 == 1.0)));
+        n + f64::from(u8::from(up))
+    } else {
+        // The exact magnitude lies in [floor, floor + 1), strictly above floor when `above`.
+        let (floor, above) = if frac == 0.0 && rest < 0.0 {
+            (n - 1.0, true)
+        } else {
+            (n, frac > 0.0 || rest > 0.0)
+        };
+        floor + f64::from(u8::from(away && above))
+    };
+    let one = 2f64.powi(man);
+    let (m, qexp) = if m >= 2.0 * one {
+        (m / 2.0, qexp + 1)
+    } else {
+        (m, qexp)
+    };
+    if m < one {
+        // Subnormal (or zero): the quantum is the smallest one.
+        return sign | m as u16;
+    }
+    let exponent = qexp + man;
+    if exponent > fmt.emax() {
+        return sign | if nearest || away { inf } else { max_finite };
+    }
+    sign | (((exponent + fmt.emax()) << man) as u16) | (m - one) as u16
+}
+
+/// `x op y` in `fmt`, both given as their bits, rounded once with `rnd`: what PTX's `add`,
+/// `sub`, `mul` and `fma` do on each lane of `.f16`, `.f16x2`, `.bf16` and `.bf16x2` (the
+/// products of two 16-bit values and their sums are computed exactly first: f64 holds a
+/// product, and a two-sum holds a sum's error).
+pub(crate) fn half_op(op: HalfOp, fmt: Half, rnd: Rnd, x: u16, y: u16, z: u16) -> u16 {
+    let (a, b, c) = (fmt.value(x), fmt.value(y), fmt.value(z));
+    let (p, addend) = match op {
+        HalfOp::Add => (a, b),
+        HalfOp::Sub => (a, -b),
+        HalfOp::Mul => (a * b, 0.0),
+        HalfOp::Fma => (a * b, c),
+    };
+    if op == HalfOp::Mul {
+        return round_half(p, 0.0, fmt, rnd);
+    }
+    let (hi, lo) = two_sum(p, addend);
+    if hi == 0.0 && lo == 0.0 && !hi.is_nan() {
+        return round_half(zero_sum_sign(p, addend, rnd), 0.0, fmt, rnd);
+    }
+    round_half(hi, lo, fmt, rnd)
+}
+
+/// The 16-bit arithmetic of [`half_op`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HalfOp {
+    Add,
+    Sub,
+    Mul,
+    Fma,
+}
+
+#[cfg(test)]
+mod half_tests {
+    use super::*;
+
+    /// Every pair of neighbouring finite values of each format, with points a quarter, half and
+    /// three quarters of the way between them: each mode must give the neighbour its rule
+    /// names (nearest: the closer, ties to the even one), in both signs.
+    #[test]
+    fn every_value_and_every_gap_rounds_as_its_mode_says() {
+        for fmt in [Half::F16, Half::Bf16] {
+            let inf = ((2 * fmt.emax() + 1) << fmt.man_bits()) as u16;
+            for bits in 0..inf - 1 {
+                let (lo, hi) = (fmt.value(bits), fmt.value(bits + 1));
+                for sign in [1.0, -1.0] {
+                    let s: u16 = if sign < 0.0 { 0x8000 } else { 0 };
+                    let at = |x: f64, rnd| round_half(sign * x, 0.0, fmt, rnd);
+                    for rnd in [Rnd::Rn, Rnd::Rz, Rnd::Rm, Rnd::Rp] {
+                        assert_eq!(at(lo, rnd), s | bits, "{fmt:?} {bits:#x} exact");
+                    }
+                    let (toward, away) = (s | bits, s | (bits + 1));
+                    let (down, up) = if sign > 0.0 {
+                        (toward, away)
+                    } else {
+                        (away, toward)
+                    };
+                    for (x, nearest) in [
+                        ((3.0 * lo + hi) / 4.0, toward),
+                        ((lo + 3.0 * hi) / 4.0, away),
+                        ((lo + hi) / 2.0, if bits % 2 == 0 { toward } else { away }),
+                    ] {
+                        assert_eq!(at(x, Rnd::Rn), nearest, "{fmt:?} {bits:#x} rn {x}");
+                        assert_eq!(at(x, Rnd::Default), nearest);
+                        assert_eq!(at(x, Rnd::Rz), toward, "{fmt:?} {bits:#x} rz {x}");
+                        assert_eq!(at(x, Rnd::Rm), down, "{fmt:?} {bits:#x} rm {x}");
+                        assert_eq!(at(x, Rnd::Rp), up, "{fmt:?} {bits:#x} rp {x}");
+                    }
+                }
+            }
+            // Past the largest finite value: infinity, or the largest where the direction
+            // says so.
+            let max = fmt.value(inf - 1);
+            let beyond = max * 1.5;
+            assert_eq!(round_half(beyond, 0.0, fmt, Rnd::Rn), inf);
+            assert_eq!(round_half(beyond, 0.0, fmt, Rnd::Rz), inf - 1);
+            assert_eq!(round_half(-beyond, 0.0, fmt, Rnd::Rp), 0x8000 | (inf - 1));
+            assert_eq!(round_half(-beyond, 0.0, fmt, Rnd::Rm), 0x8000 | inf);
+            assert_eq!(round_half(f64::NAN, 0.0, fmt, Rnd::Rn), HALF_NAN);
+            assert_eq!(round_half(-0.0, 0.0, fmt, Rnd::Rn), 0x8000);
+            // Below half the smallest subnormal: zero, or the smallest when rounding away.
+            let tiny = fmt.value(1) / 4.0;
+            assert_eq!(round_half(tiny, 0.0, fmt, Rnd::Rn), 0);
+            assert_eq!(round_half(tiny, 0.0, fmt, Rnd::Rp), 1);
+            assert_eq!(round_half(-tiny, 0.0, fmt, Rnd::Rm), 0x8001);
+        }
+    }
+
+    /// The error term decides what the f64 part alone cannot: a tie, and an exact value just
+    /// below a representable one.
+    #[test]
+    fn the_error_term_breaks_ties_and_directs() {
+        let fmt = Half::F16;
+        let (one, next) = (fmt.value(0x3c00), fmt.value(0x3c01));
+        let mid = (one + next) / 2.0;
+        assert_eq!(round_half(mid, 0.0, fmt, Rnd::Rn), 0x3c00);
+        assert_eq!(round_half(mid, 1e-30, fmt, Rnd::Rn), 0x3c01);
+        assert_eq!(round_half(next, -1e-30, fmt, Rnd::Rz), 0x3c00);
+        assert_eq!(round_half(next, -1e-30, fmt, Rnd::Rp), 0x3c01);
+        assert_eq!(round_half(one, 1e-30, fmt, Rnd::Rp), 0x3c01);
+    }
+
+    /// Lanes' arithmetic against the same operations in f64 rounded once, where f64 is exact.
+    #[test]
+    fn half_arithmetic_rounds_once_and_signs_zeros_as_ieee_does() {
+        let fmt = Half::Bf16;
+        let bits = |x: f64| round_half(x, 0.0, fmt, Rnd::Rn);
+        let (a, b) = (bits(1.0), bits(2f64.powi(-8)));
+        // 1 + 2^-8 is a tie between 1 and 1 + 2^-7: to the even, 1.
+        assert_eq!(half_op(HalfOp::Add, fmt, Rnd::Rn, a, b, 0), a);
+        assert_eq!(
+            half_op(HalfOp::Add, fmt, Rnd::Rp, a, b, 0),
+            bits(1.0 + 2f64.powi(-7))
+        );
+        // fma: 1 * 1 + 2^-8, the same tie, rounded once.
+        assert_eq!(half_op(HalfOp::Fma, fmt, Rnd::Rn, a, a, b), a);
+        // A sum f64 cannot hold: 2^60 * 2^60 + 2^-100 toward +inf steps past 2^120.
+        let (big, small) = (bits(2f64.powi(60)), bits(2f64.powi(-100)));
+        let up = half_op(HalfOp::Fma, fmt, Rnd::Rp, big, big, small);
+        assert_eq!(fmt.value(up), 2f64.powi(120) * (1.0 + 2f64.powi(-7)));
+        assert_eq!(
+            half_op(HalfOp::Fma, fmt, Rnd::Rn, big, big, small),
+            bits(2f64.powi(120))
+        );
+        let (plus, minus) = (bits(0.0), 0x8000);
+        assert_eq!(half_op(HalfOp::Add, fmt, Rnd::Rn, plus, minus, 0), plus);
+        assert_eq!(half_op(HalfOp::Add, fmt, Rnd::Rm, plus, minus, 0), minus);
+        assert_eq!(half_op(HalfOp::Sub, fmt, Rnd::Rn, a, a, 0), plus);
+        assert_eq!(half_op(HalfOp::Mul, fmt, Rnd::Rn, minus, a, 0), minus);
+        let inf = bits(f64::INFINITY);
+        assert_eq!(half_op(HalfOp::Sub, fmt, Rnd::Rn, inf, inf, 0), HALF_NAN);
     }
 }

@@ -24,6 +24,12 @@ pub(crate) enum Ty {
     S32,
     S64,
     F16,
+    /// bfloat16.
+    Bf16,
+    /// Two `.f16` lanes in a 32-bit register (lane 0 in the low half).
+    F16x2,
+    /// Two `.bf16` lanes.
+    Bf16x2,
     F32,
     F64,
     Pred,
@@ -45,6 +51,9 @@ impl Ty {
             "s32" => Ty::S32,
             "s64" => Ty::S64,
             "f16" => Ty::F16,
+            "bf16" => Ty::Bf16,
+            "f16x2" => Ty::F16x2,
+            "bf16x2" => Ty::Bf16x2,
             "f32" => Ty::F32,
             "f64" => Ty::F64,
             "pred" => Ty::Pred,
@@ -54,8 +63,8 @@ impl Ty {
     pub(crate) fn bits(self) -> u32 {
         match self {
             Ty::B8 | Ty::U8 | Ty::S8 => 8,
-            Ty::B16 | Ty::U16 | Ty::S16 | Ty::F16 => 16,
-            Ty::B32 | Ty::U32 | Ty::S32 | Ty::F32 => 32,
+            Ty::B16 | Ty::U16 | Ty::S16 | Ty::F16 | Ty::Bf16 => 16,
+            Ty::B32 | Ty::U32 | Ty::S32 | Ty::F32 | Ty::F16x2 | Ty::Bf16x2 => 32,
             Ty::B64 | Ty::U64 | Ty::S64 | Ty::F64 => 64,
             Ty::Pred => 1,
         }
@@ -67,7 +76,19 @@ impl Ty {
         matches!(self, Ty::S8 | Ty::S16 | Ty::S32 | Ty::S64)
     }
     pub(crate) fn float(self) -> bool {
-        matches!(self, Ty::F16 | Ty::F32 | Ty::F64)
+        matches!(self, Ty::F16 | Ty::Bf16 | Ty::F32 | Ty::F64)
+    }
+    /// The 16-bit format of a 16-bit float type, scalar or packed.
+    pub(crate) fn half(self) -> Option<crate::float::Half> {
+        match self {
+            Ty::F16 | Ty::F16x2 => Some(crate::float::Half::F16),
+            Ty::Bf16 | Ty::Bf16x2 => Some(crate::float::Half::Bf16),
+            _ => None,
+        }
+    }
+    /// Whether it packs two 16-bit lanes.
+    pub(crate) fn packed(self) -> bool {
+        matches!(self, Ty::F16x2 | Ty::Bf16x2)
     }
 }
 
@@ -451,6 +472,26 @@ pub(crate) enum Op {
         a: Slot,
         b: Slot,
         c: Slot,
+    },
+    /// `add`, `sub`, `mul` or `fma` of `.f16`, `.bf16` or two packed lanes of either, each lane
+    /// rounded once ([`crate::float::half_op`]); `c` is `fma`'s addend (unused otherwise).
+    HalfArith {
+        op: crate::float::HalfOp,
+        fmt: crate::float::Half,
+        lanes: u8,
+        rnd: Rnd,
+        d: Slot,
+        a: Slot,
+        b: Slot,
+        c: Slot,
+    },
+    /// `cvt.frnd.{f16x2,bf16x2}.f32 d, a, b`: `a` rounded into the high lane, `b` into the low.
+    CvtPack {
+        fmt: crate::float::Half,
+        rnd: Rnd,
+        d: Slot,
+        a: Slot,
+        b: Slot,
     },
     FBin {
         op: FOp,

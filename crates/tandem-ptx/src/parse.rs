@@ -1211,7 +1211,10 @@ fn imm_bits(i: &Imm, ty: Ty) -> u64 {
     match (i, ty) {
         (Imm::Float(f), Ty::F32) => (*f as f32).to_bits() as u64,
         (Imm::Float(f), Ty::F64) => f.to_bits(),
-        (Imm::Float(f), Ty::F16) => crate::float::f32_to_f16(*f as f32) as u64,
+        (Imm::Float(f), Ty::F16 | Ty::Bf16) => {
+            let fmt = ty.half().unwrap_or(crate::float::Half::F16);
+            u64::from(crate::float::round_half(*f, 0.0, fmt, crate::ir::Rnd::Rn))
+        }
         (Imm::Float(f), _) => f.to_bits(),
         (Imm::Int(v), Ty::F32) => (*v as i64 as f32).to_bits() as u64,
         (Imm::Int(v), Ty::F64) => (*v as i64 as f64).to_bits(),
