@@ -1027,6 +1027,42 @@ def half_ops(s, rng, report):
                    same_bits(np.concatenate([got_lo, got_hi]), np.concatenate(want), fmt))
 
 
+@check
+def mma(s, rng, report):
+    """mma.sync m16n8k16, bf16 and f16 inputs, f32 accumulation, a warp a tile: against the
+    exact sum (rational arithmetic) within 2^-20 of the sum of the terms' magnitudes. The PTX
+    ISA leaves the order and the precision of the accumulation to the hardware (which truncates
+    partial sums); the stand-in sums exactly and rounds once, so its error is half an f32 ulp of
+    the result. A fragment read from the wrong lane or register is off by the size of a term."""
+    tiles = 24
+    for fmt, name in (("bf16", "mma_bf16"), ("f16", "mma_f16")):
+        fn = s.function("mma", name)
+        def sixteen(count):
+            values = rng.standard_normal(count) * 2.0 ** rng.integers(-6, 6, count)
+            bits = np.array([_half_round(float(v), fmt, "rn") for v in values], dtype=np.uint16)
+            return bits, np.array([_half_value(int(b), fmt) for b in bits])
+        a_bits, a = sixteen(tiles * 256)
+        b_bits, b = sixteen(tiles * 128)
+        c = rng.standard_normal(tiles * 128).astype(np.float32)
+        dd = s.zeros(tiles * 128, np.float32)
+        s.launch(fn, (tiles,), (32,), [s.to_device(a_bits), s.to_device(b_bits), s.to_device(c),
+                                       dd, c_int(tiles)])
+        got = s.from_device(dd, np.float32).reshape(tiles, 16, 8)
+        a, b, c = a.reshape(tiles, 16, 16), b.reshape(tiles, 16, 8), c.reshape(tiles, 16, 8)
+        exact = np.zeros((tiles, 16, 8))
+        scale = np.zeros((tiles, 16, 8))
+        for i in range(tiles):
+            for row in range(16):
+                for col in range(8):
+                    terms = [Fraction(float(a[i, row, k])) * Fraction(float(b[i, k, col]))
+                             for k in range(16)] + [Fraction(float(c[i, row, col]))]
+                    exact[i, row, col] = float(sum(terms))
+                    scale[i, row, col] = float(sum(abs(x) for x in terms))
+        report(f"mma.sync.m16n8k16.row.col.f32.{fmt}.{fmt}.f32, {tiles} tiles "
+               f"(within 2^-20 of the terms' magnitudes)",
+               compare_abs(got, exact, 2.0 ** -20 * scale))
+
+
 class Affine(ctypes.Structure):
     _fields_ = [("scale", ctypes.c_float), ("shift", ctypes.c_float), ("count", c_int),
                 ("bias", ctypes.c_double)]

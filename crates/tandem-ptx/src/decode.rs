@@ -166,6 +166,7 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
             })
         }
         "mad" | "fma" | "mad24" | "madc" => mad(p, base, &mut m, ops, line),
+        "mma" => mma(p, &mut m, ops, line),
         "bfe" => {
             n_ops(ops, 4)?;
             let ty = m.ty().ok_or(None)?;
@@ -969,6 +970,44 @@ fn setp(p: &mut Parser, m: &mut Mods, ops: &[Raw], line: usize) -> R {
         b,
         comb,
     })
+}
+
+/// `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32 {d}, {a}, {b}, {c}`, the
+/// one shape and types implemented (the tensor-core product of 16-bit inputs with f32
+/// accumulation); any other is refused by name.
+fn mma(p: &mut Parser, m: &mut Mods, ops: &[Raw], line: usize) -> R {
+    n_ops(ops, 4)?;
+    need_sync(m, "mma", line)?;
+    if !(m.has("aligned") && m.has("m16n8k16") && m.has("row") && m.has("col")) {
+        return Err(None);
+    }
+    let fmt = match m.0.as_slice() {
+        ["f32", "f16", "f16", "f32"] => crate::float::Half::F16,
+        ["f32", "bf16", "bf16", "f32"] => crate::float::Half::Bf16,
+        _ => return Err(None),
+    };
+    let names = |raw: &Raw, n: usize| -> Result<Vec<String>, Option<ParseError>> {
+        match raw {
+            Raw::Vec(v) if v.len() == n => Ok(v.clone()),
+            _ => Err(None),
+        }
+    };
+    let (dn, an, bn, cn) = (
+        names(&ops[0], 4)?,
+        names(&ops[1], 4)?,
+        names(&ops[2], 2)?,
+        names(&ops[3], 4)?,
+    );
+    let (mut d, mut a, mut b, mut c) = ([SINK; 4], [SINK; 4], [SINK; 2], [SINK; 4]);
+    for i in 0..4 {
+        d[i] = p.dst(&Raw::Name(dn[i].clone()), line)?;
+        a[i] = p.src(&Raw::Name(an[i].clone()), Ty::B32, line)?;
+        c[i] = p.src(&Raw::Name(cn[i].clone()), Ty::F32, line)?;
+    }
+    for i in 0..2 {
+        b[i] = p.src(&Raw::Name(bn[i].clone()), Ty::B32, line)?;
+    }
+    done(Op::Mma { fmt, d, a, b, c })
 }
 
 /// The `{a, b}` or `{a, b, c, d}` parts of a `mov` packing or unpacking a `ty` register: bits

@@ -786,6 +786,24 @@ fn cvt(dty: Ty, sty: Ty, rnd: Rnd, sat: bool, ftz: bool, v: u64) -> u64 {
     }
 }
 
+/// The stand-in's tensor-core accumulation: the products (exact in f64) and the addend summed
+/// with a compensated (Neumaier) sum and rounded once to f32. The PTX ISA leaves the order and
+/// the intermediate precision of the sum to the hardware, which truncates partial sums: a GPU
+/// may differ in the last bits, never by more than a few f32 ulps of the sum of magnitudes.
+fn mma_sum(terms: impl Iterator<Item = f64>) -> f32 {
+    let (mut sum, mut err) = (0.0f64, 0.0f64);
+    for x in terms {
+        let s = sum + x;
+        err += if sum.abs() >= x.abs() {
+            (sum - s) + x
+        } else {
+            (x - s) + sum
+        };
+        sum = s;
+    }
+    (sum + err) as f32
+}
+
 /// `hi + lo` rounded to the 16-bit type `ty` with `rnd`, as register bits.
 fn half_bits(hi: f64, lo: f64, ty: Ty, rnd: Rnd) -> u64 {
     let fmt = ty.half().unwrap_or(Half::F16);
@@ -1611,7 +1629,7 @@ impl Ctx<'_> {
                     bm.executed += count;
                     return Ok(Stop::Sync);
                 }
-                Op::Shfl { .. } | Op::Vote { .. } | Op::WarpSync { .. } => {
+                Op::Shfl { .. } | Op::Vote { .. } | Op::WarpSync { .. } | Op::Mma { .. } => {
                     th.pc = pc as u32;
                     th.status = Status::Warp;
                     bm.executed += count;
@@ -1863,8 +1881,12 @@ impl Ctx<'_> {
                 }
                 let pc = threads[t].pc;
                 let inst = &self.code[pc as usize];
-                let mask_slot = match inst.op {
-                    Op::Shfl { mask, .. } | Op::Vote { mask, .. } => mask,
+                let mask = match inst.op {
+                    Op::Shfl { mask, .. } | Op::Vote { mask, .. } => {
+                        regs[t * ns + mask as usize] as u32
+                    }
+                    // `.aligned`: every lane of the warp executes it together.
+                    Op::Mma { .. } => u32::MAX,
                     Op::WarpSync { mask } => {
                         let mask = regs[t * ns + mask as usize] as u32;
                         if self.warp_barrier(blk, w, t, mask, threads, race.as_deref_mut())? {
@@ -1874,7 +1896,6 @@ impl Ctx<'_> {
                     }
                     _ => continue,
                 };
-                let mask = regs[t * ns + mask_slot as usize] as u32;
                 let lane = t % 32;
                 if mask >> lane & 1 == 0 {
                     return Err(ExecError::LaunchFailed(format!(
@@ -2020,6 +2041,41 @@ impl Ctx<'_> {
                     let base = (w * 32 + lane) * ns;
                     regs[base + d as usize] = vals[j as usize] & 0xffff_ffff;
                     regs[base + p as usize] = pval as u64;
+                }
+            }
+            Op::Mma { fmt, d, a, b, c } => {
+                // The fragments of the PTX ISA's m16n8k16 layouts for 16-bit A and B and f32 C
+                // and D: lane = 4 * group + t; A's register r holds rows group (+8 for r odd),
+                // columns 2t, 2t+1 (+8 for r >= 2); B's register r rows 2t, 2t+1 (+8 for r = 1)
+                // of column group; C's and D's value i row group (+8 for i >= 2), column
+                // 2t + i % 2.
+                let (mut am, mut bm, mut cm) = ([[0f64; 16]; 16], [[0f64; 8]; 16], [[0f64; 8]; 16]);
+                for lane in 0..32 {
+                    let (g, t) = (lane / 4, lane % 4);
+                    for (r, &slot) in a.iter().enumerate() {
+                        let v = reg(regs, lane, slot);
+                        let (row, col) = (g + 8 * (r % 2), 2 * t + 8 * (r / 2));
+                        am[row][col] = fmt.value(v as u16);
+                        am[row][col + 1] = fmt.value((v >> 16) as u16);
+                    }
+                    for (r, &slot) in b.iter().enumerate() {
+                        let v = reg(regs, lane, slot);
+                        let row = 2 * t + 8 * r;
+                        bm[row][g] = fmt.value(v as u16);
+                        bm[row + 1][g] = fmt.value((v >> 16) as u16);
+                    }
+                    for (i, &slot) in c.iter().enumerate() {
+                        cm[g + 8 * (i / 2)][2 * t + i % 2] = f32v(reg(regs, lane, slot)) as f64;
+                    }
+                }
+                for lane in 0..32 {
+                    let (g, t) = (lane / 4, lane % 4);
+                    for (i, &slot) in d.iter().enumerate() {
+                        let (row, col) = (g + 8 * (i / 2), 2 * t + i % 2);
+                        let terms = (0..16).map(|k| am[row][k] * bm[k][col]);
+                        let v = mma_sum(terms.chain([cm[row][col]]));
+                        regs[(w * 32 + lane) * ns + slot as usize] = f32b(v);
+                    }
                 }
             }
             Op::Vote {

@@ -485,6 +485,16 @@ pub(crate) enum Op {
         b: Slot,
         c: Slot,
     },
+    /// `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32`: a warp's 16x8 `D =
+    /// A (16x16) . B (16x8) + C`, each lane holding its fragments as the PTX ISA lays them out
+    /// (A in four `.b32` registers of two 16-bit values, B in two, C and D in four `.f32`).
+    Mma {
+        fmt: crate::float::Half,
+        d: [Slot; 4],
+        a: [Slot; 4],
+        b: [Slot; 2],
+        c: [Slot; 4],
+    },
     /// `cvt.frnd.{f16x2,bf16x2}.f32 d, a, b`: `a` rounded into the high lane, `b` into the low.
     CvtPack {
         fmt: crate::float::Half,
