@@ -310,3 +310,46 @@ fn a_diverging_gpu_run_stops_naming_the_worker_and_step_with_no_checkpoint_after
         checkpoint::load(&path, &Mlp::mnist().layout()).unwrap();
     }
 }
+
+/// A 16-bit precision on a CUDA device is refused before any step, naming the precision and
+/// the device (tandem's kernels compute in f32), and nothing is written.
+#[test]
+fn a_sixteen_bit_precision_on_a_gpu_is_refused_naming_both() {
+    if !gpu_present() {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    for precision in ["bf16", "f16"] {
+        let dir = root.path().join(precision);
+        let data = data_dir();
+        let output = common::mnist_train(&[
+            "--devices",
+            "cuda:0",
+            "--precision",
+            precision,
+            "--steps",
+            "2",
+            "--data-dir",
+            arg(&data),
+            "--checkpoint-dir",
+            arg(&dir),
+        ]);
+        assert!(!output.status.success());
+        let message = common::stderr(&output);
+        assert!(
+            message.contains(&format!(
+                "--precision {precision} is not available on cuda:0"
+            )),
+            "{message}"
+        );
+        assert!(!message.contains("panicked"), "{message}");
+        let written = std::fs::read_dir(&dir).map_or(0, |d| {
+            d.filter(|e| {
+                e.as_ref()
+                    .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
+            })
+            .count()
+        });
+        assert_eq!(written, 0);
+    }
+}
