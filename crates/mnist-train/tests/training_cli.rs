@@ -498,7 +498,7 @@ fn a_sixteen_bit_run_records_its_precision_and_resumes_in_it() {
         assert_eq!(metadata["precision"], precision);
         // f16 scales its loss: it says how, in the summary and in every evaluation record.
         let scaled = precision == "f16";
-        assert_eq!(metadata.get("loss_scale").is_some(), scaled, "{metadata:?}");
+        assert_eq!(metadata.contains_key("loss_scale"), scaled, "{metadata:?}");
         assert_eq!(line.contains("overflowed pass(es)"), scaled, "{line}");
         let evaluation: Value = std::fs::read_to_string(&metrics)
             .unwrap()

@@ -378,7 +378,7 @@ pub fn open_replica<N: Network>(
             if precision.compute != tandem_core::DType::F32 {
                 return Err(NotOnGpu {
                     precision,
-                    device: device.clone(),
+                    device: *device,
                 }
                 .into());
             }
