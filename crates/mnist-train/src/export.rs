@@ -19,6 +19,17 @@ pub fn run(args: &ExportArgs) -> Result<()> {
             args.out.display()
         );
     }
+    // The file is replaced whole (written beside it, then renamed over it): what is not a
+    // plain file (a device such as /dev/stdout, a pipe) would be replaced, not written to.
+    if let Ok(existing) = std::fs::metadata(&args.out) {
+        if !existing.is_file() {
+            bail!(
+                "{} exists and is not a regular file: the export replaces its file whole, so \
+                 give the path of a file",
+                args.out.display()
+            );
+        }
+    }
     if same_file(&args.out, &file) {
         bail!(
             "{} is the checkpoint itself: write the export to another file",

@@ -359,6 +359,19 @@ fn an_export_in_sixteen_bits_evaluates_and_predicts_as_its_checkpoint() {
         "{}",
         stderr(&onto_itself)
     );
+    // What is not a plain file (here a named pipe; /dev/stdout alike) is not replaced by one.
+    let pipe = tmp.path().join("pipe");
+    let made = std::process::Command::new("mkfifo").arg(&pipe).status();
+    assert!(made.is_ok_and(|s| s.success()), "mkfifo");
+    let onto_pipe = mnist_train(&["export", arg(&checkpoints), arg(&pipe)]);
+    assert!(!onto_pipe.status.success());
+    assert!(
+        stderr(&onto_pipe).contains("not a regular file"),
+        "{}",
+        stderr(&onto_pipe)
+    );
+    let still = std::fs::metadata(&pipe).expect("the pipe");
+    assert!(!still.is_file(), "the pipe was replaced by a file");
 }
 
 #[test]
