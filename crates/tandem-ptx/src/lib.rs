@@ -23,8 +23,17 @@
 //!   `.rn/.rz/.rm/.rp` (directed rounding exact via error-free transformations), `.ftz` (f32
 //!   subnormal inputs and outputs flushed to signed zero), `.sat`; rsqrt, ex2, lg2, sin, cos,
 //!   tanh; testp; setp (all comparisons, `.and/.or/.xor`, `%p|%q`), selp, slct, cvt (every int
-//!   and float pairing, f16 included, all rounding modes, `.sat`; float-to-int saturates and
-//!   NaN gives 0), cvta, mov (symbol addresses, vector pack/unpack).
+//!   and float pairing, f16 and bf16 included, all rounding modes with one IEEE rounding,
+//!   `.sat`; float-to-int saturates and NaN gives 0), cvta, mov (symbol addresses, vector
+//!   pack/unpack).
+//! - 16-bit floats (`float.rs`, `Half`): `cvt.frnd.{f16x2,bf16x2}.f32` (packing two),
+//!   add/sub/mul (`.rn/.rz/.rm/.rp`) and `fma.rn` on `.f16`, `.bf16`, `.f16x2` and `.bf16x2`,
+//!   each lane computed exactly and rounded once; NaN results are the canonical `0x7fff`.
+//!   `.ftz`, `.sat` and `.relu` on them are refused rather than ignored.
+//! - Tensor cores: `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32`, a
+//!   warp-collective like `shfl.sync` (every lane must arrive), with the ISA's fragment layouts;
+//!   the products are exact and the sum is rounded once to f32 (the ISA leaves the order and
+//!   precision of the accumulation to the hardware, which may differ in the last bits).
 //! - Memory: ld/st/ldu in every state space and generic, `.v2/.v4`, every width, cache and
 //!   ordering qualifiers accepted and ignored; atom/red (add, min, max, inc, dec, and, or,
 //!   xor, exch, cas) on global (real host atomics) and shared memory. Every access is bounds-
