@@ -173,13 +173,22 @@ fn scaled_gradients_are_handed_out_unscaled() {
     assert!(relative_error(&high, &low) < 1e-2);
 }
 
-/// A pool of `workers` CPU workers computing in `dtype` from loss scale `scale`.
+/// A pool of `workers` workers computing in `dtype` from loss scale `scale`: CPU workers for
+/// sync, simulated ones for async (whose order of updates, and so result, does not depend on
+/// the machine's timing: two async runs on real threads differ by up to half a point after an
+/// epoch, which would hide what the scale does).
 fn narrow_pool(
+    mode: Mode,
     dtype: DType,
     scale: f32,
     workers: usize,
 ) -> WorkerPool<MlpReplica<NarrowCpuBackend>> {
-    let devices = (0..workers).map(|worker| Device::Cpu { worker }).collect();
+    let devices = (0..workers)
+        .map(|worker| match mode {
+            Mode::Sync => Device::Cpu { worker },
+            Mode::Async => Device::Sim { worker },
+        })
+        .collect();
     WorkerPool::new(devices, |_| {
         Ok::<_, tandem_tensor::ShapeError>(narrow_replica(dtype, scale, 100))
     })
@@ -194,7 +203,7 @@ fn one_epoch(
     scale: f32,
 ) -> (TrainState, WorkerPool<MlpReplica<NarrowCpuBackend>>) {
     let mut state = initial_state(1);
-    let mut pool = narrow_pool(dtype, scale, 2);
+    let mut pool = narrow_pool(mode, dtype, scale, 2);
     let steps = match mode {
         Mode::Sync => 275,
         Mode::Async => 550,
