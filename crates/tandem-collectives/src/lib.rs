@@ -84,6 +84,13 @@ pub trait Collectives: Sync + std::fmt::Debug {
     fn abort(&self, code: i32) -> !;
 }
 
+/// The values an all-to-all with `send_counts` (per rank, in rank order) sends from rank `rank`
+/// to the other ranks: what [`Collectives::sent_bytes`] counts of it, in values.
+pub fn sent_to_others(send_counts: &[usize], rank: usize) -> usize {
+    let total: usize = send_counts.iter().sum();
+    total - send_counts.get(rank).copied().unwrap_or(0)
+}
+
 /// Which of the point-to-point channels a message travels on: requests to a rank's parameter
 /// service, the replies to them (kept apart so that a service polling for requests never takes
 /// a reply meant for a worker), and signs of life.

@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, Condvar, Mutex, PoisonError};
 
-use crate::{Channel, Collectives, Messages};
+use crate::{sent_to_others, Channel, Collectives, Messages};
 
 /// A message on its way: source, tag, header, payload.
 type Message = (usize, u16, Vec<u64>, Vec<f32>);
@@ -150,11 +150,7 @@ impl ThreadRank {
         recv: &mut [T],
         recv_counts: &[usize],
     ) {
-        let to_others: usize = (send_counts.iter().enumerate())
-            .filter(|&(q, _)| q != self.rank)
-            .map(|(_, &n)| n)
-            .sum();
-        self.count(to_others, T::BYTES, 1);
+        self.count(sent_to_others(send_counts, self.rank), T::BYTES, 1);
         let all = self.exchange(lane, wide(send), send_counts.to_vec());
         let mut at = 0;
         for (from, (values, counts)) in all.iter().enumerate() {

@@ -18,7 +18,7 @@ use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 use mpi::Threading;
 
-use tandem_collectives::{Channel, Collectives, Messages};
+use tandem_collectives::{sent_to_others, Channel, Collectives, Messages};
 
 /// A communicator that worker threads share. MPI is initialised with `MPI_THREAD_MULTIPLE`
 /// ([`MpiRanks::init`] refuses a library without it), under which any thread may call MPI on
@@ -113,11 +113,7 @@ impl MpiRanks {
         (send, send_counts): (&[T], &[usize]),
         (recv, recv_counts): (&mut [T], &[usize]),
     ) {
-        let to_others: usize = (send_counts.iter().enumerate())
-            .filter(|&(q, _)| q != self.rank())
-            .map(|(_, &n)| n)
-            .sum();
-        self.count::<T>(to_others, 1);
+        self.count::<T>(sent_to_others(send_counts, self.rank()), 1);
         let comm = self.lane(lane);
         let (sc, sd) = partition(send_counts);
         let (rc, rd) = partition(recv_counts);
