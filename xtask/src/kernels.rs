@@ -9,9 +9,15 @@ use anyhow::{bail, Context, Result};
 use crate::toolchain::{self, Toolchain};
 
 /// The virtual architecture of the committed PTX: compute_75 (Turing) is the oldest nvcc 13
-/// accepts, so every GPU from the T4 on can JIT it; the kernels need nothing newer. Keep in
-/// step with `tandem_kernels::ptx::PTX_TARGET`.
+/// accepts, so every GPU from the T4 on can JIT it; the kernels need nothing newer, except
+/// those of a file whose first line names another ([`ARCH_LINE`]). Keep in step with
+/// `tandem_kernels::ptx::PTX_TARGET`.
 const PTX_ARCH: &str = "compute_75";
+
+/// A source's first line `// nvcc-arch: compute_NN` compiles it for `compute_NN` instead of
+/// [`PTX_ARCH`] (instructions older GPUs lack, such as tensor-core products); the loader then
+/// loads it only on GPUs that have them. `kernels/conformance/build.sh` reads the same line.
+const ARCH_LINE: &str = "// nvcc-arch: ";
 
 /// The real architecture ptxas validates the PTX for (Hopper: the H100 and H200).
 const CUBIN_ARCH: &str = "sm_90";
@@ -75,7 +81,7 @@ pub fn build(root: &Path, check: bool, pinned: bool) -> Result<()> {
         );
     }
     eprintln!(
-        "{} {} kernel files ({PTX_ARCH} PTX, ptxas-validated for {CUBIN_ARCH})",
+        "{} {} kernel files ({PTX_ARCH} PTX unless a file names another, ptxas-validated for {CUBIN_ARCH})",
         if check { "checked" } else { "built" },
         sources.len()
     );
@@ -119,13 +125,31 @@ fn ptx_files(dir: &Path) -> Result<Vec<PathBuf>> {
 /// nvcc to PTX. No -lineinfo or -G: those embed the source path, and the output must be the
 /// same text on every machine. -Werror: a kernel that warns is not committed.
 fn compile(tc: &Toolchain, source: &Path, ptx: &Path) -> Result<()> {
+    let text = read(source)?;
+    let arch = arch_of(&text).with_context(|| format!("{}: its first line", source.display()))?;
     let mut nvcc = Command::new(&tc.nvcc);
-    nvcc.args(["-ptx", &format!("-arch={PTX_ARCH}"), "-std=c++17"])
+    nvcc.args(["-ptx", &format!("-arch={arch}"), "-std=c++17"])
         .args(["-Werror", "all-warnings"]);
     if let Some(cccl) = &tc.cccl_include {
         nvcc.arg("-I").arg(cccl);
     }
     crate::run(nvcc.arg("-o").arg(ptx).arg(source))
+}
+
+/// The virtual architecture a kernel source asks for ([`ARCH_LINE`]), else [`PTX_ARCH`].
+fn arch_of(source: &str) -> Result<&str> {
+    let Some(arch) = source
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix(ARCH_LINE))
+    else {
+        return Ok(PTX_ARCH);
+    };
+    let digits = arch.strip_prefix("compute_").unwrap_or_default();
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        bail!("`{ARCH_LINE}{arch}` names no virtual architecture (compute_NN)");
+    }
+    Ok(arch)
 }
 
 /// ptxas to a CUBIN_ARCH cubin: the same compilation the driver's JIT does on a Hopper GPU.
@@ -140,4 +164,20 @@ fn validate(tc: &Toolchain, ptx: &Path, cubin: &Path) -> Result<()> {
 
 fn read(path: &Path) -> Result<String> {
     fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_first_line_names_the_architecture() {
+        assert_eq!(arch_of("// x\nkernel").unwrap(), PTX_ARCH);
+        assert_eq!(arch_of("// nvcc-arch: compute_80\n").unwrap(), "compute_80");
+        // Only the first line counts.
+        assert_eq!(arch_of("\n// nvcc-arch: compute_80").unwrap(), PTX_ARCH);
+        for bad in ["compute_", "sm_80", "compute_8a", ""] {
+            assert!(arch_of(&format!("// nvcc-arch: {bad}")).is_err(), "{bad}");
+        }
+    }
 }

@@ -88,8 +88,9 @@ pub fn isa_min_driver((major, minor): (u32, u32)) -> u32 {
     }
 }
 
-/// The value of device attribute `attribute`, H100/H200-like.
-pub fn device_attribute(attribute: i32, memory: u64) -> Option<i32> {
+/// The value of device attribute `attribute`, H100/H200-like but for the compute capability
+/// (`10 * major + minor`) and the memory.
+pub fn device_attribute(attribute: i32, capability: u32, memory: u64) -> Option<i32> {
     Some(match attribute {
         1 => MAX_THREADS_PER_BLOCK as i32,
         2 => MAX_BLOCK[0] as i32,
@@ -124,8 +125,8 @@ pub fn device_attribute(attribute: i32, memory: u64) -> Option<i32> {
         40 => 3,
         41 => 1,
         50 => 0,
-        75 => 9,
-        76 => 0,
+        75 => (capability / 10) as i32,
+        76 => (capability % 10) as i32,
         78 => 1,
         79 => 1,
         80 => 1,
@@ -356,9 +357,10 @@ unsafe fn load_module(
         .strip_prefix("sm_")
         .and_then(|n| n.parse::<u32>().ok())
     {
-        if sm > 90 {
+        let capability = driver.config.capability;
+        if sm > capability {
             report(&format!(
-                "{name}: target {} is newer than the device (sm_90)",
+                "{name}: target {} is newer than the device (sm_{capability})",
                 module.target()
             ));
             return Err(CUDA_ERROR_NO_BINARY_FOR_GPU);
@@ -519,7 +521,8 @@ api! {
     fn cuDeviceGetAttribute(value: *mut c_int, attribute: c_int, device: CUdevice) {
         let driver = driver()?;
         driver.device(device)?;
-        let v = device_attribute(attribute, driver.config.memory).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let config = &driver.config;
+        let v = device_attribute(attribute, config.capability, config.memory).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         put(value, v)
     }
 

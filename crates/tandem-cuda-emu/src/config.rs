@@ -11,6 +11,9 @@ pub struct Config {
     /// `TANDEM_EMU_DRIVER_VERSION`: the CUDA version `cuDriverGetVersion` reports, as
     /// `1000 * major + 10 * minor` (default 13000, CUDA 13.0). PTX newer than it is refused.
     pub driver_version: u32,
+    /// `TANDEM_EMU_CAPABILITY`: the compute capability every device reports, as
+    /// `10 * major + minor` (default 90, an H100/H200). PTX for a newer target is refused.
+    pub capability: u32,
     /// `TANDEM_EMU_MEMORY`: bytes of memory per device (default 16 GiB).
     pub memory: u64,
     /// `TANDEM_EMU_THREADS`: host threads per kernel launch (default: available parallelism).
@@ -35,6 +38,8 @@ impl Config {
         let parallelism = std::thread::available_parallelism().map_or(1, |n| n.get());
         let devices = number(&lookup, "TANDEM_EMU_DEVICES", 2, 0, 64)?;
         let driver_version = number(&lookup, "TANDEM_EMU_DRIVER_VERSION", 13000, 1000, 99990)?;
+        // From Maxwell (the oldest target nvcc 13 still names) to the Hopper the interpreter is.
+        let capability = number(&lookup, "TANDEM_EMU_CAPABILITY", 90, 50, 90)?;
         let memory = number(&lookup, "TANDEM_EMU_MEMORY", 16 << 30, 1, 1 << 40)?;
         let threads = number(&lookup, "TANDEM_EMU_THREADS", parallelism as u64, 1, 1024)?;
         let stats = lookup("TANDEM_EMU_STATS").filter(|path| !path.is_empty());
@@ -51,6 +56,7 @@ impl Config {
         Ok(Config {
             devices: devices as usize,
             driver_version: driver_version as u32,
+            capability: capability as u32,
             memory,
             threads: threads as usize,
             stats,

@@ -16,7 +16,9 @@ use crate::driver::{
 };
 use crate::error::{cuda, KernelError};
 use crate::launch::{consecutive_spans, span_table, KSplits, TILE};
-use crate::ptx::{Kernel, MAX_GRADIENT_BUFFERS, MAX_UPDATE_SPANS, MODULES, SPAN_TABLE};
+use crate::ptx::{
+    Kernel, PtxModule, MAX_GRADIENT_BUFFERS, MAX_UPDATE_SPANS, MODULES, NARROW, SPAN_TABLE,
+};
 
 /// Threads per block of the 1-D kernels; also the reductions' `REDUCE_THREADS`.
 const BLOCK: u32 = 256;
@@ -24,6 +26,11 @@ const BLOCK: u32 = 256;
 /// the loop inside each kernel covers the rest.
 const MAX_BLOCKS: usize = 4096;
 const MATMUL_ROWS: u32 = 8;
+/// `mma_matmul` (kernels/narrow.cu): each warp computes a 16 x 8 tile of C, four warps a block
+/// side by side, so a block covers 16 rows and 32 columns.
+const MMA_ROWS: usize = 16;
+const MMA_COLS: u32 = 32;
+const MMA_BLOCK: u32 = 128;
 /// Rows of logits per block of `softmax_cross_entropy`: one warp each.
 const SOFTMAX_ROWS: u32 = 4;
 /// What the scalar results are set to before the kernels that write them run: every byte
@@ -84,6 +91,9 @@ struct Scratch {
     losses: DeviceBuffer<f32>,
     /// The mean loss (`mean_loss`).
     loss: DeviceBuffer<f32>,
+    /// The loss scale a 16-bit backend multiplies the loss's gradient by (`round_to` reads it
+    /// when it runs, so a captured step follows [`Backend::set_loss_scale`]).
+    loss_scale: DeviceBuffer<f32>,
     /// `[lr, wd, d]` of [`CudaBackend::sgd_ema_update`].
     hyper: DeviceBuffer<f32>,
     /// The partial products of a matmul split over k (`sum_splits` adds them).
@@ -137,23 +147,37 @@ pub(crate) enum Pass {
 /// The kernels' handles, looked up once when their modules are loaded, indexed by
 /// [`Kernel::index`].
 pub(crate) struct Kernels {
-    functions: [Function; Kernel::ALL.len()],
+    /// `None` for a kernel whose module was not loaded.
+    functions: [Option<Function>; Kernel::ALL.len()],
     // After the handles, which are valid only while their modules are loaded.
-    _modules: Vec<Module>,
+    _modules: Vec<Option<Module>>,
 }
 
 impl Kernels {
-    /// Loads every module in `context` and looks up every kernel.
-    fn load(context: &Arc<Context>) -> Result<Kernels, KernelError> {
+    /// Loads the modules in `context` that `wanted` picks and looks up their kernels.
+    fn load(
+        context: &Arc<Context>,
+        wanted: impl Fn(&PtxModule) -> bool,
+    ) -> Result<Kernels, KernelError> {
         let modules = MODULES
             .iter()
-            .map(|module| Module::load(context, module.ptx).map_err(load_error))
+            .map(|module| match wanted(module) {
+                true => Module::load(context, module.ptx)
+                    .map(Some)
+                    .map_err(load_error),
+                false => Ok(None),
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let mut functions = Vec::with_capacity(Kernel::ALL.len());
         for kernel in Kernel::ALL {
-            let function = modules[kernel.module_index()]
-                .function(kernel.entry())
-                .map_err(cuda(kernel.entry()))?;
+            let function = match &modules[kernel.module_index()] {
+                Some(module) => Some(
+                    module
+                        .function(kernel.entry())
+                        .map_err(cuda(kernel.entry()))?,
+                ),
+                None => None,
+            };
             functions.push(function);
         }
         let functions = functions
@@ -165,8 +189,10 @@ impl Kernels {
         })
     }
 
-    pub(crate) fn get(&self, kernel: Kernel) -> Function {
-        self.functions[kernel.index()]
+    pub(crate) fn get(&self, kernel: Kernel) -> Result<Function, KernelError> {
+        self.functions[kernel.index()].ok_or(KernelError::NotLoaded {
+            kernel: kernel.entry(),
+        })
     }
 }
 
@@ -209,6 +235,11 @@ impl Kernels {
 /// ```
 pub struct CudaBackend {
     ordinal: usize,
+    /// What its buffers hold: `f32`, or `bf16`/`f16` values in `f32` slots (see
+    /// [`with_dtype`](Self::with_dtype)).
+    dtype: DType,
+    /// The loss scale last written to the device (a 16-bit backend's), `None` before the first.
+    loss_scale: Cell<Option<f32>>,
     scratch: RefCell<Scratch>,
     /// What [`Backend::replay`] knows of each key: run once, or captured.
     replays: RefCell<HashMap<ReplayKey, Replay>>,
@@ -224,11 +255,25 @@ pub struct CudaBackend {
 
 impl CudaBackend {
     /// Opens device `ordinal`: retains its primary context (making it current on this thread),
-    /// creates the backend's stream and loads every kernel module.
+    /// creates the backend's stream and loads every kernel module it needs. Computes in `f32`.
     ///
     /// Fails with [`KernelError::DriverTooOld`] when the driver predates the committed PTX, and
     /// with an error for which [`KernelError::is_no_device`] holds where there is no device.
     pub fn new(ordinal: usize) -> Result<CudaBackend, KernelError> {
+        Self::with_dtype(ordinal, DType::F32)
+    }
+
+    /// [`new`](Self::new), computing in `dtype`. In `bf16` or `f16` it is the twin of
+    /// [`tandem_tensor::NarrowCpuBackend`]: every buffer holds values of the type (in `f32`
+    /// slots: the same memory as `f32`, so far), every kernel that stores a result computes it
+    /// in `f32` from 16-bit operands and rounds it once (to nearest even), and the products run
+    /// on tensor cores (`mma.sync` with `f32` accumulation). Its parameters of record stay on
+    /// the host ([`Residence::dtype`](tandem_core::Residence) says `dtype`, which the device
+    /// stores decline), and it scales the loss's gradient ([`Backend::set_loss_scale`]).
+    ///
+    /// Fails with [`KernelError::NoTensorCores`] for `bf16` or `f16` on a GPU older than
+    /// compute capability 8.0.
+    pub fn with_dtype(ordinal: usize, dtype: DType) -> Result<CudaBackend, KernelError> {
         driver::init().map_err(cuda("initialising the CUDA driver"))?;
         let count = driver::device_count().map_err(cuda("counting CUDA devices"))?;
         if ordinal >= count {
@@ -239,18 +284,36 @@ impl CudaBackend {
         // Non-blocking: the legacy default stream, which other replicas' libraries may use,
         // never serialises with this one. Nothing here uses the default stream.
         let stream = Arc::new(Stream::new(&context).map_err(cuda("creating a stream"))?);
-        let kernels = Arc::new(Kernels::load(&context)?);
+        let narrow = dtype != DType::F32;
+        if narrow {
+            let capability = context
+                .capability()
+                .map_err(cuda("reading the compute capability"))?;
+            if capability < 80 {
+                return Err(KernelError::NoTensorCores {
+                    dtype,
+                    ordinal,
+                    capability,
+                });
+            }
+        }
+        // The 16-bit module only where it is used: older GPUs cannot load it.
+        let wanted = |module: &PtxModule| narrow || module.ptx != NARROW;
+        let kernels = Arc::new(Kernels::load(&context, wanted)?);
         let scratch = Scratch {
             indices: allocate(&context, 0)?, // grown on first use
             losses: allocate(&context, 0)?,
             parts: allocate(&context, 0)?,
             loss: allocate(&context, 1)?,
+            loss_scale: allocate(&context, 1)?,
             counts: allocate(&context, 3)?,
             hyper: allocate(&context, 3)?,
             staging: None, // allocated on first use, at the size the model needs
         };
         Ok(CudaBackend {
             ordinal,
+            dtype,
+            loss_scale: Cell::new(None),
             scratch: RefCell::new(scratch),
             replays: RefCell::default(),
             pass: Cell::new(Pass::Direct),
@@ -391,6 +454,31 @@ impl CudaBackend {
 
     /// Queues softmax + cross-entropy over `rows` of logits (at least one) and the mean of the
     /// row losses into `loss`; the label check goes to the scratch counts.
+    /// Rounds the `len` values at `x` to a 16-bit backend's type, multiplied first by the loss
+    /// scale when `scaled` (`round_to`); nothing on an `f32` backend. What follows every
+    /// operation whose kernel stores `f32` results, as [`tandem_tensor::NarrowCpuBackend`]
+    /// rounds after [`tandem_tensor::CpuBackend`].
+    fn round(&self, x: DevicePointer<f32>, len: usize, scaled: bool) -> Result<(), KernelError> {
+        if self.dtype == DType::F32 || len == 0 {
+            return Ok(());
+        }
+        let scale = match scaled {
+            true => self.scratch.borrow().loss_scale.as_device_ptr(),
+            false => DevicePointer::null(),
+        };
+        let bf16 = i32::from(self.dtype == DType::BF16);
+        // SAFETY: the arguments follow `round_to`'s parameters; x covers len values (the
+        // caller's operation checked it), scale is one value or null.
+        unsafe {
+            self.launch(
+                Kernel::RoundTo,
+                stride_grid(len),
+                BLOCK,
+                args![x, len, scale, bf16],
+            )
+        }
+    }
+
     fn softmax_loss(
         &self,
         logits: &DeviceBuffer<f32>,
@@ -403,6 +491,7 @@ impl CudaBackend {
         let logits = span((logits, 0));
         let labels = span((labels, 0));
         let dlogits = span_mut((dlogits, 0));
+        let len = rows * classes; // checked against the buffers above
         let rows_u32 = dim("softmax_cross_entropy: rows", rows)?;
         let classes_u32 = dim("softmax_cross_entropy: classes", classes)?;
         let mut scratch = self.scratch.borrow_mut();
@@ -426,8 +515,10 @@ impl CudaBackend {
                 1u32,
                 BLOCK,
                 args![losses, labels, rows_u32, classes_u32, loss, status],
-            )
+            )?;
         }
+        drop(scratch); // `round` reads the loss scale from it
+        self.round(dlogits, len, true)
     }
 
     /// [`Launcher::launch`] on this backend's stream, except while [`Backend::replay`] queues
@@ -496,12 +587,16 @@ impl CudaBackend {
             return Ok(());
         }
         let len = m.saturating_mul(n); // no saturation: c holds that many values (checked)
-        let grid_y = m.div_ceil(TILE);
+        let block_rows = match self.dtype {
+            DType::F32 => TILE,
+            _ => MMA_ROWS,
+        };
+        let grid_y = m.div_ceil(block_rows);
         if grid_y > MAX_GRID_Y {
             return Err(KernelError::TooLarge {
                 what: "matmul: rows of C",
                 value: m,
-                max: MAX_GRID_Y * TILE,
+                max: MAX_GRID_Y * block_rows,
             });
         }
         let (m, n, k) = (
@@ -510,6 +605,20 @@ impl CudaBackend {
             dim("matmul: k", k)?,
         );
         let (a_t, b_t) = (i32::from(a_transposed), i32::from(b_transposed));
+        if self.dtype != DType::F32 {
+            let grid = (n.div_ceil(MMA_COLS), grid_y as u32);
+            let bf16 = i32::from(self.dtype == DType::BF16);
+            // SAFETY: the arguments follow `mma_matmul`'s parameters: a, b and c cover m*k, k*n
+            // and m*n values and bias n values or is null (checked above).
+            return unsafe {
+                self.launch(
+                    Kernel::MmaMatmul,
+                    grid,
+                    MMA_BLOCK,
+                    args![a, b, c, bias, m, n, k, a_t, b_t, bf16],
+                )
+            };
+        }
         let (grid_x, grid_y) = (n.div_ceil(TILE as u32), grid_y as u32);
         let splits = KSplits::of(grid_x as usize * grid_y as usize, k as usize);
         let count = dim("matmul: splits", splits.count)?;
@@ -846,10 +955,11 @@ impl Launcher<'_> {
         block: impl Into<Dim3>,
         args: &[*mut c_void],
     ) -> Result<(), KernelError> {
+        let function = self.kernels.get(kernel)?;
         // SAFETY: the caller's promises; the handle is one of the stream's context's modules'.
         unsafe {
             self.stream
-                .launch(self.kernels.get(kernel), grid.into(), block.into(), args)
+                .launch(function, grid.into(), block.into(), args)
         }
         .map_err(cuda(kernel.entry()))
     }
@@ -1103,7 +1213,21 @@ impl Backend for CudaBackend {
     type Error = KernelError;
 
     fn dtype(&self) -> DType {
-        DType::F32
+        self.dtype
+    }
+
+    /// On a 16-bit backend: writes `scale` to the device (only when it changed), where the
+    /// loss gradient's rounding reads it.
+    fn set_loss_scale(&self, scale: f32) -> Result<bool, KernelError> {
+        if self.dtype == DType::F32 {
+            return Ok(false);
+        }
+        if self.loss_scale.get() != Some(scale) {
+            let mut scratch = self.scratch.borrow_mut();
+            self.copy_in("set_loss_scale", &[scale], &mut scratch.loss_scale, 0)?;
+            self.loss_scale.set(Some(scale));
+        }
+        Ok(true)
     }
 
     fn bind_thread(&self) -> Result<(), KernelError> {
@@ -1125,7 +1249,8 @@ impl Backend for CudaBackend {
         offset: usize,
     ) -> Result<(), KernelError> {
         check::upload(src.len(), Operand::at(dst.len(), offset))?;
-        self.copy_in("upload", src, dst, offset)
+        self.copy_in("upload", src, dst, offset)?;
+        self.round(span_mut((dst, offset)), src.len(), false)
     }
 
     fn download(
@@ -1148,7 +1273,8 @@ impl Backend for CudaBackend {
         let mut scratch = self.scratch.borrow_mut();
         let host = scratch.staging(&self.context, dst.len())?;
         fill(host);
-        self.copy_in("write_with", host, dst, 0)
+        self.copy_in("write_with", host, dst, 0)?;
+        self.round(span_mut((dst, 0)), dst.len(), false)
     }
 
     /// Stages through pinned host memory: the buffer is downloaded, then handed to `read`.
@@ -1224,8 +1350,9 @@ impl Backend for CudaBackend {
                 grid,
                 BLOCK,
                 args![values, example_labels, indices, features, x, labels],
-            )
+            )?;
         }
+        self.round(x, rows * examples.features, false)
     }
 
     fn matmul(
@@ -1341,8 +1468,9 @@ impl Backend for CudaBackend {
                 stride_grid(len),
                 BLOCK,
                 args![x, bias, len, cols, relu],
-            )
+            )?;
         }
+        self.round(x, len, false)
     }
 
     fn relu_backward(
@@ -1442,8 +1570,9 @@ impl Backend for CudaBackend {
                 cols.div_ceil(BLOCK),
                 BLOCK,
                 args![x, rows, cols, out],
-            )
+            )?;
         }
+        self.round(out, cols as usize, false)
     }
 
     fn count_correct(

@@ -128,6 +128,7 @@ extern "C" {
     fn cuDriverGetVersion(version: *mut c_int) -> Code;
     fn cuDeviceGetCount(count: *mut c_int) -> Code;
     fn cuDeviceGet(device: *mut CuDevice, ordinal: c_int) -> Code;
+    fn cuDeviceGetAttribute(value: *mut c_int, attribute: c_int, device: CuDevice) -> Code;
     fn cuDevicePrimaryCtxRetain(context: *mut CuContext, device: CuDevice) -> Code;
     fn cuDevicePrimaryCtxRelease_v2(device: CuDevice) -> Code;
     fn cuCtxGetCurrent(context: *mut CuContext) -> Code;
@@ -274,6 +275,18 @@ impl Context {
         let context = Arc::new(Context { device, raw });
         context.set_current()?;
         Ok(context)
+    }
+
+    /// Its device's compute capability as `10 major + minor` (90 for an H200).
+    pub(crate) fn capability(&self) -> Result<u32, Code> {
+        // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR and _MINOR.
+        let [mut major, mut minor] = [0; 2];
+        // SAFETY: each value is a valid `int` to write; `device` is the context's device.
+        unsafe {
+            check(cuDeviceGetAttribute(&mut major, 75, self.device))?;
+            check(cuDeviceGetAttribute(&mut minor, 76, self.device))?;
+        }
+        Ok(u32::try_from(10 * major + minor).unwrap_or(0))
     }
 
     /// Makes this context current on the calling thread.

@@ -73,6 +73,30 @@ pub enum KernelError {
         /// The gradients' type.
         grads: tandem_core::DType,
     },
+    /// A 16-bit backend was asked of a GPU without tensor cores for its type (compute
+    /// capability below 8.0, where `mma.sync` with bf16 and f16 operands is missing).
+    #[error(
+        "--precision {dtype} is not available on cuda:{ordinal}: its products need tensor cores \
+         (compute capability 8.0 or newer, Ampere and later), and this GPU is {}.{} (train \
+         with --precision f32 there, or on CPU workers)",
+        capability / 10,
+        capability % 10
+    )]
+    NoTensorCores {
+        /// The type asked for.
+        dtype: tandem_core::DType,
+        /// The device.
+        ordinal: usize,
+        /// Its compute capability, `10 major + minor`.
+        capability: u32,
+    },
+    /// A kernel was launched that the backend did not load (a 16-bit kernel on an `f32`
+    /// backend): a bug in the launch code, reported rather than launched.
+    #[error("{kernel} is not loaded on this backend")]
+    NotLoaded {
+        /// The kernel's entry point.
+        kernel: &'static str,
+    },
     /// An update or reduction was given no gradient buffer, or more than one launch averages.
     #[error("{op}: {given} gradient buffers given, 1 to {MAX_GRADIENT_BUFFERS} supported")]
     GradientCount {

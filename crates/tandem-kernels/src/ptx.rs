@@ -5,8 +5,13 @@
 //! stale.
 
 /// The target every module is compiled for (`nvcc -arch=compute_75`): Turing and newer GPUs
-/// JIT it to their own architecture.
+/// JIT it to their own architecture. [`NARROW`] alone targets [`NARROW_TARGET`].
 pub const PTX_TARGET: &str = "sm_75";
+
+/// The target of [`NARROW`] (`compute_80`): its products run on tensor cores with bf16 and f16
+/// operands, which GPUs before Ampere (compute capability 8.0) do not have; the backend loads
+/// it only on GPUs that do.
+pub const NARROW_TARGET: &str = "sm_80";
 
 /// The PTX ISA version nvcc 13.0 writes. Loading it needs a CUDA 13.0-generation driver.
 pub const PTX_ISA_VERSION: &str = "9.0";
@@ -34,6 +39,16 @@ pub struct PtxModule {
     pub name: &'static str,
     /// The PTX text.
     pub ptx: &'static str,
+}
+
+impl PtxModule {
+    /// The compute capability its `.target sm_XY` line asks for, as `10 X + Y` (75 for
+    /// `sm_75`); `None` when the PTX names no such target.
+    pub fn capability(&self) -> Option<u32> {
+        let line = self.ptx.lines().find_map(|l| l.strip_prefix(".target "))?;
+        let digits = line.split([',', ' ']).next()?.strip_prefix("sm_")?;
+        digits.trim_end_matches(char::is_alphabetic).parse().ok()
+    }
 }
 
 /// The one table of modules and kernels: for each `kernels/NAME.cu` file (in file-name order),
@@ -112,6 +127,12 @@ kernel_table! {
     MATMUL = "matmul" {
         Matmul => "matmul",
         SumSplits => "sum_splits",
+    }
+    /// `kernels/narrow.cu` (compute_80): the 16-bit backend's tensor-core `mma_matmul` and
+    /// `round_to`, which rounds a span to bf16 or f16.
+    NARROW = "narrow" {
+        MmaMatmul => "mma_matmul",
+        RoundTo => "round_to",
     }
     /// `kernels/reduce.cu`: `column_sum`, `mean_loss` and `count_correct`, deterministic; the
     /// last two also check the labels.

@@ -8,7 +8,8 @@ use std::fs;
 use std::path::Path;
 
 use tandem_kernels::ptx::{
-    Kernel, MAX_GRADIENT_BUFFERS, MODULES, PTX_ISA_VERSION, PTX_TARGET, SPAN_TABLE, UPDATE,
+    Kernel, PtxModule, MAX_GRADIENT_BUFFERS, MODULES, NARROW_TARGET, PTX_ISA_VERSION, PTX_TARGET,
+    SPAN_TABLE, UPDATE,
 };
 
 fn crate_dir() -> &'static Path {
@@ -283,12 +284,23 @@ fn modules_are_compiled_for_the_documented_target() {
              ptx::MIN_DRIVER and kernels/README.md",
             module.name
         );
+        // The 16-bit module alone needs tensor cores; its source's first line says so.
+        let (target, capability) = match module.name {
+            "narrow" => (NARROW_TARGET, 80),
+            _ => (PTX_TARGET, 75),
+        };
         assert!(
-            module.ptx.contains(&format!("\n.target {PTX_TARGET}\n")),
-            "{}: target other than {PTX_TARGET}",
+            module.ptx.contains(&format!("\n.target {target}\n")),
+            "{}: target other than {target}",
             module.name
         );
+        assert_eq!(module.capability(), Some(capability), "{}", module.name);
     }
+    let names_arch = |m: &&PtxModule| {
+        read(&format!("../../kernels/{}.cu", m.name)).starts_with("// nvcc-arch: ")
+    };
+    let named: Vec<_> = MODULES.iter().filter(names_arch).map(|m| m.name).collect();
+    assert_eq!(named, ["narrow"]);
 }
 
 /// One instruction of a PTX text.

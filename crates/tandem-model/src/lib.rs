@@ -42,4 +42,4 @@ mod replica;
 pub use confusion::Confusion;
 pub use mlp::{Mlp, MlpError, MAX_HIDDEN_LAYERS, MAX_PARAMS, MAX_WIDTH};
 pub use network::Network;
-pub use replica::{open_replica, MlpReplica, NetworkReplica, NotOnGpu};
+pub use replica::{open_replica, MlpReplica, NetworkReplica};

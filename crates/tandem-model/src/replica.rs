@@ -148,7 +148,7 @@ impl<N: Network, B: Backend> NetworkReplica<N, B> {
     ) -> Result<StepLoss, ReplicaError> {
         loop {
             let scale = scaling.scaler.scale();
-            if !self.backend.set_loss_scale(scale) {
+            if !self.backend.set_loss_scale(scale)? {
                 let dtype = self.backend.dtype();
                 return Err(format!("a {dtype} backend that cannot scale the loss").into());
             }
@@ -355,7 +355,9 @@ impl<N: Network, B: Backend> Replica for NetworkReplica<N, B> {
 /// Opens a replica of `network` on `device` for batches of up to `max_batch` examples of
 /// `training`, computing in `precision`: on the host for CPU and simulated workers (`f32` on
 /// [`CpuBackend`], `bf16` and `f16` on [`NarrowCpuBackend`]), on the GPU for a CUDA device (in
-/// a build with this crate's `cuda` feature; without it, an error saying so).
+/// a build with this crate's `cuda` feature, `tandem_kernels::CudaBackend::with_dtype`, which
+/// refuses 16-bit types on GPUs without tensor cores for them; without the feature, an error
+/// saying so).
 pub fn open_replica<N: Network>(
     network: N,
     device: &Device,
@@ -375,29 +377,13 @@ pub fn open_replica<N: Network>(
         },
         #[cfg(feature = "cuda")]
         Device::Cuda { ordinal } => {
-            if precision.compute != tandem_core::DType::F32 {
-                return Err(NotOnGpu {
-                    precision,
-                    device: *device,
-                }
-                .into());
-            }
-            let backend = tandem_kernels::CudaBackend::new(*ordinal)?;
-            Ok(Box::new(NetworkReplica::new(
-                network, backend, training, max_batch,
-            )?))
+            let backend = tandem_kernels::CudaBackend::with_dtype(*ordinal, precision.compute)?;
+            Ok(Box::new(
+                NetworkReplica::new(network, backend, training, max_batch)?
+                    .with_initial_loss_scale(precision.initial_loss_scale),
+            ))
         }
         #[cfg(not(feature = "cuda"))]
         Device::Cuda { .. } => Err(format!("{device} needs a build with `--features cuda`").into()),
     }
-}
-
-/// A precision the CUDA kernels do not compute in.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("--precision {precision} is not available on {device}: tandem's CUDA kernels compute in f32 only (train with --precision f32 there, or on CPU workers)")]
-pub struct NotOnGpu {
-    /// The precision asked for.
-    pub precision: Precision,
-    /// The GPU.
-    pub device: Device,
 }

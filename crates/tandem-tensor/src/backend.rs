@@ -204,9 +204,9 @@ pub trait Backend: Send {
     /// before it is stored in the backend's type (loss scaling: `f16` gradients would
     /// underflow otherwise). `false` (the default) where the backend does not scale: it then
     /// computes as if the scale were 1, and a caller must not scale with it.
-    fn set_loss_scale(&self, scale: f32) -> bool {
+    fn set_loss_scale(&self, scale: f32) -> Result<bool, Self::Error> {
         let _ = scale;
-        false
+        Ok(false)
     }
     /// Makes this backend usable from the calling thread (a GPU backend makes its context
     /// current). Called once by each worker thread before anything else.

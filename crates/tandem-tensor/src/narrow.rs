@@ -88,9 +88,9 @@ impl Backend for NarrowCpuBackend {
         self.dtype
     }
 
-    fn set_loss_scale(&self, scale: f32) -> bool {
+    fn set_loss_scale(&self, scale: f32) -> Result<bool, ShapeError> {
         self.loss_scale.set(scale);
-        true
+        Ok(true)
     }
 
     fn zeros(&self, len: usize) -> Result<Vec<f32>, ShapeError> {
@@ -381,7 +381,7 @@ mod tests {
         assert_eq!(plain[1], 0.0);
         assert!(reference[1] > 0.0);
         let scale = 2f32.powi(30);
-        assert!(backend.set_loss_scale(scale));
+        assert_eq!(backend.set_loss_scale(scale), Ok(true));
         let mut scaled = vec![0.0; rows * classes];
         let scaled_loss = backend
             .softmax_cross_entropy(&logits, &labels, rows, classes, &mut scaled)

@@ -1,0 +1,333 @@
+//! The 16-bit CUDA backend (`CudaBackend::with_dtype`, bf16 and f16) against its CPU twin,
+//! `tandem_tensor::NarrowCpuBackend`, and its products against exact (f64) arithmetic, on a GPU
+//! or the stand-in (skipped without one, as in `cuda.rs`).
+#![cfg(feature = "cuda")]
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tandem_core::DType;
+use tandem_kernels::{CudaBackend, DeviceBuffer, KernelError};
+use tandem_tensor::{round_to, Activation, Backend, ExampleSet, Gemm, NarrowCpuBackend};
+
+const NARROW: [DType; 2] = [DType::BF16, DType::F16];
+
+/// Device 0 computing in `dtype`, or `None` after saying on stderr that the test is skipped.
+fn gpu(dtype: DType) -> Option<CudaBackend> {
+    tandem_testkit::or_skip(CudaBackend::with_dtype(0, dtype), KernelError::is_no_device)
+}
+
+fn twin(dtype: DType) -> NarrowCpuBackend {
+    NarrowCpuBackend::new(dtype).expect("a 16-bit type")
+}
+
+/// Unit roundoff of the type: half the gap between 1 and the next value.
+fn unit_roundoff(dtype: DType) -> f64 {
+    match dtype {
+        DType::BF16 => 2f64.powi(-8),
+        _ => 2f64.powi(-11),
+    }
+}
+
+/// The gap between `|v|` and the next larger value of the type (f16's subnormal gap below its
+/// smallest normal).
+fn gap(dtype: DType, v: f64) -> f64 {
+    let exponent = v.abs().max(f64::MIN_POSITIVE).log2().floor() as i32;
+    match dtype {
+        DType::BF16 => 2f64.powi(exponent - 7),
+        _ => 2f64.powi(exponent.max(-14) - 10),
+    }
+}
+
+fn random(rng: &mut ChaCha8Rng, len: usize, scale: f32) -> Vec<f32> {
+    (0..len).map(|_| rng.random_range(-scale..scale)).collect()
+}
+
+fn upload(gpu: &CudaBackend, values: &[f32]) -> DeviceBuffer<f32> {
+    let mut buf = gpu.zeros(values.len()).expect("allocating");
+    gpu.upload(values, &mut buf, 0).expect("uploading");
+    buf
+}
+
+fn download(gpu: &CudaBackend, buf: &DeviceBuffer<f32>, len: usize) -> Vec<f32> {
+    let mut host = vec![0.0; len];
+    gpu.download(buf, 0, &mut host).expect("downloading");
+    host
+}
+
+/// Every value is one of the type's (rounding leaves it as it is).
+fn assert_of_type(what: &str, dtype: DType, values: &[f32]) {
+    let mut rounded = values.to_vec();
+    round_to(dtype, &mut rounded);
+    if let Some(i) = (0..values.len()).find(|&i| rounded[i].to_bits() != values[i].to_bits()) {
+        panic!("{what}: element {i}, {}, is not a {dtype} value", values[i]);
+    }
+}
+
+/// The tensor-core product of 16-bit operands, every shape and transposition the model uses
+/// and odd ones, with and without the bias + ReLU epilogue, against exact arithmetic. The
+/// bound: each 16-value chunk of k is summed exactly and added to the f32 accumulator with one
+/// rounding (`mma.sync`; the stand-in computes it so, a GPU within the same bound), so after
+/// `ceil(k / 16)` chunks (and the bias) the f32 value is within `(ceil(k / 16) + 1) u32 S` of
+/// the exact one, `S` the sum of `|a b|` (and `|bias|`); the store rounds it once more, by at
+/// most `u16` of its value (and half the smallest f16 subnormal, 2^-25). Against the CPU twin
+/// (f32 accumulation in its own order, rounded once): both within that of the exact value.
+#[test]
+fn tensor_core_products_are_exact_chunks_rounded_once() {
+    let mut rng = ChaCha8Rng::seed_from_u64(29);
+    let shapes = [
+        (1, 1, 1),
+        (16, 8, 16),
+        (33, 31, 65),
+        (100, 500, 784),
+        (100, 10, 500),
+        (784, 500, 100),
+        (17, 9, 3),
+    ];
+    for dtype in NARROW {
+        let Some(gpu) = gpu(dtype) else { return };
+        let cpu = twin(dtype);
+        for (m, n, k) in shapes {
+            for (a_t, b_t) in [(false, false), (true, false), (false, true), (true, true)] {
+                let spec = Gemm::new(m, n, k, a_t, b_t);
+                let with_bias = !a_t && !b_t;
+                let mut a = random(&mut rng, m * k, 1.0);
+                let mut b = random(&mut rng, k * n, 1.0);
+                let mut bias = random(&mut rng, n, 0.5);
+                for v in [&mut a, &mut b, &mut bias] {
+                    round_to(dtype, v);
+                }
+                let (ga, gb, gbias) = (upload(&gpu, &a), upload(&gpu, &b), upload(&gpu, &bias));
+                let mut gc = upload(&gpu, &vec![f32::NAN; m * n]);
+                let mut cc = vec![f32::NAN; m * n];
+                match with_bias {
+                    true => {
+                        let bias_at = (&gbias, 0);
+                        gpu.matmul_bias_relu(spec, (&ga, 0), (&gb, 0), bias_at, (&mut gc, 0))
+                            .expect("gpu product");
+                        cpu.matmul_bias_relu(spec, (&a, 0), (&b, 0), (&bias, 0), (&mut cc, 0))
+                            .expect("cpu product");
+                    }
+                    false => {
+                        gpu.matmul(spec, (&ga, 0), (&gb, 0), (&mut gc, 0))
+                            .expect("gpu product");
+                        cpu.matmul(spec, (&a, 0), (&b, 0), (&mut cc, 0))
+                            .expect("cpu product");
+                    }
+                }
+                let got = download(&gpu, &gc, m * n);
+                let what = format!("{dtype} {spec:?} bias {with_bias}");
+                assert_of_type(&what, dtype, &got);
+                let op_a = |r: usize, c: usize| match a_t {
+                    true => a[c * m + r],
+                    false => a[r * k + c],
+                };
+                let op_b = |r: usize, c: usize| match b_t {
+                    true => b[c * k + r],
+                    false => b[r * n + c],
+                };
+                let chunks = k.div_ceil(16) as f64 + 1.0;
+                let subnormal = if dtype == DType::F16 {
+                    2f64.powi(-25)
+                } else {
+                    0.0
+                };
+                for r in 0..m {
+                    for c in 0..n {
+                        let (mut exact, mut size) = (0.0f64, 0.0f64);
+                        for i in 0..k {
+                            let p = f64::from(op_a(r, i)) * f64::from(op_b(i, c));
+                            exact += p;
+                            size += p.abs();
+                        }
+                        if with_bias {
+                            exact = (exact + f64::from(bias[c])).max(0.0);
+                            size += f64::from(bias[c]).abs();
+                        }
+                        let bound = unit_roundoff(dtype) * exact.abs()
+                            + chunks * 2f64.powi(-24) * size * (1.0 + unit_roundoff(dtype))
+                            + subnormal;
+                        for (side, value) in [("gpu", got[r * n + c]), ("cpu", cc[r * n + c])] {
+                            let error = (f64::from(value) - exact).abs();
+                            assert!(
+                                error <= bound,
+                                "{what} [{r}][{c}] {side}: {value} against {exact} (bound {bound})"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The other kernels store values of the type, the twin's: exactly where both do the same f32
+/// operation (gather's division, the bias, ReLU, the column sums in row order), within one
+/// step of the type where the f32 values differ in their last bits first (the softmax's
+/// exponentials); the loss's gradient multiplied by the loss scale before it is rounded.
+#[test]
+fn every_kernel_stores_the_twins_values_of_the_type() {
+    let mut rng = ChaCha8Rng::seed_from_u64(30);
+    let (rows, features, classes, examples) = (13, 37, 10, 40);
+    let pixels: Vec<u8> = (0..features * examples).map(|_| rng.random()).collect();
+    let kinds: Vec<u8> = (0..examples).map(|_| rng.random_range(0..10)).collect();
+    let set = ExampleSet::new(features, pixels, kinds).expect("a consistent data set");
+    let indices: Vec<u32> = (0..rows)
+        .map(|_| rng.random_range(0..examples as u32))
+        .collect();
+    for dtype in NARROW {
+        let Some(gpu) = gpu(dtype) else { return };
+        let cpu = twin(dtype);
+        // Uploads round: what the buffers hold is always of the type.
+        let wide = random(&mut rng, 50, 3.0);
+        let mut want = cpu.zeros(50).unwrap();
+        cpu.upload(&wide, &mut want, 0).unwrap();
+        let got = download(&gpu, &upload(&gpu, &wide), 50);
+        assert_eq!(got, want, "{dtype} upload");
+        let mut written = gpu.zeros(50).unwrap();
+        gpu.write_with(&mut written, &mut |p| p.copy_from_slice(&wide))
+            .unwrap();
+        assert_eq!(download(&gpu, &written, 50), want, "{dtype} write_with");
+
+        let resident = gpu.upload_examples(&set).unwrap();
+        let mut x = gpu.zeros(rows * features).unwrap();
+        let mut labels = gpu.zero_labels(rows).unwrap();
+        gpu.gather(&resident, &indices, &mut x, &mut labels)
+            .unwrap();
+        let (mut cx, mut clabels) = (vec![0.0; rows * features], vec![0; rows]);
+        cpu.gather(&set, &indices, &mut cx, &mut clabels).unwrap();
+        let gx = download(&gpu, &x, rows * features);
+        assert_of_type(&format!("{dtype} gather"), dtype, &gx);
+        assert_eq!(gx, cx, "{dtype} gather");
+
+        let bias_values = random(&mut rng, features, 0.5);
+        let (gbias, mut cbias) = (upload(&gpu, &bias_values), bias_values.clone());
+        round_to(dtype, &mut cbias);
+        gpu.bias_add(&mut x, (&gbias, 0), rows, features, Activation::Relu)
+            .unwrap();
+        cpu.bias_add(&mut cx, (&cbias, 0), rows, features, Activation::Relu)
+            .unwrap();
+        let gx = download(&gpu, &x, rows * features);
+        assert_of_type(&format!("{dtype} bias_add"), dtype, &gx);
+        assert_eq!(gx, cx, "{dtype} bias_add");
+
+        let mut sums = gpu.zeros(features + 3).unwrap();
+        gpu.column_sum(&x, rows, features, (&mut sums, 3)).unwrap();
+        let mut csums = vec![0.0; features + 3];
+        cpu.column_sum(&cx, rows, features, (&mut csums, 3))
+            .unwrap();
+        assert_eq!(
+            download(&gpu, &sums, features + 3),
+            csums,
+            "{dtype} column_sum"
+        );
+
+        // Confident logits: unscaled, f16 flushes the wrong classes' gradients to zero.
+        let mut logits: Vec<f32> = random(&mut rng, rows * classes, 3.0);
+        for r in 0..rows {
+            logits[r * classes + r % classes] += 16.0;
+        }
+        round_to(dtype, &mut logits);
+        let label_values: Vec<u32> = (0..rows as u32).map(|r| r % classes as u32).collect();
+        let mut glabels = gpu.zero_labels(rows).unwrap();
+        gpu.upload_labels(&label_values, &mut glabels, 0).unwrap();
+        let glogits = upload(&gpu, &logits);
+        for scale in [1.0, 2f32.powi(12), 2f32.powi(24)] {
+            assert!(gpu.set_loss_scale(scale).unwrap());
+            cpu.set_loss_scale(scale).unwrap();
+            let mut gd = gpu.zeros(rows * classes).unwrap();
+            let loss = gpu
+                .softmax_cross_entropy(&glogits, &glabels, rows, classes, &mut gd)
+                .unwrap();
+            let mut cd = vec![0.0; rows * classes];
+            let closs = cpu
+                .softmax_cross_entropy(&logits, &label_values, rows, classes, &mut cd)
+                .unwrap();
+            // Confident rows: a loss near zero, log(1 + tiny), absolute error of f32's exp.
+            assert!((loss - closs).abs() <= 1e-6, "{loss} {closs}");
+            let gd = download(&gpu, &gd, rows * classes);
+            let what = format!("{dtype} dlogits at scale {scale}");
+            assert_of_type(&what, dtype, &gd);
+            // The f32 values differ as in `cuda.rs` (1e-5 of the largest, 1 / rows before the
+            // scale: a correct class's p - 1 cancels), each rounding adds half a gap.
+            let f32_apart = 1e-5 * f64::from(scale) / rows as f64;
+            for (i, (&g, &c)) in gd.iter().zip(&cd).enumerate() {
+                let apart = (f64::from(g) - f64::from(c)).abs();
+                let bound = gap(dtype, f64::from(g.abs().max(c.abs()))) + f32_apart;
+                assert!(apart <= bound, "{what} [{i}]: {g} against {c}");
+            }
+            // The wrong classes' gradients (the right one's may be exactly 0 in f32 already).
+            let wrong =
+                (0..rows * classes).filter(|i| i % classes != label_values[i / classes] as usize);
+            let zeros = wrong.filter(|&i| gd[i] == 0.0).count();
+            if dtype == DType::F16 && scale == 1.0 {
+                assert!(
+                    zeros > 0,
+                    "{what}: confident rows should underflow unscaled"
+                );
+            }
+            if scale == 2f32.powi(24) {
+                assert_eq!(zeros, 0, "{what}: the scale keeps every gradient");
+            }
+        }
+    }
+}
+
+/// The loss scale is read on the device when the kernel runs: a step captured as a graph at
+/// one scale, replayed after the scale changed, scales by the new one.
+#[test]
+fn a_replayed_step_follows_the_loss_scale() {
+    let Some(gpu) = gpu(DType::F16) else { return };
+    let (rows, classes) = (4, 3);
+    let logits = upload(
+        &gpu,
+        &[
+            2.0, 0.0, -1.0, 0.5, 0.25, 0.0, -3.0, 4.0, 1.0, 0.0, 0.0, 8.0,
+        ],
+    );
+    let mut labels = gpu.zero_labels(rows).unwrap();
+    gpu.upload_labels(&[0, 1, 1, 2], &mut labels, 0).unwrap();
+    let mut d = gpu.zeros(rows * classes).unwrap();
+    let mut loss = gpu.zeros(1).unwrap();
+    let mut seen = Vec::new();
+    // Calls 0, 1 and 2: run, captured, replayed.
+    for scale in [1.0, 4.0, 1024.0] {
+        assert!(gpu.set_loss_scale(scale).unwrap());
+        gpu.replay(7, &mut |b| {
+            b.softmax_cross_entropy_into(&logits, &labels, (rows, classes), &mut d, (&mut loss, 0))
+        })
+        .unwrap();
+        seen.push(download(&gpu, &d, rows * classes));
+    }
+    for (scale, values) in [(4.0, &seen[1]), (1024.0, &seen[2])] {
+        // Powers of two far from f16's limits scale exactly.
+        let want: Vec<f32> = seen[0].iter().map(|v| v * scale).collect();
+        let close = values
+            .iter()
+            .zip(&want)
+            .all(|(&v, &w)| f64::from((v - w).abs()) <= gap(DType::F16, w.into()));
+        assert!(close, "scale {scale}: {values:?} against {want:?}");
+    }
+    assert_ne!(seen[1], seen[2]);
+}
+
+/// A 16-bit product repeats itself bit for bit; an f32 backend does not scale the loss.
+#[test]
+fn a_sixteen_bit_product_repeats_bitwise() {
+    let Some(gpu) = gpu(DType::BF16) else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(31);
+    let (m, n, k) = (40, 70, 300);
+    let a = upload(&gpu, &random(&mut rng, m * k, 1.0));
+    let b = upload(&gpu, &random(&mut rng, k * n, 1.0));
+    let mut runs = Vec::new();
+    for _ in 0..2 {
+        let mut c = gpu.zeros(m * n).unwrap();
+        gpu.matmul(Gemm::nn(m, n, k), (&a, 0), (&b, 0), (&mut c, 0))
+            .unwrap();
+        runs.push(download(&gpu, &c, m * n));
+    }
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&runs[0]), bits(&runs[1]));
+    assert_eq!(gpu.dtype(), DType::BF16);
+    let f32_gpu = CudaBackend::new(0).unwrap();
+    assert!(!f32_gpu.set_loss_scale(2.0).unwrap(), "f32 does not scale");
+}

@@ -1,0 +1,102 @@
+// nvcc-arch: compute_80
+// The kernels of 16-bit training (`--precision bf16|f16`), the twins of
+// tandem_tensor::NarrowCpuBackend. Values are held in f32 slots, each exactly a bf16 or f16
+// value (`bf16 != 0` picks the type): every kernel that stores a result rounds it once,
+// round to nearest even (cvt.rn), from an f32 computed on 16-bit operands. compute_80: the
+// products use tensor cores (mma.sync with bf16/f16 operands, sm_80 and newer), and the
+// conversions are single instructions there.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+// v rounded to the nearest bf16 (bf16 != 0) or f16 value, as an f32 (f16 overflows to infinity).
+// A bf16 is the upper half of an f32: widened by a shift (compute_80's __bfloat162float packs
+// the halves with a mov instead; cvt.f32.bf16 needs sm_90).
+__device__ float round_narrow(float v, int bf16) {
+    if (bf16) {
+        return __uint_as_float((unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(v)) << 16);
+    }
+    return __half2float(__float2half_rn(v));
+}
+
+// Two values of the operands' type packed for mma.sync, lo in the low half (exact: each is
+// already a value of the type).
+__device__ unsigned pack(float lo, float hi, int bf16) {
+    if (bf16) {
+        const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<const unsigned *>(&p);
+    }
+    const __half2 p = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const unsigned *>(&p);
+}
+
+// op(P)[r][c] of an operand op(P) that is rows x cols, P stored rows x cols or, transposed,
+// cols x rows; zero past the edges.
+__device__ float at(const float *p, unsigned rows, unsigned cols, int t, unsigned r, unsigned c) {
+    if (r >= rows || c >= cols) {
+        return 0.0f;
+    }
+    return t ? p[(size_t)c * rows + r] : p[(size_t)r * cols + c];
+}
+
+// C (m x n) = op(A) (m x k) . op(B) (k x n), the operands as in matmul.cu (a_t, b_t), then the
+// optional epilogue C = max(0, C + bias) (bias null: none), in f32, then each value rounded to
+// the type. Each warp computes one 16 x 8 tile of C with mma.sync.m16n8k16 (16-bit operands,
+// f32 accumulation), 16 values of k at a time in increasing k: the same order every run, so
+// the result is bitwise reproducible. The fragments are loaded straight from global memory in
+// the ISA's layout (groupID g = lane / 4, t = lane % 4): a0 = A[g][2t..2t+1],
+// a1 = A[g+8][2t..2t+1], a2 = A[g][2t+8..2t+9], a3 = A[g+8][2t+8..2t+9]; b0 = B[2t..2t+1][g],
+// b1 = B[2t+8..2t+9][g]; accumulators c0 = C[g][2t], c1 = C[g][2t+1], c2 = C[g+8][2t],
+// c3 = C[g+8][2t+1].
+// Launch: grid (ceil(n / 32), ceil(m / 16)), block 128: warp w of block (x, y) computes rows
+// 16 y .. 16 y + 15, columns 32 x + 8 w .. 32 x + 8 w + 7 (every lane takes part in the mma,
+// even past the edges, where it loads zeros and stores nothing).
+extern "C" __global__ void mma_matmul(const float *__restrict__ a, const float *__restrict__ b,
+                                      float *__restrict__ c, const float *__restrict__ bias,
+                                      unsigned m, unsigned n, unsigned k, int a_t, int b_t,
+                                      int bf16) {
+    const unsigned lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const unsigned row0 = blockIdx.y * 16, col0 = blockIdx.x * 32 + threadIdx.x / 32 * 8;
+    const unsigned r0 = row0 + g, r1 = row0 + g + 8, col = col0 + g;
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (unsigned k0 = 0; k0 < k; k0 += 16) {
+        const unsigned k1 = k0 + 2 * t, k2 = k1 + 8;
+        const unsigned a0 = pack(at(a, m, k, a_t, r0, k1), at(a, m, k, a_t, r0, k1 + 1), bf16);
+        const unsigned a1 = pack(at(a, m, k, a_t, r1, k1), at(a, m, k, a_t, r1, k1 + 1), bf16);
+        const unsigned a2 = pack(at(a, m, k, a_t, r0, k2), at(a, m, k, a_t, r0, k2 + 1), bf16);
+        const unsigned a3 = pack(at(a, m, k, a_t, r1, k2), at(a, m, k, a_t, r1, k2 + 1), bf16);
+        const unsigned b0 = pack(at(b, k, n, b_t, k1, col), at(b, k, n, b_t, k1 + 1, col), bf16);
+        const unsigned b1 = pack(at(b, k, n, b_t, k2, col), at(b, k, n, b_t, k2 + 1, col), bf16);
+        if (bf16) {
+            asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+                         "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+        } else {
+            asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+                         "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+        }
+    }
+    for (unsigned i = 0; i < 4; ++i) {
+        const unsigned row = i < 2 ? r0 : r1, cc = col0 + 2 * t + i % 2;
+        if (row < m && cc < n) {
+            const float v = bias ? fmaxf(d[i] + bias[cc], 0.0f) : d[i];
+            c[(size_t)row * n + cc] = round_narrow(v, bf16);
+        }
+    }
+}
+
+// x[i] = round(x[i] * scale[0]) (scale null: round(x[i])) for i < len: what follows each
+// f32 kernel whose results a 16-bit backend stores (the loss scale multiplies the loss's
+// gradient before it is rounded; it is read from device memory, so that a captured step sees
+// the scale of each launch).
+// Launch: 1-D, 256 threads a block, any number of blocks (grid-stride).
+extern "C" __global__ void round_to(float *__restrict__ x, size_t len,
+                                    const float *__restrict__ scale, int bf16) {
+    const float s = scale ? scale[0] : 1.0f;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < len;
+         i += (size_t)gridDim.x * blockDim.x) {
+        x[i] = round_narrow(x[i] * s, bf16);
+    }
+}
