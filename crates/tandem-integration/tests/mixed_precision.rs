@@ -3,9 +3,9 @@
 
 mod common;
 
-use common::{initial_state, mnist, test_accuracy};
+use common::{gradients, initial_state, largest_logit, mnist, relative_error, test_accuracy};
 use tandem_core::{DType, Replica, TrainState};
-use tandem_model::{Mlp, MlpReplica, Network};
+use tandem_model::{Mlp, MlpReplica};
 use tandem_optim::Sgd;
 use tandem_pool::{Device, WorkerPool};
 use tandem_strategy::{train, Batches, Mode, NoObserver};
@@ -17,27 +17,6 @@ fn narrow_replica(dtype: DType, scale: f32, batch: usize) -> MlpReplica<NarrowCp
     MlpReplica::new(Mlp::mnist(), backend, &mnist().train, batch)
         .unwrap()
         .with_initial_loss_scale(scale)
-}
-
-/// The gradients of `replica` on `batch` from `params`, as it hands them out.
-fn gradients(replica: &mut impl Replica, params: &[f32], batch: &[u32]) -> Vec<f32> {
-    replica
-        .set_params(&mut |p| p.copy_from_slice(params))
-        .unwrap();
-    replica.compute_gradients(batch).unwrap();
-    let mut out = Vec::new();
-    replica.read_gradients(&mut |g| out = g.to_vec()).unwrap();
-    out
-}
-
-/// ||a - b|| / ||b|| in f64.
-fn relative_error(a: &[f32], b: &[f32]) -> f64 {
-    let (mut diff, mut norm) = (0.0f64, 0.0f64);
-    for (&x, &y) in a.iter().zip(b) {
-        diff += (f64::from(x) - f64::from(y)).powi(2);
-        norm += f64::from(y).powi(2);
-    }
-    (diff / norm).sqrt()
 }
 
 /// Parameters after a few f32 steps, so that the gradients are those of a network that has
@@ -60,23 +39,6 @@ fn trained_params() -> TrainState {
     )
     .unwrap();
     state
-}
-
-/// The largest |logit| of `params` on `batch`, in f32.
-fn largest_logit(params: &[f32], batch: &[u32]) -> f64 {
-    let train = &mnist().train;
-    let x: Vec<f32> = (batch.iter())
-        .flat_map(|&i| {
-            train
-                .features_of(i as usize)
-                .iter()
-                .map(|&v| f32::from(v) / 255.0)
-        })
-        .collect();
-    let logits = Mlp::mnist().logits(&CpuBackend, params, &x).unwrap();
-    logits
-        .iter()
-        .fold(0.0f64, |m, &l| m.max(f64::from(l).abs()))
 }
 
 /// The 16-bit passes agree with f32 to within what their rounding allows. Every value the

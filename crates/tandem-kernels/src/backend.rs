@@ -310,7 +310,7 @@ impl CudaBackend {
             hyper: allocate(&context, 3)?,
             staging: None, // allocated on first use, at the size the model needs
         };
-        Ok(CudaBackend {
+        let backend = CudaBackend {
             ordinal,
             dtype,
             loss_scale: Cell::new(None),
@@ -321,7 +321,10 @@ impl CudaBackend {
             kernels,
             stream,
             context,
-        })
+        };
+        // Unscaled until told otherwise (bf16 never is): the kernels read the scale always.
+        backend.set_loss_scale(1.0)?;
+        Ok(backend)
     }
 
     /// The device's ordinal.

@@ -1,9 +1,10 @@
-//! Shared set-up for the CPU training tests (`training.rs`, `async_accuracy.rs`).
+//! Shared set-up for the training tests (`training.rs`, `async_accuracy.rs`, the mixed-precision
+//! tests of `mixed_precision.rs` and `model_gpu.rs`).
 
 use std::sync::OnceLock;
 
 use rand::SeedableRng;
-use tandem_core::TrainState;
+use tandem_core::{Replica, TrainState};
 use tandem_mnist::Mnist;
 use tandem_model::{Mlp, MlpReplica, Network};
 use tandem_optim::Sgd;
@@ -12,6 +13,7 @@ use tandem_tensor::{CpuBackend, ExampleSet};
 
 pub struct Data {
     pub train: ExampleSet,
+    #[allow(dead_code)] // The GPU tests train only.
     pub test: ExampleSet,
 }
 
@@ -68,6 +70,7 @@ pub fn ema(state: &TrainState) -> &[f32] {
 }
 
 /// Test accuracy of the averaged and the raw parameters.
+#[allow(dead_code)] // The GPU tests train only.
 pub fn test_accuracy(state: &TrainState) -> (f64, f64) {
     let evaluate = |params: &[f32]| {
         Mlp::mnist()
@@ -98,4 +101,46 @@ pub fn train_on_two_cpus(
         observer,
     )
     .expect("training")
+}
+
+#[allow(dead_code)] // Only the mixed-precision tests compare passes.
+/// The gradients of `replica` on `batch` from `params`, as it hands them out.
+pub fn gradients(replica: &mut dyn Replica, params: &[f32], batch: &[u32]) -> Vec<f32> {
+    replica.bind_thread().unwrap();
+    replica
+        .set_params(&mut |p| p.copy_from_slice(params))
+        .unwrap();
+    replica.compute_gradients(batch).unwrap();
+    let mut out = Vec::new();
+    replica.read_gradients(&mut |g| out = g.to_vec()).unwrap();
+    out
+}
+
+#[allow(dead_code)] // Only the mixed-precision tests compare passes.
+/// ||a - b|| / ||b|| in f64.
+pub fn relative_error(a: &[f32], b: &[f32]) -> f64 {
+    let (mut diff, mut norm) = (0.0f64, 0.0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        diff += (f64::from(x) - f64::from(y)).powi(2);
+        norm += f64::from(y).powi(2);
+    }
+    (diff / norm).sqrt()
+}
+
+#[allow(dead_code)] // Only the mixed-precision tests compare passes.
+/// The largest |logit| of `params` on `batch`, in f32.
+pub fn largest_logit(params: &[f32], batch: &[u32]) -> f64 {
+    let train = &mnist().train;
+    let x: Vec<f32> = (batch.iter())
+        .flat_map(|&i| {
+            train
+                .features_of(i as usize)
+                .iter()
+                .map(|&v| f32::from(v) / 255.0)
+        })
+        .collect();
+    let logits = Mlp::mnist().logits(&CpuBackend, params, &x).unwrap();
+    logits
+        .iter()
+        .fold(0.0f64, |m, &l| m.max(f64::from(l).abs()))
 }
