@@ -311,10 +311,37 @@ fn a_diverging_gpu_run_stops_naming_the_worker_and_step_with_no_checkpoint_after
     }
 }
 
-/// A 16-bit precision on a CUDA device is refused before any step, naming the precision and
-/// the device (tandem's kernels compute in f32), and nothing is written.
+/// `--precision bf16|f16` on GPU replicas, both modes: the run trains on the device's 16-bit
+/// kernels (tensor-core products), says its precision, records it in its checkpoints, and its
+/// loss falls as on `cpu:2` in the same precision.
 #[test]
-fn a_sixteen_bit_precision_on_a_gpu_is_refused_naming_both() {
+fn a_sixteen_bit_run_trains_on_gpu_replicas_and_records_its_precision() {
+    if !gpu_present() {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    for precision in ["bf16", "f16"] {
+        for mode in ["--sync", "--async"] {
+            let dir = root.path().join(format!("{precision}{mode}"));
+            let flags = [mode, "--devices", "cuda:0x2", "--precision", precision];
+            let flags = [&flags[..], &["--steps", STEPS, "--batch-size", BATCH]].concat();
+            let out = train_into(&dir, &flags);
+            let line = common::line_starting(&out, "precision:");
+            assert!(line.contains(precision), "{line}");
+            let last = dir.join(format!("step-{:010}.safetensors", 4));
+            let (_, metadata) = checkpoint::read_header(&last).unwrap();
+            assert_eq!(metadata["precision"], precision, "{mode}");
+            checkpoint::load(&last, &Mlp::mnist().layout()).unwrap();
+        }
+    }
+}
+
+/// A GPU without tensor cores for 16-bit products (compute capability below 8.0) refuses
+/// `--precision bf16|f16` before any step, naming the precision and the device, and writes
+/// nothing. Only the stand-in can pretend to be such a GPU (`TANDEM_EMU_CAPABILITY`); a real
+/// driver ignores the variable, and there the test says it is skipped.
+#[test]
+fn a_gpu_without_tensor_cores_refuses_sixteen_bits_naming_both() {
     if !gpu_present() {
         return;
     }
@@ -322,7 +349,7 @@ fn a_sixteen_bit_precision_on_a_gpu_is_refused_naming_both() {
     for precision in ["bf16", "f16"] {
         let dir = root.path().join(precision);
         let data = data_dir();
-        let output = common::mnist_train(&[
+        let args = [
             "--devices",
             "cuda:0",
             "--precision",
@@ -333,13 +360,21 @@ fn a_sixteen_bit_precision_on_a_gpu_is_refused_naming_both() {
             arg(&data),
             "--checkpoint-dir",
             arg(&dir),
-        ]);
-        assert!(!output.status.success());
+        ];
+        let output = common::command(&args)
+            .env("TANDEM_EMU_CAPABILITY", "75")
+            .output()
+            .unwrap();
+        if output.status.success() && !tandem_testkit::gpu_required() {
+            eprintln!("SKIPPED: this driver cannot pretend to be a GPU of compute capability 7.5");
+            return;
+        }
+        assert!(!output.status.success(), "an sm_75 GPU trained {precision}");
         let message = common::stderr(&output);
         assert!(
             message.contains(&format!(
                 "--precision {precision} is not available on cuda:0"
-            )),
+            )) && message.contains("7.5"),
             "{message}"
         );
         assert!(!message.contains("panicked"), "{message}");
@@ -352,4 +387,14 @@ fn a_sixteen_bit_precision_on_a_gpu_is_refused_naming_both() {
         });
         assert_eq!(written, 0);
     }
+    // The f32 kernels still load there: only the 16-bit module needs sm_80.
+    let dir = root.path().join("f32");
+    let args = ["--devices", "cuda:0", "--steps", "2", "--batch-size", BATCH];
+    let data = data_dir();
+    let paths = ["--data-dir", arg(&data), "--checkpoint-dir", arg(&dir)];
+    let output = common::command(&[&args[..], &paths[..]].concat())
+        .env("TANDEM_EMU_CAPABILITY", "75")
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", common::stderr(&output));
 }

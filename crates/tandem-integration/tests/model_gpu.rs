@@ -329,3 +329,29 @@ fn sixteen_bit_sync_on_two_gpu_replicas_is_reproducible_and_equals_the_twin() {
         assert!(twin * 10.0 <= from_f32, "{dtype}");
     }
 }
+
+/// An f16 pass that overflows is computed again at half the scale, on the GPU as on the CPU:
+/// started far too high, the GPU replica halves as often as its twin, hands out the gradients
+/// of the pass that held, and leaves one loss for the step (not one per pass).
+#[test]
+fn an_overflowing_f16_pass_on_the_gpu_is_computed_again_leaving_one_loss() {
+    let train = train_set();
+    let params = initial_state(4).params;
+    let batch: Vec<u32> = (0..HALF_BATCH as u32).map(|i| i * 41 % 55_000).collect();
+    let Some(gpu) = narrow_gpu_replica(DType::F16, &train, HALF_BATCH) else {
+        return;
+    };
+    let mut gpu = gpu.with_initial_loss_scale(2f32.powi(40));
+    let mut cpu =
+        narrow_cpu_replica(DType::F16, &train, HALF_BATCH).with_initial_loss_scale(2f32.powi(40));
+    let on_gpu = gradients(&mut gpu, &params, &batch);
+    let on_cpu = gradients(&mut cpu, &params, &batch);
+    let (g, c) = (gpu.loss_scaling().unwrap(), cpu.loss_scaling().unwrap());
+    assert!(g.overflows() > 0, "2^40 did not overflow");
+    assert_eq!((g.overflows(), g.scale()), (c.overflows(), c.scale()));
+    assert!(relative_error(&on_gpu, &on_cpu) < 1e-3);
+    let mut losses = Vec::new();
+    gpu.take_losses(&mut losses).unwrap();
+    assert_eq!(losses.len(), 1, "{losses:?}");
+    assert!(losses[0].is_finite());
+}

@@ -161,6 +161,10 @@ impl<N: Network, B: Backend> NetworkReplica<N, B> {
             if scaling.scaler.record(finite)? {
                 return Ok(loss);
             }
+            // The pass is thrown away, and with it the loss it left on the device.
+            if matches!(loss, StepLoss::OnDevice) {
+                self.losses.forget_last();
+            }
         }
     }
 
@@ -256,6 +260,14 @@ impl<B: Backend> DeviceLosses<B> {
         self.next = (self.next + 1) % LOSS_RING;
         self.pending += 1;
         Ok(slot)
+    }
+
+    /// Forgets the loss of the last [`slot`](Self::slot) (a pass computed again).
+    fn forget_last(&mut self) {
+        if self.pending > 0 {
+            self.pending -= 1;
+            self.next = (self.next + LOSS_RING - 1) % LOSS_RING;
+        }
     }
 
     /// Appends the untaken losses to `out`, oldest first.
