@@ -7,6 +7,7 @@
 #   3. on cuda:0, cuda:0x2, cuda:0x4 and, where the machine has several GPUs, on all of them:
 #      `mnist-train --sync` and `--async` for EPOCHS (test accuracy, examples/sec), then
 #      `mnist-train compare` for the time to 98% test accuracy;
+#      then --precision f32, bf16 and f16 on cuda:0 at batch 100 and 1,000 (issue 29);
 #   4. PyTorch's same model on cuda:0 (anchors/torch_gpu_variants.py): eager, CUDA graph and
 #      torch.compile, each timed the same way, and the graph variant with a capturable
 #      moving-average update;
@@ -122,6 +123,22 @@ for devices in "${device_sets[@]}"; do
     done
 done
 
+# Mixed precision (issue 29): f32, bf16 and f16 on one replica at batch 100 and 1,000.
+for batch in 100 1000; do
+    for precision in f32 bf16 f16; do
+        log="logs/train-sync-cuda-0-$precision-$batch.log"
+        [ "$precision$batch" = f32100 ] && continue # the cuda:0 sync run above
+        echo "== mnist-train --sync --devices cuda:0 --precision $precision --batch-size $batch"
+        if ! timeout "$LIMIT" bin/mnist-train --sync --devices cuda:0 --precision "$precision" \
+            --batch-size "$batch" --epochs "$EPOCHS" >"$log" 2>&1; then
+            echo "FAILED: see $log"; failed=1
+            tail -n 5 "$log"
+        fi
+        grep -E '^(examples/sec|test accuracy|precision):' "$log"
+        rows+=("tandem sync cuda:0 $precision batch $batch|$(summary 'test accuracy' "$log")|$(summary 'examples/sec' "$log")|")
+    done
+done
+
 echo "== PyTorch on cuda:0: eager, CUDA graph, torch.compile"
 # The anchor's graph variant updates the moving average with torch._foreach_lerp_ and a tensor
 # weight, which (by its error on PyTorch 2.11: the capture is invalidated) reads the weight back
@@ -187,7 +204,7 @@ EOF
 fi
 
 echo
-echo "== $EPOCHS epochs, batch 100 per replica; examples/sec is the median of PyTorch's epochs"
+echo "== $EPOCHS epochs, batch 100 per replica unless the row says; examples/sec is the median of PyTorch's epochs"
 {
 printf '%-30s %-14s %-14s %-14s %s\n' run "test accuracy" examples/sec "time to 98%" "x eager"
 for row in "${rows[@]}"; do
