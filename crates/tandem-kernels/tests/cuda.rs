@@ -7,7 +7,10 @@
 //! shows up as NaN.
 #![cfg(feature = "cuda")]
 
-use rand::{Rng, SeedableRng};
+mod common;
+
+use common::{download, gemm_shapes, labels, poisoned, random, rng, upload};
+use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use tandem_kernels::{CudaBackend, DeviceBuffer, KernelError};
 use tandem_tensor::cpu::{self, UpdateStep};
@@ -21,39 +24,6 @@ const TOLERANCE: f32 = 1e-5;
 /// Device 0, or `None` after saying on stderr that the test is skipped (see `tandem_testkit`).
 fn gpu() -> Option<CudaBackend> {
     tandem_testkit::or_skip(CudaBackend::new(0), KernelError::is_no_device)
-}
-
-fn rng(seed: u64) -> ChaCha8Rng {
-    ChaCha8Rng::seed_from_u64(seed)
-}
-
-fn random(rng: &mut ChaCha8Rng, len: usize, scale: f32) -> Vec<f32> {
-    (0..len).map(|_| rng.random_range(-scale..scale)).collect()
-}
-
-/// A device buffer holding `values` from `offset` on (zeros before).
-fn upload(gpu: &CudaBackend, values: &[f32], offset: usize) -> DeviceBuffer<f32> {
-    let mut buf = gpu.zeros(offset + values.len()).expect("allocating");
-    gpu.upload(values, &mut buf, offset).expect("uploading");
-    buf
-}
-
-/// A device buffer of `len` NaNs, to be overwritten.
-fn poisoned(gpu: &CudaBackend, len: usize) -> DeviceBuffer<f32> {
-    upload(gpu, &vec![f32::NAN; len], 0)
-}
-
-fn download(gpu: &CudaBackend, buf: &DeviceBuffer<f32>, offset: usize, len: usize) -> Vec<f32> {
-    let mut host = vec![0.0; len];
-    gpu.download(buf, offset, &mut host).expect("downloading");
-    host
-}
-
-fn labels(gpu: &CudaBackend, values: &[u32]) -> DeviceBuffer<u32> {
-    let mut buf = gpu.zero_labels(values.len()).expect("allocating");
-    gpu.upload_labels(values, &mut buf, 0)
-        .expect("uploading labels");
-    buf
 }
 
 fn assert_close(what: &str, got: &[f32], want: &[f32]) {
@@ -83,30 +53,6 @@ fn assert_bitwise(what: &str, got: &[f32], want: &[f32]) {
     if let Some(i) = (0..got.len()).find(|&i| got[i].to_bits() != want[i].to_bits()) {
         panic!("{what}: element {i} is {} against {}", got[i], want[i]);
     }
-}
-
-/// `(m, n, k)`: edge cases, the model's shapes (batch 100, 784-500-10) and random ones, most of
-/// them not multiples of the 32-wide tile.
-fn gemm_shapes(rng: &mut ChaCha8Rng) -> Vec<(usize, usize, usize)> {
-    let mut shapes = vec![
-        (1, 1, 1),
-        (1, 7, 0),
-        (32, 32, 32),
-        (33, 31, 65),
-        (100, 500, 784),
-        (100, 10, 500),
-        (784, 500, 100),
-        (500, 10, 100),
-        (100, 500, 10),
-    ];
-    shapes.extend((0..6).map(|_| {
-        (
-            rng.random_range(1..150),
-            rng.random_range(1..150),
-            rng.random_range(1..150),
-        )
-    }));
-    shapes
 }
 
 /// The GPU's `C = op(A) . op(B)` (and bias + ReLU when `bias` is given) for random operands at

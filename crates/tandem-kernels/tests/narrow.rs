@@ -3,10 +3,12 @@
 //! or the stand-in (skipped without one, as in `cuda.rs`).
 #![cfg(feature = "cuda")]
 
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+mod common;
+
+use common::{download, gemm_shapes, random, rng, upload};
+use rand::Rng;
 use tandem_core::DType;
-use tandem_kernels::{CudaBackend, DeviceBuffer, KernelError};
+use tandem_kernels::{CudaBackend, KernelError};
 use tandem_tensor::{round_to, Activation, Backend, ExampleSet, Gemm, NarrowCpuBackend};
 
 const NARROW: [DType; 2] = [DType::BF16, DType::F16];
@@ -38,22 +40,6 @@ fn gap(dtype: DType, v: f64) -> f64 {
     }
 }
 
-fn random(rng: &mut ChaCha8Rng, len: usize, scale: f32) -> Vec<f32> {
-    (0..len).map(|_| rng.random_range(-scale..scale)).collect()
-}
-
-fn upload(gpu: &CudaBackend, values: &[f32]) -> DeviceBuffer<f32> {
-    let mut buf = gpu.zeros(values.len()).expect("allocating");
-    gpu.upload(values, &mut buf, 0).expect("uploading");
-    buf
-}
-
-fn download(gpu: &CudaBackend, buf: &DeviceBuffer<f32>, len: usize) -> Vec<f32> {
-    let mut host = vec![0.0; len];
-    gpu.download(buf, 0, &mut host).expect("downloading");
-    host
-}
-
 /// Every value is one of the type's (rounding leaves it as it is).
 fn assert_of_type(what: &str, dtype: DType, values: &[f32]) {
     let mut rounded = values.to_vec();
@@ -73,20 +59,12 @@ fn assert_of_type(what: &str, dtype: DType, values: &[f32]) {
 /// (f32 accumulation in its own order, rounded once): both within that of the exact value.
 #[test]
 fn tensor_core_products_are_exact_chunks_rounded_once() {
-    let mut rng = ChaCha8Rng::seed_from_u64(29);
-    let shapes = [
-        (1, 1, 1),
-        (16, 8, 16),
-        (33, 31, 65),
-        (100, 500, 784),
-        (100, 10, 500),
-        (784, 500, 100),
-        (17, 9, 3),
-    ];
+    let mut rng = rng(29);
+    let shapes = gemm_shapes(&mut rng);
     for dtype in NARROW {
         let Some(gpu) = gpu(dtype) else { return };
         let cpu = twin(dtype);
-        for (m, n, k) in shapes {
+        for &(m, n, k) in &shapes {
             for (a_t, b_t) in [(false, false), (true, false), (false, true), (true, true)] {
                 let spec = Gemm::new(m, n, k, a_t, b_t);
                 let with_bias = !a_t && !b_t;
@@ -96,8 +74,12 @@ fn tensor_core_products_are_exact_chunks_rounded_once() {
                 for v in [&mut a, &mut b, &mut bias] {
                     round_to(dtype, v);
                 }
-                let (ga, gb, gbias) = (upload(&gpu, &a), upload(&gpu, &b), upload(&gpu, &bias));
-                let mut gc = upload(&gpu, &vec![f32::NAN; m * n]);
+                let (ga, gb, gbias) = (
+                    upload(&gpu, &a, 0),
+                    upload(&gpu, &b, 0),
+                    upload(&gpu, &bias, 0),
+                );
+                let mut gc = upload(&gpu, &vec![f32::NAN; m * n], 0);
                 let mut cc = vec![f32::NAN; m * n];
                 match with_bias {
                     true => {
@@ -114,7 +96,7 @@ fn tensor_core_products_are_exact_chunks_rounded_once() {
                             .expect("cpu product");
                     }
                 }
-                let got = download(&gpu, &gc, m * n);
+                let got = download(&gpu, &gc, 0, m * n);
                 let what = format!("{dtype} {spec:?} bias {with_bias}");
                 assert_of_type(&what, dtype, &got);
                 let op_a = |r: usize, c: usize| match a_t {
@@ -166,7 +148,7 @@ fn tensor_core_products_are_exact_chunks_rounded_once() {
 /// exponentials); the loss's gradient multiplied by the loss scale before it is rounded.
 #[test]
 fn every_kernel_stores_the_twins_values_of_the_type() {
-    let mut rng = ChaCha8Rng::seed_from_u64(30);
+    let mut rng = rng(30);
     let (rows, features, classes, examples) = (13, 37, 10, 40);
     let pixels: Vec<u8> = (0..features * examples).map(|_| rng.random()).collect();
     let kinds: Vec<u8> = (0..examples).map(|_| rng.random_range(0..10)).collect();
@@ -181,12 +163,12 @@ fn every_kernel_stores_the_twins_values_of_the_type() {
         let wide = random(&mut rng, 50, 3.0);
         let mut want = cpu.zeros(50).unwrap();
         cpu.upload(&wide, &mut want, 0).unwrap();
-        let got = download(&gpu, &upload(&gpu, &wide), 50);
+        let got = download(&gpu, &upload(&gpu, &wide, 0), 0, 50);
         assert_eq!(got, want, "{dtype} upload");
         let mut written = gpu.zeros(50).unwrap();
         gpu.write_with(&mut written, &mut |p| p.copy_from_slice(&wide))
             .unwrap();
-        assert_eq!(download(&gpu, &written, 50), want, "{dtype} write_with");
+        assert_eq!(download(&gpu, &written, 0, 50), want, "{dtype} write_with");
 
         let resident = gpu.upload_examples(&set).unwrap();
         let mut x = gpu.zeros(rows * features).unwrap();
@@ -195,18 +177,18 @@ fn every_kernel_stores_the_twins_values_of_the_type() {
             .unwrap();
         let (mut cx, mut clabels) = (vec![0.0; rows * features], vec![0; rows]);
         cpu.gather(&set, &indices, &mut cx, &mut clabels).unwrap();
-        let gx = download(&gpu, &x, rows * features);
+        let gx = download(&gpu, &x, 0, rows * features);
         assert_of_type(&format!("{dtype} gather"), dtype, &gx);
         assert_eq!(gx, cx, "{dtype} gather");
 
         let bias_values = random(&mut rng, features, 0.5);
-        let (gbias, mut cbias) = (upload(&gpu, &bias_values), bias_values.clone());
+        let (gbias, mut cbias) = (upload(&gpu, &bias_values, 0), bias_values.clone());
         round_to(dtype, &mut cbias);
         gpu.bias_add(&mut x, (&gbias, 0), rows, features, Activation::Relu)
             .unwrap();
         cpu.bias_add(&mut cx, (&cbias, 0), rows, features, Activation::Relu)
             .unwrap();
-        let gx = download(&gpu, &x, rows * features);
+        let gx = download(&gpu, &x, 0, rows * features);
         assert_of_type(&format!("{dtype} bias_add"), dtype, &gx);
         assert_eq!(gx, cx, "{dtype} bias_add");
 
@@ -216,7 +198,7 @@ fn every_kernel_stores_the_twins_values_of_the_type() {
         cpu.column_sum(&cx, rows, features, (&mut csums, 3))
             .unwrap();
         assert_eq!(
-            download(&gpu, &sums, features + 3),
+            download(&gpu, &sums, 0, features + 3),
             csums,
             "{dtype} column_sum"
         );
@@ -230,7 +212,7 @@ fn every_kernel_stores_the_twins_values_of_the_type() {
         let label_values: Vec<u32> = (0..rows as u32).map(|r| r % classes as u32).collect();
         let mut glabels = gpu.zero_labels(rows).unwrap();
         gpu.upload_labels(&label_values, &mut glabels, 0).unwrap();
-        let glogits = upload(&gpu, &logits);
+        let glogits = upload(&gpu, &logits, 0);
         for scale in [1.0, 2f32.powi(12), 2f32.powi(24)] {
             assert!(gpu.set_loss_scale(scale).unwrap());
             cpu.set_loss_scale(scale).unwrap();
@@ -244,7 +226,7 @@ fn every_kernel_stores_the_twins_values_of_the_type() {
                 .unwrap();
             // Confident rows: a loss near zero, log(1 + tiny), absolute error of f32's exp.
             assert!((loss - closs).abs() <= 1e-6, "{loss} {closs}");
-            let gd = download(&gpu, &gd, rows * classes);
+            let gd = download(&gpu, &gd, 0, rows * classes);
             let what = format!("{dtype} dlogits at scale {scale}");
             assert_of_type(&what, dtype, &gd);
             // The f32 values differ as in `cuda.rs` (1e-5 of the largest, 1 / rows before the
@@ -283,6 +265,7 @@ fn a_replayed_step_follows_the_loss_scale() {
         &[
             2.0, 0.0, -1.0, 0.5, 0.25, 0.0, -3.0, 4.0, 1.0, 0.0, 0.0, 8.0,
         ],
+        0,
     );
     let mut labels = gpu.zero_labels(rows).unwrap();
     gpu.upload_labels(&[0, 1, 1, 2], &mut labels, 0).unwrap();
@@ -296,7 +279,7 @@ fn a_replayed_step_follows_the_loss_scale() {
             b.softmax_cross_entropy_into(&logits, &labels, (rows, classes), &mut d, (&mut loss, 0))
         })
         .unwrap();
-        seen.push(download(&gpu, &d, rows * classes));
+        seen.push(download(&gpu, &d, 0, rows * classes));
     }
     for (scale, values) in [(4.0, &seen[1]), (1024.0, &seen[2])] {
         // Powers of two far from f16's limits scale exactly.
@@ -314,16 +297,16 @@ fn a_replayed_step_follows_the_loss_scale() {
 #[test]
 fn a_sixteen_bit_product_repeats_bitwise() {
     let Some(gpu) = gpu(DType::BF16) else { return };
-    let mut rng = ChaCha8Rng::seed_from_u64(31);
+    let mut rng = rng(31);
     let (m, n, k) = (40, 70, 300);
-    let a = upload(&gpu, &random(&mut rng, m * k, 1.0));
-    let b = upload(&gpu, &random(&mut rng, k * n, 1.0));
+    let a = upload(&gpu, &random(&mut rng, m * k, 1.0), 0);
+    let b = upload(&gpu, &random(&mut rng, k * n, 1.0), 0);
     let mut runs = Vec::new();
     for _ in 0..2 {
         let mut c = gpu.zeros(m * n).unwrap();
         gpu.matmul(Gemm::nn(m, n, k), (&a, 0), (&b, 0), (&mut c, 0))
             .unwrap();
-        runs.push(download(&gpu, &c, m * n));
+        runs.push(download(&gpu, &c, 0, m * n));
     }
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(&runs[0]), bits(&runs[1]));
