@@ -1540,6 +1540,9 @@ impl Backend for CudaBackend {
         self.softmax_loss(logits, labels, (rows, classes), dlogits, span_mut(loss))
     }
 
+    /// A 16-bit backend says its type, which the device stores decline (they would copy the
+    /// record in unrounded), so its parameters of record stay on the host. Its buffers are
+    /// `f32` slots all the same: a store that learns to serve it must address them as `f32`.
     fn residence(
         &self,
         params: &DeviceBuffer<f32>,
