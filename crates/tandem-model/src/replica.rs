@@ -24,18 +24,17 @@ pub struct NetworkReplica<N: Network, B: Backend> {
     losses: DeviceLosses<B>,
     capacity: usize,
     batch: BatchBuffers<B>,
-    /// The loss scale of an `f16` pass, and the scale the gradients now held were computed at.
+    /// An `f16` replica's loss scaling and its last pass's gradients, unscaled.
     scaling: Option<Scaling>,
     /// Declared last so that it is dropped last: a device backend's buffers must be freed while
     /// its context is still alive.
     backend: B,
 }
 
-/// A loss-scaled replica's scaler, the scale of the gradients it holds and where they are
-/// handed out from, unscaled.
+/// A loss-scaled replica's scaler and its last pass's gradients, unscaled: taken in the same
+/// read that checks them (one copy from a device, not two), and handed out from there.
 struct Scaling {
     scaler: LossScaler,
-    held_at: f32,
     unscaled: Vec<f32>,
 }
 
@@ -85,8 +84,8 @@ impl<N: Network, B: Backend> NetworkReplica<N, B> {
             .scaler()
             .map(|scaler| Scaling {
                 scaler,
-                held_at: 1.0,
-                unscaled: Vec::new(),
+                // As the gradient buffer: zeros until a pass.
+                unscaled: vec![0.0; network.num_params()],
             });
         Ok(Self {
             layout: network.layout(),
@@ -154,10 +153,16 @@ impl<N: Network, B: Backend> NetworkReplica<N, B> {
             }
             let loss = self.step(lent, batch, helpers)?;
             let mut finite = true;
+            // Unscaled in f32, where they no longer underflow: dividing by a power of two is
+            // exact.
+            let (unscale, unscaled) = (1.0 / scale, &mut scaling.unscaled);
             self.backend.read_with(&self.grads, &mut |g| {
-                finite = g.iter().all(|v| v.is_finite())
+                finite = g.iter().all(|v| v.is_finite());
+                if finite {
+                    unscaled.clear();
+                    unscaled.extend(g.iter().map(|v| v * unscale));
+                }
             })?;
-            scaling.held_at = scale;
             if scaling.scaler.record(finite)? {
                 return Ok(loss);
             }
@@ -330,14 +335,7 @@ impl<N: Network, B: Backend> Replica for NetworkReplica<N, B> {
         let Some(scaling) = &mut self.scaling else {
             return Ok(self.backend.read_with(&self.grads, read)?);
         };
-        // Unscaled in f32, where they no longer underflow: dividing by a power of two is exact.
-        let unscale = 1.0 / scaling.held_at;
-        let unscaled = &mut scaling.unscaled;
-        self.backend.read_with(&self.grads, &mut |g| {
-            unscaled.clear();
-            unscaled.extend(g.iter().map(|v| v * unscale));
-        })?;
-        read(unscaled);
+        read(&scaling.unscaled);
         Ok(())
     }
 
