@@ -455,8 +455,6 @@ impl CudaBackend {
         }
     }
 
-    /// Queues softmax + cross-entropy over `rows` of logits (at least one) and the mean of the
-    /// row losses into `loss`; the label check goes to the scratch counts.
     /// Rounds the `len` values at `x` to a 16-bit backend's type, multiplied first by the loss
     /// scale when `scaled` (`round_to`); nothing on an `f32` backend. What follows every
     /// operation whose kernel stores `f32` results, as [`tandem_tensor::NarrowCpuBackend`]
@@ -482,6 +480,9 @@ impl CudaBackend {
         }
     }
 
+    /// Queues softmax + cross-entropy over `rows` of logits (at least one) and the mean of the
+    /// row losses into `loss`; the label check goes to the scratch counts. A 16-bit backend
+    /// then rounds the logits' gradient, times the loss scale.
     fn softmax_loss(
         &self,
         logits: &DeviceBuffer<f32>,
