@@ -16,9 +16,7 @@ use crate::driver::{
 };
 use crate::error::{cuda, KernelError};
 use crate::launch::{consecutive_spans, span_table, KSplits, TILE};
-use crate::ptx::{
-    Kernel, PtxModule, MAX_GRADIENT_BUFFERS, MAX_UPDATE_SPANS, MODULES, NARROW, SPAN_TABLE,
-};
+use crate::ptx::{Kernel, PtxModule, MAX_GRADIENT_BUFFERS, MAX_UPDATE_SPANS, MODULES, SPAN_TABLE};
 
 /// Threads per block of the 1-D kernels; also the reductions' `REDUCE_THREADS`.
 const BLOCK: u32 = 256;
@@ -154,14 +152,12 @@ pub(crate) struct Kernels {
 }
 
 impl Kernels {
-    /// Loads the modules in `context` that `wanted` picks and looks up their kernels.
-    fn load(
-        context: &Arc<Context>,
-        wanted: impl Fn(&PtxModule) -> bool,
-    ) -> Result<Kernels, KernelError> {
+    /// Loads, in `context`, the modules that a device of compute `capability` runs
+    /// ([`runs`]) and looks up their kernels.
+    fn load(context: &Arc<Context>, capability: u32) -> Result<Kernels, KernelError> {
         let modules = MODULES
             .iter()
-            .map(|module| match wanted(module) {
+            .map(|module| match runs(module, capability) {
                 true => Module::load(context, module.ptx)
                     .map(Some)
                     .map_err(load_error),
@@ -255,7 +251,7 @@ pub struct CudaBackend {
 
 impl CudaBackend {
     /// Opens device `ordinal`: retains its primary context (making it current on this thread),
-    /// creates the backend's stream and loads every kernel module it needs. Computes in `f32`.
+    /// creates the backend's stream and loads every kernel module the device runs. Computes in `f32`.
     ///
     /// Fails with [`KernelError::DriverTooOld`] when the driver predates the committed PTX, and
     /// with an error for which [`KernelError::is_no_device`] holds where there is no device.
@@ -284,22 +280,17 @@ impl CudaBackend {
         // Non-blocking: the legacy default stream, which other replicas' libraries may use,
         // never serialises with this one. Nothing here uses the default stream.
         let stream = Arc::new(Stream::new(&context).map_err(cuda("creating a stream"))?);
-        let narrow = dtype != DType::F32;
-        if narrow {
-            let capability = context
-                .capability()
-                .map_err(cuda("reading the compute capability"))?;
-            if capability < 80 {
-                return Err(KernelError::NoTensorCores {
-                    dtype,
-                    ordinal,
-                    capability,
-                });
-            }
+        let capability = context
+            .capability()
+            .map_err(cuda("reading the compute capability"))?;
+        if dtype != DType::F32 && !runs(Kernel::MmaMatmul.module(), capability) {
+            return Err(KernelError::NoTensorCores {
+                dtype,
+                ordinal,
+                capability,
+            });
         }
-        // The 16-bit module only where it is used: older GPUs cannot load it.
-        let wanted = |module: &PtxModule| narrow || module.ptx != NARROW;
-        let kernels = Arc::new(Kernels::load(&context, wanted)?);
+        let kernels = Arc::new(Kernels::load(&context, capability)?);
         let scratch = Scratch {
             indices: allocate(&context, 0)?, // grown on first use
             losses: allocate(&context, 0)?,
@@ -825,6 +816,12 @@ impl Drop for CudaBackend {
         let _ = self.make_current();
         let _ = self.stream.synchronize();
     }
+}
+
+/// Whether a device of compute `capability` runs `module`: its target is no newer (the 16-bit
+/// module's tensor-core products need 8.0; the others, 7.5).
+fn runs(module: &PtxModule, capability: u32) -> bool {
+    module.capability().is_some_and(|needs| needs <= capability)
 }
 
 /// Turns a failure to load a PTX module into an error that names its likely cause.

@@ -18,8 +18,8 @@
 //!
 //! The committed PTX targets `compute_75` with PTX ISA 9.0 (nvcc 13.0): it loads on Turing and
 //! newer GPUs with a driver of the 580 branch or newer. The 16-bit kernels ([`ptx::NARROW`],
-//! tensor cores) target `compute_80` and are loaded only by a 16-bit backend
-//! (`CudaBackend::with_dtype`), on GPUs of compute capability 8.0 or newer.
+//! tensor cores) target `compute_80`: a backend loads every module whose target its GPU has,
+//! and a 16-bit one (`CudaBackend::with_dtype`) needs compute capability 8.0 or newer.
 //!
 //! ```
 //! use tandem_kernels::ptx::{self, Kernel};
