@@ -8,15 +8,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-// v rounded to the nearest bf16 (bf16 != 0) or f16 value, as an f32 (f16 overflows to infinity).
-// A bf16 is the upper half of an f32: widened by a shift (compute_80's __bfloat162float packs
-// the halves with a mov instead; cvt.f32.bf16 needs sm_90).
-__device__ float round_narrow(float v, int bf16) {
-    if (bf16) {
-        return __uint_as_float((unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(v)) << 16);
-    }
-    return __half2float(__float2half_rn(v));
-}
+#include "round.cuh"
 
 // Two values of the operands' type packed for mma.sync, lo in the low half (exact: each is
 // already a value of the type).

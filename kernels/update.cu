@@ -13,7 +13,16 @@
 // never contracts those into fused multiply-adds, so the result matches the CPU's separate
 // f32 operations exactly and a GPU run can be checked against a CPU run bitwise.
 //
+// Where a replica computes in bf16 or f16 (values held in f32 slots), the update of its f32
+// master weights also writes their rounded copy (copy non-null; bf16 != 0 picks the type) in
+// the same pass: copy[i] = round_narrow(p[i]), the replica's parameters for its next step.
+//
 // Launch (both): 1-D, 256 threads a block, any number of blocks (grid-stride loop).
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "round.cuh"
 
 #define MAX_GRADS 16
 
@@ -58,10 +67,11 @@ __device__ const float *span_values(const Spans &spans, unsigned count, size_t i
 }
 
 // The fused SGD + L2 + moving-average update of the count spans (1 to MAX_SPANS) of p and e from
-// n gradient buffers.
+// n gradient buffers (and p's rounded copy, unless copy is null).
 extern "C" __global__ void sgd_ema_update(float *__restrict__ p, float *__restrict__ e,
                                           const __grid_constant__ Grads grads, unsigned n,
-                                          const __grid_constant__ Spans spans, unsigned count) {
+                                          const __grid_constant__ Spans spans, unsigned count,
+                                          float *__restrict__ copy, int bf16) {
     const size_t len = spans.end[count - 1];
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < len;
          i += (size_t)gridDim.x * blockDim.x) {
@@ -71,13 +81,16 @@ extern "C" __global__ void sgd_ema_update(float *__restrict__ p, float *__restri
         const float pi = __fsub_rn(p[i], __fmul_rn(lr, __fadd_rn(g, __fmul_rn(wd, p[i]))));
         p[i] = pi;
         e[i] = __fadd_rn(__fmul_rn(d, e[i]), __fmul_rn(__fsub_rn(1.0f, d), pi));
+        if (copy != nullptr) {
+            copy[i] = round_narrow(pi, bf16);
+        }
     }
 }
 
 // Adam over the count spans of p and its moments m and v (and the moving average e, unless
-// e is null) from n gradient buffers, bit for bit tandem_optim::adam_update: per span,
-// hyper = {step_size, beta1, beta2, epsilon_hat, wd, d}, the bias corrections folded into
-// step_size and epsilon_hat on the host.
+// e is null; p's rounded copy, unless copy is null) from n gradient buffers, bit for bit
+// tandem_optim::adam_update: per span, hyper = {step_size, beta1, beta2, epsilon_hat, wd, d},
+// the bias corrections folded into step_size and epsilon_hat on the host.
 //
 //   g  = mean of the gradients + wd * p[i]
 //   m  = beta1 * m + (1 - beta1) * g
@@ -87,7 +100,8 @@ extern "C" __global__ void sgd_ema_update(float *__restrict__ p, float *__restri
 extern "C" __global__ void adam_update(float *__restrict__ p, float *__restrict__ m,
                                        float *__restrict__ v, float *__restrict__ e,
                                        const __grid_constant__ Grads grads, unsigned n,
-                                       const __grid_constant__ Spans spans, unsigned count) {
+                                       const __grid_constant__ Spans spans, unsigned count,
+                                       float *__restrict__ copy, int bf16) {
     const size_t len = spans.end[count - 1];
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < len;
          i += (size_t)gridDim.x * blockDim.x) {
@@ -105,6 +119,9 @@ extern "C" __global__ void adam_update(float *__restrict__ p, float *__restrict_
         p[i] = pi;
         if (e != nullptr) {
             e[i] = __fadd_rn(__fmul_rn(d, e[i]), __fmul_rn(__fsub_rn(1.0f, d), pi));
+        }
+        if (copy != nullptr) {
+            copy[i] = round_narrow(pi, bf16);
         }
     }
 }

@@ -82,7 +82,9 @@ pub enum DeviceOp {
     /// [`state_names`](crate::Optimizer::state_names) order) with the mean of the gradients of
     /// type `grads_dtype` at `grads` (summed in their order; at most
     /// [`DeviceQueue::max_gradients`]), reading the `f32` [`DeviceUpdate::hyper`] values at
-    /// `hyper`; all in the queue's own memory.
+    /// `hyper`; all in the queue's own memory. With a [`RoundedCopy`], the same pass also
+    /// writes the new parameters rounded to its type: the copy that a replica computing in a
+    /// narrower type than its `f32` master weights reads.
     Update {
         /// The kernel ([`DeviceUpdate::kernel`]).
         kernel: &'static str,
@@ -98,7 +100,20 @@ pub enum DeviceOp {
         len: usize,
         /// The kernel's [`DeviceUpdate::hyper`] values.
         hyper: u64,
+        /// Where the updated parameters are also written, rounded (`None`: nowhere).
+        copy: Option<RoundedCopy>,
     },
+}
+
+/// Where a [`DeviceOp::Update`] also writes the parameters it updates, each rounded to
+/// nearest (ties to even) to `dtype` and held in an `f32`: the parameters of a replica whose
+/// [`Residence::precision`] is `dtype`, beside the `f32` master weights that the update keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RoundedCopy {
+    /// Where the copy of the update's first parameter goes (`f32` slots, `len` of them).
+    pub params: u64,
+    /// The type the values are rounded to.
+    pub dtype: DType,
 }
 
 /// The ordered queue of work of one replica on one device (a CUDA stream), over device memory
@@ -128,6 +143,11 @@ pub trait DeviceQueue: Send + Sync {
     /// of type `grads` here: a store keeps the parameters of record on the device only for an
     /// optimiser whose update does, for replicas computing in that type.
     fn has_update(&self, kernel: &str, states: usize, grads: DType) -> bool;
+
+    /// Whether a [`DeviceOp::Update`] here writes a [`RoundedCopy`] of type `dtype`: a store
+    /// keeps the master weights of replicas computing in `dtype` on the device only where it
+    /// does.
+    fn rounds_to(&self, dtype: DType) -> bool;
 
     /// Queues `ops`, in order. An [`Upload`](DeviceOp::Upload)'s values are copied before this
     /// returns, so the caller may drop them at once.
@@ -195,6 +215,10 @@ pub struct Residence {
     pub params: u64,
     /// The address of its gradients of the last step.
     pub grads: u64,
-    /// The type of its parameters and gradients: what it computes in.
+    /// The type of the values its parameter and gradient buffers hold.
     pub dtype: DType,
+    /// What it computes in: the type its parameters are rounded to. Where narrower than
+    /// `dtype` (16-bit values held in `f32` slots), a store writes its parameters as a
+    /// [`RoundedCopy`] of master weights kept elsewhere.
+    pub precision: DType,
 }

@@ -73,7 +73,8 @@ mod replica;
 mod state;
 
 pub use device::{
-    DeviceAlloc, DeviceEvent, DeviceOp, DeviceQueue, DeviceUpdate, Residence, StepLoss, MAX_HYPER,
+    DeviceAlloc, DeviceEvent, DeviceOp, DeviceQueue, DeviceUpdate, Residence, RoundedCopy,
+    StepLoss, MAX_HYPER,
 };
 pub use dtype::{DType, UnknownDType};
 pub use helpers::{Alone, Helpers};

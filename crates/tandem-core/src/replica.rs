@@ -86,7 +86,9 @@ pub trait Replica: Send {
 
     /// Where the replica's parameters and gradients live, when they are in device memory that
     /// a store may keep the parameters of record beside (`None`: only through
-    /// [`set_params`](Self::set_params) and [`read_gradients`](Self::read_gradients)).
+    /// [`set_params`](Self::set_params) and [`read_gradients`](Self::read_gradients), as for
+    /// a replica whose gradients the host must see each step, e.g. to check a loss-scaled
+    /// pass for overflow).
     fn residence(&self) -> Option<Residence> {
         None
     }

@@ -4,7 +4,9 @@
 //! boundary, its loss over the host bus, never waits for the device, and launches each
 //! replica's step as one CUDA graph: sync, the store's update inside it (nothing else is
 //! launched); async, the store's update kernels beside it, one per parameter span. SGD and
-//! Adam alike: the optimiser's state stays on the device with the parameters. (Needs `--features cuda` and the stand-in: its counters are the evidence; on
+//! Adam alike: the optimiser's state stays on the device with the parameters; bf16 replicas
+//! alike, their f32 master weights on the device beside them, each update writing the rounded
+//! copy they read. (Needs `--features cuda` and the stand-in: its counters are the evidence; on
 //! NVIDIA's driver, or without a device, the test says `SKIPPED` and returns, or fails under
 //! `TANDEM_REQUIRE_GPU=1` when there is no device.)
 //!
@@ -18,8 +20,7 @@ use std::path::Path;
 use std::process::Command;
 
 use rand::SeedableRng;
-use tandem_core::Optimizer;
-use tandem_core::TrainState;
+use tandem_core::{DType, Optimizer, TrainState};
 use tandem_kernels::{CudaBackend, KernelError};
 use tandem_mnist::Mnist;
 use tandem_model::{Mlp, MlpReplica, Network};
@@ -36,13 +37,15 @@ const EXAMPLES: usize = 64;
 const SHORT: u64 = 8;
 const LONG: u64 = 20;
 
-/// The runs measured: a mode, its two replicas' GPUs and the optimiser.
-const RUNS: [(Mode, [usize; 2], &str); 5] = [
-    (Mode::Sync, [0, 0], "sgd"),
-    (Mode::Async, [0, 0], "sgd"),
-    (Mode::Sync, [0, 1], "sgd"),
-    (Mode::Sync, [0, 0], "adam"),
-    (Mode::Async, [0, 0], "adam"),
+/// The runs measured: a mode, its two replicas' GPUs, the optimiser and the precision.
+const RUNS: [(Mode, [usize; 2], &str, DType); 7] = [
+    (Mode::Sync, [0, 0], "sgd", DType::F32),
+    (Mode::Async, [0, 0], "sgd", DType::F32),
+    (Mode::Sync, [0, 1], "sgd", DType::F32),
+    (Mode::Sync, [0, 0], "adam", DType::F32),
+    (Mode::Async, [0, 0], "adam", DType::F32),
+    (Mode::Sync, [0, 0], "sgd", DType::BF16),
+    (Mode::Async, [0, 0], "sgd", DType::BF16),
 ];
 
 /// The optimiser `name` at its defaults.
@@ -52,7 +55,7 @@ fn optimizer(name: &str) -> Chosen {
 
 /// The child's side: trains `steps` steps of `RUNS[run]`.
 fn train_in_child(run: usize, steps: u64) {
-    let (mode, gpus, name) = RUNS[run];
+    let (mode, gpus, name, dtype) = RUNS[run];
     let mnist = Mnist::load(&tandem_testkit::mnist_dir()).expect("the repository's MNIST copy");
     let all = mnist.train.into_examples().expect("consistent split");
     let features = all.features();
@@ -67,7 +70,8 @@ fn train_in_child(run: usize, steps: u64) {
         let Device::Cuda { ordinal } = *device else {
             unreachable!("only GPUs here")
         };
-        MlpReplica::new(Mlp::mnist(), CudaBackend::new(ordinal)?, &examples, BATCH)
+        let backend = CudaBackend::with_dtype(ordinal, dtype)?;
+        MlpReplica::new(Mlp::mnist(), backend, &examples, BATCH)
     })
     .expect("two GPU replicas");
     let optimizer = optimizer(name);
@@ -171,8 +175,8 @@ fn a_gpu_step_moves_only_its_batch_and_never_waits() {
         return;
     }
     let dir = tempfile::tempdir().expect("a temporary directory");
-    for (index, (mode, gpus, optimizer_name)) in RUNS.iter().enumerate() {
-        let name = format!("{} {optimizer_name} on GPUs {gpus:?}", mode.name());
+    for (index, (mode, gpus, optimizer_name, dtype)) in RUNS.iter().enumerate() {
+        let name = format!("{} {optimizer_name} {dtype} on GPUs {gpus:?}", mode.name());
         let Some((short, long)) = runs(index, dir.path()) else {
             eprintln!("SKIPPED: not the driver stand-in (no TANDEM_EMU_STATS file)");
             return;

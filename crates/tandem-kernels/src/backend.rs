@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use tandem_core::{DType, DeviceOp};
+use tandem_core::{DType, DeviceOp, RoundedCopy};
 use tandem_tensor::check::{self, Operand};
 use tandem_tensor::cpu::UpdateStep;
 use tandem_tensor::{Activation, Backend, ExampleSet, Gemm, ShapeError};
@@ -402,6 +402,7 @@ impl CudaBackend {
                         grads_dtype: DType::F32,
                         len,
                         hyper,
+                        copy: None,
                     },
                 ],
             )
@@ -968,7 +969,8 @@ impl Launcher<'_> {
     /// Queues the optimiser update `kernel` (of `kernels/update.cu`) of the consecutive
     /// `spans` (each `(len, hyper)`: its length, and where its values are read when the kernel
     /// runs) of the parameters at `p` and their state vectors at `state`, from the mean of the
-    /// gradients at `grads` (each holding the spans' values from its address on).
+    /// gradients at `grads` (each holding the spans' values from its address on), writing the
+    /// parameters' rounded `copy` too where there is one.
     ///
     /// # Safety
     ///
@@ -982,8 +984,10 @@ impl Launcher<'_> {
         state: &[u64],
         grads: &[u64],
         spans: &[(usize, u64)],
+        copy: Option<RoundedCopy>,
     ) -> Result<(), KernelError> {
         let (span_table, count) = update_spans(spans)?;
+        let (copy, bf16) = copy_args(copy);
         let grid = stride_grid(spans.iter().map(|&(len, _)| len).sum::<usize>());
         if kernel == Kernel::SgdEmaUpdate.entry() {
             let e = sgd_state(state)?;
@@ -995,7 +999,7 @@ impl Launcher<'_> {
                     Kernel::SgdEmaUpdate,
                     grid,
                     BLOCK,
-                    args![p, e, table, n, span_table, count],
+                    args![p, e, table, n, span_table, count, copy, bf16],
                 )
             }
         } else if kernel == Kernel::AdamUpdate.entry() {
@@ -1008,7 +1012,7 @@ impl Launcher<'_> {
                     Kernel::AdamUpdate,
                     grid,
                     BLOCK,
-                    args![p, m, v, e, table, n, span_table, count],
+                    args![p, m, v, e, table, n, span_table, count, copy, bf16],
                 )
             }
         } else {
@@ -1051,8 +1055,12 @@ impl Launcher<'_> {
                     state,
                     grads,
                     grads_dtype,
+                    copy,
                     ..
                 } if pass != Pass::Inputs => {
+                    if let Some(copy) = copy.filter(|c| !rounds_to(c.dtype)) {
+                        return Err(KernelError::NoRoundedCopy(copy.dtype));
+                    }
                     if !runs_update(kernel, state.len(), *grads_dtype) {
                         return Err(KernelError::NoUpdateKernel {
                             kernel: kernel.to_string(),
@@ -1063,7 +1071,7 @@ impl Launcher<'_> {
                     let spans = consecutive_spans(rest);
                     done = spans.len();
                     // SAFETY: the caller's promises, for each update that the spans join.
-                    unsafe { self.update(kernel, *params, state, grads, &spans) }?
+                    unsafe { self.update(kernel, *params, state, grads, &spans, *copy) }?
                 }
                 _ => {}
             }
@@ -1079,6 +1087,19 @@ pub(crate) fn runs_update(kernel: &str, states: usize, grads: DType) -> bool {
     grads == DType::F32
         && ((kernel == Kernel::SgdEmaUpdate.entry() && states == 1)
             || (kernel == Kernel::AdamUpdate.entry() && (2..=3).contains(&states)))
+}
+
+/// The update kernels' `copy` and `bf16` parameters for `copy` (a null pointer: none).
+fn copy_args(copy: Option<RoundedCopy>) -> (u64, i32) {
+    match copy {
+        None => (0, 0),
+        Some(RoundedCopy { params, dtype }) => (params, i32::from(dtype == DType::BF16)),
+    }
+}
+
+/// Whether the update kernels write a [`RoundedCopy`] of type `dtype`.
+pub(crate) fn rounds_to(dtype: DType) -> bool {
+    matches!(dtype, DType::BF16 | DType::F16)
 }
 
 fn no_update_kernel(kernel: &str, state: &[u64]) -> KernelError {
@@ -1122,7 +1143,16 @@ fn update_spans(spans: &[(usize, u64)]) -> Result<([u64; SPAN_TABLE], u32), Kern
 enum OpShape {
     Copy(u64, u64, usize, DType),
     Upload(u64, usize),
-    Update(&'static str, u64, Vec<u64>, Vec<u64>, DType, usize, u64),
+    Update(
+        &'static str,
+        u64,
+        Vec<u64>,
+        Vec<u64>,
+        DType,
+        usize,
+        u64,
+        Option<RoundedCopy>,
+    ),
 }
 
 impl OpShape {
@@ -1143,6 +1173,7 @@ impl OpShape {
                 grads_dtype,
                 len,
                 hyper,
+                copy,
             } => OpShape::Update(
                 kernel,
                 *params,
@@ -1151,6 +1182,7 @@ impl OpShape {
                 *grads_dtype,
                 *len,
                 *hyper,
+                *copy,
             ),
         }
     }
@@ -1550,7 +1582,9 @@ impl Backend for CudaBackend {
             queue: Arc::new(self.queue()),
             params: params.as_device_ptr().as_raw(),
             grads: grads.as_device_ptr().as_raw(),
-            dtype: self.dtype(),
+            // A 16-bit backend's values are held in f32 slots.
+            dtype: DType::F32,
+            precision: self.dtype(),
         })
     }
 

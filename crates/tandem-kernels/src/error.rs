@@ -73,6 +73,10 @@ pub enum KernelError {
         /// The gradients' type.
         grads: tandem_core::DType,
     },
+    /// An update asked for its parameters' copy rounded to a type that the update kernels do
+    /// not round to (they write bf16 and f16 copies).
+    #[error("no update kernel writes a parameter copy rounded to {0}")]
+    NoRoundedCopy(tandem_core::DType),
     /// A 16-bit backend was asked of a GPU without tensor cores for its type (compute
     /// capability below 8.0, where `mma.sync` with bf16 and f16 operands is missing).
     #[error(

@@ -48,8 +48,9 @@ impl KSplits {
 
 /// The spans, `(len, hyper)`, of the updates at the start of `ops` that one update launch can
 /// apply (at least the first, at most [`MAX_UPDATE_SPANS`]): each runs the same kernel and
-/// begins in every buffer (parameters, each state vector, each gradient vector) where the one
-/// before it ends, with gradients of the same type. The sync update of a whole parameter
+/// begins in every buffer (parameters, each state vector, each gradient vector, the rounded
+/// copy) where the one before it ends, with gradients of the same type and a copy of the same
+/// type or none. The sync update of a whole parameter
 /// vector, one update per tensor, is then one kernel.
 pub(crate) fn consecutive_spans(ops: &[DeviceOp]) -> Vec<(usize, u64)> {
     let mut spans = Vec::new();
@@ -64,12 +65,13 @@ pub(crate) fn consecutive_spans(ops: &[DeviceOp]) -> Vec<(usize, u64)> {
             grads_dtype,
             len,
             hyper,
+            copy,
         } = op
         else {
             break;
         };
-        let (k0, p0, s0, g0, d0) =
-            *first.get_or_insert((*kernel, *params, state, grads, *grads_dtype));
+        let (k0, p0, s0, g0, d0, c0) =
+            *first.get_or_insert((*kernel, *params, state, grads, *grads_dtype, *copy));
         let shifted = |these: &[u64], first: &[u64], dtype: DType| {
             these.len() == first.len()
                 && these
@@ -81,7 +83,14 @@ pub(crate) fn consecutive_spans(ops: &[DeviceOp]) -> Vec<(usize, u64)> {
             && *grads_dtype == d0
             && shifted(&[*params], &[p0], DType::F32)
             && shifted(state, s0, DType::F32)
-            && shifted(grads, g0, d0);
+            && shifted(grads, g0, d0)
+            && match (copy, c0) {
+                (None, None) => true,
+                (Some(c), Some(c0)) => {
+                    c.dtype == c0.dtype && shifted(&[c.params], &[c0.params], DType::F32)
+                }
+                _ => false,
+            };
         if !follows {
             break;
         }
@@ -111,6 +120,7 @@ pub(crate) fn span_table(spans: &[(usize, u64)]) -> Option<([u64; SPAN_TABLE], u
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tandem_core::RoundedCopy;
 
     /// An `sgd_ema_update` of `len` values at byte `at` of four buffers 10,000 bytes apart
     /// (the average's 1,000 bytes further when `ema_shift`), with `grads` gradient vectors.
@@ -123,6 +133,7 @@ mod tests {
             grads_dtype: DType::F32,
             len,
             hyper,
+            copy: None,
         }
     }
 
@@ -197,6 +208,33 @@ mod tests {
         );
         assert_eq!(
             consecutive_spans(&[narrow(0, 8), update(32, 1, 1)]),
+            [(8, 1)]
+        );
+        // A rounded copy joins where it too continues, in f32 slots, of the same type.
+        let copied = |at: u64, len, dtype, shift: u64| {
+            let mut op = update(at, len, 1);
+            if let DeviceOp::Update { copy, .. } = &mut op {
+                *copy = Some(RoundedCopy {
+                    params: at + 60_000 + shift,
+                    dtype,
+                });
+            }
+            op
+        };
+        let bf16 = DType::BF16;
+        assert_eq!(
+            consecutive_spans(&[copied(0, 8, bf16, 0), copied(32, 1, bf16, 0)]),
+            [(8, 1), (1, 1)]
+        );
+        for later in [
+            copied(32, 1, DType::F16, 0),
+            copied(32, 1, bf16, 4),
+            update(32, 1, 1),
+        ] {
+            assert_eq!(consecutive_spans(&[copied(0, 8, bf16, 0), later]), [(8, 1)]);
+        }
+        assert_eq!(
+            consecutive_spans(&[update(0, 8, 1), copied(32, 1, bf16, 0)]),
             [(8, 1)]
         );
         let many: Vec<_> = (0..20).map(|i| update(4 * i, 1, i)).collect();

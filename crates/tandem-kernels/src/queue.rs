@@ -95,6 +95,10 @@ impl DeviceQueue for CudaQueue {
         crate::backend::runs_update(kernel, states, grads)
     }
 
+    fn rounds_to(&self, dtype: DType) -> bool {
+        crate::backend::rounds_to(dtype)
+    }
+
     fn bind(&self) -> Result<(), ReplicaError> {
         Ok(self
             .context

@@ -404,11 +404,13 @@ fn sgd_ema_update_is_exactly_the_cpu_update() {
 }
 
 /// The sync store's update of a whole parameter vector, one `DeviceOp::Update` per tensor (the
-/// queue joins them into one launch), with weight decay on some spans only: exactly the CPU's
-/// update of each span. An update of another buffer after them is applied on its own.
+/// queue joins them into one launch), with weight decay on some spans only and the parameters'
+/// bf16 copy written in the same pass: exactly the CPU's update of each span, and the copy
+/// exactly `tandem_tensor::round_to` of its result. An update of another buffer after them is
+/// applied on its own.
 #[test]
 fn consecutive_updates_are_each_spans_cpu_update() {
-    use tandem_core::{DType, DeviceOp, DeviceQueue};
+    use tandem_core::{DType, DeviceOp, DeviceQueue, RoundedCopy};
     let Some(gpu) = gpu() else { return };
     let queue = gpu.queue();
     let mut rng = rng(9);
@@ -418,7 +420,7 @@ fn consecutive_updates_are_each_spans_cpu_update() {
         weight_decay: if on { STEP.weight_decay } else { 0.0 },
         ..STEP
     };
-    let host: Vec<Vec<f32>> = (0..5).map(|_| random(&mut rng, len, 0.5)).collect();
+    let host: Vec<Vec<f32>> = (0..6).map(|_| random(&mut rng, len, 0.5)).collect();
     let buffers = written(&queue, &host);
     let hyper = queue.alloc(6, DType::F32).expect("alloc");
     let values =
@@ -437,6 +439,10 @@ fn consecutive_updates_are_each_spans_cpu_update() {
             grads_dtype: DType::F32,
             len: span,
             hyper: hyper.address() + if on { 0 } else { 12 },
+            copy: Some(RoundedCopy {
+                params: at(5, offset),
+                dtype: DType::BF16,
+            }),
         });
         offset += span;
     }
@@ -449,6 +455,7 @@ fn consecutive_updates_are_each_spans_cpu_update() {
         grads_dtype: DType::F32,
         len: 100,
         hyper: hyper.address(),
+        copy: None,
     });
     // SAFETY: every span lies in its buffers, which outlive the reads below (they wait).
     unsafe { queue.run(&ops) }.expect("run");
@@ -462,6 +469,19 @@ fn consecutive_updates_are_each_spans_cpu_update() {
     // SAFETY: as above; the update is refused, not run.
     let refused = unsafe { queue.run(&[narrow]) }.expect_err("bf16 gradients");
     assert!(refused.to_string().contains("bf16 gradients"), "{refused}");
+    // So is a copy rounded to a type the kernels do not round to (f32 is no rounding).
+    assert!(queue.rounds_to(DType::BF16) && queue.rounds_to(DType::F16));
+    assert!(!queue.rounds_to(DType::F32));
+    let mut unrounded = ops[0].clone();
+    if let DeviceOp::Update { copy, .. } = &mut unrounded {
+        *copy = copy.map(|c| RoundedCopy {
+            dtype: DType::F32,
+            ..c
+        });
+    }
+    // SAFETY: as above; the update is refused, not run.
+    let refused = unsafe { queue.run(&[unrounded]) }.expect_err("an f32 copy");
+    assert!(refused.to_string().contains("rounded to f32"), "{refused}");
 
     let (mut want_p, mut want_e) = (host[0].clone(), host[1].clone());
     let mut offset = 0;
@@ -475,6 +495,8 @@ fn consecutive_updates_are_each_spans_cpu_update() {
         );
         offset += span;
     }
+    let mut want_copy = want_p.clone();
+    tandem_tensor::round_to(DType::BF16, &mut want_copy);
     let mut want_other = host[4][..100].to_vec();
     let mut want_other_e = want_p[..100].to_vec();
     cpu::sgd_ema_update(
@@ -493,14 +515,17 @@ fn consecutive_updates_are_each_spans_cpu_update() {
     assert_exact("params", &read(0, len), &want_p);
     assert_exact("ema", &read(1, len), &want_e);
     assert_exact("the other update", &read(4, 100), &want_other);
+    assert_bitwise("the bf16 copy", &read(5, len), &want_copy);
+    assert_ne!(want_copy, want_p, "the copy is rounded");
 }
 
 /// Adam's kernel over two spans (one regularised) is exactly its host arithmetic
 /// (`tandem_optim::adam_update`), with one and with three replicas' gradients, with the moving
-/// average and without it (a null average the kernel leaves alone).
+/// average and without it (a null average the kernel leaves alone), writing the parameters'
+/// f16 copy or none: the copy exactly `tandem_tensor::round_to` of the result.
 #[test]
 fn adam_update_is_exactly_the_host_update() {
-    use tandem_core::{DType, DeviceOp, DeviceQueue, Optimizer};
+    use tandem_core::{DType, DeviceOp, DeviceQueue, Optimizer, RoundedCopy};
     use tandem_optim::{adam_update, Adam};
     let Some(gpu) = gpu() else { return };
     let queue = gpu.queue();
@@ -523,6 +548,9 @@ fn adam_update_is_exactly_the_host_update() {
         let mut host: Vec<Vec<f32>> = (0..4 + grads).map(|_| random(&mut rng, len, 0.5)).collect();
         host[2].iter_mut().for_each(|v| *v = v.abs() * 1e-3);
         let buffers = written(&queue, &host);
+        // Written where there are several gradients' vectors.
+        let copy = written(&queue, &[vec![0.5; len]]);
+        let copied = grads > 1;
         let hyper = queue.alloc(12, DType::F32).expect("alloc");
         // SAFETY: twelve values.
         unsafe { queue.write(hyper.address(), &[values(true), values(false)].concat()) }
@@ -540,6 +568,10 @@ fn adam_update_is_exactly_the_host_update() {
                 grads_dtype: DType::F32,
                 len: span,
                 hyper: hyper.address() + if on { 0 } else { 24 },
+                copy: copied.then(|| RoundedCopy {
+                    params: buffer_at(&copy, 0, offset),
+                    dtype: DType::F16,
+                }),
             });
             offset += span;
         }
@@ -571,6 +603,19 @@ fn adam_update_is_exactly_the_host_update() {
             );
         }
         assert_ne!(want[0], host[0], "the update moved the parameters");
+        let mut want_copy = match copied {
+            true => want[0].clone(),
+            false => vec![0.5; len],
+        };
+        tandem_tensor::round_to(DType::F16, &mut want_copy);
+        let mut got = vec![0.0; len];
+        // SAFETY: the buffer holds `len` values; the read waits for the queue.
+        unsafe { queue.read(copy[0].address(), &mut got) }.expect("read");
+        assert_bitwise(
+            &format!("{grads} gradients: the f16 copy"),
+            &got,
+            &want_copy,
+        );
     }
 }
 

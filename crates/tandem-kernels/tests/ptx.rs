@@ -876,6 +876,8 @@ fn the_launch_reader_sees_the_update_launch() {
             "u32",
             "[u64; SPAN_TABLE]",
             "u32",
+            "u64",
+            "i32",
         ]
     );
 }

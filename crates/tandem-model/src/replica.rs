@@ -328,7 +328,8 @@ impl<N: Network, B: Backend> Replica for NetworkReplica<N, B> {
     }
 
     fn residence(&self) -> Option<Residence> {
-        self.residence.clone()
+        // A loss-scaled pass's gradients are checked for overflow and unscaled on the host.
+        self.residence.clone().filter(|_| self.scaling.is_none())
     }
 
     fn read_gradients(&mut self, read: &mut dyn FnMut(&[f32])) -> Result<(), ReplicaError> {

@@ -8,7 +8,10 @@
 //! Both are opened only where they can serve the replicas (`None` otherwise, and the host
 //! store serves them): every replica is [resident](Replica::residence), and the optimiser has a
 //! device update ([`Optimizer::device_update`]) that their queues run
-//! ([`DeviceQueue::has_update`]). The host is never waited on within a step: ordering between
+//! ([`DeviceQueue::has_update`]); for replicas that compute in a narrower type than their f32
+//! buffers hold (bf16, f16: [`Residence::precision`]), one that also writes the rounded copy
+//! of the f32 master weights that they read ([`DeviceQueue::rounds_to`]). The host is never
+//! waited on within a step: ordering between
 //! workers is events on their queues, and the host's barriers only ensure that an event is
 //! recorded before it is waited on.
 
@@ -17,9 +20,9 @@ use std::sync::{Mutex, MutexGuard};
 
 use tandem_core::{
     DType, DeviceAlloc, DeviceOp, DeviceQueue, Optimizer, ParamSpan, Replica, ReplicaError,
-    Residence, TrainState, MAX_HYPER,
+    Residence, RoundedCopy, TrainState, MAX_HYPER,
 };
-use tandem_tensor::cpu;
+use tandem_tensor::{cpu, round_to};
 
 use crate::store::{l2_term, zeros, UpdateAt};
 
@@ -55,6 +58,10 @@ struct Devices<'o, O: Optimizer + ?Sized> {
     len: usize,
     /// The type of every replica's parameters and gradients ([`Residence::dtype`]).
     grads_dtype: DType,
+    /// Where the replicas compute in a narrower type ([`Residence::precision`]): their
+    /// parameters are then a [`RoundedCopy`] of the store's f32 master weights, which every
+    /// update writes in the same pass.
+    copy: Option<DType>,
     slot_names: Vec<String>,
     members: Vec<Member>,
 }
@@ -88,10 +95,18 @@ impl<'o, O: Optimizer + ?Sized> Devices<'o, O> {
         let Some(first) = residences.first() else {
             return Ok(None);
         };
-        // The parameters of record (f32) are copied into the replicas' as they are: a replica
-        // computing in another type would need an update that also writes its narrow copy.
+        // The parameters of record are f32, as the replicas' buffers must be; a replica that
+        // computes in a narrower type gets their rounded copy, where its queue writes one.
         let grads_dtype = first.dtype;
-        if residences.iter().any(|r| r.dtype != DType::F32) {
+        let precision = first.precision;
+        if residences
+            .iter()
+            .any(|r| r.dtype != DType::F32 || r.precision != precision)
+        {
+            return Ok(None);
+        }
+        let copy = (precision != DType::F32).then_some(precision);
+        if copy.is_some_and(|dtype| !residences.iter().all(|r| r.queue.rounds_to(dtype))) {
             return Ok(None);
         }
         let memory = first.queue.memory();
@@ -136,6 +151,7 @@ impl<'o, O: Optimizer + ?Sized> Devices<'o, O> {
             spans,
             len: state.params.len(),
             grads_dtype,
+            copy,
             slot_names: state.slots.iter().map(|s| s.name.clone()).collect(),
             members,
         };
@@ -161,11 +177,12 @@ impl<'o, O: Optimizer + ?Sized> Devices<'o, O> {
 
     /// The update kernels, on `worker`'s queue, of `range` of the parameters at `params` and
     /// their state at `state`, with the gradients at `grads` and the values of
-    /// [`hyper_upload`](Self::hyper_upload).
+    /// [`hyper_upload`](Self::hyper_upload); writing the parameters' rounded copy at `copy`
+    /// where the replicas compute in a narrower type.
     fn update_ops(
         &self,
         worker: usize,
-        (params, state): (u64, &[u64]),
+        (params, state, copy): (u64, &[u64], u64),
         grads: &[u64],
         range: Range<usize>,
     ) -> Vec<DeviceOp> {
@@ -186,9 +203,35 @@ impl<'o, O: Optimizer + ?Sized> Devices<'o, O> {
                     grads_dtype: self.grads_dtype,
                     len: piece.len(),
                     hyper: DType::F32.at(hyper, if *decayed { 0 } else { self.hyper_len }),
+                    copy: self.copy.map(|dtype| RoundedCopy {
+                        params: DType::F32.at(copy, piece.start),
+                        dtype,
+                    }),
                 })
             })
             .collect()
+    }
+
+    /// Writes `params` at `at` in `queue`'s memory, rounded to the replicas' type where they
+    /// compute in a narrower one: a replica's parameters, or the store's copy of them.
+    ///
+    /// # Safety
+    ///
+    /// `at` holds `params.len()` f32 values of `queue`'s device that no queued work uses.
+    unsafe fn write_replica_params(
+        &self,
+        queue: &dyn DeviceQueue,
+        at: u64,
+        params: &[f32],
+    ) -> Result<(), ReplicaError> {
+        let Some(dtype) = self.copy else {
+            // SAFETY: the caller's promise.
+            return unsafe { queue.write(at, params) };
+        };
+        let mut rounded = params.to_vec();
+        round_to(dtype, &mut rounded);
+        // SAFETY: the caller's promise.
+        unsafe { queue.write(at, &rounded) }
     }
 
     /// The L2 term of the parameters that `read` gives (a store's record, as `worker` reads it).

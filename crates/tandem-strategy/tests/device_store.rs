@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::fake_device::Resident;
+use common::fake_device::{Kind, Resident};
 use common::{pool_on, weights_and_bias, Loss, Model, TestReplica, EXAMPLES};
 use std::sync::Mutex;
 use tandem_core::{DType, Optimizer, ParamSpan, Piece, TrainState};
@@ -50,16 +50,16 @@ fn pool(
     simulated: bool,
     memory: Option<fn(usize) -> usize>,
 ) -> WorkerPool<TestReplica<Pull>> {
-    pool_with(workers, simulated, memory, (16, DType::F32))
+    pool_with(workers, simulated, memory, Kind::F32)
 }
 
-/// [`pool`], the devices' update kernels averaging up to `max_gradients` replicas' gradients,
-/// the replicas computing in `dtype`.
+/// [`pool`], the replicas computing in `kind.precision` (their parameters rounded to it when
+/// set) and, on devices, their buffers and queues as `kind` says.
 fn pool_with(
     workers: usize,
     simulated: bool,
     memory: Option<fn(usize) -> usize>,
-    (max_gradients, dtype): (usize, DType),
+    kind: Kind,
 ) -> WorkerPool<TestReplica<Pull>> {
     let devices = (0..workers)
         .map(|worker| match simulated {
@@ -68,12 +68,19 @@ fn pool_with(
         })
         .collect();
     let mut pool = pool_on(devices, layout(), EXAMPLES, |_| Pull);
-    if let Some(memory) = memory {
-        for (worker, replica) in pool.replicas_mut().iter_mut().enumerate() {
-            replica.device = Some(Resident::new(memory(worker), len(), max_gradients, dtype));
-        }
+    for (worker, replica) in pool.replicas_mut().iter_mut().enumerate() {
+        replica.dtype = kind.precision;
+        replica.device = memory.map(|memory| Resident::new(memory(worker), len(), kind));
     }
     pool
+}
+
+/// Replicas that compute in `precision`, on queues that write rounded copies.
+fn narrow(precision: DType) -> Kind {
+    Kind {
+        precision,
+        ..Kind::F32
+    }
 }
 
 fn sgd() -> Sgd {
@@ -255,18 +262,54 @@ impl Optimizer for Unfused {
     }
 }
 
+/// Replicas that compute in bf16 or f16 (16-bit values in f32 buffers) train on the devices:
+/// the store keeps f32 master weights there, and each update writes them and the replicas'
+/// rounded copy in one pass. Bitwise as through the host store, where each replica rounds the
+/// f32 parameters of record it is given; and not as in f32 (the rounding shows).
+#[test]
+fn narrow_replicas_on_devices_keep_f32_master_weights_there_and_train_as_in_host_memory() {
+    let one_device: fn(usize) -> usize = |_| 0;
+    let own_devices: fn(usize) -> usize = |worker| worker;
+    for (mode, memory, workers, steps) in [
+        (Mode::Sync, one_device, 2, 23),
+        (Mode::Sync, own_devices, 3, 23),
+        (Mode::Async, one_device, 3, 41),
+    ] {
+        let wide = train(mode, &mut pool(workers, true, None), steps);
+        for dtype in [DType::BF16, DType::F16] {
+            let expected = train(
+                mode,
+                &mut pool_with(workers, true, None, narrow(dtype)),
+                steps,
+            );
+            assert_ne!(
+                expected.0.params, wide.0.params,
+                "{mode:?} {dtype}: rounded"
+            );
+            let mut resident = pool_with(workers, true, Some(memory), narrow(dtype));
+            let state = train(mode, &mut resident, steps);
+            assert!(resident_store_used(&resident), "{mode:?} {dtype}");
+            assert_eq!(state, expected, "{mode:?} {dtype} {workers} workers");
+        }
+    }
+}
+
 /// Where the device cannot hold the run's updates, the parameters of record stay on the host,
 /// and the run trains exactly as with host replicas: a sync update over more replicas than
 /// one kernel averages, async replicas on different devices (each update runs on its worker's
-/// device), an optimiser with no fused kernel, replicas that compute in a narrower type than
-/// the f32 parameters of record (no update kernel writes their copy yet).
+/// device), an optimiser with no fused kernel, replicas that compute in a narrower type on
+/// queues whose updates write no rounded copy, replicas whose buffers are not f32.
 #[test]
 fn replicas_on_devices_that_cannot_hold_the_update_train_through_the_host() {
     let one_device: fn(usize) -> usize = |_| 0;
     let own_devices: fn(usize) -> usize = |worker| worker;
     let expected = train(Mode::Sync, &mut pool(3, false, None), 23);
     for (max_gradients, resident) in [(2, false), (3, true)] {
-        let mut pool = pool_with(3, false, Some(one_device), (max_gradients, DType::F32));
+        let kind = Kind {
+            max_gradients,
+            ..Kind::F32
+        };
+        let mut pool = pool_with(3, false, Some(one_device), kind);
         assert_eq!(train(Mode::Sync, &mut pool, 23), expected);
         assert_eq!(
             resident_store_used(&pool),
@@ -296,11 +339,21 @@ fn replicas_on_devices_that_cannot_hold_the_update_train_through_the_host() {
     }
 
     for mode in [Mode::Sync, Mode::Async] {
-        let expected = train(mode, &mut pool(2, true, None), 19);
         for dtype in [DType::BF16, DType::F16] {
-            let mut narrow = pool_with(2, true, Some(one_device), (16, dtype));
-            assert_eq!(train(mode, &mut narrow, 19), expected, "{mode:?} {dtype}");
-            assert!(!resident_store_used(&narrow), "{mode:?}: {dtype} replicas");
+            let expected = train(mode, &mut pool_with(2, true, None, narrow(dtype)), 19);
+            let no_copies = Kind {
+                rounds: false,
+                ..narrow(dtype)
+            };
+            let narrow_buffers = Kind {
+                dtype,
+                ..narrow(dtype)
+            };
+            for (what, kind) in [("no copies", no_copies), ("16-bit buffers", narrow_buffers)] {
+                let mut device = pool_with(2, true, Some(one_device), kind);
+                assert_eq!(train(mode, &mut device, 19), expected, "{mode:?} {dtype}");
+                assert!(!resident_store_used(&device), "{mode:?} {dtype}: {what}");
+            }
         }
     }
 }

@@ -51,6 +51,9 @@ struct Shard {
 pub struct DeviceAsyncStore<'o, O: Optimizer + ?Sized> {
     devices: Devices<'o, O>,
     params: Box<dyn DeviceAlloc>,
+    /// Where the replicas compute in a narrower type: the parameters' rounded copy, which
+    /// every update writes with them and the loads copy from.
+    rounded: Option<Box<dyn DeviceAlloc>>,
     /// The optimiser's state vectors.
     state: Vec<Box<dyn DeviceAlloc>>,
     /// Each shard's event marks its last update, and its lock keeps waiting for that event and
@@ -86,6 +89,15 @@ impl<'o, O: Optimizer + ?Sized> DeviceAsyncStore<'o, O> {
         let params = queue.alloc(len, DType::F32)?;
         // SAFETY: the buffer was just allocated with `len` values.
         unsafe { queue.write(params.address(), &state.params)? };
+        let rounded = match devices.copy {
+            Some(_) => {
+                let rounded = queue.alloc(len, DType::F32)?;
+                // SAFETY: the buffer was just allocated with `len` values.
+                unsafe { devices.write_replica_params(queue, rounded.address(), &state.params)? };
+                Some(rounded)
+            }
+            None => None,
+        };
         let slots = upload_state(queue, state)?;
         // A shard a span: on the device an update of a shard is one kernel, fast next to the
         // launch, so few large shards cost least; workers still start at different ones.
@@ -118,11 +130,17 @@ impl<'o, O: Optimizer + ?Sized> DeviceAsyncStore<'o, O> {
         Ok(Some(Self {
             devices,
             params,
+            rounded,
             state: slots,
             shards,
             begun,
             seen,
         }))
+    }
+
+    /// What a replica's parameters are copied from: the record, or its rounded copy.
+    fn replica_params(&self) -> u64 {
+        self.rounded.as_ref().unwrap_or(&self.params).address()
     }
 
     /// Copies every worker's `begun` count into a staleness record's half at `record`.
@@ -183,7 +201,7 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for DeviceAsyncStore<'_, O
                 self.snapshot_begun(record),
                 DeviceOp::Copy {
                     dst: member.residence.params,
-                    src: self.params.address(),
+                    src: self.replica_params(),
                     len: self.devices.len,
                     dtype: DType::F32,
                 },
@@ -242,7 +260,11 @@ impl<R: Replica, O: Optimizer + ?Sized> AsyncStore<R> for DeviceAsyncStore<'_, O
             queue.wait(&**event)?;
             let ops = devices.update_ops(
                 worker,
-                (self.params.address(), &addresses(&self.state)),
+                (
+                    self.params.address(),
+                    &addresses(&self.state),
+                    self.replica_params(),
+                ),
                 &[member.residence.grads],
                 shard.range.clone(),
             );

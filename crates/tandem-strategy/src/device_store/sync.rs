@@ -4,7 +4,7 @@
 use std::sync::Mutex;
 
 use tandem_core::{
-    DeviceAlloc, DeviceEvent, DeviceOp, Optimizer, ParamSpan, Piece, Replica, ReplicaError,
+    DType, DeviceAlloc, DeviceEvent, DeviceOp, Optimizer, ParamSpan, Piece, Replica, ReplicaError,
     TrainState,
 };
 
@@ -13,6 +13,9 @@ use crate::store::{ParamStore, SyncStore, UpdateAt};
 
 /// A synchronous replica's buffers beside its own, and where it is in the run.
 struct SyncReplica {
+    /// The f32 master weights where the replica computes in a narrower type (its own
+    /// parameters are then their rounded copy); `None`: its parameters are the master weights.
+    master: Option<Box<dyn DeviceAlloc>>,
     /// The optimiser's state vectors (each replica keeps them whole; the first one's are the
     /// record).
     state: Vec<Box<dyn DeviceAlloc>>,
@@ -91,13 +94,25 @@ impl<'o, O: Optimizer + ?Sized> DeviceSyncStore<'o, O> {
             .map(|member| {
                 let queue = member.queue();
                 queue.bind()?;
+                let master = match devices.copy {
+                    Some(_) => {
+                        let master = queue.alloc(len, DType::F32)?;
+                        // SAFETY: the buffer was just allocated with `len` values.
+                        unsafe { queue.write(master.address(), &state.params)? };
+                        Some(master)
+                    }
+                    None => None,
+                };
                 // SAFETY: the replica's parameter buffer holds `len` values (its layout's).
-                unsafe { queue.write(member.residence.params, &state.params)? };
+                unsafe {
+                    devices.write_replica_params(queue, member.residence.params, &state.params)?
+                };
                 let slots = upload_state(queue, state)?;
                 let done = queue.event()?;
                 // Recorded once, so that the first step's waits have something to wait for.
                 queue.record(&*done)?;
                 Ok(SyncReplica {
+                    master,
                     state: slots,
                     outbox: [
                         queue.alloc(len, devices.grads_dtype)?,
@@ -143,9 +158,15 @@ impl<'o, O: Optimizer + ?Sized> DeviceSyncStore<'o, O> {
             }
         }
         ops.push(devices.hyper_upload(worker, UpdateAt::full(pending.step, pending.epoch))?);
-        let params = devices.members[worker].residence.params;
+        let replica_params = devices.members[worker].residence.params;
+        let params = me.master.as_ref().map_or(replica_params, |m| m.address());
         let state = addresses(&me.state);
-        ops.extend(devices.update_ops(worker, (params, &state), &grads, 0..devices.len));
+        ops.extend(devices.update_ops(
+            worker,
+            (params, &state, replica_params),
+            &grads,
+            0..devices.len,
+        ));
         Ok(ops)
     }
 
@@ -172,7 +193,11 @@ impl<'o, O: Optimizer + ?Sized> DeviceSyncStore<'o, O> {
         // SAFETY: the replica's parameters and its average hold `len` values; the reads wait
         // for the queue's work, and the waits above for every replica's last step.
         unsafe {
-            first.read(members[0].residence.params, params)?;
+            let master = self.replicas[0].master.as_ref();
+            first.read(
+                master.map_or(members[0].residence.params, |m| m.address()),
+                params,
+            )?;
             for (slot, values) in self.replicas[0].state.iter().zip(state.iter_mut()) {
                 first.read(slot.address(), values)?;
             }

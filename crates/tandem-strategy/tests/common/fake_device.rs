@@ -3,7 +3,8 @@
 //! test suite, without a GPU or the driver stand-in. Its "device memory" is one arena of
 //! blocks named by byte address, shared by every queue, each addressed in the type it was
 //! allocated with (the values are held as f32 whatever the type: the fake checks the store's
-//! addresses and types, not rounding); each queue runs its operations at
+//! addresses and types; it rounds only an update's rounded copy, as the kernels write it);
+//! each queue runs its operations at
 //! once, in order, so it shows what the store asks for but not the ordering between queues that
 //! the store's events provide on a real device (the stand-in's CI job checks that).
 
@@ -122,13 +123,20 @@ fn run(ops: &[DeviceOp], memory: usize) {
                 grads_dtype,
                 len,
                 hyper,
+                copy,
             } => {
                 assert_eq!(
                     *grads_dtype,
                     DType::F32,
                     "a store updates from f32 gradients only"
                 );
-                for &at in [*params, *hyper].iter().chain(state).chain(grads) {
+                let copy_at = copy.map(|c| c.params);
+                for &at in [*params, *hyper]
+                    .iter()
+                    .chain(state)
+                    .chain(grads)
+                    .chain(&copy_at)
+                {
                     let owner = arena.memory_of(at);
                     assert_eq!(
                         owner, memory,
@@ -165,6 +173,12 @@ fn run(ops: &[DeviceOp], memory: usize) {
                     (other, _) => panic!("no kernel {other} here"),
                 }
                 arena.span(*params, *len, DType::F32).copy_from_slice(&p);
+                if let Some(copy) = copy {
+                    tandem_tensor::round_to(copy.dtype, &mut p);
+                    arena
+                        .span(copy.params, *len, DType::F32)
+                        .copy_from_slice(&p);
+                }
                 for (&at, values) in state.iter().zip(&slots) {
                     arena.span(at, *len, DType::F32).copy_from_slice(values);
                 }
@@ -177,15 +191,18 @@ fn run(ops: &[DeviceOp], memory: usize) {
 /// ones make the store stage copies between them, as on several GPUs).
 pub struct FakeQueue {
     memory: usize,
+    /// Whether its updates write rounded copies ([`DeviceQueue::rounds_to`]).
+    rounds: bool,
     /// How many replicas' gradients one update kernel may average.
     max_gradients: usize,
     step_ops: Mutex<Option<(Vec<DeviceOp>, Vec<DeviceOp>)>>,
 }
 
 impl FakeQueue {
-    pub fn new(memory: usize, max_gradients: usize) -> Self {
+    pub fn new(memory: usize, max_gradients: usize, rounds: bool) -> Self {
         Self {
             memory,
+            rounds,
             max_gradients,
             step_ops: Mutex::new(None),
         }
@@ -233,6 +250,9 @@ impl DeviceQueue for FakeQueue {
             ("sgd_ema_update", 1) | ("adam_update", 2 | 3)
         )
     }
+    fn rounds_to(&self, dtype: DType) -> bool {
+        self.rounds && matches!(dtype, DType::BF16 | DType::F16)
+    }
     unsafe fn run(&self, ops: &[DeviceOp]) -> Result<(), ReplicaError> {
         run(ops, self.memory);
         Ok(())
@@ -277,16 +297,41 @@ pub struct Resident {
     queue: Arc<FakeQueue>,
     params: Box<dyn DeviceAlloc>,
     grads: Box<dyn DeviceAlloc>,
+    precision: DType,
+}
+
+/// What a [`Resident`]'s buffers hold and its queue does.
+#[derive(Clone, Copy)]
+pub struct Kind {
+    /// How many replicas' gradients one update kernel may average.
+    pub max_gradients: usize,
+    /// The type of the buffers' values.
+    pub dtype: DType,
+    /// The type the replica computes in ([`Residence::precision`]).
+    pub precision: DType,
+    /// Whether its updates write rounded copies.
+    pub rounds: bool,
+}
+
+impl Kind {
+    /// f32 buffers and computation, updates of up to 16 replicas' gradients that write
+    /// rounded copies.
+    pub const F32: Kind = Kind {
+        max_gradients: 16,
+        dtype: DType::F32,
+        precision: DType::F32,
+        rounds: true,
+    };
 }
 
 impl Resident {
-    /// `len` parameters and gradients of type `dtype` on a new queue of `memory`, whose
-    /// update kernel averages up to `max_gradients` replicas' gradients.
-    pub fn new(memory: usize, len: usize, max_gradients: usize, dtype: DType) -> Self {
-        let queue = Arc::new(FakeQueue::new(memory, max_gradients));
+    /// `len` parameters and gradients as `kind` says, on a new queue of `memory`.
+    pub fn new(memory: usize, len: usize, kind: Kind) -> Self {
+        let queue = Arc::new(FakeQueue::new(memory, kind.max_gradients, kind.rounds));
         Self {
-            params: queue.alloc(len, dtype).expect("arena memory"),
-            grads: queue.alloc(len, dtype).expect("arena memory"),
+            params: queue.alloc(len, kind.dtype).expect("arena memory"),
+            grads: queue.alloc(len, kind.dtype).expect("arena memory"),
+            precision: kind.precision,
             queue,
         }
     }
@@ -298,6 +343,7 @@ impl Resident {
             params: self.params.address(),
             grads: self.grads.address(),
             dtype: self.params.dtype(),
+            precision: self.precision,
         }
     }
 
