@@ -16,8 +16,10 @@
 // Where a replica computes in bf16 or f16 (values held in f32 slots), the update of its f32
 // master weights also writes their rounded copy (copy non-null; bf16 != 0 picks the type) in
 // the same pass: copy[i] = round_narrow(p[i]), the replica's parameters for its next step.
+// Where the replicas exchange their gradients in bf16 (grads_bf16 != 0: compress_bf16 wrote
+// them), g is their f32 sum instead (see mean_gradient).
 //
-// Launch (both): 1-D, 256 threads a block, any number of blocks (grid-stride loop).
+// Launch (all): 1-D, 256 threads a block, any number of blocks (grid-stride loop).
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -29,20 +31,33 @@
 // Up to MAX_GRADS gradient buffers, passed by value among the kernel's parameters (so no
 // pointer array has to be uploaded each step), as __grid_constant__: threads read the table
 // where the launch put it, instead of each copying it to local memory to index it at run time.
-// Slots past n are unused.
+// Slots past n are unused. Each holds f32 values, or bf16 ones (their 16 bits) where the
+// kernel's grads_bf16 is non-zero.
 struct Grads {
-    const float *ptr[MAX_GRADS];
+    const void *ptr[MAX_GRADS];
 };
 
-__device__ float mean_gradient(const Grads &grads, unsigned n, size_t i) {
+// The gradient of value i from the n buffers. f32 gradients are averaged; bf16 ones come from a
+// 16-bit exchange (compress_bf16), each divided by the worker count before it was rounded, so
+// their f32 sum from zero in buffer order is the mean, as the host sums what arrives over MPI.
+__device__ float mean_gradient(const Grads &grads, unsigned n, size_t i, int grads_bf16) {
+    if (grads_bf16) {
+        float sum = 0.0f;
+        for (unsigned j = 0; j < n; ++j) {
+            const unsigned bits = static_cast<const unsigned short *>(grads.ptr[j])[i];
+            sum = __fadd_rn(sum, __uint_as_float(bits << 16));
+        }
+        return sum;
+    }
+    const float *first = static_cast<const float *>(grads.ptr[0]);
     if (n == 1) {
-        return grads.ptr[0][i];
+        return first[i];
     }
     // Starting from the first buffer, as the twin does (starting from 0.0f would turn a -0.0
     // sum into +0.0).
-    float sum = grads.ptr[0][i];
+    float sum = first[i];
     for (unsigned j = 1; j < n; ++j) {
-        sum = __fadd_rn(sum, grads.ptr[j][i]);
+        sum = __fadd_rn(sum, static_cast<const float *>(grads.ptr[j])[i]);
     }
     return __fmul_rn(sum, __fdiv_rn(1.0f, (float)n));
 }
@@ -71,13 +86,13 @@ __device__ const float *span_values(const Spans &spans, unsigned count, size_t i
 extern "C" __global__ void sgd_ema_update(float *__restrict__ p, float *__restrict__ e,
                                           const __grid_constant__ Grads grads, unsigned n,
                                           const __grid_constant__ Spans spans, unsigned count,
-                                          float *__restrict__ copy, int bf16) {
+                                          float *__restrict__ copy, int bf16, int grads_bf16) {
     const size_t len = spans.end[count - 1];
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < len;
          i += (size_t)gridDim.x * blockDim.x) {
         const float *hyper = span_values(spans, count, i);
         const float lr = hyper[0], wd = hyper[1], d = hyper[2];
-        const float g = mean_gradient(grads, n, i);
+        const float g = mean_gradient(grads, n, i, grads_bf16);
         const float pi = __fsub_rn(p[i], __fmul_rn(lr, __fadd_rn(g, __fmul_rn(wd, p[i]))));
         p[i] = pi;
         e[i] = __fadd_rn(__fmul_rn(d, e[i]), __fmul_rn(__fsub_rn(1.0f, d), pi));
@@ -101,14 +116,14 @@ extern "C" __global__ void adam_update(float *__restrict__ p, float *__restrict_
                                        float *__restrict__ v, float *__restrict__ e,
                                        const __grid_constant__ Grads grads, unsigned n,
                                        const __grid_constant__ Spans spans, unsigned count,
-                                       float *__restrict__ copy, int bf16) {
+                                       float *__restrict__ copy, int bf16, int grads_bf16) {
     const size_t len = spans.end[count - 1];
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < len;
          i += (size_t)gridDim.x * blockDim.x) {
         const float *hyper = span_values(spans, count, i);
         const float step = hyper[0], b1 = hyper[1], b2 = hyper[2], eps = hyper[3];
         const float wd = hyper[4], d = hyper[5];
-        const float g = __fadd_rn(mean_gradient(grads, n, i), __fmul_rn(wd, p[i]));
+        const float g = __fadd_rn(mean_gradient(grads, n, i, grads_bf16), __fmul_rn(wd, p[i]));
         const float mi = __fadd_rn(__fmul_rn(b1, m[i]), __fmul_rn(__fsub_rn(1.0f, b1), g));
         const float vi =
             __fadd_rn(__fmul_rn(b2, v[i]), __fmul_rn(__fsub_rn(1.0f, b2), __fmul_rn(g, g)));
@@ -133,6 +148,19 @@ extern "C" __global__ void mean_gradients(float *out, const __grid_constant__ Gr
                                           unsigned n, size_t len) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < len;
          i += (size_t)gridDim.x * blockDim.x) {
-        out[i] = mean_gradient(grads, n, i);
+        out[i] = mean_gradient(grads, n, i, 0);
+    }
+}
+
+// dst[i] = the 16 bits of src[i] / divisor rounded to bf16 (to nearest, ties to even), for
+// i < len: a replica's gradients as a 16-bit exchange sends them, divided by the worker count
+// first (as PyTorch DDP's compression hooks do) so that their sum on arrival is the mean and
+// cannot overflow. Bit for bit the host's exchange (an f32 division, then encode_bf16).
+extern "C" __global__ void compress_bf16(unsigned short *__restrict__ dst,
+                                         const float *__restrict__ src, size_t len,
+                                         float divisor) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < len;
+         i += (size_t)gridDim.x * blockDim.x) {
+        dst[i] = __bfloat16_as_ushort(__float2bfloat16_rn(__fdiv_rn(src[i], divisor)));
     }
 }

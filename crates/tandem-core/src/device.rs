@@ -82,7 +82,9 @@ pub enum DeviceOp {
     /// [`state_names`](crate::Optimizer::state_names) order) with the mean of the gradients of
     /// type `grads_dtype` at `grads` (summed in their order; at most
     /// [`DeviceQueue::max_gradients`]), reading the `f32` [`DeviceUpdate::hyper`] values at
-    /// `hyper`; all in the queue's own memory. With a [`RoundedCopy`], the same pass also
+    /// `hyper`; all in the queue's own memory. 16-bit gradients (`grads_dtype` bf16) come
+    /// from an exchange ([`DeviceOp::Compress`]), each already divided by their count: they are
+    /// summed (in f32, from zero, in their order) instead. With a [`RoundedCopy`], the same pass also
     /// writes the new parameters rounded to its type: the copy that a replica computing in a
     /// narrower type than its `f32` master weights reads.
     Update {
@@ -102,6 +104,22 @@ pub enum DeviceOp {
         hyper: u64,
         /// Where the updated parameters are also written, rounded (`None`: nowhere).
         copy: Option<RoundedCopy>,
+    },
+    /// Writes the `len` `f32` values at `src`, each divided by `divisor` and rounded to
+    /// nearest (ties to even) `dtype`, as `len` values of `dtype` at `dst`: a replica's
+    /// gradients as a 16-bit exchange sends them, divided by the worker count first so that
+    /// their sum on arrival is the mean.
+    Compress {
+        /// Where to (`dtype` values).
+        dst: u64,
+        /// Where from (`f32` values).
+        src: u64,
+        /// How many values.
+        len: usize,
+        /// What each is divided by before it is rounded.
+        divisor: f32,
+        /// The type written.
+        dtype: DType,
     },
 }
 
@@ -149,6 +167,11 @@ pub trait DeviceQueue: Send + Sync {
     /// does.
     fn rounds_to(&self, dtype: DType) -> bool;
 
+    /// Whether [`DeviceOp::Compress`] writes `dtype` here and [`DeviceOp::Update`] reads
+    /// gradients of that type: a store exchanges gradients in `dtype` between replicas only
+    /// where their queues do both.
+    fn compresses_to(&self, dtype: DType) -> bool;
+
     /// Queues `ops`, in order. An [`Upload`](DeviceOp::Upload)'s values are copied before this
     /// returns, so the caller may drop them at once.
     ///
@@ -189,6 +212,12 @@ pub trait DeviceQueue: Send + Sync {
     /// # Safety
     /// See the trait.
     unsafe fn read(&self, src: u64, dst: &mut [f32]) -> Result<(), ReplicaError>;
+
+    /// [`read`](Self::read) of 16-bit memory (bf16 or f16 values, their bits).
+    ///
+    /// # Safety
+    /// See the trait.
+    unsafe fn read_bits16(&self, src: u64, dst: &mut [u16]) -> Result<(), ReplicaError>;
 
     /// A new event of this queue's device.
     fn event(&self) -> Result<Box<dyn DeviceEvent>, ReplicaError>;

@@ -969,8 +969,9 @@ impl Launcher<'_> {
     /// Queues the optimiser update `kernel` (of `kernels/update.cu`) of the consecutive
     /// `spans` (each `(len, hyper)`: its length, and where its values are read when the kernel
     /// runs) of the parameters at `p` and their state vectors at `state`, from the mean of the
-    /// gradients at `grads` (each holding the spans' values from its address on), writing the
-    /// parameters' rounded `copy` too where there is one.
+    /// gradients at `grads` (each holding the spans' values from its address on; of type
+    /// `grads_dtype`, f32 or an exchange's bf16, which are summed), writing the parameters'
+    /// rounded `copy` too where there is one.
     ///
     /// # Safety
     ///
@@ -984,10 +985,11 @@ impl Launcher<'_> {
         state: &[u64],
         grads: &[u64],
         spans: &[(usize, u64)],
-        copy: Option<RoundedCopy>,
+        (grads_dtype, copy): (DType, Option<RoundedCopy>),
     ) -> Result<(), KernelError> {
         let (span_table, count) = update_spans(spans)?;
         let (copy, bf16) = copy_args(copy);
+        let grads_bf16 = i32::from(grads_dtype == DType::BF16);
         let grid = stride_grid(spans.iter().map(|&(len, _)| len).sum::<usize>());
         if kernel == Kernel::SgdEmaUpdate.entry() {
             let e = sgd_state(state)?;
@@ -999,7 +1001,7 @@ impl Launcher<'_> {
                     Kernel::SgdEmaUpdate,
                     grid,
                     BLOCK,
-                    args![p, e, table, n, span_table, count, copy, bf16],
+                    args![p, e, table, n, span_table, count, copy, bf16, grads_bf16],
                 )
             }
         } else if kernel == Kernel::AdamUpdate.entry() {
@@ -1012,11 +1014,37 @@ impl Launcher<'_> {
                     Kernel::AdamUpdate,
                     grid,
                     BLOCK,
-                    args![p, m, v, e, table, n, span_table, count, copy, bf16],
+                    args![p, m, v, e, table, n, span_table, count, copy, bf16, grads_bf16],
                 )
             }
         } else {
             Err(no_update_kernel(kernel, state))
+        }
+    }
+
+    /// Queues `compress_bf16` of the `len` f32 values at `src` into bf16 ones at `dst`, each
+    /// divided by `divisor` first.
+    ///
+    /// # Safety
+    ///
+    /// `src` and `dst` hold `len` values of live device memory of the stream's device until
+    /// the kernel has run; the stream's context is current.
+    unsafe fn compress_bf16(
+        &self,
+        dst: u64,
+        src: u64,
+        len: usize,
+        divisor: f32,
+    ) -> Result<(), KernelError> {
+        // SAFETY: the arguments follow `compress_bf16`'s parameters; the caller's promises
+        // cover the memory.
+        unsafe {
+            self.launch(
+                Kernel::CompressBf16,
+                stride_grid(len),
+                BLOCK,
+                args![dst, src, len, divisor],
+            )
         }
     }
 
@@ -1071,7 +1099,24 @@ impl Launcher<'_> {
                     let spans = consecutive_spans(rest);
                     done = spans.len();
                     // SAFETY: the caller's promises, for each update that the spans join.
-                    unsafe { self.update(kernel, *params, state, grads, &spans, *copy) }?
+                    unsafe {
+                        let with = (*grads_dtype, *copy);
+                        self.update(kernel, *params, state, grads, &spans, with)
+                    }?
+                }
+                DeviceOp::Compress {
+                    dst,
+                    src,
+                    len,
+                    divisor,
+                    dtype,
+                } if pass != Pass::Inputs => {
+                    if *dtype != DType::BF16 {
+                        return Err(KernelError::NoCompression(*dtype));
+                    }
+                    // SAFETY: the caller's promises: `src` holds `len` f32 values, `dst` as
+                    // many bf16 ones.
+                    unsafe { self.compress_bf16(*dst, *src, *len, *divisor) }?
                 }
                 _ => {}
             }
@@ -1082,9 +1127,9 @@ impl Launcher<'_> {
 }
 
 /// Whether an update kernel `kernel` of `kernels/update.cu` takes `states` state vectors and
-/// gradients of type `grads` (`f32`, the only type the kernels read so far).
+/// gradients of type `grads` (`f32`, or the bf16 of an exchange).
 pub(crate) fn runs_update(kernel: &str, states: usize, grads: DType) -> bool {
-    grads == DType::F32
+    matches!(grads, DType::F32 | DType::BF16)
         && ((kernel == Kernel::SgdEmaUpdate.entry() && states == 1)
             || (kernel == Kernel::AdamUpdate.entry() && (2..=3).contains(&states)))
 }
@@ -1143,6 +1188,7 @@ fn update_spans(spans: &[(usize, u64)]) -> Result<([u64; SPAN_TABLE], u32), Kern
 enum OpShape {
     Copy(u64, u64, usize, DType),
     Upload(u64, usize),
+    Compress(u64, u64, usize, u32, DType),
     Update(
         &'static str,
         u64,
@@ -1165,6 +1211,13 @@ impl OpShape {
                 dtype,
             } => OpShape::Copy(*dst, *src, *len, *dtype),
             DeviceOp::Upload { dst, values } => OpShape::Upload(*dst, values.len()),
+            DeviceOp::Compress {
+                dst,
+                src,
+                len,
+                divisor,
+                dtype,
+            } => OpShape::Compress(*dst, *src, *len, divisor.to_bits(), *dtype),
             DeviceOp::Update {
                 kernel,
                 params,

@@ -339,6 +339,7 @@ impl Drop for Entered {
 /// bit pattern (all zeros in particular) is a valid value.
 pub trait DeviceCopy: Copy + Send + 'static {}
 impl DeviceCopy for u8 {}
+impl DeviceCopy for u16 {}
 impl DeviceCopy for u32 {}
 impl DeviceCopy for f32 {}
 

@@ -77,6 +77,9 @@ pub enum KernelError {
     /// not round to (they write bf16 and f16 copies).
     #[error("no update kernel writes a parameter copy rounded to {0}")]
     NoRoundedCopy(tandem_core::DType),
+    /// A gradient compression asked for a type that no kernel writes (they write bf16).
+    #[error("no kernel compresses gradients to {0}")]
+    NoCompression(tandem_core::DType),
     /// A 16-bit backend was asked of a GPU without tensor cores for its type (compute
     /// capability below 8.0, where `mma.sync` with bf16 and f16 operands is missing).
     #[error(

@@ -146,12 +146,15 @@ kernel_table! {
     SOFTMAX_XENT = "softmax_xent" {
         SoftmaxCrossEntropy => "softmax_cross_entropy",
     }
-    /// `kernels/update.cu`: `sgd_ema_update`, `adam_update` and `mean_gradients`.
+    /// `kernels/update.cu`: `sgd_ema_update`, `adam_update`, `mean_gradients` and
+    /// `compress_bf16`.
     UPDATE = "update" {
         SgdEmaUpdate => "sgd_ema_update",
         /// Adam, bit for bit `tandem_optim::adam_update`.
         AdamUpdate => "adam_update",
         MeanGradients => "mean_gradients",
+        /// Gradients divided by the worker count and rounded to bf16, for a 16-bit exchange.
+        CompressBf16 => "compress_bf16",
     }
 }
 

@@ -99,6 +99,10 @@ impl DeviceQueue for CudaQueue {
         crate::backend::rounds_to(dtype)
     }
 
+    fn compresses_to(&self, dtype: DType) -> bool {
+        dtype == DType::BF16
+    }
+
     fn bind(&self) -> Result<(), ReplicaError> {
         Ok(self
             .context
@@ -142,6 +146,13 @@ impl DeviceQueue for CudaQueue {
     }
 
     unsafe fn read(&self, src: u64, dst: &mut [f32]) -> Result<(), ReplicaError> {
+        // SAFETY: the caller's promises; `dst` stays borrowed until the copy has landed.
+        unsafe { self.stream.copy_out(dst, DevicePointer::from_raw(src)) }
+            .map_err(cuda("copying to the host"))?;
+        self.synchronize()
+    }
+
+    unsafe fn read_bits16(&self, src: u64, dst: &mut [u16]) -> Result<(), ReplicaError> {
         // SAFETY: the caller's promises; `dst` stays borrowed until the copy has landed.
         unsafe { self.stream.copy_out(dst, DevicePointer::from_raw(src)) }
             .map_err(cuda("copying to the host"))?;

@@ -461,14 +461,15 @@ fn consecutive_updates_are_each_spans_cpu_update() {
     unsafe { queue.run(&ops) }.expect("run");
     // Gradients of a type no update kernel reads are refused before anything is queued.
     assert!(queue.has_update("sgd_ema_update", 1, DType::F32));
-    assert!(!queue.has_update("sgd_ema_update", 1, DType::BF16));
+    assert!(queue.has_update("sgd_ema_update", 1, DType::BF16));
+    assert!(!queue.has_update("sgd_ema_update", 1, DType::F16));
     let mut narrow = ops[0].clone();
     if let DeviceOp::Update { grads_dtype, .. } = &mut narrow {
-        *grads_dtype = DType::BF16;
+        *grads_dtype = DType::F16;
     }
     // SAFETY: as above; the update is refused, not run.
-    let refused = unsafe { queue.run(&[narrow]) }.expect_err("bf16 gradients");
-    assert!(refused.to_string().contains("bf16 gradients"), "{refused}");
+    let refused = unsafe { queue.run(&[narrow]) }.expect_err("f16 gradients");
+    assert!(refused.to_string().contains("f16 gradients"), "{refused}");
     // So is a copy rounded to a type the kernels do not round to (f32 is no rounding).
     assert!(queue.rounds_to(DType::BF16) && queue.rounds_to(DType::F16));
     assert!(!queue.rounds_to(DType::F32));
@@ -616,6 +617,131 @@ fn adam_update_is_exactly_the_host_update() {
             &got,
             &want_copy,
         );
+    }
+}
+
+/// A 16-bit exchange on the device: each replica's gradients divided by the worker count and
+/// rounded to bf16 (`DeviceOp::Compress`) are exactly the host's exchange's (an f32 division,
+/// then `encode_bf16`), and SGD and Adam's updates from them (`grads_dtype` bf16) sum them from
+/// zero in order in f32, exactly as the host sums what arrives, then update as from one
+/// gradient. Ties and values past bf16's range included.
+#[test]
+fn a_bf16_exchange_compresses_and_updates_as_the_host_does() {
+    use tandem_core::{DType, DeviceOp, DeviceQueue, Optimizer};
+    use tandem_optim::{adam_update, Adam};
+    let Some(gpu) = gpu() else { return };
+    let queue = gpu.queue();
+    let mut rng = rng(13);
+    let (workers, len) = (3, 2_000);
+    let mut grads: Vec<Vec<f32>> = (0..workers).map(|_| random(&mut rng, len, 0.5)).collect();
+    // Exact ties after the division by 3 (odd and even halves), a value that overflows bf16
+    // and a negative zero.
+    grads[0][..4].copy_from_slice(&[
+        3.0 * f32::from_bits(0x3f80_8000),
+        3.0 * f32::from_bits(0x3f81_8000),
+        f32::MAX,
+        -0.0,
+    ]);
+    let sent: Vec<Vec<u16>> = grads
+        .iter()
+        .map(|g| {
+            let divided: Vec<f32> = g.iter().map(|v| v / workers as f32).collect();
+            let mut bits = Vec::new();
+            tandem_tensor::encode_bf16(&divided, &mut bits);
+            bits
+        })
+        .collect();
+    let f32_grads = written(&queue, &grads);
+    let outboxes: Vec<_> = (0..workers)
+        .map(|_| queue.alloc(len, DType::BF16).expect("alloc"))
+        .collect();
+    let compress: Vec<DeviceOp> = (0..workers)
+        .map(|w| DeviceOp::Compress {
+            dst: outboxes[w].address(),
+            src: f32_grads[w].address(),
+            len,
+            divisor: workers as f32,
+            dtype: DType::BF16,
+        })
+        .collect();
+    // SAFETY: every buffer holds `len` values of its type and outlives the reads (they wait).
+    unsafe { queue.run(&compress) }.expect("compress");
+    for (w, want) in sent.iter().enumerate() {
+        let mut got = vec![0u16; len];
+        // SAFETY: the outbox holds `len` bf16 values.
+        unsafe { queue.read_bits16(outboxes[w].address(), &mut got) }.expect("read");
+        if let Some(i) = (0..len).find(|&i| got[i] != want[i]) {
+            panic!(
+                "worker {w}: value {i} is {:#06x}, the host's {:#06x}",
+                got[i], want[i]
+            );
+        }
+    }
+    let other = DeviceOp::Compress {
+        dst: outboxes[0].address(),
+        src: f32_grads[0].address(),
+        len,
+        divisor: 1.0,
+        dtype: DType::F16,
+    };
+    // SAFETY: as above; refused, not run.
+    let refused = unsafe { queue.run(&[other]) }.expect_err("f16");
+    assert!(refused.to_string().contains("to f16"), "{refused}");
+    assert!(queue.compresses_to(DType::BF16) && !queue.compresses_to(DType::F16));
+
+    // What arrives, summed from zero in worker order: the one gradient of the host's update.
+    let mut mean = vec![0.0f32; len];
+    for bits in &sent {
+        let mut values = vec![0.0f32; len];
+        tandem_tensor::decode_bf16(bits, &mut values);
+        mean.iter_mut().zip(&values).for_each(|(m, v)| *m += v);
+    }
+    let adam = Adam {
+        learning_rate: 0.01,
+        weight_decay: 0.05,
+        ..Adam::DEFAULT
+    };
+    let adam_values: [f32; 6] = (adam.device_update(4, 0.5, true, 1.0))
+        .expect("a device update")
+        .hyper
+        .try_into()
+        .expect("six values");
+    let sgd_values = [STEP.learning_rate, STEP.weight_decay, STEP.ema_decay];
+    for (kernel, values, states) in [
+        ("sgd_ema_update", &sgd_values[..], 1),
+        ("adam_update", &adam_values[..], 3),
+    ] {
+        let mut host: Vec<Vec<f32>> = (0..=states).map(|_| random(&mut rng, len, 0.5)).collect();
+        if states == 3 {
+            host[2].iter_mut().for_each(|v| *v = v.abs() * 1e-3);
+        }
+        let buffers = written(&queue, &host);
+        let hyper = written(&queue, &[values.to_vec()]);
+        let update = DeviceOp::Update {
+            kernel,
+            params: buffers[0].address(),
+            state: buffers[1..].iter().map(|b| b.address()).collect(),
+            grads: outboxes.iter().map(|o| o.address()).collect(),
+            grads_dtype: DType::BF16,
+            len,
+            hyper: hyper[0].address(),
+            copy: None,
+        };
+        // SAFETY: every buffer holds `len` values of its type (the hyper-parameters the
+        // kernel's), alive until the reads below, which wait.
+        unsafe { queue.run(&[update]) }.expect("update");
+        let (params, state) = host.split_first_mut().expect("parameters");
+        let mut slots: Vec<&mut [f32]> = state.iter_mut().map(Vec::as_mut_slice).collect();
+        match states {
+            1 => cpu::sgd_ema_update(params, &mut *slots[0], &[&mean], STEP),
+            _ => adam_update(params, &mut slots, &[&mean], adam_values),
+        }
+        for (buffer, want) in buffers.iter().zip(&host) {
+            let mut got = vec![0.0; len];
+            // SAFETY: the buffer holds `len` values; the read waits for the queue.
+            unsafe { queue.read(buffer.address(), &mut got) }.expect("read");
+            assert_bitwise(kernel, &got, want);
+        }
     }
 }
 

@@ -878,6 +878,7 @@ fn the_launch_reader_sees_the_update_launch() {
             "u32",
             "u64",
             "i32",
+            "i32",
         ]
     );
 }

@@ -56,7 +56,8 @@ struct Devices<'o, O: Optimizer + ?Sized> {
     hyper_len: usize,
     spans: Vec<(Range<usize>, bool)>,
     len: usize,
-    /// The type of every replica's parameters and gradients ([`Residence::dtype`]).
+    /// The type of the gradients the updates read: the replicas' ([`Residence::dtype`]), or
+    /// that of the exchange between them ([`DeviceOp::Compress`]).
     grads_dtype: DType,
     /// Where the replicas compute in a narrower type ([`Residence::precision`]): their
     /// parameters are then a [`RoundedCopy`] of the store's f32 master weights, which every
@@ -76,14 +77,15 @@ struct Fleet {
 
 impl<'o, O: Optimizer + ?Sized> Devices<'o, O> {
     /// The queues of `replicas`, if every one is resident, `serves` accepts them and
-    /// `optimizer` has a device update that every queue runs; `None` otherwise. `state` must
-    /// fit `layout` and `optimizer` (the strategies check it first).
+    /// `optimizer` has a device update that every queue runs (from gradients `exchanged` in
+    /// that type, where given, which every queue then compresses to); `None` otherwise.
+    /// `state` must fit `layout` and `optimizer` (the strategies check it first).
     fn open<R: Replica>(
         replicas: &[R],
         state: &TrainState,
         layout: &[ParamSpan],
         optimizer: &'o O,
-        serves: impl FnOnce(&Fleet) -> bool,
+        (exchanged, serves): (Option<DType>, impl FnOnce(&Fleet) -> bool),
     ) -> Result<Option<(Self, Fleet)>, ReplicaError> {
         let Some(residences) = replicas
             .iter()
@@ -97,7 +99,10 @@ impl<'o, O: Optimizer + ?Sized> Devices<'o, O> {
         };
         // The parameters of record are f32, as the replicas' buffers must be; a replica that
         // computes in a narrower type gets their rounded copy, where its queue writes one.
-        let grads_dtype = first.dtype;
+        let grads_dtype = exchanged.unwrap_or(first.dtype);
+        if exchanged.is_some_and(|dtype| !residences.iter().all(|r| r.queue.compresses_to(dtype))) {
+            return Ok(None);
+        }
         let precision = first.precision;
         if residences
             .iter()

@@ -1,16 +1,21 @@
-//! What a synchronous run across ranks sends between them ([`Exchange`]).
+//! What a synchronous run across ranks, or between GPU replicas, sends between them
+//! ([`Exchange`]).
 
 use std::fmt;
 use std::str::FromStr;
 
-/// The type a synchronous run across ranks exchanges its gradients in.
+/// The type a synchronous run across ranks, or between replicas on GPUs (the device store),
+/// exchanges its gradients in.
 ///
 /// `Bf16` divides each worker's gradients by the number of workers, rounds them to `bf16` and
 /// sends those (half the bytes of `f32`); the owner of a share sums what arrives in `f32`, in
 /// worker order as always, so a run stays bitwise reproducible for a seed and worker count.
 /// The updated shares travel back in `bf16` too where the replicas compute in `bf16` (they
 /// round the parameters to it anyway, so nothing they see changes), in `f32` otherwise; the
-/// owner keeps its share's `f32` master values, gathered whole before a checkpoint.
+/// owner keeps its share's `f32` master values, gathered whole before a checkpoint. Between
+/// GPU replicas in one process the same arithmetic runs on the devices: each replica's
+/// gradients leave its step in `bf16`, and every replica sums all of them in `f32` in its
+/// update (the copies to replicas on other GPUs move half the bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Exchange {
     /// `f32`, as computed.

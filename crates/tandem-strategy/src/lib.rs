@@ -233,14 +233,9 @@ fn run<R: Replica, O: Optimizer + ?Sized>(
     if ranks.is_some() && mode == Mode::Async && bound != StalenessBound::Unbounded {
         return Err(ConfigError::BoundAcrossRanks(bound).into());
     }
-    match (exchange, mode, ranks) {
-        (Exchange::F32, ..) | (_, Mode::Sync, Some(_)) => {}
-        (_, Mode::Async, _) => {
-            return Err(ConfigError::ExchangeUnused(exchange, "is asynchronous").into())
-        }
-        (_, Mode::Sync, None) => {
-            return Err(ConfigError::ExchangeUnused(exchange, "is one process").into())
-        }
+    // In one process, a 16-bit exchange is the device store's (below).
+    if exchange != Exchange::F32 && mode == Mode::Async {
+        return Err(ConfigError::ExchangeUnused(exchange, "is asynchronous").into());
     }
     let leader = (0..pool.len()).find(|&w| !pool.is_retired(w)).unwrap_or(0);
     // Asynchronous across ranks, the store also keeps the counters (at rank 0's service);
@@ -295,10 +290,15 @@ fn run<R: Replica, O: Optimizer + ?Sized>(
         }
         (Mode::Sync, None) => {
             let replicas = job.pool.replicas();
-            match DeviceSyncStore::open(replicas, job.state, &layout, optimizer)
+            match DeviceSyncStore::open(replicas, job.state, &layout, optimizer, exchange)
                 .map_err(TrainError::Device)?
             {
                 Some(store) => sync::run(job, &store),
+                None if exchange != Exchange::F32 => Err(ConfigError::ExchangeUnused(
+                    exchange,
+                    "is one process whose workers share the host's memory",
+                )
+                .into()),
                 None => {
                     let store = HostStore::new(job.state, &layout, optimizer, job.pool.len());
                     sync::run(job, &store)
@@ -535,10 +535,11 @@ pub enum ConfigError {
     /// A staleness bound across ranks.
     #[error("a staleness bound ({0}) is not implemented across ranks: train with none")]
     BoundAcrossRanks(StalenessBound),
-    /// A 16-bit exchange where nothing is exchanged between ranks, or asynchronously.
+    /// A 16-bit exchange where no gradients travel between ranks or GPU replicas, or
+    /// asynchronously.
     #[error(
         "--exchange {0} compresses the gradients a synchronous run sends between processes \
-         (under mpirun); this run {1}: drop it"
+         (under mpirun) or between GPU replicas; this run {1}: drop it"
     )]
     ExchangeUnused(Exchange, &'static str),
 }

@@ -214,7 +214,8 @@ pub struct Strategy {
     pub bound: StalenessBound,
     /// How a synchronous run's learning rate follows its global batch.
     pub batch_scaling: BatchScaling,
-    /// What a synchronous run across ranks exchanges its gradients in.
+    /// What a synchronous run across ranks, or between GPU replicas, exchanges its gradients
+    /// in.
     pub exchange: crate::Exchange,
 }
 

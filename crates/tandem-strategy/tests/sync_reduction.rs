@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::fake_device::{Kind, Resident};
 use common::{across, ema, pool_of, weights_and_bias, within, Loss, Model, TestReplica};
 use tandem_collectives::{Collectives, Transport};
 use tandem_core::{DType, Helpers, ParamSpan, TrainState};
@@ -668,7 +669,57 @@ fn a_bf16_exchange_sends_half_the_bytes_and_sums_the_rounded_means_in_worker_ord
     }
 }
 
-/// A bf16 exchange where nothing crosses processes, or in an asynchronous run, is refused.
+/// `--exchange bf16` between replicas on (fake) devices in one process: the device store
+/// compresses each replica's gradients at the end of its step (divided by the worker count,
+/// rounded to bf16, stored in 16 bits) and every replica's update sums them in f32 in worker
+/// order: bitwise the exchange across ranks (the same expectation), the replicas computing in
+/// f32 or bf16, on one device or a device each (the staging copies then move bf16).
+#[test]
+fn a_bf16_exchange_between_device_replicas_is_the_exchange_across_ranks() {
+    const STEPS: u64 = 20;
+    let workers = 3;
+    let one_device: fn(usize) -> usize = |_| 0;
+    let own_devices: fn(usize) -> usize = |worker| worker;
+    for (dtype, rounded) in [(DType::F32, false), (DType::BF16, true)] {
+        let expected = expected_sync_exchanging(&initial_state(), workers, STEPS, Some(rounded));
+        for memory in [one_device, own_devices] {
+            let mut pool = pool(workers, false);
+            let kind = Kind {
+                precision: dtype,
+                ..Kind::F32
+            };
+            for (worker, replica) in pool.replicas_mut().iter_mut().enumerate() {
+                replica.dtype = dtype;
+                replica.device = Some(Resident::new(memory(worker), num_params(), kind));
+            }
+            let strategy = Strategy {
+                exchange: Exchange::Bf16,
+                ..Strategy::from(Mode::Sync)
+            };
+            let mut state = initial_state();
+            let (sgd, batches) = (sgd(), batches());
+            tandem_strategy::train(
+                strategy,
+                &mut pool,
+                &mut state,
+                &sgd,
+                &batches,
+                STEPS,
+                &NoObserver,
+            )
+            .unwrap();
+            let what = format!("bf16 exchange between {dtype} device replicas");
+            assert!(
+                pool.replicas().iter().all(|r| r.loads == 0),
+                "{what}: the device store"
+            );
+            assert_bitwise(&what, &state, &expected);
+        }
+    }
+}
+
+/// A bf16 exchange where no gradients travel (host replicas in one process), or in an
+/// asynchronous run, is refused.
 #[test]
 fn a_bf16_exchange_without_ranks_or_in_async_is_refused() {
     for mode in [Mode::Sync, Mode::Async] {

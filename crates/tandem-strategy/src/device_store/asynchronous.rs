@@ -78,8 +78,13 @@ impl<'o, O: Optimizer + ?Sized> DeviceAsyncStore<'o, O> {
         layout: &[ParamSpan],
         optimizer: &'o O,
     ) -> Result<Option<Self>, ReplicaError> {
-        let Some((devices, _)) =
-            Devices::open(replicas, state, layout, optimizer, |fleet| fleet.one_device)?
+        let Some((devices, _)) = Devices::open(
+            replicas,
+            state,
+            layout,
+            optimizer,
+            (None, |fleet: &_| fleet.one_device),
+        )?
         else {
             return Ok(None);
         };

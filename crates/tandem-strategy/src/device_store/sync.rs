@@ -8,8 +8,10 @@ use tandem_core::{
     TrainState,
 };
 
-use super::{addresses, lock, upload_state, Devices};
+use super::{addresses, lock, upload_state, Devices, Fleet};
 use crate::store::{ParamStore, SyncStore, UpdateAt};
+use crate::Exchange;
+use tandem_tensor::decode_bf16;
 
 /// A synchronous replica's buffers beside its own, and where it is in the run.
 struct SyncReplica {
@@ -71,19 +73,25 @@ pub struct DeviceSyncStore<'o, O: Optimizer + ?Sized> {
 impl<'o, O: Optimizer + ?Sized> DeviceSyncStore<'o, O> {
     /// A store for `replicas`, holding `state`, if they can have one (see the module): every
     /// replica is resident, no more replicas than one update kernel averages, and `optimizer`
-    /// has a device update that their queues run. `None` otherwise (the host store serves
-    /// them). `state` must fit `layout` and `optimizer` (the strategies check it first).
+    /// has a device update that their queues run; with `exchange` bf16, their queues also
+    /// compress the gradients to it. `None` otherwise (the host store serves them). `state`
+    /// must fit `layout` and `optimizer` (the strategies check it first).
     pub fn open<R: Replica>(
         replicas: &[R],
         state: &TrainState,
         layout: &[ParamSpan],
         optimizer: &'o O,
+        exchange: Exchange,
     ) -> Result<Option<Self>, ReplicaError> {
         // The update averages every replica's gradients in one kernel, which takes so many.
         let workers = replicas.len();
-        let Some((devices, fleet)) = Devices::open(replicas, state, layout, optimizer, |fleet| {
-            fleet.max_gradients >= workers
-        })?
+        let exchanged = match exchange {
+            Exchange::F32 => None,
+            Exchange::Bf16 => Some(DType::BF16),
+        };
+        let serves = |fleet: &Fleet| fleet.max_gradients >= workers;
+        let Some((devices, fleet)) =
+            Devices::open(replicas, state, layout, optimizer, (exchanged, serves))?
         else {
             return Ok(None);
         };
@@ -218,11 +226,29 @@ impl<'o, O: Optimizer + ?Sized> DeviceSyncStore<'o, O> {
     ) -> Result<(), ReplicaError> {
         let devices = &self.devices;
         let mut grads = vec![vec![0.0f32; devices.len]; self.replicas.len()];
+        let mut bits = vec![0u16; devices.len];
         for ((member, replica), out) in devices.members.iter().zip(&self.replicas).zip(&mut grads) {
             let queue = member.queue();
             queue.bind()?;
-            // SAFETY: the outbox holds `len` values; the read waits for its replica's queue.
-            unsafe { queue.read(replica.outbox[pending.parity].address(), out)? };
+            let outbox = replica.outbox[pending.parity].address();
+            // SAFETY: the outbox holds `len` values of its type; the read waits for its
+            // replica's queue.
+            match devices.grads_dtype {
+                DType::F32 => unsafe { queue.read(outbox, out)? },
+                _ => {
+                    unsafe { queue.read_bits16(outbox, &mut bits)? };
+                    decode_bf16(&bits, out);
+                }
+            }
+        }
+        if devices.grads_dtype != DType::F32 {
+            // An exchange's gradients, each divided by the worker count: their f32 sum from
+            // zero in worker order is the one gradient of the update, as the kernel sums them.
+            let mut sum = vec![0.0f32; devices.len];
+            for part in &grads {
+                sum.iter_mut().zip(part).for_each(|(s, g)| *s += g);
+            }
+            grads = vec![sum];
         }
         for (range, decayed) in &devices.spans {
             let parts: Vec<&[f32]> = grads.iter().map(|g| &g[range.clone()]).collect();
@@ -259,11 +285,22 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for DeviceSyncStore<'_, O>
             None => Vec::new(),
         };
         let outbox = &me.outbox[(progress.steps % 2) as usize];
-        let after = vec![DeviceOp::Copy {
-            dst: outbox.address(),
-            src: member.residence.grads,
-            len: self.devices.len,
-            dtype: self.devices.grads_dtype,
+        let (dst, src, len) = (outbox.address(), member.residence.grads, self.devices.len);
+        let after = vec![match self.devices.grads_dtype {
+            DType::F32 => DeviceOp::Copy {
+                dst,
+                src,
+                len,
+                dtype: DType::F32,
+            },
+            // Divided by the worker count before the rounding: their sum is then the mean.
+            dtype => DeviceOp::Compress {
+                dst,
+                src,
+                len,
+                divisor: self.replicas.len() as f32,
+                dtype,
+            },
         }];
         // SAFETY: every address is one of the store's buffers or the replica's, of the lengths
         // given, alive as long as the store; the waits above order the other replicas' work on

@@ -112,6 +112,23 @@ fn run(ops: &[DeviceOp], memory: usize) {
                 let values = arena.read(*src, *len, *dtype);
                 arena.span(*dst, *len, *dtype).copy_from_slice(&values);
             }
+            DeviceOp::Compress {
+                dst,
+                src,
+                len,
+                divisor,
+                dtype,
+            } => {
+                assert_eq!(
+                    arena.memory_of(*src),
+                    memory,
+                    "compressing another device's"
+                );
+                let mut values = arena.read(*src, *len, DType::F32);
+                values.iter_mut().for_each(|v| *v /= divisor);
+                tandem_tensor::round_to(*dtype, &mut values);
+                arena.span(*dst, *len, *dtype).copy_from_slice(&values);
+            }
             DeviceOp::Upload { dst, values } => {
                 (arena.span(*dst, values.len(), DType::F32)).copy_from_slice(values);
             }
@@ -125,11 +142,6 @@ fn run(ops: &[DeviceOp], memory: usize) {
                 hyper,
                 copy,
             } => {
-                assert_eq!(
-                    *grads_dtype,
-                    DType::F32,
-                    "a store updates from f32 gradients only"
-                );
                 let copy_at = copy.map(|c| c.params);
                 for &at in [*params, *hyper]
                     .iter()
@@ -148,9 +160,19 @@ fn run(ops: &[DeviceOp], memory: usize) {
                     _ => 6,
                 };
                 let hyper = arena.read(*hyper, values, DType::F32);
-                let grads: Vec<Vec<f32>> = (grads.iter())
+                let mut grads: Vec<Vec<f32>> = (grads.iter())
                     .map(|&g| arena.read(g, *len, *grads_dtype))
                     .collect();
+                if *grads_dtype == DType::BF16 {
+                    // An exchange's, each divided by their count: summed from zero in order.
+                    let mut sum = vec![0.0f32; *len];
+                    for part in &grads {
+                        sum.iter_mut().zip(part).for_each(|(s, g)| *s += g);
+                    }
+                    grads = vec![sum];
+                } else {
+                    assert_eq!(*grads_dtype, DType::F32, "f32 or bf16 gradients");
+                }
                 let grads: Vec<&[f32]> = grads.iter().map(Vec::as_slice).collect();
                 let mut p = arena.read(*params, *len, DType::F32);
                 let mut slots: Vec<Vec<f32>> = (state.iter())
@@ -253,6 +275,9 @@ impl DeviceQueue for FakeQueue {
     fn rounds_to(&self, dtype: DType) -> bool {
         self.rounds && matches!(dtype, DType::BF16 | DType::F16)
     }
+    fn compresses_to(&self, dtype: DType) -> bool {
+        dtype == DType::BF16
+    }
     unsafe fn run(&self, ops: &[DeviceOp]) -> Result<(), ReplicaError> {
         run(ops, self.memory);
         Ok(())
@@ -279,6 +304,12 @@ impl DeviceQueue for FakeQueue {
     }
     unsafe fn read(&self, src: u64, dst: &mut [f32]) -> Result<(), ReplicaError> {
         dst.copy_from_slice(arena().span(src, dst.len(), DType::F32));
+        Ok(())
+    }
+    unsafe fn read_bits16(&self, src: u64, dst: &mut [u16]) -> Result<(), ReplicaError> {
+        let mut bits = Vec::new();
+        tandem_tensor::encode_bf16(arena().span(src, dst.len(), DType::BF16), &mut bits);
+        dst.copy_from_slice(&bits);
         Ok(())
     }
     fn event(&self) -> Result<Box<dyn DeviceEvent>, ReplicaError> {
