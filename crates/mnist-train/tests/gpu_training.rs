@@ -188,6 +188,61 @@ fn sync_across_two_gpus_equals_two_replicas_on_one() {
     assert!(difference <= 1e-6, "{difference}");
 }
 
+/// `--exchange bf16` between GPU replicas: each replica's gradients leave its step divided by
+/// the worker count and rounded to bf16, and every update sums them in f32 in worker order, so
+/// two GPUs train as two replicas on one; the rounding shows against the f32 exchange, and the
+/// run records its exchange. Where the gradients stay on the host (f16 replicas, whose
+/// loss-scaled gradients the host checks) it is refused before any step, writing nothing.
+#[test]
+fn a_bf16_exchange_between_gpu_replicas_trains_and_is_recorded() {
+    if !gpu_present() {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let mut last = Vec::new();
+    for devices in ["cuda:0x2", "cuda:0,1"] {
+        let dir = root.path().join(devices.replace([':', ','], "-"));
+        let flags = ["--sync", "--devices", devices, "--exchange", "bf16"];
+        train_into(
+            &dir,
+            &[&flags[..], &["--steps", STEPS, "--batch-size", BATCH]].concat(),
+        );
+        let checkpoint = dir.join(format!("step-{:010}.safetensors", 4));
+        let (_, metadata) = checkpoint::read_header(&checkpoint).unwrap();
+        assert_eq!(metadata["exchange"], "bf16", "{devices}");
+        last.push(checkpoint);
+    }
+    let difference = max_relative_difference(&last[1], &last[0]);
+    assert!(difference <= 1e-6, "{difference}");
+    let (f32_exchange, _) = train(root.path(), "--sync", "cuda:0x2");
+    let rounded = max_relative_difference(&last[0], &f32_exchange);
+    assert!(
+        rounded > 1e-6,
+        "the bf16 exchange changed nothing: {rounded}"
+    );
+
+    let dir = root.path().join("f16");
+    let data = data_dir();
+    let message = common::fail(&[
+        "--sync",
+        "--devices",
+        "cuda:0x2",
+        "--precision",
+        "f16",
+        "--exchange",
+        "bf16",
+        "--steps",
+        STEPS,
+        "--data-dir",
+        arg(&data),
+        "--checkpoint-dir",
+        arg(&dir),
+    ]);
+    assert!(message.contains("--exchange bf16"), "{message}");
+    assert!(!message.contains("panicked"), "{message}");
+    assert!(!dir.join(format!("step-{:010}.safetensors", 4)).exists());
+}
+
 /// More sync replicas than one update kernel averages (16) keep the parameters of record on the
 /// host, and train.
 #[test]

@@ -13,7 +13,7 @@ use crate::codes::*;
 use crate::guard;
 use crate::state::{self, driver, Driver, GraphEntry};
 use crate::stats;
-use crate::stream::{count, kernels_in, Event, HostSource, Stream, Work};
+use crate::stream::{count, count_graph, Event, HostSource, Stream, Work};
 
 /// `CUcontext`, `CUstream`, `CUevent`, `CUmodule`, `CUfunction`, `CUgraph`, `CUgraphExec`.
 pub type Handle = *mut c_void;
@@ -879,11 +879,7 @@ api! {
         let driver = driver()?;
         let stream = driver.stream(key(stream))?;
         let items = driver.tables().execs.get(&key(exec)).map(|e| e.items.clone()).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        let kernels = kernels_in(&items);
-        count(&stream, |c| {
-            c.graph_launches += 1;
-            c.graph_kernels += kernels;
-        });
+        count_graph(&stream, &items, |at| check_range(driver, at, 1).ok());
         stream.enqueue(Work::Graph(renumber(&items)));
         Ok(())
     }

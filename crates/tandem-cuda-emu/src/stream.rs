@@ -507,19 +507,35 @@ impl Stream {
     }
 }
 
-/// Counts the kernels of a graph's items (for the statistics).
-pub fn kernels_in(items: &[Work]) -> u64 {
-    items
-        .iter()
-        .map(|item| match item {
-            Work::Launch { .. } => 1,
-            Work::Graph(inner) => kernels_in(inner),
-            _ => 0,
-        })
-        .sum()
+/// Records what `f` adds in the statistics of `stream`, unless the stream is capturing: work is
+/// counted where it runs, so a captured call counts each time its graph is launched
+/// ([`count_graph`]).
+pub fn count(stream: &Stream, f: impl FnOnce(&mut stats::Counts)) {
+    if !stream.capturing() {
+        stats::stream(stream.id, stream.ctx.device, f);
+    }
 }
 
-/// Records `count` bytes of a copy kind in the statistics of `stream`.
-pub fn count(stream: &Stream, f: impl FnOnce(&mut stats::Counts)) {
-    stats::stream(stream.id, stream.ctx.device, f);
+/// Records a launch of a graph of `items` on `stream`: the launch, its kernels and its copies
+/// (`device_of` says which device an address is on, to tell a copy between devices).
+pub fn count_graph(stream: &Stream, items: &[Work], device_of: impl Fn(u64) -> Option<usize>) {
+    fn add(items: &[Work], c: &mut stats::Counts, device_of: &dyn Fn(u64) -> Option<usize>) {
+        for item in items {
+            match item {
+                Work::Launch { .. } => c.graph_kernels += 1,
+                Work::HtoD { len, .. } => c.bytes_htod += *len as u64,
+                Work::DtoH { len, .. } => c.bytes_dtoh += *len as u64,
+                Work::DtoD { dst, src, len } => match device_of(*dst) == device_of(*src) {
+                    true => c.bytes_dtod += *len as u64,
+                    false => c.bytes_peer += *len as u64,
+                },
+                Work::Graph(inner) => add(inner, c, device_of),
+                _ => {}
+            }
+        }
+    }
+    count(stream, |c| {
+        c.graph_launches += 1;
+        add(items, c, &device_of);
+    });
 }

@@ -244,11 +244,14 @@ fn two_streams_are_ordered_by_an_event() {
     check!(cuCtxDestroy_v2(ctx));
 }
 
+/// Captured work runs, and is counted in the statistics, at each launch of its graph, never
+/// while it is captured.
 #[test]
 fn captured_work_replays_at_each_graph_launch() {
     let ctx = context(0);
     let s = stream();
     let p = alloc(16);
+    let q = alloc(16);
     let host = pinned(16);
     check!(cuStreamBeginCapture_v2(s, 0));
     let mut status = 0;
@@ -256,14 +259,23 @@ fn captured_work_replays_at_each_graph_launch() {
     assert_eq!(status, 1);
     check!(cuMemsetD32Async(p, 6, 4, s));
     check!(cuMemcpyDtoHAsync_v2(host as *mut c_void, p, 16, s));
+    check!(cuMemcpyDtoDAsync_v2(q, p, 16, s));
     check!(
         CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
         cuStreamSynchronize(s)
     );
     let mut graph = null_mut();
     check!(cuStreamEndCapture(s, &mut graph));
-    // Nothing ran while capturing.
+    // Nothing ran while capturing, and nothing counted.
     assert_eq!(download(p, 1), [u32::MAX]);
+    let counts = |key: &str| {
+        let json = tandem_cuda_emu::stats::to_json(2, 13000);
+        let value: serde_json::Value = serde_json::from_str(&json).expect("valid JSON");
+        value["streams"][(s as u64).to_string()][key]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    assert_eq!(counts("bytes_dtoh") + counts("bytes_dtod"), 0);
     let exec = instantiate(graph);
     for _ in 0..2 {
         upload(p, &[0; 4]);
@@ -271,11 +283,20 @@ fn captured_work_replays_at_each_graph_launch() {
         check!(cuGraphLaunch(exec, s));
         check!(cuStreamSynchronize(s));
         assert_eq!(download(p, 4), [6; 4]);
+        assert_eq!(download(q, 4), [6; 4]);
         assert_eq!(
             unsafe { std::slice::from_raw_parts(host as *const u32, 4) },
             [6; 4]
         );
     }
+    for (key, each) in [
+        ("graph_launches", 1),
+        ("bytes_dtoh", 16),
+        ("bytes_dtod", 16),
+    ] {
+        assert_eq!(counts(key), 2 * each, "{key}");
+    }
+    assert_eq!(counts("bytes_peer"), 0);
     check!(cuGraphExecDestroy(exec));
     check!(CUDA_ERROR_INVALID_HANDLE, cuGraphLaunch(exec, s));
     check!(cuGraphDestroy(graph));

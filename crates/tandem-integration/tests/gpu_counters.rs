@@ -26,7 +26,7 @@ use tandem_mnist::Mnist;
 use tandem_model::{Mlp, MlpReplica, Network};
 use tandem_optim::Chosen;
 use tandem_pool::{Device, WorkerPool};
-use tandem_strategy::{train, Batches, Mode, NoObserver};
+use tandem_strategy::{train, Batches, Exchange, Mode, NoObserver, Strategy};
 use tandem_tensor::ExampleSet;
 
 /// Examples per replica and step: small, because the stand-in interprets every kernel.
@@ -37,15 +37,17 @@ const EXAMPLES: usize = 64;
 const SHORT: u64 = 8;
 const LONG: u64 = 20;
 
-/// The runs measured: a mode, its two replicas' GPUs, the optimiser and the precision.
-const RUNS: [(Mode, [usize; 2], &str, DType); 7] = [
-    (Mode::Sync, [0, 0], "sgd", DType::F32),
-    (Mode::Async, [0, 0], "sgd", DType::F32),
-    (Mode::Sync, [0, 1], "sgd", DType::F32),
-    (Mode::Sync, [0, 0], "adam", DType::F32),
-    (Mode::Async, [0, 0], "adam", DType::F32),
-    (Mode::Sync, [0, 0], "sgd", DType::BF16),
-    (Mode::Async, [0, 0], "sgd", DType::BF16),
+/// The runs measured: a mode, its two replicas' GPUs, the optimiser, the precision and the
+/// exchange between the replicas.
+const RUNS: [(Mode, [usize; 2], &str, DType, Exchange); 8] = [
+    (Mode::Sync, [0, 0], "sgd", DType::F32, Exchange::F32),
+    (Mode::Async, [0, 0], "sgd", DType::F32, Exchange::F32),
+    (Mode::Sync, [0, 1], "sgd", DType::F32, Exchange::F32),
+    (Mode::Sync, [0, 0], "adam", DType::F32, Exchange::F32),
+    (Mode::Async, [0, 0], "adam", DType::F32, Exchange::F32),
+    (Mode::Sync, [0, 0], "sgd", DType::BF16, Exchange::F32),
+    (Mode::Async, [0, 0], "sgd", DType::BF16, Exchange::F32),
+    (Mode::Sync, [0, 1], "sgd", DType::BF16, Exchange::Bf16),
 ];
 
 /// The optimiser `name` at its defaults.
@@ -55,7 +57,7 @@ fn optimizer(name: &str) -> Chosen {
 
 /// The child's side: trains `steps` steps of `RUNS[run]`.
 fn train_in_child(run: usize, steps: u64) {
-    let (mode, gpus, name, dtype) = RUNS[run];
+    let (mode, gpus, name, dtype, exchange) = RUNS[run];
     let mnist = Mnist::load(&tandem_testkit::mnist_dir()).expect("the repository's MNIST copy");
     let all = mnist.train.into_examples().expect("consistent split");
     let features = all.features();
@@ -81,8 +83,12 @@ fn train_in_child(run: usize, steps: u64) {
         batch_size: BATCH,
         seed: 3,
     };
+    let strategy = Strategy {
+        exchange,
+        ..Strategy::from(mode)
+    };
     let report = train(
-        mode,
+        strategy,
         &mut pool,
         &mut state,
         &optimizer,
@@ -175,8 +181,11 @@ fn a_gpu_step_moves_only_its_batch_and_never_waits() {
         return;
     }
     let dir = tempfile::tempdir().expect("a temporary directory");
-    for (index, (mode, gpus, optimizer_name, dtype)) in RUNS.iter().enumerate() {
-        let name = format!("{} {optimizer_name} {dtype} on GPUs {gpus:?}", mode.name());
+    for (index, (mode, gpus, optimizer_name, dtype, exchange)) in RUNS.iter().enumerate() {
+        let name = format!(
+            "{} {optimizer_name} {dtype} on GPUs {gpus:?}, exchanging {exchange}",
+            mode.name()
+        );
         let Some((short, long)) = runs(index, dir.path()) else {
             eprintln!("SKIPPED: not the driver stand-in (no TANDEM_EMU_STATS file)");
             return;
@@ -223,6 +232,21 @@ fn a_gpu_step_moves_only_its_batch_and_never_waits() {
             "{name}: only the losses come out"
         );
         assert!(bus <= 1024.0, "{name}: {bus} bytes a step");
+        // Between GPUs, each replica's update first copies the other's gradients to its own
+        // device, in the exchange's type: a bf16 exchange moves half of f32's bytes.
+        let value_bytes = match exchange {
+            Exchange::F32 => 4,
+            Exchange::Bf16 => 2,
+        };
+        let peer = match gpus[0] == gpus[1] {
+            true => 0,
+            false => 2 * Mlp::mnist().num_params() * value_bytes,
+        };
+        assert_eq!(
+            per_step("bytes_peer"),
+            peer as f64,
+            "{name}: bytes between GPUs"
+        );
         // Each replica's step is one graph launch; sync, with the store's update in it.
         assert_eq!(
             per_step("graph_launches"),

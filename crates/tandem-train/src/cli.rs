@@ -185,10 +185,10 @@ pub struct RunArgs {
     #[arg(long, value_name = "SCALE", value_parser = loss_scale)]
     pub loss_scale: Option<f32>,
 
-    /// What a synchronous run across processes (under mpirun) sends its gradients in: f32, or
-    /// bf16 (divided by the worker count, rounded, summed in f32 on arrival: half the bytes;
-    /// the updated parameters travel in bf16 too where the run computes in bf16) [default: f32;
-    /// when resuming, the run's own].
+    /// What a synchronous run across processes (under mpirun), or between GPU replicas, sends
+    /// its gradients in: f32, or bf16 (divided by the worker count, rounded, summed in f32 on
+    /// arrival: half the bytes; across processes the updated parameters travel in bf16 too
+    /// where the run computes in bf16) [default: f32; when resuming, the run's own].
     #[arg(long, value_name = "TYPE", value_parser = exchange)]
     pub exchange: Option<Exchange>,
 

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use tandem_collectives::SharedTransport;
-use tandem_strategy::Mode;
+use tandem_strategy::{Exchange, Mode};
 
 use crate::{
     output, BatchScaling, Display, EvaluateError, Interrupt, Model, Precision, Progress,
@@ -295,11 +295,15 @@ pub fn print_summary<M: Model, O: RecordedOptimizer>(
         totals.examples
     );
     out!("examples/sec:        {:.0}", totals.examples_per_sec());
-    if let Some(bytes) = totals.sent_per_step() {
-        out!(
-            "exchanged:           {bytes:.0} bytes sent per step by this rank (gradients in {})",
-            config.exchange
-        );
+    match (totals.sent_per_step(), config.exchange) {
+        (Some(bytes), exchange) => out!(
+            "exchanged:           {bytes:.0} bytes sent per step by this rank (gradients in \
+             {exchange})"
+        ),
+        (None, Exchange::F32) => {}
+        (None, exchange) => {
+            out!("exchanged:           gradients in {exchange} between GPU replicas")
+        }
     }
     if let Some(staleness) = totals.staleness() {
         out!(
