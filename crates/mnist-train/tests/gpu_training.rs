@@ -191,8 +191,9 @@ fn sync_across_two_gpus_equals_two_replicas_on_one() {
 /// `--exchange bf16` between GPU replicas: each replica's gradients leave its step divided by
 /// the worker count and rounded to bf16, and every update sums them in f32 in worker order, so
 /// two GPUs train as two replicas on one; the rounding shows against the f32 exchange, and the
-/// run records its exchange. Where the gradients stay on the host (f16 replicas, whose
-/// loss-scaled gradients the host checks) it is refused before any step, writing nothing.
+/// run records its exchange; resumed on CPU workers it is refused until `--exchange f32`
+/// changes it. Where the gradients stay on the host (f16 replicas, whose loss-scaled gradients
+/// the host checks) it is refused before any step, writing nothing.
 #[test]
 fn a_bf16_exchange_between_gpu_replicas_trains_and_is_recorded() {
     if !gpu_present() {
@@ -220,6 +221,17 @@ fn a_bf16_exchange_between_gpu_replicas_trains_and_is_recorded() {
         rounded > 1e-6,
         "the bf16 exchange changed nothing: {rounded}"
     );
+
+    // Resumed on CPU workers, where nothing is exchanged, the run's own exchange is refused
+    // with what to do, and that trains (recording the exchange it now has).
+    let gpu_run = root.path().join("cuda-0x2");
+    let resume = ["--sync", "--devices", "cpu:2", "--steps", "6", "--resume", arg(&gpu_run)];
+    let message = common::fail(&resume);
+    assert!(message.contains("--exchange f32"), "{message}");
+    train_into(&gpu_run, &[&resume[..], &["--exchange", "f32"]].concat());
+    let (_, metadata) =
+        checkpoint::read_header(&gpu_run.join(format!("step-{:010}.safetensors", 6))).unwrap();
+    assert!(!metadata.contains_key("exchange"), "{metadata:?}");
 
     let dir = root.path().join("f16");
     let data = data_dir();

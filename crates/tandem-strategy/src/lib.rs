@@ -541,7 +541,7 @@ pub enum ConfigError {
     /// asynchronously.
     #[error(
         "--exchange {0} compresses the gradients a synchronous run sends between processes \
-         (under mpirun) or between GPU replicas; this run {1}: drop it"
+         (under mpirun) or between GPU replicas; this run {1}: train it with --exchange f32"
     )]
     ExchangeUnused(Exchange, &'static str),
 }

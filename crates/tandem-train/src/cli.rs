@@ -21,7 +21,7 @@ use tandem_core::{check_loss_scale, BadLossScale, DType, Precision, UnknownDType
 
 use crate::{
     Display, Fresh, Length, Mode, Requested, Resume, Shown, Start, ASYNC_BOUND, ASYNC_RULE,
-    ASYNC_WARMUP, DEFAULT_LOG_EVERY, EXCHANGE, LOSS_SCALE, LR_SCALING, MAX_STEPS, PRECISION,
+    ASYNC_WARMUP, DEFAULT_LOG_EVERY, LOSS_SCALE, LR_SCALING, MAX_STEPS, PRECISION,
 };
 
 /// The longest run `--epochs` may ask for.
@@ -188,7 +188,8 @@ pub struct RunArgs {
     /// What a synchronous run across processes (under mpirun), or between GPU replicas, sends
     /// its gradients in: f32, or bf16 (divided by the worker count, rounded, summed in f32 on
     /// arrival: half the bytes; across processes the updated parameters travel in bf16 too
-    /// where the run computes in bf16) [default: f32; when resuming, the run's own].
+    /// where the run computes in bf16) [default: f32; when resuming, the run's own, which
+    /// this changes].
     #[arg(long, value_name = "TYPE", value_parser = exchange)]
     pub exchange: Option<Exchange>,
 
@@ -374,13 +375,13 @@ impl RunArgs {
             given("seed", "--seed", self.seed),
             given(PRECISION, "--precision", self.precision),
             given(LOSS_SCALE, "--loss-scale", self.loss_scale),
-            given(EXCHANGE, "--exchange", self.exchange),
         ];
         Ok(Start::Resume(Resume {
             dir: dir.clone(),
             requested: requested.into_iter().flatten().collect(),
             length,
             save_every: self.save_every,
+            exchange: self.exchange,
         }))
     }
 }

@@ -15,7 +15,7 @@ use tandem_strategy::{
     Stall, StepReport, TrainReport, Warmup,
 };
 
-use crate::config::{ModelId, RunConfig, EXCHANGE, MAX_WORKERS, PRECISION};
+use crate::config::{ModelId, RunConfig, MAX_WORKERS, PRECISION};
 use crate::error::{Conflict, NotThisRun};
 use crate::{output, Interrupt, Mode, Plan, Progress, RunError};
 use tandem_optim::RecordedOptimizer;
@@ -109,6 +109,10 @@ pub struct Resume {
     pub length: Option<Length>,
     /// A new checkpoint cadence, if given.
     pub save_every: Option<u64>,
+    /// A new exchange between workers, if given: a transport's choice, which a run resumed on
+    /// other devices may need to change (a bf16 exchange between GPU replicas resumed on CPU
+    /// workers, which exchange nothing).
+    pub exchange: Option<Exchange>,
 }
 
 impl Resume {
@@ -119,6 +123,7 @@ impl Resume {
             requested: Vec::new(),
             length: None,
             save_every: None,
+            exchange: None,
         }
     }
 }
@@ -738,7 +743,6 @@ fn resume_from<M: Model, O: RecordedOptimizer>(
     let mut recorded = config.to_metadata(&id);
     // Its precision as given on the command line, `f32` included.
     recorded.insert(PRECISION.to_owned(), config.precision.to_string());
-    recorded.insert(EXCHANGE.to_owned(), config.exchange.to_string());
     recorded.extend(
         config
             .optimizer
@@ -779,6 +783,9 @@ fn resume_from<M: Model, O: RecordedOptimizer>(
     }
     if let Some(every) = resume.save_every {
         config.save_every = Some(every);
+    }
+    if let Some(exchange) = resume.exchange {
+        config.exchange = exchange;
     }
     Ok((path, config, saved.state))
 }
