@@ -225,7 +225,15 @@ fn a_bf16_exchange_between_gpu_replicas_trains_and_is_recorded() {
     // Resumed on CPU workers, where nothing is exchanged, the run's own exchange is refused
     // with what to do, and that trains (recording the exchange it now has).
     let gpu_run = root.path().join("cuda-0x2");
-    let resume = ["--sync", "--devices", "cpu:2", "--steps", "6", "--resume", arg(&gpu_run)];
+    let resume = [
+        "--sync",
+        "--devices",
+        "cpu:2",
+        "--steps",
+        "6",
+        "--resume",
+        arg(&gpu_run),
+    ];
     let message = common::fail(&resume);
     assert!(message.contains("--exchange f32"), "{message}");
     train_into(&gpu_run, &[&resume[..], &["--exchange", "f32"]].concat());
