@@ -92,3 +92,33 @@ extern "C" __global__ void round_to(float *__restrict__ x, size_t len,
         x[i] = round_narrow(x[i] * s, bf16);
     }
 }
+
+#define UNSCALE_THREADS 256
+
+// x[i] = x[i] * (1 / scale[0]) for i < len (exact: the scale is a power of two), and flags[b]
+// = 1 where block b met a value that is not finite, 0 otherwise: a loss-scaled pass's
+// gradients handed on in f32 without the scale, and what the host reads to throw the pass
+// away. The twin of NetworkReplica's unscaling on the CPU. No atomics: each block ORs its
+// threads' findings in shared memory, in thread order.
+// Launch: 1-D, UNSCALE_THREADS threads a block, one flag per block (grid-stride).
+extern "C" __global__ void unscale(float *__restrict__ x, size_t len,
+                                   const float *__restrict__ scale, float *__restrict__ flags) {
+    __shared__ int bad[UNSCALE_THREADS];
+    const float inverse = __fdiv_rn(1.0f, scale[0]);
+    int mine = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < len;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const float v = x[i];
+        mine |= !isfinite(v);
+        x[i] = __fmul_rn(v, inverse);
+    }
+    bad[threadIdx.x] = mine;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int any = 0;
+        for (unsigned t = 0; t < blockDim.x; ++t) {
+            any |= bad[t];
+        }
+        flags[blockIdx.x] = any ? 1.0f : 0.0f;
+    }
+}

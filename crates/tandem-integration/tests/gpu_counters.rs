@@ -4,9 +4,10 @@
 //! boundary, its loss over the host bus, never waits for the device, and launches each
 //! replica's step as one CUDA graph: sync, the store's update inside it (nothing else is
 //! launched); async, the store's update kernels beside it, one per parameter span. SGD and
-//! Adam alike: the optimiser's state stays on the device with the parameters; bf16 replicas
-//! alike, their f32 master weights on the device beside them, each update writing the rounded
-//! copy they read. (Needs `--features cuda` and the stand-in: its counters are the evidence; on
+//! Adam alike: the optimiser's state stays on the device with the parameters; bf16 and f16
+//! replicas alike, their f32 master weights on the device beside them, each update writing
+//! the rounded copy they read (f16 also reads its overflow flags, 256 bytes, as each pass
+//! ends: the one wait of its steps). (Needs `--features cuda` and the stand-in: its counters are the evidence; on
 //! NVIDIA's driver, or without a device, the test says `SKIPPED` and returns, or fails under
 //! `TANDEM_REQUIRE_GPU=1` when there is no device.)
 //!
@@ -29,6 +30,8 @@ use tandem_pool::{Device, WorkerPool};
 use tandem_strategy::{train, Batches, Exchange, Mode, NoObserver, Strategy};
 use tandem_tensor::ExampleSet;
 
+/// The overflow flags an f16 pass leaves, one a block of `kernels/narrow.cu`'s `unscale`.
+const UNSCALE_FLAGS: f64 = 64.0;
 /// Examples per replica and step: small, because the stand-in interprets every kernel.
 const BATCH: usize = 8;
 /// The training set: the first examples of MNIST's, four steps of `cuda:0x2` sync an epoch.
@@ -39,7 +42,7 @@ const LONG: u64 = 20;
 
 /// The runs measured: a mode, its two replicas' GPUs, the optimiser, the precision and the
 /// exchange between the replicas.
-const RUNS: [(Mode, [usize; 2], &str, DType, Exchange); 8] = [
+const RUNS: [(Mode, [usize; 2], &str, DType, Exchange); 10] = [
     (Mode::Sync, [0, 0], "sgd", DType::F32, Exchange::F32),
     (Mode::Async, [0, 0], "sgd", DType::F32, Exchange::F32),
     (Mode::Sync, [0, 1], "sgd", DType::F32, Exchange::F32),
@@ -48,6 +51,8 @@ const RUNS: [(Mode, [usize; 2], &str, DType, Exchange); 8] = [
     (Mode::Sync, [0, 0], "sgd", DType::BF16, Exchange::F32),
     (Mode::Async, [0, 0], "sgd", DType::BF16, Exchange::F32),
     (Mode::Sync, [0, 1], "sgd", DType::BF16, Exchange::Bf16),
+    (Mode::Sync, [0, 0], "sgd", DType::F16, Exchange::F32),
+    (Mode::Async, [0, 0], "sgd", DType::F16, Exchange::F32),
 ];
 
 /// The optimiser `name` at its defaults.
@@ -73,7 +78,9 @@ fn train_in_child(run: usize, steps: u64) {
             unreachable!("only GPUs here")
         };
         let backend = CudaBackend::with_dtype(ordinal, dtype)?;
-        MlpReplica::new(Mlp::mnist(), backend, &examples, BATCH)
+        // f16 at a loss scale that no pass here overflows (one that did would add a pass).
+        let replica = MlpReplica::new(Mlp::mnist(), backend, &examples, BATCH)?;
+        Ok::<_, KernelError>(replica.with_initial_loss_scale(1024.0))
     })
     .expect("two GPU replicas");
     let optimizer = optimizer(name);
@@ -160,7 +167,7 @@ fn runs(run: usize, dir: &Path) -> Option<(serde_json::Value, serde_json::Value)
 }
 
 /// Not a test of its own: the child process's training (`TANDEM_TEST_STEPS` steps of run
-/// `TANDEM_TEST_RUN`), which only [`a_gpu_step_moves_only_its_batch_and_never_waits`] asks
+/// `TANDEM_TEST_RUN`), which only [`a_gpu_step_moves_only_its_batch_and_waits_only_for_f16_flags`] asks
 /// for; otherwise it does nothing.
 #[test]
 fn child() {
@@ -176,7 +183,7 @@ fn child() {
 }
 
 #[test]
-fn a_gpu_step_moves_only_its_batch_and_never_waits() {
+fn a_gpu_step_moves_only_its_batch_and_waits_only_for_f16_flags() {
     if tandem_testkit::or_skip(CudaBackend::new(0), KernelError::is_no_device).is_none() {
         return;
     }
@@ -225,11 +232,14 @@ fn a_gpu_step_moves_only_its_batch_and_never_waits() {
         // Out, at the next boundary (here the run's end), which reads them all: each step's
         // loss (4 bytes a replica-step) and, async, its staleness record (both workers' counts
         // at the load and at the update: 16 bytes).
+        // An f16 replica's overflow check: after each pass, one flag a block of `unscale`
+        // (`kernels/narrow.cu`), read as the pass ends, the one wait of its step.
+        let checks = if *dtype == DType::F16 { 1.0 } else { 0.0 };
         let records = if *mode == Mode::Async { 16.0 } else { 0.0 };
         assert_eq!(
             per_step("bytes_dtoh"),
-            4.0 * replicas_per_step + records,
-            "{name}: only the losses come out"
+            (4.0 + checks * 4.0 * UNSCALE_FLAGS) * replicas_per_step + records,
+            "{name}: only the losses (and f16's overflow flags) come out"
         );
         assert!(bus <= 1024.0, "{name}: {bus} bytes a step");
         // Between GPUs, each replica's update first copies the other's gradients to its own
@@ -259,11 +269,12 @@ fn a_gpu_step_moves_only_its_batch_and_never_waits() {
             beside,
             "{name}: kernels launched beside the graphs"
         );
-        for key in [
-            "stream_synchronizations",
-            "context_synchronizations",
-            "event_synchronizations",
-        ] {
+        assert_eq!(
+            per_step("stream_synchronizations"),
+            checks * replicas_per_step,
+            "{name}: waits inside steps"
+        );
+        for key in ["context_synchronizations", "event_synchronizations"] {
             assert_eq!(per_step(key), 0.0, "{name}: {key} inside steps");
         }
     }

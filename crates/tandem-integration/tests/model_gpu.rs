@@ -66,10 +66,27 @@ fn sync_run_scaled<B: tandem_tensor::Backend>(
     steps: u64,
     scaling: BatchScaling,
 ) -> TrainState {
+    sync_train(&mut pool_on(replicas, device), batch, steps, scaling)
+}
+
+/// A pool of `replicas`, all on `device`.
+fn pool_on<B: tandem_tensor::Backend>(
+    replicas: Vec<MlpReplica<B>>,
+    device: Device,
+) -> WorkerPool<MlpReplica<B>> {
     let devices = (0..replicas.len()).map(|_| device).collect();
     let mut replicas = replicas.into_iter();
-    let mut pool =
-        WorkerPool::new(devices, |_| replicas.next().ok_or("one replica per device")).unwrap();
+    WorkerPool::new(devices, |_| replicas.next().ok_or("one replica per device")).unwrap()
+}
+
+/// `steps` synchronous steps of `pool` from [`initial_state`] with `scaling` of the learning
+/// rate.
+fn sync_train<B: tandem_tensor::Backend>(
+    pool: &mut WorkerPool<MlpReplica<B>>,
+    batch: usize,
+    steps: u64,
+    scaling: BatchScaling,
+) -> TrainState {
     let mut state = initial_state(4);
     let batches = Batches {
         batch_size: batch,
@@ -82,7 +99,7 @@ fn sync_run_scaled<B: tandem_tensor::Backend>(
     };
     train(
         strategy,
-        &mut pool,
+        pool,
         &mut state,
         &Sgd::default(),
         &batches,
@@ -354,4 +371,62 @@ fn an_overflowing_f16_pass_on_the_gpu_is_computed_again_leaving_one_loss() {
     gpu.take_losses(&mut losses).unwrap();
     assert_eq!(losses.len(), 1, "{losses:?}");
     assert!(losses[0].is_finite());
+}
+
+/// Each replica's loss scaling: its overflows and its scale.
+fn scalers(replicas: &[impl Replica]) -> Vec<(u64, f32)> {
+    (replicas.iter())
+        .map(|r| r.loss_scaling().expect("f16 scales"))
+        .map(|s| (s.overflows(), s.scale()))
+        .collect()
+}
+
+/// An f16 pass that overflows inside `cuda:0x2` sync training, where the device store keeps
+/// the parameters of record and copies each replica's gradients to its outbox after the step
+/// (the replicas unscale their gradients on the device, inside the step): the pass computed
+/// again at half the scale runs the store's work after the step again, so the step hands on
+/// the gradients of the pass that held. Started at 2^40, the GPU replicas halve as often as
+/// their CPU twins (`cpu:2`, through the host store), and the steps' parameters are finite and
+/// at least 10 times closer to the twin's than to f32's.
+#[test]
+fn an_overflowing_f16_pass_in_device_sync_training_hands_on_the_pass_that_held() {
+    const STEPS: u64 = 2;
+    let train = train_set();
+    let (cpu, gpu) = (Device::Cpu { worker: 0 }, Device::Cuda { ordinal: 0 });
+    let too_high = 2f32.powi(40);
+    let replicas: Option<Vec<_>> = (0..2)
+        .map(|_| narrow_gpu_replica(DType::F16, &train, HALF_BATCH))
+        .collect();
+    let Some(replicas) = replicas else { return };
+    let replicas = replicas
+        .into_iter()
+        .map(|r| r.with_initial_loss_scale(too_high))
+        .collect();
+    let mut on_gpu = pool_on(replicas, gpu);
+    let state = sync_train(&mut on_gpu, HALF_BATCH, STEPS, BatchScaling::Auto);
+    let twins = (0..2)
+        .map(|_| {
+            narrow_cpu_replica(DType::F16, &train, HALF_BATCH).with_initial_loss_scale(too_high)
+        })
+        .collect();
+    let mut on_cpu = pool_on(twins, cpu);
+    let twin = sync_train(&mut on_cpu, HALF_BATCH, STEPS, BatchScaling::Auto);
+    let halved = scalers(on_gpu.replicas());
+    assert!(
+        halved.iter().all(|&(overflows, _)| overflows > 0),
+        "{halved:?}"
+    );
+    assert_eq!(halved, scalers(on_cpu.replicas()));
+    assert!(state.params.iter().all(|p| p.is_finite()));
+    let f32_replicas = (0..2)
+        .map(|_| MlpReplica::new(Mlp::mnist(), CpuBackend, &train, HALF_BATCH).unwrap())
+        .collect();
+    let on_f32 = sync_run_scaled(f32_replicas, cpu, HALF_BATCH, STEPS, BatchScaling::Auto);
+    let from_twin = max_relative_difference(&state.params, &twin.params);
+    let from_f32 = max_relative_difference(&state.params, &on_f32.params);
+    eprintln!("{STEPS} steps from 2^40: from the twin {from_twin:.2e}, from f32 {from_f32:.2e}");
+    assert!(
+        from_twin * 10.0 <= from_f32,
+        "{from_twin} against {from_f32}"
+    );
 }

@@ -20,6 +20,9 @@ use crate::ptx::{Kernel, PtxModule, MAX_GRADIENT_BUFFERS, MAX_UPDATE_SPANS, MODU
 
 /// Threads per block of the 1-D kernels; also the reductions' `REDUCE_THREADS`.
 const BLOCK: u32 = 256;
+/// `unscale`'s blocks (`kernels/narrow.cu`): its flags, which the host reads after a
+/// loss-scaled pass, are one a block.
+const UNSCALE_BLOCKS: u32 = 64;
 /// At most this many blocks for the grid-stride kernels: several waves on any current GPU, and
 /// the loop inside each kernel covers the rest.
 const MAX_BLOCKS: usize = 4096;
@@ -96,6 +99,8 @@ struct Scratch {
     hyper: DeviceBuffer<f32>,
     /// The partial products of a matmul split over k (`sum_splits` adds them).
     parts: DeviceBuffer<f32>,
+    /// `unscale`'s flags, one a block: 1 where it met a value that is not finite.
+    unscale_flags: DeviceBuffer<f32>,
     /// `count_correct`'s hits and label check, `[hits, bad labels, first bad label]`;
     /// `mean_loss`'s label check in the last two.
     counts: DeviceBuffer<u32>,
@@ -243,6 +248,9 @@ pub struct CudaBackend {
     pass: Cell<Pass>,
     /// What a store put around the next step, for [`Backend::replay`] to take.
     step_ops: Arc<StepOps>,
+    /// What the last [`Backend::replay`] ran after its step, for
+    /// [`Backend::repeat_after_step`].
+    last_after: RefCell<Vec<DeviceOp>>,
     kernels: Arc<Kernels>,
     stream: Arc<Stream>,
     // Everything above holds the context too: it is released after the last of them.
@@ -298,6 +306,7 @@ impl CudaBackend {
             loss: allocate(&context, 1)?,
             loss_scale: allocate(&context, 1)?,
             counts: allocate(&context, 3)?,
+            unscale_flags: allocate(&context, UNSCALE_BLOCKS as usize)?,
             hyper: allocate(&context, 3)?,
             staging: None, // allocated on first use, at the size the model needs
         };
@@ -309,6 +318,7 @@ impl CudaBackend {
             replays: RefCell::default(),
             pass: Cell::new(Pass::Direct),
             step_ops: Arc::default(),
+            last_after: RefCell::default(),
             kernels,
             stream,
             context,
@@ -1316,6 +1326,43 @@ impl Backend for CudaBackend {
         Ok(true)
     }
 
+    fn unscale(&self, x: (&mut DeviceBuffer<f32>, usize), len: usize) -> Result<(), KernelError> {
+        check::unscale(operand(&x), len)?;
+        if self.dtype == DType::F32 {
+            return Ok(());
+        }
+        let x = span_mut(x);
+        let scratch = self.scratch.borrow();
+        let scale = scratch.loss_scale.as_device_ptr();
+        let flags = scratch.unscale_flags.as_device_ptr();
+        // SAFETY: the arguments follow `unscale`'s parameters; x covers len values (checked
+        // above), the scale is one value and the flags one a block.
+        unsafe {
+            self.launch(
+                Kernel::Unscale,
+                UNSCALE_BLOCKS,
+                BLOCK,
+                args![x, len, scale, flags],
+            )
+        }
+    }
+
+    fn unscaled_finite(&self) -> Result<bool, KernelError> {
+        if self.dtype == DType::F32 {
+            return Ok(true);
+        }
+        let mut flags = [0.0f32; UNSCALE_BLOCKS as usize];
+        self.download(&self.scratch.borrow().unscale_flags, 0, &mut flags)?;
+        Ok(flags.iter().all(|&flag| flag == 0.0))
+    }
+
+    fn repeat_after_step(&self) {
+        let after = self.last_after.borrow().clone();
+        if !after.is_empty() {
+            self.step_ops.put(Vec::new(), after);
+        }
+    }
+
     fn bind_thread(&self) -> Result<(), KernelError> {
         self.make_current()
     }
@@ -1489,6 +1536,7 @@ impl Backend for CudaBackend {
         ops: &mut dyn FnMut(&Self) -> Result<(), KernelError>,
     ) -> Result<(), KernelError> {
         let (before, after) = self.step_ops.take();
+        self.last_after.replace(after.clone());
         let key = ReplayKey {
             key,
             before: before.iter().map(OpShape::of).collect(),

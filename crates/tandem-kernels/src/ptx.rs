@@ -128,11 +128,13 @@ kernel_table! {
         Matmul => "matmul",
         SumSplits => "sum_splits",
     }
-    /// `kernels/narrow.cu` (compute_80): the 16-bit backend's tensor-core `mma_matmul` and
-    /// `round_to`, which rounds a span to bf16 or f16.
+    /// `kernels/narrow.cu` (compute_80): the 16-bit backend's tensor-core `mma_matmul`,
+    /// `round_to`, which rounds a span to bf16 or f16, and `unscale`, which takes the loss
+    /// scale off the gradients and flags those that are not finite.
     NARROW = "narrow" {
         MmaMatmul => "mma_matmul",
         RoundTo => "round_to",
+        Unscale => "unscale",
     }
     /// `kernels/reduce.cu`: `column_sum`, `mean_loss` and `count_correct`, deterministic; the
     /// last two also check the labels.

@@ -24,18 +24,11 @@ pub struct NetworkReplica<N: Network, B: Backend> {
     losses: DeviceLosses<B>,
     capacity: usize,
     batch: BatchBuffers<B>,
-    /// An `f16` replica's loss scaling and its last pass's gradients, unscaled.
-    scaling: Option<Scaling>,
+    /// An `f16` replica's loss scaling.
+    scaler: Option<LossScaler>,
     /// Declared last so that it is dropped last: a device backend's buffers must be freed while
     /// its context is still alive.
     backend: B,
-}
-
-/// A loss-scaled replica's scaler and its last pass's gradients, unscaled: taken in the same
-/// read that checks them (one copy from a device, not two), and handed out from there.
-struct Scaling {
-    scaler: LossScaler,
-    unscaled: Vec<f32>,
 }
 
 /// The replica of a multi-layer perceptron.
@@ -80,13 +73,7 @@ impl<N: Network, B: Backend> NetworkReplica<N, B> {
         let capacity = max_batch.max(1);
         let params = backend.zeros(network.num_params())?;
         let grads = backend.zeros(network.num_params())?;
-        let scaling = Precision::new(backend.dtype())
-            .scaler()
-            .map(|scaler| Scaling {
-                scaler,
-                // As the gradient buffer: zeros until a pass.
-                unscaled: vec![0.0; network.num_params()],
-            });
+        let scaler = Precision::new(backend.dtype()).scaler();
         Ok(Self {
             layout: network.layout(),
             examples: backend.upload_examples(training)?,
@@ -102,7 +89,7 @@ impl<N: Network, B: Backend> NetworkReplica<N, B> {
             grads,
             capacity,
             batch: BatchBuffers::new(&backend, &network, capacity)?,
-            scaling,
+            scaler,
             network,
             backend,
         })
@@ -111,8 +98,8 @@ impl<N: Network, B: Backend> NetworkReplica<N, B> {
     /// Starts a loss-scaled replica's scale at `scale` (a power of two,
     /// [`tandem_core::check_loss_scale`]); a replica that does not scale ignores it.
     pub fn with_initial_loss_scale(mut self, scale: f32) -> Self {
-        if let Some(scaling) = &mut self.scaling {
-            scaling.scaler = LossScaler::new(scale);
+        if let Some(scaler) = &mut self.scaler {
+            *scaler = LossScaler::new(scale);
         }
         self
     }
@@ -122,55 +109,39 @@ impl<N: Network, B: Backend> NetworkReplica<N, B> {
         &self.backend
     }
 
-    /// [`step`](Self::step), loss-scaled where the replica scales: a pass whose gradients are
-    /// not all finite halves the scale and computes the batch again ([`LossScaler`]).
+    /// [`step`](Self::step), loss-scaled where the replica scales: the pass ends by taking the
+    /// scale off its gradients (`Backend::unscale`, inside the step, so that what a store does
+    /// after it sees them unscaled), and a pass whose gradients were not all finite halves the
+    /// scale and computes the batch again ([`LossScaler`]), the store's work after the step
+    /// included.
     fn scaled_step(
         &mut self,
         lent: Option<&B::Buffer>,
         batch: &[u32],
         helpers: &dyn Helpers,
     ) -> Result<StepLoss, ReplicaError> {
-        let Some(mut scaling) = self.scaling.take() else {
-            return Ok(self.step(lent, batch, helpers)?);
+        let Some(mut scaler) = self.scaler else {
+            return Ok(self.step(lent, batch, helpers, false)?);
         };
-        let outcome = self.scaled_passes(&mut scaling, lent, batch, helpers);
-        self.scaling = Some(scaling);
-        outcome
-    }
-
-    fn scaled_passes(
-        &mut self,
-        scaling: &mut Scaling,
-        lent: Option<&B::Buffer>,
-        batch: &[u32],
-        helpers: &dyn Helpers,
-    ) -> Result<StepLoss, ReplicaError> {
-        loop {
-            let scale = scaling.scaler.scale();
-            if !self.backend.set_loss_scale(scale)? {
+        let outcome = loop {
+            if !self.backend.set_loss_scale(scaler.scale())? {
                 let dtype = self.backend.dtype();
-                return Err(format!("a {dtype} backend that cannot scale the loss").into());
+                break Err(format!("a {dtype} backend that cannot scale the loss").into());
             }
-            let loss = self.step(lent, batch, helpers)?;
-            let mut finite = true;
-            // Unscaled in f32, where they no longer underflow: dividing by a power of two is
-            // exact.
-            let (unscale, unscaled) = (1.0 / scale, &mut scaling.unscaled);
-            self.backend.read_with(&self.grads, &mut |g| {
-                finite = g.iter().all(|v| v.is_finite());
-                if finite {
-                    unscaled.clear();
-                    unscaled.extend(g.iter().map(|v| v * unscale));
-                }
-            })?;
-            if scaling.scaler.record(finite)? {
-                return Ok(loss);
+            let loss = self.step(lent, batch, helpers, true)?;
+            match scaler.record(self.backend.unscaled_finite()?) {
+                Ok(true) => break Ok(loss),
+                Ok(false) => {}
+                Err(e) => break Err(e.into()),
             }
             // The pass is thrown away, and with it the loss it left on the device.
             if matches!(loss, StepLoss::OnDevice) {
                 self.losses.forget_last();
             }
-        }
+            self.backend.repeat_after_step();
+        };
+        self.scaler = Some(scaler);
+        outcome
     }
 
     fn grow(&mut self, rows: usize) -> Result<(), B::Error> {
@@ -186,6 +157,7 @@ impl<N: Network, B: Backend> NetworkReplica<N, B> {
         lent: Option<&B::Buffer>,
         batch: &[u32],
         helpers: &dyn Helpers,
+        scaled: bool,
     ) -> Result<StepLoss, B::Error> {
         let rows = batch.len();
         if rows > self.capacity {
@@ -195,6 +167,7 @@ impl<N: Network, B: Backend> NetworkReplica<N, B> {
             classes: self.network.classes(),
         };
         let resident = self.residence.is_some();
+        let params_len = self.network.num_params();
         let Self {
             capacity,
             network,
@@ -227,7 +200,11 @@ impl<N: Network, B: Backend> NetworkReplica<N, B> {
             let dlogits = logits_of_mut(deltas)?;
             let on_device = resident.then_some((&mut *loss, 0));
             known = head.forward_backward(b, (logits, labels), rows, dlogits, on_device)?;
-            network.backward(b, params, x, rows, activations, deltas, grads, helpers)
+            network.backward(b, params, x, rows, activations, deltas, grads, helpers)?;
+            match scaled {
+                true => b.unscale((grads, 0), params_len),
+                false => Ok(()),
+            }
         })?;
         if let Some(loss) = known {
             return Ok(StepLoss::Known(loss));
@@ -328,23 +305,14 @@ impl<N: Network, B: Backend> Replica for NetworkReplica<N, B> {
     }
 
     fn residence(&self) -> Option<Residence> {
-        // A loss-scaled pass's gradients are checked for overflow and unscaled on the host.
-        self.residence.clone().filter(|_| self.scaling.is_none())
+        self.residence.clone()
     }
 
     fn read_gradients(&mut self, read: &mut dyn FnMut(&[f32])) -> Result<(), ReplicaError> {
-        let Some(scaling) = &mut self.scaling else {
-            return Ok(self.backend.read_with(&self.grads, read)?);
-        };
-        read(&scaling.unscaled);
-        Ok(())
+        Ok(self.backend.read_with(&self.grads, read)?)
     }
 
     fn exchange_gradients(&mut self, buffer: &mut Vec<f32>) -> Result<bool, ReplicaError> {
-        if self.scaling.is_some() {
-            // Its gradients are scaled: they are handed out unscaled, by `read_gradients`.
-            return Ok(false);
-        }
         // Every step writes every gradient (the products overwrite, the column sums start from
         // zero), so what the replica receives needs no clearing.
         Ok(self.backend.exchange(&mut self.grads, buffer))
@@ -355,7 +323,7 @@ impl<N: Network, B: Backend> Replica for NetworkReplica<N, B> {
     }
 
     fn loss_scaling(&self) -> Option<LossScaler> {
-        self.scaling.as_ref().map(|s| s.scaler)
+        self.scaler
     }
 
     fn dtype(&self) -> tandem_core::DType {

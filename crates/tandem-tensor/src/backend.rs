@@ -208,6 +208,24 @@ pub trait Backend: Send {
         let _ = scale;
         Ok(false)
     }
+    /// Divides the `len` values at `x` by the loss scale (exact: a power of two) and notes
+    /// whether they were all finite, for [`unscaled_finite`](Self::unscaled_finite): the last
+    /// operation of a loss-scaled pass on its gradients, which hands them on in `f32` without
+    /// the scale. A backend that does not scale leaves them (the default).
+    fn unscale(&self, x: (&mut Self::Buffer, usize), len: usize) -> Result<(), Self::Error> {
+        let _ = (x, len);
+        Ok(())
+    }
+    /// Whether every value of the last [`unscale`](Self::unscale) was finite, waiting for the
+    /// backend's work; `true` where the backend does not scale (the default).
+    fn unscaled_finite(&self) -> Result<bool, Self::Error> {
+        Ok(true)
+    }
+    /// Makes the next [`replay`](Self::replay) run again what a store put after the last one
+    /// (and nothing of what it put before it): a pass computed again, after an overflow, hands
+    /// on its gradients as the first would have. Nothing where the backend runs no store
+    /// operations (the default).
+    fn repeat_after_step(&self) {}
     /// Makes this backend usable from the calling thread (a GPU backend makes its context
     /// current). Called once by each worker thread before anything else.
     fn bind_thread(&self) -> Result<(), Self::Error> {

@@ -64,6 +64,11 @@ pub fn download(src: Operand, dst_len: usize) -> Result<(), ShapeError> {
     span("download", "src", src, dst_len)
 }
 
+/// [`Backend::unscale`](crate::Backend::unscale): `len` values of `x`.
+pub fn unscale(x: Operand, len: usize) -> Result<(), ShapeError> {
+    span("unscale", "x", x, len)
+}
+
 /// [`Backend::gather`](crate::Backend::gather): `indices` into a data set of `examples`
 /// examples of `features` values each, into buffers of `x` and `labels` values.
 pub fn gather(

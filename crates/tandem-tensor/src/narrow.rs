@@ -12,6 +12,7 @@ use half::{bf16, f16};
 use tandem_core::{DType, Helpers};
 
 use crate::backend::{Activation, Backend, CpuBackend, ExampleSet, Gemm, ShapeError};
+use crate::check::{self, Operand};
 
 /// Values converted at a time (a stack buffer of 16-bit values).
 const CHUNK: usize = 256;
@@ -62,6 +63,8 @@ where
 pub struct NarrowCpuBackend {
     dtype: DType,
     loss_scale: Cell<f32>,
+    /// Whether the last [`Backend::unscale`] saw only finite values.
+    unscaled_finite: Cell<bool>,
 }
 
 impl NarrowCpuBackend {
@@ -70,6 +73,7 @@ impl NarrowCpuBackend {
         (dtype != DType::F32).then_some(Self {
             dtype,
             loss_scale: Cell::new(1.0),
+            unscaled_finite: Cell::new(true),
         })
     }
 
@@ -91,6 +95,22 @@ impl Backend for NarrowCpuBackend {
     fn set_loss_scale(&self, scale: f32) -> Result<bool, ShapeError> {
         self.loss_scale.set(scale);
         Ok(true)
+    }
+
+    fn unscale(&self, (x, offset): (&mut Vec<f32>, usize), len: usize) -> Result<(), ShapeError> {
+        check::unscale(Operand::at(x.len(), offset), len)?;
+        let values = &mut x[offset..offset + len];
+        self.unscaled_finite
+            .set(values.iter().all(|v| v.is_finite()));
+        // In f32, where they no longer underflow: multiplying by the inverse of a power of two
+        // is exact.
+        let inverse = 1.0 / self.loss_scale.get();
+        values.iter_mut().for_each(|v| *v *= inverse);
+        Ok(())
+    }
+
+    fn unscaled_finite(&self) -> Result<bool, ShapeError> {
+        Ok(self.unscaled_finite.get())
     }
 
     fn zeros(&self, len: usize) -> Result<Vec<f32>, ShapeError> {
