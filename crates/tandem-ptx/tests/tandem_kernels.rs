@@ -493,7 +493,11 @@ fn sgd_setup(len: usize, n: usize) -> Sgd {
         .u64s(&ptrs)
         .u32(n as u32)
         .u64s(&spans)
-        .u32(2);
+        .u32(2)
+        // No rounded copy (a null pointer, then its type), f32 gradients.
+        .u64(0)
+        .u32(0)
+        .u32(0);
     Sgd {
         p,
         e,
