@@ -192,8 +192,9 @@ fn sync_across_two_gpus_equals_two_replicas_on_one() {
 /// the worker count and rounded to bf16, and every update sums them in f32 in worker order, so
 /// two GPUs train as two replicas on one; the rounding shows against the f32 exchange, and the
 /// run records its exchange; resumed on CPU workers it is refused until `--exchange f32`
-/// changes it. Where the gradients stay on the host (f16 replicas, whose loss-scaled gradients
-/// the host checks) it is refused before any step, writing nothing.
+/// changes it. Where the gradients meet on the host (more replicas than one update sums) it is
+/// refused before any step, writing nothing; f16 replicas (loss-scaled, unscaled on the device)
+/// exchange in bf16 too.
 #[test]
 fn a_bf16_exchange_between_gpu_replicas_trains_and_is_recorded() {
     if !gpu_present() {
@@ -241,14 +242,22 @@ fn a_bf16_exchange_between_gpu_replicas_trains_and_is_recorded() {
         checkpoint::read_header(&gpu_run.join(format!("step-{:010}.safetensors", 6))).unwrap();
     assert!(!metadata.contains_key("exchange"), "{metadata:?}");
 
+    let f16 = ["--sync", "--devices", "cuda:0x2", "--precision", "f16"];
     let dir = root.path().join("f16");
+    train_into(
+        &dir,
+        &[&f16[..], &["--exchange", "bf16", "--steps", STEPS]].concat(),
+    );
+    let (_, metadata) =
+        checkpoint::read_header(&dir.join(format!("step-{:010}.safetensors", 4))).unwrap();
+    assert_eq!(metadata["exchange"], "bf16");
+
+    let dir = root.path().join("seventeen");
     let data = data_dir();
     let message = common::fail(&[
         "--sync",
         "--devices",
-        "cuda:0x2",
-        "--precision",
-        "f16",
+        "cuda:0x17",
         "--exchange",
         "bf16",
         "--steps",

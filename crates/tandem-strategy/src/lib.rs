@@ -296,9 +296,8 @@ fn run<R: Replica, O: Optimizer + ?Sized>(
                 Some(store) => sync::run(job, &store),
                 None if exchange != Exchange::F32 => Err(ConfigError::ExchangeUnused(
                     exchange,
-                    "is one process whose gradients meet in host memory (CPU workers, f16 \
-                     replicas, whose loss-scaled gradients the host checks, or more GPU \
-                     replicas than one update sums)",
+                    "is one process whose gradients meet in host memory (CPU workers, or \
+                     more GPU replicas than one update sums)",
                 )
                 .into()),
                 None => {
