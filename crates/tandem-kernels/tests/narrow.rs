@@ -324,3 +324,53 @@ fn a_sixteen_bit_product_repeats_bitwise() {
     let f32_gpu = CudaBackend::new(0).unwrap();
     assert!(!f32_gpu.set_loss_scale(2.0).unwrap(), "f32 does not scale");
 }
+
+/// `unscale` on the GPU is its CPU twin's, bit for bit: every value times the inverse of the
+/// loss scale (an offset span of a longer buffer, the rest left alone), and the pass flagged
+/// as overflowed exactly where one value of the span is infinite or NaN, wherever it lies (the
+/// first value, one in the middle of a block's share, the last), never for one outside it.
+#[test]
+fn unscale_takes_the_scale_off_and_flags_what_is_not_finite_as_the_twin_does() {
+    let Some(gpu) = gpu(DType::F16) else { return };
+    let cpu = twin(DType::F16);
+    let mut rng = rng(37);
+    let (offset, len) = (7, 300_001);
+    let scale = 2f32.powi(13);
+    assert!(gpu.set_loss_scale(scale).unwrap() && cpu.set_loss_scale(scale).unwrap());
+    // Values of the type, as a pass stores them (an upload rounds to it).
+    let mut clean: Vec<f32> = random(&mut rng, offset + len + 5, 3.0e4);
+    round_to(DType::F16, &mut clean);
+    let cases = [
+        (None, true),
+        (Some((offset, f32::INFINITY)), false),
+        (Some((offset + len / 2 + 3, f32::NAN)), false),
+        (Some((offset + len - 1, f32::NEG_INFINITY)), false),
+        (Some((offset + len, f32::NAN)), true), // outside the span
+    ];
+    for (poison, finite) in cases {
+        let mut values = clean.clone();
+        if let Some((at, value)) = poison {
+            values[at] = value;
+        }
+        let mut on_gpu = upload(&gpu, &values, 0);
+        gpu.unscale((&mut on_gpu, offset), len).unwrap();
+        let mut on_cpu = values.clone();
+        cpu.unscale((&mut on_cpu, offset), len).unwrap();
+        let what = format!("{poison:?}");
+        assert_eq!(gpu.unscaled_finite().unwrap(), finite, "{what}");
+        assert_eq!(cpu.unscaled_finite().unwrap(), finite, "{what}");
+        let got = download(&gpu, &on_gpu, 0, values.len());
+        // A GPU may write its own NaN (the hardware's canonical one).
+        let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+        if let Some(i) = (0..got.len()).find(|&i| !same(got[i], on_cpu[i])) {
+            panic!(
+                "{what}: value {i} is {} against the twin's {}",
+                got[i], on_cpu[i]
+            );
+        }
+        assert_eq!(got[offset + 1], values[offset + 1] / scale, "{what}");
+        assert_eq!(got[..offset], values[..offset], "{what}: before the span");
+    }
+    let mut short = gpu.zeros(10).unwrap();
+    assert!(gpu.unscale((&mut short, 5), 6).is_err(), "past the buffer");
+}
