@@ -275,11 +275,9 @@ fn memset(
     if !dst.is_multiple_of(elem as u64) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    check_range(
-        driver,
-        dst,
-        elem.checked_mul(count).ok_or(CUDA_ERROR_INVALID_VALUE)?,
-    )?;
+    let bytes = elem.checked_mul(count).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    check_range(driver, dst, bytes)?;
+    crate::stream::count(stream, |c| c.bytes_memset += bytes as u64);
     Ok(stream.enqueue(Work::Memset {
         dst,
         value,

@@ -24,6 +24,15 @@ pub struct Counts {
     pub bytes_peer: u64,
     /// `cuStreamSynchronize` calls.
     pub stream_synchronizations: u64,
+    /// Bytes set by memsets.
+    pub bytes_memset: u64,
+    /// Copies that ran inside graphs (nodes of the graphs launched).
+    pub graph_copies: u64,
+    /// Memsets that ran inside graphs.
+    pub graph_memsets: u64,
+    /// Calls of the host that queued work on the stream (a launch, a copy, a memset, a graph
+    /// launch, an event's record or wait), capturing or not: what the host spends on a step.
+    pub stream_calls: u64,
 }
 
 impl Counts {
@@ -36,6 +45,10 @@ impl Counts {
         self.bytes_dtod += other.bytes_dtod;
         self.bytes_peer += other.bytes_peer;
         self.stream_synchronizations += other.stream_synchronizations;
+        self.bytes_memset += other.bytes_memset;
+        self.graph_copies += other.graph_copies;
+        self.graph_memsets += other.graph_memsets;
+        self.stream_calls += other.stream_calls;
     }
 
     fn json(&self, out: &mut String) {
@@ -43,7 +56,8 @@ impl Counts {
             out,
             "\"kernel_launches\": {}, \"graph_launches\": {}, \"graph_kernels\": {}, \
              \"bytes_htod\": {}, \"bytes_dtoh\": {}, \"bytes_dtod\": {}, \"bytes_peer\": {}, \
-             \"stream_synchronizations\": {}",
+             \"stream_synchronizations\": {}, \"bytes_memset\": {}, \"graph_copies\": {}, \
+             \"graph_memsets\": {}, \"stream_calls\": {}",
             self.kernel_launches,
             self.graph_launches,
             self.graph_kernels,
@@ -51,7 +65,11 @@ impl Counts {
             self.bytes_dtoh,
             self.bytes_dtod,
             self.bytes_peer,
-            self.stream_synchronizations
+            self.stream_synchronizations,
+            self.bytes_memset,
+            self.graph_copies,
+            self.graph_memsets,
+            self.stream_calls
         );
     }
 }

@@ -288,6 +288,8 @@ impl Stream {
     /// Queues `work` (or, while capturing, adds it to the graph); returns its sequence number
     /// (0 when captured).
     pub fn enqueue(&self, work: Work) -> u64 {
+        // A host call, whether it runs the work or captures it.
+        stats::stream(self.id, self.ctx.device, |c| c.stream_calls += 1);
         let mut queue = self.lock();
         if let Some(graph) = queue.capture.as_mut() {
             graph.push(work);
@@ -523,12 +525,25 @@ pub fn count_graph(stream: &Stream, items: &[Work], device_of: impl Fn(u64) -> O
         for item in items {
             match item {
                 Work::Launch { .. } => c.graph_kernels += 1,
-                Work::HtoD { len, .. } => c.bytes_htod += *len as u64,
-                Work::DtoH { len, .. } => c.bytes_dtoh += *len as u64,
-                Work::DtoD { dst, src, len } => match device_of(*dst) == device_of(*src) {
-                    true => c.bytes_dtod += *len as u64,
-                    false => c.bytes_peer += *len as u64,
-                },
+                Work::HtoD { len, .. } => {
+                    c.graph_copies += 1;
+                    c.bytes_htod += *len as u64
+                }
+                Work::DtoH { len, .. } => {
+                    c.graph_copies += 1;
+                    c.bytes_dtoh += *len as u64
+                }
+                Work::DtoD { dst, src, len } => {
+                    c.graph_copies += 1;
+                    match device_of(*dst) == device_of(*src) {
+                        true => c.bytes_dtod += *len as u64,
+                        false => c.bytes_peer += *len as u64,
+                    }
+                }
+                Work::Memset { elem, count, .. } => {
+                    c.graph_memsets += 1;
+                    c.bytes_memset += (*elem * *count) as u64
+                }
                 Work::Graph(inner) => add(inner, c, device_of),
                 _ => {}
             }

@@ -275,7 +275,10 @@ fn captured_work_replays_at_each_graph_launch() {
             .as_u64()
             .unwrap_or(0)
     };
-    assert_eq!(counts("bytes_dtoh") + counts("bytes_dtod"), 0);
+    assert_eq!(
+        counts("bytes_dtoh") + counts("bytes_dtod") + counts("bytes_memset"),
+        0
+    );
     let exec = instantiate(graph);
     for _ in 0..2 {
         upload(p, &[0; 4]);
@@ -293,10 +296,15 @@ fn captured_work_replays_at_each_graph_launch() {
         ("graph_launches", 1),
         ("bytes_dtoh", 16),
         ("bytes_dtod", 16),
+        ("bytes_memset", 16),
+        ("graph_copies", 2),
+        ("graph_memsets", 1),
     ] {
         assert_eq!(counts(key), 2 * each, "{key}");
     }
-    assert_eq!(counts("bytes_peer"), 0);
+    assert_eq!(counts("bytes_peer") + counts("kernel_launches"), 0);
+    // The host's calls on the stream: three captured, two graph launches.
+    assert_eq!(counts("stream_calls"), 5);
     check!(cuGraphExecDestroy(exec));
     check!(CUDA_ERROR_INVALID_HANDLE, cuGraphLaunch(exec, s));
     check!(cuGraphDestroy(graph));

@@ -206,13 +206,19 @@ fn a_gpu_step_moves_only_its_batch_and_waits_only_for_f16_flags() {
         let replicas_per_step = if *mode == Mode::Sync { 2.0 } else { 1.0 };
         eprintln!(
             "{name}: per step {bus} bytes over the host bus ({} in, {} out), {} kernel \
-             launches, {} graph launches, {} bytes device to device, {} between devices",
+             launches, {} graph launches of {} kernels, {} copies and {} memsets, {} bytes \
+             device to device, {} between devices, {} set, {} host calls on streams",
             per_step("bytes_htod"),
             per_step("bytes_dtoh"),
             per_step("kernel_launches"),
             per_step("graph_launches"),
+            per_step("graph_kernels"),
+            per_step("graph_copies"),
+            per_step("graph_memsets"),
             per_step("bytes_dtod"),
             per_step("bytes_peer"),
+            per_step("bytes_memset"),
+            per_step("stream_calls"),
         );
         // In: the batch's indices and the update kernel's values (SGD: the learning rate, L2
         // and moving-average decay; Adam six), for regularised spans and the others (sync,
