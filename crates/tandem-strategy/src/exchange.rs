@@ -35,6 +35,21 @@ impl Exchange {
     }
 }
 
+/// The one gradient of a 16-bit exchange, into `sum` (cleared, then as long as a part): the
+/// f32 sum from zero of `parts`, in their order (each already divided by the worker count, so
+/// the sum is the mean). The device stores' update kernels sum the same way.
+pub(crate) fn sum_in_order<'p>(
+    parts: impl IntoIterator<Item = &'p [f32]>,
+    len: usize,
+    sum: &mut Vec<f32>,
+) {
+    sum.clear();
+    sum.resize(len, 0.0);
+    for part in parts {
+        sum.iter_mut().zip(part).for_each(|(s, g)| *s += g);
+    }
+}
+
 impl fmt::Display for Exchange {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())

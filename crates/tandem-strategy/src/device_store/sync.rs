@@ -9,6 +9,7 @@ use tandem_core::{
 };
 
 use super::{addresses, lock, upload_state, Devices, Fleet};
+use crate::exchange::sum_in_order;
 use crate::store::{ParamStore, SyncStore, UpdateAt};
 use crate::Exchange;
 use tandem_tensor::decode_bf16;
@@ -244,10 +245,8 @@ impl<'o, O: Optimizer + ?Sized> DeviceSyncStore<'o, O> {
         if devices.grads_dtype != DType::F32 {
             // An exchange's gradients, each divided by the worker count: their f32 sum from
             // zero in worker order is the one gradient of the update, as the kernel sums them.
-            let mut sum = vec![0.0f32; devices.len];
-            for part in &grads {
-                sum.iter_mut().zip(part).for_each(|(s, g)| *s += g);
-            }
+            let mut sum = Vec::new();
+            sum_in_order(grads.iter().map(Vec::as_slice), devices.len, &mut sum);
             grads = vec![sum];
         }
         for (range, decayed) in &devices.spans {

@@ -10,6 +10,7 @@ use tandem_core::{Optimizer, ParamSpan, Replica, ReplicaError, TrainState};
 
 use super::{AsyncStore, HostStore, ParamStore, SyncStore, UpdateAt};
 use crate::asynchronous::Schedule;
+use crate::exchange::sum_in_order;
 use crate::{AsyncRule, Epochs, Exchange};
 use tandem_collectives::{Channel, Collectives, Ranks};
 use tandem_tensor::{decode_bf16, encode_bf16};
@@ -275,11 +276,7 @@ impl<R: Replica, O: Optimizer + ?Sized> SyncStore<R> for RankedSyncStore<'_, '_,
                 Exchange::F32 => received.chunks(mine.len()).collect(),
                 Exchange::Bf16 => {
                     // Their f32 sum in worker order: the mean, one part to average.
-                    mean.clear();
-                    mean.resize(mine.len(), 0.0);
-                    for part in received.chunks(mine.len()) {
-                        mean.iter_mut().zip(part).for_each(|(m, g)| *m += g);
-                    }
+                    sum_in_order(received.chunks(mine.len()), mine.len(), mean);
                     vec![&mean[..]]
                 }
             };
