@@ -1536,7 +1536,10 @@ impl Backend for CudaBackend {
         ops: &mut dyn FnMut(&Self) -> Result<(), KernelError>,
     ) -> Result<(), KernelError> {
         let (before, after) = self.step_ops.take();
-        self.last_after.replace(after.clone());
+        if self.dtype != DType::F32 {
+            // Only a loss-scaled pass is ever computed again; f32 steps keep no copy.
+            self.last_after.replace(after.clone());
+        }
         let key = ReplayKey {
             key,
             before: before.iter().map(OpShape::of).collect(),
