@@ -5,11 +5,14 @@
 // op(B) is B stored k x n, or B^T with B stored n x k when b_t != 0. bias (n values) may be
 // null: then no epilogue.
 //
-// Launch: grid (ceil(n / 32), ceil(m / 32), splits), block (32, 8), no dynamic shared memory.
-// Each block computes one 32 x 32 tile of C, each thread four of its elements (column tx,
-// rows ty, ty + 8, ty + 16, ty + 24). Tiles of op(A) and op(B) are staged through shared memory
-// 32 values of k at a time; values past the edges of the operands load as zeros, so m, n and k
-// need not be multiples of 32.
+// Launch: grid (ceil(n / 32), ceil(m / 32), splits), block (8, 8), no dynamic shared memory.
+// Each block computes one 32 x 32 tile of C, each thread a 4 x 4 block of it held in registers
+// (rows 4 ty .. 4 ty + 3, columns 4 tx .. 4 tx + 3). Tiles of op(A) and op(B) are staged through
+// shared memory 32 values of k at a time, both laid out k-major, so that for each k a thread
+// reads its four values of A and its four of B as two 16-byte loads and makes 16 multiply-adds
+// with them (2 shared loads per 16 FMAs; a thread per element of C would need 2 per FMA).
+// Values past the edges of the operands load as zeros, so m, n and k need not be multiples of
+// 32.
 //
 // Split over k: block z sums only k in [z * k_split, (z + 1) * k_split) (k_split a multiple of
 // 32) into its own m x n slice of c, c + z * m * n; with more than one split the caller passes
@@ -20,55 +23,69 @@
 // Every element of C is accumulated in increasing k within a split and the splits are added in
 // increasing z: the same order on every run for a shape, so the result is bitwise reproducible.
 #define TILE 32
-#define ROWS 8 // threads along y; each thread owns TILE / ROWS rows of the tile
+#define SIDE 8                 // threads along x and along y
+#define MICRO (TILE / SIDE)    // each thread's rows and columns of the tile
+#define THREADS (SIDE * SIDE)
+// Rows of the staged tiles are padded to 36 values: 16-byte aligned for the vector loads, and
+// a warp writing a k-contiguous operand's tile (32 values of k of each row) spreads over 8
+// banks instead of hitting one.
+#define STRIDE (TILE + 4)
+
+// s[kk][x] = the operand's element (x0 + x, k0 + kk) for the tile's 32 x and 32 kk, zero past
+// x_len or k_end. The operand holds element (x, k) at p[x * k_len + k] when k_contiguous, else
+// at p[k * x_len + x]; consecutive threads read consecutive addresses either way.
+__device__ static void stage(float (*__restrict__ s)[STRIDE], const float *__restrict__ p,
+                             unsigned x0, unsigned x_len, unsigned k0, unsigned k_end,
+                             unsigned k_len, bool k_contiguous, unsigned tid) {
+    for (unsigned i = tid; i < TILE * TILE; i += THREADS) {
+        const unsigned inner = i % TILE, outer = i / TILE;
+        const unsigned x = k_contiguous ? outer : inner, kk = k_contiguous ? inner : outer;
+        const unsigned gx = x0 + x, gk = k0 + kk;
+        s[kk][x] = (gx < x_len && gk < k_end)
+                       ? (k_contiguous ? p[(size_t)gx * k_len + gk] : p[(size_t)gk * x_len + gx])
+                       : 0.0f;
+    }
+}
 
 extern "C" __global__ void matmul(const float *__restrict__ a, const float *__restrict__ b,
                                   float *__restrict__ c, const float *__restrict__ bias,
                                   unsigned m, unsigned n, unsigned k, int a_t, int b_t,
                                   unsigned k_split) {
-    // One column of padding: a transposed operand is written into its tile column-wise, and
-    // without the padding the 32 threads of a warp would all hit the same bank.
-    __shared__ float as[TILE][TILE + 1]; // as[r][kk] = op(A)[row0 + r][k0 + kk]
-    __shared__ float bs[TILE][TILE + 1]; // bs[kk][cc] = op(B)[k0 + kk][col0 + cc]
-    const unsigned tx = threadIdx.x, ty = threadIdx.y;
+    __shared__ __align__(16) float as[TILE][STRIDE]; // as[kk][r] = op(A)[row0 + r][k0 + kk]
+    __shared__ __align__(16) float bs[TILE][STRIDE]; // bs[kk][cc] = op(B)[k0 + kk][col0 + cc]
+    const unsigned tx = threadIdx.x, ty = threadIdx.y, tid = ty * SIDE + tx;
     const unsigned row0 = blockIdx.y * TILE, col0 = blockIdx.x * TILE;
     const unsigned k_begin = blockIdx.z * k_split;
     const unsigned k_end = k - k_begin <= k_split ? k : k_begin + k_split; // without overflow
     c += (size_t)blockIdx.z * m * n;
-    float acc[TILE / ROWS] = {0.0f};
+    float acc[MICRO][MICRO] = {{0.0f}};
 
     for (unsigned k0 = k_begin; k0 < k_end; k0 += TILE) {
-        // tx walks the dimension that is contiguous in memory, so that loads coalesce whether
-        // or not the operand is transposed.
-        for (unsigned i = ty; i < TILE; i += ROWS) {
-            const unsigned r = a_t ? tx : i, ka = a_t ? i : tx;
-            const unsigned ar = row0 + r, ak = k0 + ka;
-            as[r][ka] = (ar < m && ak < k_end) ? (a_t ? a[(size_t)ak * m + ar] : a[(size_t)ar * k + ak])
-                                           : 0.0f;
-            const unsigned kb = b_t ? tx : i, cc = b_t ? i : tx;
-            const unsigned bk = k0 + kb, bc = col0 + cc;
-            bs[kb][cc] = (bk < k_end && bc < n) ? (b_t ? b[(size_t)bc * k + bk] : b[(size_t)bk * n + bc])
-                                            : 0.0f;
-        }
+        stage(as, a, row0, m, k0, k_end, k, !a_t, tid); // A (m x k) is k-contiguous
+        stage(bs, b, col0, n, k0, k_end, k, b_t, tid);  // B^T (stored n x k) is
         __syncthreads();
         for (unsigned kk = 0; kk < TILE; ++kk) {
-            const float bv = bs[kk][tx];
-            for (unsigned j = 0; j < TILE / ROWS; ++j) {
-                acc[j] += as[ty + j * ROWS][kk] * bv; // a warp shares ty: a broadcast read
+            const float4 av = *reinterpret_cast<const float4 *>(&as[kk][MICRO * ty]);
+            const float4 bv = *reinterpret_cast<const float4 *>(&bs[kk][MICRO * tx]);
+            const float ar[MICRO] = {av.x, av.y, av.z, av.w};
+            const float br[MICRO] = {bv.x, bv.y, bv.z, bv.w};
+            for (unsigned i = 0; i < MICRO; ++i) {
+                for (unsigned j = 0; j < MICRO; ++j) {
+                    acc[i][j] += ar[i] * br[j];
+                }
             }
         }
         __syncthreads(); // before the next iteration overwrites the tiles
     }
 
-    const unsigned col = col0 + tx;
-    if (col >= n) {
-        return;
-    }
-    for (unsigned j = 0; j < TILE / ROWS; ++j) {
-        const unsigned row = row0 + ty + j * ROWS;
-        if (row < m) {
-            const float v = acc[j];
-            c[(size_t)row * n + col] = bias ? fmaxf(v + bias[col], 0.0f) : v;
+    for (unsigned i = 0; i < MICRO; ++i) {
+        const unsigned row = row0 + MICRO * ty + i;
+        for (unsigned j = 0; j < MICRO; ++j) {
+            const unsigned col = col0 + MICRO * tx + j;
+            if (row < m && col < n) {
+                const float v = acc[i][j];
+                c[(size_t)row * n + col] = bias ? fmaxf(v + bias[col], 0.0f) : v;
+            }
         }
     }
 }

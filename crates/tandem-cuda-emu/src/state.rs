@@ -176,6 +176,7 @@ impl Driver {
         Runner {
             threads: self.config.threads,
             race_check: self.config.race_check,
+            profile: self.config.stats.is_some(),
             memory: self.memory.clone(),
         }
     }

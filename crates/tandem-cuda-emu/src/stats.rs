@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Mutex;
 
+use tandem_ptx::Profile;
+
 /// Counters of one stream (or, summed, of the whole process).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Counts {
@@ -87,6 +89,17 @@ pub struct Stats {
     pub allocations: u64,
     /// Bytes of those allocations.
     pub allocation_bytes: u64,
+    /// What each kernel did, by name, summed over its launches (directly and in graphs).
+    pub kernels: BTreeMap<String, KernelCounts>,
+}
+
+/// What one kernel's launches did, summed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct KernelCounts {
+    /// Launches that completed.
+    pub launches: u64,
+    /// What their threads did.
+    pub profile: Profile,
 }
 
 /// The statistics of this process.
@@ -96,6 +109,7 @@ pub static STATS: Mutex<Stats> = Mutex::new(Stats {
     event_synchronizations: 0,
     allocations: 0,
     allocation_bytes: 0,
+    kernels: BTreeMap::new(),
 });
 
 /// Runs `f` on the statistics (a poisoned lock is still usable: counters cannot be left
@@ -114,6 +128,24 @@ pub fn stream(stream: u64, device: usize, f: impl FnOnce(&mut Counts)) {
             .or_insert((device, Counts::default()))
             .1)
     });
+}
+
+/// Adds a completed launch of kernel `name` that did `profile`.
+pub fn kernel(name: &str, profile: &Profile) {
+    with(|stats| {
+        let counts = match stats.kernels.get_mut(name) {
+            Some(counts) => counts,
+            None => stats.kernels.entry(name.to_owned()).or_default(),
+        };
+        counts.launches += 1;
+        let sum = &mut counts.profile;
+        sum.instructions += profile.instructions;
+        sum.global_bytes_read += profile.global_bytes_read;
+        sum.global_bytes_written += profile.global_bytes_written;
+        sum.shared_loads += profile.shared_loads;
+        sum.shared_stores += profile.shared_stores;
+        sum.fmas += profile.fmas;
+    })
 }
 
 /// The statistics as a JSON object.
@@ -142,6 +174,25 @@ pub fn to_json(devices: usize, driver_version: u32) -> String {
             let _ = write!(out, "{sep}\n    \"{id}\": {{\"device\": {device}, ");
             counts.json(&mut out);
             out.push('}');
+        }
+        out.push_str("\n  },\n  \"kernels\": {");
+        for (i, (name, k)) in stats.kernels.iter().enumerate() {
+            let sep = if i == 0 { "" } else { "," };
+            let p = &k.profile;
+            // Kernel names are C identifiers: nothing to escape.
+            let _ = write!(
+                out,
+                "{sep}\n    \"{name}\": {{\"launches\": {}, \"instructions\": {}, \
+                 \"global_bytes_read\": {}, \"global_bytes_written\": {}, \
+                 \"shared_loads\": {}, \"shared_stores\": {}, \"fmas\": {}}}",
+                k.launches,
+                p.instructions,
+                p.global_bytes_read,
+                p.global_bytes_written,
+                p.shared_loads,
+                p.shared_stores,
+                p.fmas
+            );
         }
         out.push_str("\n  }\n}\n");
         out

@@ -260,6 +260,9 @@ pub struct Runner {
     pub threads: usize,
     /// Whether launches check shared memory for races (`TANDEM_EMU_RACECHECK`).
     pub race_check: bool,
+    /// Whether launches count what their kernels do, for the statistics file
+    /// (`TANDEM_EMU_STATS`).
+    pub profile: bool,
     /// The device memory.
     pub memory: Arc<crate::memory::Memory>,
 }
@@ -423,16 +426,24 @@ impl Stream {
                     params,
                     threads: runner.threads,
                     race_check: runner.race_check,
+                    profile: runner.profile,
                 };
-                if let Err(err) = tandem_ptx::run_with_globals(kernel, &launch, &memory, globals) {
-                    let code = match err {
-                        ExecError::IllegalAddress(_) => CUDA_ERROR_ILLEGAL_ADDRESS,
-                        ExecError::MisalignedAddress(_) => CUDA_ERROR_MISALIGNED_ADDRESS,
-                        ExecError::LaunchFailed(_) => CUDA_ERROR_LAUNCH_FAILED,
-                        ExecError::InvalidValue(_) => CUDA_ERROR_INVALID_VALUE,
-                    };
-                    self.ctx
-                        .fail(code, &format!("kernel {}: {err}", kernel.name()));
+                match tandem_ptx::run_counted_with_globals(kernel, &launch, &memory, globals) {
+                    Ok(counted) => {
+                        if let Some(profile) = counted.profile {
+                            crate::stats::kernel(kernel.name(), &profile);
+                        }
+                    }
+                    Err(err) => {
+                        let code = match err {
+                            ExecError::IllegalAddress(_) => CUDA_ERROR_ILLEGAL_ADDRESS,
+                            ExecError::MisalignedAddress(_) => CUDA_ERROR_MISALIGNED_ADDRESS,
+                            ExecError::LaunchFailed(_) => CUDA_ERROR_LAUNCH_FAILED,
+                            ExecError::InvalidValue(_) => CUDA_ERROR_INVALID_VALUE,
+                        };
+                        self.ctx
+                            .fail(code, &format!("kernel {}: {err}", kernel.name()));
+                    }
                 }
             }
             Work::HtoD { dst, src, len } => {

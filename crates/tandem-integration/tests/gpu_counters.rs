@@ -111,8 +111,9 @@ fn train_in_child(run: usize, steps: u64) {
 /// by kernel: its first, before its graph is captured).
 type Unsteady = Vec<(u64, u64)>;
 
-/// A stand-in statistics file: its totals, and the launches of every stream that never
-/// launched a graph, sorted; `None` for the second when there are not two streams.
+/// A stand-in statistics file: its totals (with its kernels' counters under `kernels`), and the
+/// launches of every stream that never launched a graph, sorted; `None` for the second when
+/// there are not two streams.
 fn totals(path: &Path) -> (serde_json::Value, Option<Unsteady>) {
     let text = std::fs::read_to_string(path).expect("the stand-in wrote its statistics");
     let stats: serde_json::Value = serde_json::from_str(&text).expect("statistics JSON");
@@ -128,7 +129,9 @@ fn totals(path: &Path) -> (serde_json::Value, Option<Unsteady>) {
             unsteady.sort_unstable();
             unsteady
         });
-    (stats["totals"].clone(), unsteady)
+    let mut totals = stats["totals"].clone();
+    totals["kernels"] = stats["kernels"].clone();
+    (totals, unsteady)
 }
 
 /// How many times a pair of runs is tried before the test gives up on their being comparable.
@@ -220,6 +223,43 @@ fn a_gpu_step_moves_only_its_batch_and_waits_only_for_f16_flags() {
             per_step("bytes_memset"),
             per_step("stream_calls"),
         );
+        // What each kernel did in the extra steps: the products use the hardware (issue 30:
+        // at most half a shared-memory load a multiply-add; `matmul` makes an eighth,
+        // `mma_matmul` loads its fragments from global memory).
+        let kernel = |name: &str, key: &str| {
+            let count = |run: &serde_json::Value| run["kernels"][name][key].as_u64().unwrap_or(0);
+            (count(&long) - count(&short)) as f64 / (LONG - SHORT) as f64
+        };
+        let names: Vec<String> = long["kernels"]
+            .as_object()
+            .expect("the stand-in counts each kernel")
+            .keys()
+            .cloned()
+            .collect();
+        for name in &names {
+            let (launches, fmas) = (kernel(name, "launches"), kernel(name, "fmas"));
+            eprintln!(
+                "  {name}: {launches} launches a step, {} instructions, {} global bytes read, \
+                 {} written, {} shared loads for {fmas} multiply-adds",
+                kernel(name, "instructions"),
+                kernel(name, "global_bytes_read"),
+                kernel(name, "global_bytes_written"),
+                kernel(name, "shared_loads"),
+            );
+            if name.contains("matmul") {
+                assert!(fmas > 0.0, "{name}: the products multiply");
+                assert!(
+                    kernel(name, "shared_loads") <= 0.5 * fmas,
+                    "{name}: at most half a shared load a multiply-add"
+                );
+            }
+        }
+        let product = if *dtype == DType::F32 {
+            "matmul"
+        } else {
+            "mma_matmul"
+        };
+        assert!(names.iter().any(|n| n == product), "{name}: {product} ran");
         // In: the batch's indices and the update kernel's values (SGD: the learning rate, L2
         // and moving-average decay; Adam six), for regularised spans and the others (sync,
         // each replica applies every update; async, each its own); async also the worker's

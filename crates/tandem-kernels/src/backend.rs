@@ -26,7 +26,9 @@ const UNSCALE_BLOCKS: u32 = 64;
 /// At most this many blocks for the grid-stride kernels: several waves on any current GPU, and
 /// the loop inside each kernel covers the rest.
 const MAX_BLOCKS: usize = 4096;
-const MATMUL_ROWS: u32 = 8;
+/// `SIDE` of `kernels/matmul.cu`: a block of `MATMUL_SIDE x MATMUL_SIDE` threads computes a
+/// `TILE x TILE` tile of C.
+const MATMUL_SIDE: u32 = 8;
 /// `mma_matmul` (kernels/narrow.cu): each warp computes a 16 x 8 tile of C, four warps a block
 /// side by side, so a block covers 16 rows and 32 columns.
 const MMA_ROWS: usize = 16;
@@ -656,7 +658,7 @@ impl CudaBackend {
             self.launch(
                 Kernel::Matmul,
                 grid,
-                (TILE as u32, MATMUL_ROWS),
+                (MATMUL_SIDE, MATMUL_SIDE),
                 args![a, b, out, epilogue, m, n, k, a_t, b_t, k_split],
             )?;
             if count > 1 {
@@ -1756,7 +1758,7 @@ impl Backend for CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::{CudaBackend, Kernel, KernelError, BLOCK, MATMUL_ROWS, POISON};
+    use super::{CudaBackend, Kernel, KernelError, BLOCK, MATMUL_SIDE, POISON};
     use crate::launch::TILE;
     use tandem_tensor::check;
 
@@ -1796,12 +1798,12 @@ mod tests {
     }
 
     /// The launch shapes above are the ones the kernels are written for (`block_sum` needs
-    /// exactly REDUCE_THREADS threads, `matmul` a TILE x ROWS block).
+    /// exactly REDUCE_THREADS threads, `matmul` a SIDE x SIDE block).
     #[test]
     fn launch_shapes_match_the_kernel_sources() {
         let matmul = include_str!("../../../kernels/matmul.cu");
         assert!(matmul.contains(&format!("#define TILE {TILE}\n")));
-        assert!(matmul.contains(&format!("#define ROWS {MATMUL_ROWS} ")));
+        assert!(matmul.contains(&format!("#define SIDE {MATMUL_SIDE} ")));
         let reduce = include_str!("../../../kernels/reduce.cu");
         assert!(reduce.contains(&format!("#define REDUCE_THREADS {BLOCK}\n")));
     }

@@ -8,8 +8,7 @@ use tandem_core::{DType, DeviceOp};
 
 use crate::ptx::{MAX_UPDATE_SPANS, SPAN_TABLE};
 
-/// `TILE` and `ROWS` of `kernels/matmul.cu`: a block computes a `TILE x TILE` tile of C with
-/// `TILE x MATMUL_ROWS` threads.
+/// `TILE` of `kernels/matmul.cu`: a block computes a `TILE x TILE` tile of C.
 pub(crate) const TILE: usize = 32;
 /// A matmul with fewer tiles of C than this is split over k until it has about this many
 /// blocks (a few per multiprocessor on large GPUs), so that short walks over k run side by

@@ -12,8 +12,8 @@ use crate::ir::*;
 use crate::parse::{CARRY, FPARAM_BASE, SINK};
 use crate::race::{Kind, RaceState};
 use crate::{
-    Dim3, ExecError, GlobalMemory, Kernel, Launch, GENERIC_LOCAL_BASE, GENERIC_SHARED_BASE,
-    WINDOW_SIZE,
+    Dim3, ExecError, GlobalMemory, Kernel, Launch, Profile, Stats, GENERIC_LOCAL_BASE,
+    GENERIC_SHARED_BASE, WINDOW_SIZE,
 };
 
 /// Why a thread stopped running.
@@ -95,6 +95,9 @@ struct BlockMem<'a> {
     clock: u64,
     /// Instructions executed (guarded-off ones included).
     executed: u64,
+    /// With [`Launch::profile`]: how many threads executed each instruction (by pc), guarded-off
+    /// ones not counted.
+    profile: Option<Vec<u64>>,
     /// The shared-memory race check's state, when [`Launch::race_check`] asks for it.
     race: Option<Box<RaceState>>,
 }
@@ -925,7 +928,7 @@ impl Ctx<'_> {
         block: usize,
         t: usize,
     ) -> Result<Stop, ExecError> {
-        if bm.race.is_some() {
+        if bm.race.is_some() || bm.profile.is_some() {
             return self.run_thread_checked(r, th, bm, block, t);
         }
         #[cfg(target_arch = "x86_64")]
@@ -936,8 +939,8 @@ impl Ctx<'_> {
         self.run_thread_body::<false>(r, th, bm, block, t)
     }
 
-    /// The loop with the race check's recording, kept out of line so that the unchecked loop
-    /// is compiled as before.
+    /// The loop with the race check's recording and the profile's counting, kept out of line so
+    /// that the unchecked loop is compiled as before.
     #[inline(never)]
     fn run_thread_checked(
         &self,
@@ -965,8 +968,9 @@ impl Ctx<'_> {
         self.run_thread_body::<false>(r, th, bm, block, t)
     }
 
-    /// The interpreter loop; with `RC` (the race check on, `bm.race` set) every shared access
-    /// takes the general, recorded path.
+    /// The interpreter loop; with `RC` (the race check or the profile on: `bm.race` or
+    /// `bm.profile` set) every shared access takes the general, recorded path, and each
+    /// instruction that runs is counted in the profile.
     #[inline(always)]
     fn run_thread_body<const RC: bool>(
         &self,
@@ -1009,6 +1013,14 @@ impl Ctx<'_> {
             if inst.guard != NO_GUARD && ((r[inst.guard as usize] != 0) == inst.neg) {
                 pc += 1;
                 continue;
+            }
+            if RC {
+                if let Some(profile) = bm.profile.as_deref_mut() {
+                    profile[pc] += 1;
+                    if matches!(inst.op, Op::LdSharedFma { .. }) {
+                        profile[pc + 1] += 1; // the fused fma
+                    }
+                }
             }
             match &inst.op {
                 &Op::AddI32 { d, a, b } => {
@@ -1673,7 +1685,7 @@ pub(crate) fn run(
     launch: &Launch<'_>,
     mem: &dyn GlobalMemory,
     globals: &[u64],
-) -> Result<u64, ExecError> {
+) -> Result<Stats, ExecError> {
     let (g, b) = (launch.grid, launch.block);
     if [g.x, g.y, g.z, b.x, b.y, b.z].contains(&0) {
         return Err(ExecError::InvalidValue(format!(
@@ -1725,6 +1737,10 @@ pub(crate) fn run(
     let stop = AtomicBool::new(false);
     let first: Mutex<Option<(usize, ExecError)>> = Mutex::new(None);
     let total = AtomicU64::new(0);
+    let profile = Mutex::new(vec![
+        0u64;
+        if launch.profile { k.prog.code.len() } else { 0 }
+    ]);
     let workers = launch.threads.clamp(1, nblocks);
     let work = || {
         let mut bm = BlockMem {
@@ -1737,6 +1753,7 @@ pub(crate) fn run(
             cache: PageCache::new(),
             clock: 0,
             executed: 0,
+            profile: launch.profile.then(|| vec![0; k.prog.code.len()]),
             race: launch.race_check.then(|| {
                 Box::new(RaceState::new(
                     k.shared_bytes(launch.dynamic_shared),
@@ -1767,6 +1784,12 @@ pub(crate) fn run(
             }
         }
         total.fetch_add(bm.executed, Ordering::Relaxed);
+        if let Some(counts) = bm.profile {
+            let mut merged = profile.lock().unwrap_or_else(|p| p.into_inner());
+            for (sum, count) in merged.iter_mut().zip(counts) {
+                *sum += count;
+            }
+        }
     };
     if workers == 1 {
         work();
@@ -1779,8 +1802,41 @@ pub(crate) fn run(
     }
     match first.into_inner().unwrap_or_else(|p| p.into_inner()) {
         Some((_, e)) => Err(e),
-        None => Ok(total.load(Ordering::Relaxed)),
+        None => Ok(Stats {
+            instructions: total.load(Ordering::Relaxed),
+            profile: launch.profile.then(|| {
+                let counts = profile.into_inner().unwrap_or_else(|p| p.into_inner());
+                profile_of(&k.prog.code, &counts)
+            }),
+        }),
     }
+}
+
+/// What the instructions of `code`, each executed `counts[pc]` times, did.
+fn profile_of(code: &[Inst], counts: &[u64]) -> Profile {
+    let mut p = Profile::default();
+    for (inst, &n) in code.iter().zip(counts) {
+        p.instructions += n;
+        match &inst.op {
+            Op::LdShared32 { .. } | Op::LdSharedFma { .. } => p.shared_loads += n,
+            Op::StShared32 { .. } => p.shared_stores += n,
+            Op::Ld { at, .. } | Op::St { at, .. } => {
+                let bytes = n * at.n as u64 * at.ty.bytes() as u64;
+                match (at.space, matches!(inst.op, Op::Ld { .. })) {
+                    (Space::Shared, true) => p.shared_loads += n,
+                    (Space::Shared, false) => p.shared_stores += n,
+                    (Space::Global, true) => p.global_bytes_read += bytes,
+                    (Space::Global, false) => p.global_bytes_written += bytes,
+                    _ => {}
+                }
+            }
+            Op::FmaF32 { .. } | Op::Fma { ty: Ty::F32, .. } => p.fmas += n,
+            // m16n8k16: 16 * 8 * 16 multiply-adds a warp, a 32nd of them each lane's.
+            Op::Mma { .. } => p.fmas += n * (16 * 8 * 16 / 32),
+            _ => {}
+        }
+    }
+    p
 }
 
 impl Ctx<'_> {

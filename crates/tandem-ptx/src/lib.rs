@@ -418,6 +418,10 @@ pub struct Launch<'a> {
     /// race check"): a race fails the launch with [`ExecError::LaunchFailed`]. Off (`false`),
     /// nothing is recorded and the interpreter runs at full speed.
     pub race_check: bool,
+    /// Count what the launch does ([`Profile`]): each instruction's executions, and from them
+    /// the global bytes moved, the shared-memory accesses and the multiply-adds. Off, nothing
+    /// is counted beyond [`Stats::instructions`]; on, the launch runs at the race check's speed.
+    pub profile: bool,
 }
 
 /// How a launch failed. The driver maps each kind to its CUDA error code.
@@ -471,23 +475,46 @@ pub fn run_with_globals(
 pub struct Stats {
     /// PTX instructions executed over all threads (including those whose guard was false).
     pub instructions: u64,
+    /// What they did, when [`Launch::profile`] asked for it.
+    pub profile: Option<Profile>,
 }
 
-/// [`run`], also counting the instructions executed (for measuring the interpreter).
+/// What a profiled launch's threads did, summed over them. Counted from the instructions that
+/// ran (a guarded-off instruction counts nothing); a vector access is one access of all its
+/// bytes. What the interpreter cannot know a GPU's cost of (caches, coalescing, bank
+/// conflicts, timing) is not here.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Profile {
+    /// Instructions executed (guarded-off ones not included).
+    pub instructions: u64,
+    /// Bytes read by `ld.global` (`.nc` included).
+    pub global_bytes_read: u64,
+    /// Bytes written by `st.global`.
+    pub global_bytes_written: u64,
+    /// `ld.shared` instructions.
+    pub shared_loads: u64,
+    /// `st.shared` instructions.
+    pub shared_stores: u64,
+    /// f32 multiply-adds: each `fma.f32` one, each lane's `mma.sync.m16n8k16` its 64.
+    pub fmas: u64,
+}
+
+/// [`run`], also counting the instructions executed (for measuring the interpreter) and, with
+/// [`Launch::profile`], what they did.
 pub fn run_counted(
     kernel: &Kernel,
     launch: &Launch<'_>,
     memory: &dyn GlobalMemory,
 ) -> Result<Stats, ExecError> {
-    exec::run(kernel, launch, memory, &[]).map(|instructions| Stats { instructions })
+    exec::run(kernel, launch, memory, &[])
 }
 
-/// [`run_with_globals`], also counting the instructions executed.
+/// [`run_with_globals`], also counting as [`run_counted`] does.
 pub fn run_counted_with_globals(
     kernel: &Kernel,
     launch: &Launch<'_>,
     memory: &dyn GlobalMemory,
     globals: &[u64],
 ) -> Result<Stats, ExecError> {
-    exec::run(kernel, launch, memory, globals).map(|instructions| Stats { instructions })
+    exec::run(kernel, launch, memory, globals)
 }

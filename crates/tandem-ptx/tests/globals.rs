@@ -30,6 +30,7 @@ fn launch_g(
         params: &args.0,
         threads: 2,
         race_check: false,
+        profile: false,
     };
     tandem_ptx::run_with_globals(k, &l, mem, globals)
 }

@@ -25,6 +25,7 @@ fn run(src: &str, block: u32, out_words: usize, check: bool) -> (Result<(), Exec
     let args = Args::new().u64(out);
     let l = tandem_ptx::Launch {
         race_check: check,
+        profile: false,
         ..launch_of(dim(1, 1, 1), dim(block, 1, 1), &args, 1)
     };
     let r = tandem_ptx::run(&k, &l, &mem);

@@ -147,6 +147,7 @@ pub fn launch_of(grid: Dim3, block: Dim3, args: &Args, threads: usize) -> Launch
         params: &args.0,
         threads,
         race_check: false,
+        profile: false,
     }
 }
 
