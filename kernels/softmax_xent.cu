@@ -1,67 +1,55 @@
-// Fused, numerically stable softmax + cross-entropy over rows x classes logits, one warp per
-// row (cpu::softmax_cross_entropy, less the final mean and the label check, which reduce.cu's
-// `mean_loss` does):
+// Fused, numerically stable softmax + cross-entropy over rows x classes logits with its mean
+// and label check (cpu::softmax_cross_entropy and check::labels), one kernel:
 //
 //   max        = max over c of z[c]
-//   sum        = sum over c of exp(z[c] - max)
-//   losses[r]  = log(sum) - (z[label] - max)            (NaN when label >= classes, which
-//                                                         mean_loss reports as an error)
-//   dlogits[r] = (exp(z - max) / sum - onehot(label)) / rows
+//   sum        = sum over c of exp(z[c] - max)              (c in increasing order)
+//   loss_r     = log(sum) - (z[label] - max)                (NaN when label >= classes)
+//   dlogits[r] = exp(z - max) * (1 / rows / sum) - onehot(label) / rows
+//   loss[0]    = (sum of loss_r) / rows, accumulated in double like the CPU's mean
+//   status     = check_labels (reduce.cuh): how many labels are >= classes, and the first
 //
-// Subtracting the row's maximum keeps exp from overflowing on large logits. Every value of
-// dlogits and losses is written exactly once, by the warp of its row; no atomics.
+// Subtracting the row's maximum keeps exp from overflowing on large logits. One thread a row
+// does the row's arithmetic in the CPU twin's order, with explicitly rounded products so that
+// nvcc cannot fuse them into FMAs; only expf and logf differ from the host's. The mean is a
+// fixed tree over the block. Every value is written once; no atomics.
 //
-// Launch: grid ceil(rows / 4), block 128 (four warps, four rows a block).
+// Launch: grid 1, block REDUCE_THREADS. One block: a training batch's rows are few (a hundred
+// rows of ten classes is a thousand values), and a second kernel for the mean would cost more
+// than the rows' arithmetic.
 
-#define WARP 32
-#define FULL_MASK 0xffffffffu
-
-// Butterfly reductions: afterwards every lane holds the result, in the same order each run.
-__device__ float warp_max(float v) {
-    for (int offset = WARP / 2; offset > 0; offset /= 2) {
-        v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, offset));
-    }
-    return v;
-}
-
-__device__ float warp_sum(float v) {
-    for (int offset = WARP / 2; offset > 0; offset /= 2) {
-        v += __shfl_xor_sync(FULL_MASK, v, offset);
-    }
-    return v;
-}
+#include "reduce.cuh"
 
 extern "C" __global__ void softmax_cross_entropy(const float *__restrict__ logits,
                                                  const unsigned *__restrict__ labels,
-                                                 float *__restrict__ dlogits,
-                                                 float *__restrict__ losses, unsigned rows,
-                                                 unsigned classes) {
-    const unsigned row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
-    const unsigned lane = threadIdx.x % WARP;
-    if (row >= rows) {
-        return; // row is the same for the whole warp, so the shuffles below stay full-warp
-    }
-    const float *z = logits + (size_t)row * classes;
-    float *d = dlogits + (size_t)row * classes;
-
-    float max = -INFINITY;
-    for (unsigned c = lane; c < classes; c += WARP) {
-        max = fmaxf(max, z[c]);
-    }
-    max = warp_max(max);
-    float sum = 0.0f;
-    for (unsigned c = lane; c < classes; c += WARP) {
-        sum += expf(z[c] - max);
-    }
-    sum = warp_sum(sum);
-
-    const unsigned label = labels[row];
+                                                 float *__restrict__ dlogits, unsigned rows,
+                                                 unsigned classes, float *__restrict__ loss,
+                                                 unsigned *__restrict__ status) {
     const float inv_rows = 1.0f / rows;
-    const float scale = inv_rows / sum;
-    for (unsigned c = lane; c < classes; c += WARP) {
-        d[c] = expf(z[c] - max) * scale - (c == label ? inv_rows : 0.0f);
+    double total = 0.0; // this thread's rows' losses, in row order
+    for (unsigned r = threadIdx.x; r < rows; r += REDUCE_THREADS) {
+        const float *z = logits + (size_t)r * classes;
+        float *d = dlogits + (size_t)r * classes;
+        float max = -INFINITY;
+        for (unsigned c = 0; c < classes; ++c) {
+            max = fmaxf(max, z[c]);
+        }
+        float sum = 0.0f;
+        for (unsigned c = 0; c < classes; ++c) {
+            const float e = expf(__fsub_rn(z[c], max));
+            d[c] = e;
+            sum = __fadd_rn(sum, e);
+        }
+        const unsigned label = labels[r];
+        const float scale = __fdiv_rn(inv_rows, sum);
+        for (unsigned c = 0; c < classes; ++c) {
+            const float p = __fmul_rn(d[c], scale);
+            d[c] = c == label ? __fsub_rn(p, inv_rows) : p;
+        }
+        total += label < classes ? (double)(logf(sum) - __fsub_rn(z[label], max)) : (double)NAN;
     }
-    if (lane == 0) {
-        losses[row] = label < classes ? logf(sum) - (z[label] - max) : NAN;
+    total = block_sum(total);
+    if (threadIdx.x == 0) {
+        loss[0] = (float)(total / (double)rows);
     }
+    check_labels(labels, rows, classes, status);
 }

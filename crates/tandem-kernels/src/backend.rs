@@ -35,7 +35,6 @@ const MMA_ROWS: usize = 16;
 const MMA_COLS: u32 = 32;
 const MMA_BLOCK: u32 = 128;
 /// Rows of logits per block of `softmax_cross_entropy`: one warp each.
-const SOFTMAX_ROWS: u32 = 4;
 /// What the scalar results are set to before the kernels that write them run: every byte
 /// 0xFF, a NaN loss and counts of `u32::MAX`, so that a result left unwritten shows.
 const POISON: u8 = 0xFF;
@@ -90,9 +89,7 @@ impl DeviceExamples {
 struct Scratch {
     /// `gather`'s indices, uploaded from the host.
     indices: DeviceBuffer<u32>,
-    /// `softmax_cross_entropy`'s per-row losses.
-    losses: DeviceBuffer<f32>,
-    /// The mean loss (`mean_loss`).
+    /// The mean loss (`softmax_cross_entropy`).
     loss: DeviceBuffer<f32>,
     /// The loss scale a 16-bit backend multiplies the loss's gradient by (`round_to` reads it
     /// when it runs, so a captured step follows [`Backend::set_loss_scale`]).
@@ -104,7 +101,7 @@ struct Scratch {
     /// `unscale`'s flags, one a block: 1 where it met a value that is not finite.
     unscale_flags: DeviceBuffer<f32>,
     /// `count_correct`'s hits and label check, `[hits, bad labels, first bad label]`;
-    /// `mean_loss`'s label check in the last two.
+    /// `softmax_cross_entropy`'s label check in the last two.
     counts: DeviceBuffer<u32>,
     /// Page-locked host memory that `write_with` and `read_with` stage through (parameters in,
     /// gradients out, every step): the driver copies it at full bus speed, without bouncing
@@ -303,7 +300,6 @@ impl CudaBackend {
         let kernels = Arc::new(Kernels::load(&context, capability)?);
         let scratch = Scratch {
             indices: allocate(&context, 0)?, // grown on first use
-            losses: allocate(&context, 0)?,
             parts: allocate(&context, 0)?,
             loss: allocate(&context, 1)?,
             loss_scale: allocate(&context, 1)?,
@@ -484,9 +480,9 @@ impl CudaBackend {
         }
     }
 
-    /// Queues softmax + cross-entropy over `rows` of logits (at least one) and the mean of the
-    /// row losses into `loss`; the label check goes to the scratch counts. A 16-bit backend
-    /// then rounds the logits' gradient, times the loss scale.
+    /// Queues softmax + cross-entropy over `rows` of logits (at least one), their mean into
+    /// `loss` and the label check into the scratch counts, in one kernel. A 16-bit backend then
+    /// rounds the logits' gradient, times the loss scale.
     fn softmax_loss(
         &self,
         logits: &DeviceBuffer<f32>,
@@ -502,30 +498,19 @@ impl CudaBackend {
         let len = rows * classes; // checked against the buffers above
         let rows_u32 = dim("softmax_cross_entropy: rows", rows)?;
         let classes_u32 = dim("softmax_cross_entropy: classes", classes)?;
-        let mut scratch = self.scratch.borrow_mut();
-        self.reserve(&mut scratch.losses, rows)?;
-        self.fill(&scratch.counts, POISON, "poisoning the label check")?;
-        let losses = scratch.losses.as_device_ptr();
-        // mean_loss's label check goes to counts[1..3], where count_correct leaves its own.
-        let status = span((&scratch.counts, 1));
-        // SAFETY: the arguments follow `softmax_cross_entropy`'s and then `mean_loss`'s
-        // parameters; logits and dlogits cover rows*classes values, labels and losses rows,
-        // loss one (the caller's) and status two (of the three counts).
+        // The label check goes to counts[1..3], where count_correct leaves its own.
+        let status = span((&self.scratch.borrow().counts, 1));
+        // SAFETY: the arguments follow `softmax_cross_entropy`'s parameters; logits and dlogits
+        // cover rows*classes values, labels rows, loss one (the caller's) and status two (of
+        // the three counts).
         unsafe {
             self.launch(
                 Kernel::SoftmaxCrossEntropy,
-                rows_u32.div_ceil(SOFTMAX_ROWS),
-                32 * SOFTMAX_ROWS,
-                args![logits, labels, dlogits, losses, rows_u32, classes_u32],
-            )?;
-            self.launch(
-                Kernel::MeanLoss,
                 1u32,
                 BLOCK,
-                args![losses, labels, rows_u32, classes_u32, loss, status],
+                args![logits, labels, dlogits, rows_u32, classes_u32, loss, status],
             )?;
         }
-        drop(scratch); // `round` reads the loss scale from it
         self.round(dlogits, len, true)
     }
 
@@ -1648,15 +1633,18 @@ impl Backend for CudaBackend {
             check::softmax_cross_entropy(logits.len(), labels.len(), rows, classes, dlogits.len())?;
             return Ok(f32::NAN); // the mean of no losses, as on the CPU
         }
+        // Poisoned first, so that a kernel that never ran cannot pass for one that found no bad
+        // label. (Training's `softmax_cross_entropy_into` reads neither, and sets nothing.)
         let loss = {
             let scratch = self.scratch.borrow();
+            self.fill(&scratch.counts, POISON, "poisoning the label check")?;
             self.fill(&scratch.loss, POISON, "poisoning the loss")?;
             scratch.loss.as_device_ptr()
         };
         self.softmax_loss(logits, labels, (rows, classes), dlogits, loss)?;
         let scratch = self.scratch.borrow();
         let ([_, bad, first], [loss]) = self.read_results(&scratch.counts, Some(&scratch.loss))?;
-        Self::label_check(Kernel::MeanLoss, op, [bad, first], rows, classes)?;
+        Self::label_check(Kernel::SoftmaxCrossEntropy, op, [bad, first], rows, classes)?;
         Ok(loss)
     }
 
@@ -1767,7 +1755,13 @@ mod tests {
     #[test]
     fn label_checks_read_back_as_the_cpus_errors() {
         let read = |status, rows| {
-            CudaBackend::label_check(Kernel::MeanLoss, "softmax_cross_entropy", status, rows, 10)
+            CudaBackend::label_check(
+                Kernel::SoftmaxCrossEntropy,
+                "softmax_cross_entropy",
+                status,
+                rows,
+                10,
+            )
         };
         assert!(read([0, 0], 4).is_ok());
         match read([2, 12], 4) {
@@ -1786,7 +1780,7 @@ mod tests {
         assert!(matches!(
             read([poison, poison], 4),
             Err(KernelError::NotWritten {
-                kernel: "mean_loss"
+                kernel: "softmax_cross_entropy"
             })
         ));
         // As many bad labels as rows is possible; more is not.
@@ -1804,7 +1798,7 @@ mod tests {
         let matmul = include_str!("../../../kernels/matmul.cu");
         assert!(matmul.contains(&format!("#define TILE {TILE}\n")));
         assert!(matmul.contains(&format!("#define SIDE {MATMUL_SIDE} ")));
-        let reduce = include_str!("../../../kernels/reduce.cu");
+        let reduce = include_str!("../../../kernels/reduce.cuh");
         assert!(reduce.contains(&format!("#define REDUCE_THREADS {BLOCK}\n")));
     }
 }

@@ -136,15 +136,14 @@ kernel_table! {
         RoundTo => "round_to",
         Unscale => "unscale",
     }
-    /// `kernels/reduce.cu`: `column_sum`, `mean_loss` and `count_correct`, deterministic; the
-    /// last two also check the labels.
+    /// `kernels/reduce.cu`: `column_sum` and `count_correct`, deterministic; the last also
+    /// checks the labels.
     REDUCE = "reduce" {
         ColumnSum => "column_sum",
-        /// The mean of `softmax_cross_entropy`'s per-row losses, and the label check.
-        MeanLoss => "mean_loss",
         CountCorrect => "count_correct",
     }
-    /// `kernels/softmax_xent.cu`: the fused `softmax_cross_entropy`.
+    /// `kernels/softmax_xent.cu`: the fused `softmax_cross_entropy`, with its mean loss and
+    /// label check.
     SOFTMAX_XENT = "softmax_xent" {
         SoftmaxCrossEntropy => "softmax_cross_entropy",
     }

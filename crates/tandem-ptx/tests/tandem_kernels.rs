@@ -342,7 +342,7 @@ fn gather_rows() {
 }
 
 #[test]
-fn column_sum_mean_loss_count_correct() {
+fn column_sum_count_correct() {
     let (rows, cols) = (300usize, 10usize);
     let x = values(rows * cols, 9);
     let mut mem = Mem::new();
@@ -358,39 +358,6 @@ fn column_sum_mean_loss_count_correct() {
         .map(|c| (0..rows).fold(0f32, |s, r| s + x[r * cols + c]))
         .collect();
     assert_eq!(mem.f32s(dout), want);
-
-    // mean_loss: f64 sum of losses over a 256-thread tree, then the label check.
-    let losses: Vec<f32> = values(rows, 10).iter().map(|v| v.abs() * 3.0).collect();
-    let mut labels: Vec<u32> = (0..rows as u32).map(|r| r % 10).collect();
-    labels[77] = 12;
-    labels[200] = 10;
-    let mut mem = Mem::new();
-    let (dlosses, dlabels) = (mem.upload_f32(&losses), mem.upload_u32(&labels));
-    let (dloss, dstatus) = (mem.alloc(4), mem.alloc(8));
-    let args = Args::new()
-        .u64(dlosses)
-        .u64(dlabels)
-        .u32(rows as u32)
-        .u32(10)
-        .u64(dloss)
-        .u64(dstatus);
-    run("reduce", "mean_loss", dim(1, 1, 1), 256, &args, &mem, 1);
-    let mut part: Vec<f64> = (0..256)
-        .map(|t| {
-            (t..rows)
-                .step_by(256)
-                .fold(0.0, |s, i| s + losses[i] as f64)
-        })
-        .collect();
-    let mut s = 128;
-    while s > 0 {
-        for t in 0..s {
-            part[t] += part[t + s];
-        }
-        s /= 2;
-    }
-    assert_eq!(mem.f32s(dloss), vec![(part[0] / rows as f64) as f32]);
-    assert_eq!(mem.u32s(dstatus), vec![2, 12]);
 
     let logits = values(rows * 10, 11);
     let labels: Vec<u32> = (0..rows as u32).map(|r| (r * 3) % 10).collect();
@@ -420,39 +387,41 @@ fn column_sum_mean_loss_count_correct() {
     assert_eq!(mem.u32s(dout)[1], 0);
 }
 
-/// Logits, gradient, losses.
-type SoftmaxOut = (Vec<f32>, Vec<f32>, Vec<f32>);
+/// Logits, gradient, mean loss, label check (`[bad labels, first bad label]`).
+type SoftmaxOut = (Vec<f32>, Vec<f32>, f32, Vec<u32>);
 
 /// Logits of `rows` x 10 classes (seed 12, scaled by 5), through tandem's
-/// softmax_cross_entropy: on 2 host threads, or timed on one, printed as `timed_as`.
-/// Returns the logits, the gradient and the losses.
+/// softmax_cross_entropy (one block of 256 threads): on 2 host threads, or timed on one,
+/// printed as `timed_as`.
 fn softmax_launch(rows: usize, labels: &[u32], timed_as: Option<&str>) -> SoftmaxOut {
     let classes = 10usize;
     let z: Vec<f32> = values(rows * classes, 12).iter().map(|v| v * 5.0).collect();
     let mut mem = Mem::new();
     let (dz, dl) = (mem.upload_f32(&z), mem.upload_u32(labels));
-    let (dd, dlosses) = (mem.alloc(rows * classes * 4), mem.alloc(rows * 4));
+    let dd = mem.alloc(rows * classes * 4);
+    let (dloss, dstatus) = (mem.alloc(4), mem.alloc(8));
     let args = Args::new()
         .u64(dz)
         .u64(dl)
         .u64(dd)
-        .u64(dlosses)
         .u32(rows as u32)
-        .u32(classes as u32);
-    let grid = dim(rows.div_ceil(4) as u32, 1, 1);
+        .u32(classes as u32)
+        .u64(dloss)
+        .u64(dstatus);
+    let grid = dim(1, 1, 1);
     let (module, name) = ("softmax_xent", "softmax_cross_entropy");
     match timed_as {
         Some(what) => timed(
             what,
             &kernel(module, name),
             grid,
-            dim(128, 1, 1),
+            dim(256, 1, 1),
             &args,
             &mem,
         ),
-        None => run(module, name, grid, 128, &args, &mem, 2),
+        None => run(module, name, grid, 256, &args, &mem, 2),
     }
-    (z, mem.f32s(dd), mem.f32s(dlosses))
+    (z, mem.f32s(dd), mem.f32s(dloss)[0], mem.u32s(dstatus))
 }
 
 /// A row of logits in f64, its maximum and the sum of exp(z - max).
@@ -463,36 +432,56 @@ fn softmax_ref(z: &[f32]) -> (Vec<f64>, f64, f64) {
     (row, max, sum)
 }
 
-/// Row `r`'s loss against -log softmax(row)[label].
-fn assert_loss(r: usize, loss: f32, row: &[f64], max: f64, sum: f64, label: u32) {
-    let want = sum.ln() - (row[label as usize] - max);
-    assert!(
-        (loss as f64 - want).abs() < 1e-5 * want.abs().max(1.0),
-        "loss {r}: {loss} vs {want}"
-    );
+/// The mean over the rows of -log softmax(row)[label], in f64.
+fn mean_loss_ref(z: &[f32], labels: &[u32]) -> f64 {
+    let classes = z.len() / labels.len();
+    let total: f64 = (labels.iter().enumerate())
+        .map(|(r, &label)| {
+            let (row, max, sum) = softmax_ref(&z[r * classes..(r + 1) * classes]);
+            sum.ln() - (row[label as usize] - max)
+        })
+        .sum();
+    total / labels.len() as f64
 }
 
+/// The kernel's gradient of every row against f64, its mean loss against f64's and its label
+/// check against the labels: rows past a block's 256 threads (each thread takes several), and
+/// bad labels, whose rows' loss is NaN and so the mean's.
 #[test]
 fn softmax_cross_entropy_rows() {
-    let (rows, classes) = (7usize, 10usize);
-    let mut labels: Vec<u32> = (0..rows as u32).map(|r| r % 10).collect();
-    labels[4] = 11;
-    let (z, d, losses) = softmax_launch(rows, &labels, None);
-    for r in 0..rows {
-        let (row, max, sum) = softmax_ref(&z[r * classes..(r + 1) * classes]);
-        for c in 0..classes {
-            let onehot = if c as u32 == labels[r] { 1.0 } else { 0.0 };
-            let want = ((row[c] - max).exp() / sum - onehot) / rows as f64;
-            let got = d[r * classes + c] as f64;
-            assert!(
-                (got - want).abs() <= 1e-6 * want.abs().max(1e-3),
-                "row {r} class {c}: {got} vs {want}"
-            );
+    let classes = 10usize;
+    for (rows, bad) in [
+        (7usize, &[(4usize, 11u32)][..]),
+        (300, &[]),
+        (300, &[(77, 12), (200, 10)]),
+    ] {
+        let mut labels: Vec<u32> = (0..rows as u32).map(|r| (r * 7) % 10).collect();
+        for &(r, label) in bad {
+            labels[r] = label;
         }
-        if (labels[r] as usize) < classes {
-            assert_loss(r, losses[r], &row, max, sum, labels[r]);
-        } else {
-            assert!(losses[r].is_nan());
+        let (z, d, loss, status) = softmax_launch(rows, &labels, None);
+        for r in 0..rows {
+            let (row, max, sum) = softmax_ref(&z[r * classes..(r + 1) * classes]);
+            for c in 0..classes {
+                let onehot = if c as u32 == labels[r] { 1.0 } else { 0.0 };
+                let want = ((row[c] - max).exp() / sum - onehot) / rows as f64;
+                let got = d[r * classes + c] as f64;
+                assert!(
+                    (got - want).abs() <= 1e-6 * want.abs().max(1e-3),
+                    "row {r} class {c}: {got} vs {want}"
+                );
+            }
+        }
+        match bad.first() {
+            None => {
+                let want = mean_loss_ref(&z, &labels);
+                assert!((loss as f64 - want).abs() < 1e-5 * want, "{loss} vs {want}");
+                assert_eq!(status, [0, 0]);
+            }
+            Some(&(_, first)) => {
+                assert!(loss.is_nan(), "{loss}");
+                assert_eq!(status, [bad.len() as u32, first]);
+            }
         }
     }
 }
@@ -705,11 +694,11 @@ fn sgd_ema_update_speed_400k() {
 
 #[test]
 fn softmax_cross_entropy_speed_20000x10() {
-    let (rows, classes) = (20_000usize, 10usize);
+    let rows = 20_000usize;
     let labels: Vec<u32> = (0..rows as u32).map(|r| r % 10).collect();
-    let (z, _, losses) = softmax_launch(rows, &labels, Some("softmax_cross_entropy 20000x10"));
-    for r in (0..rows).step_by(331) {
-        let (row, max, sum) = softmax_ref(&z[r * classes..(r + 1) * classes]);
-        assert_loss(r, losses[r], &row, max, sum, labels[r]);
-    }
+    let (z, _, loss, status) =
+        softmax_launch(rows, &labels, Some("softmax_cross_entropy 20000x10"));
+    let want = mean_loss_ref(&z, &labels);
+    assert!((loss as f64 - want).abs() < 1e-5 * want, "{loss} vs {want}");
+    assert_eq!(status, [0, 0]);
 }
