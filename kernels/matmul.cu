@@ -3,7 +3,9 @@
 //
 // op(A) is A stored m x k when a_t == 0, or A^T with A stored k x m when a_t != 0; likewise
 // op(B) is B stored k x n, or B^T with B stored n x k when b_t != 0. bias (n values) may be
-// null: then no epilogue.
+// null: then no bias epilogue. mask (m x n values) may be null; where it is not, C is zeroed
+// wherever mask is not positive (C = relu_backward(C, mask): the backward pass through the ReLU
+// whose output mask is, cpu::relu_backward), after any bias.
 //
 // Launch: grid (ceil(n / 32), ceil(m / 32), splits), block (8, 8), no dynamic shared memory.
 // Each block computes one 32 x 32 tile of C, each thread a 4 x 4 block of it held in registers
@@ -16,7 +18,7 @@
 //
 // Split over k: block z sums only k in [z * k_split, (z + 1) * k_split) (k_split a multiple of
 // 32) into its own m x n slice of c, c + z * m * n; with more than one split the caller passes
-// no bias and adds the slices with sum_splits. The model's matrices are too small to fill a GPU
+// no bias and no mask and adds the slices with sum_splits. The model's matrices are too small to fill a GPU
 // with one block per tile (100 x 500 x 784: 64 blocks walking 25 tiles of k one after another),
 // and a block's walk over k is bound by memory latency, not arithmetic.
 //
@@ -47,10 +49,20 @@ __device__ static void stage(float (*__restrict__ s)[STRIDE], const float *__res
     }
 }
 
+// The epilogue of a product's (or its splits' sum's) element i, column col.
+__device__ static float epilogue(float v, const float *__restrict__ bias,
+                                 const float *__restrict__ mask, size_t i, unsigned col) {
+    if (bias) {
+        v = fmaxf(v + bias[col], 0.0f);
+    }
+    // Like relu_backward: kept only where the mask is positive, so a NaN there zeroes it too.
+    return mask && !(mask[i] > 0.0f) ? 0.0f : v;
+}
+
 extern "C" __global__ void matmul(const float *__restrict__ a, const float *__restrict__ b,
                                   float *__restrict__ c, const float *__restrict__ bias,
-                                  unsigned m, unsigned n, unsigned k, int a_t, int b_t,
-                                  unsigned k_split) {
+                                  const float *__restrict__ mask, unsigned m, unsigned n,
+                                  unsigned k, int a_t, int b_t, unsigned k_split) {
     __shared__ __align__(16) float as[TILE][STRIDE]; // as[kk][r] = op(A)[row0 + r][k0 + kk]
     __shared__ __align__(16) float bs[TILE][STRIDE]; // bs[kk][cc] = op(B)[k0 + kk][col0 + cc]
     const unsigned tx = threadIdx.x, ty = threadIdx.y, tid = ty * SIDE + tx;
@@ -83,26 +95,27 @@ extern "C" __global__ void matmul(const float *__restrict__ a, const float *__re
         for (unsigned j = 0; j < MICRO; ++j) {
             const unsigned col = col0 + MICRO * tx + j;
             if (row < m && col < n) {
-                const float v = acc[i][j];
-                c[(size_t)row * n + col] = bias ? fmaxf(v + bias[col], 0.0f) : v;
+                const size_t at = (size_t)row * n + col;
+                c[at] = epilogue(acc[i][j], bias, mask, at, col);
             }
         }
     }
 }
 
 // c[i] = parts[0][i] + parts[1][i] + ... + parts[splits - 1][i] (in that order), the m x n slices
-// of a matmul split over k (parts holds splits * len values, len = m * n), then the epilogue
-// c[i] = max(0, c[i] + bias[i % n]) when bias is not null.
+// of a matmul split over k (parts holds splits * len values, len = m * n), then matmul's
+// epilogue: c[i] = max(0, c[i] + bias[i % n]) when bias is not null, c[i] = 0 where mask[i] is
+// not positive when mask is not null.
 // Launch: 1-D, 256 threads a block, any number of blocks (grid-stride loop).
 extern "C" __global__ void sum_splits(const float *__restrict__ parts, unsigned splits,
                                       size_t len, unsigned n, const float *__restrict__ bias,
-                                      float *__restrict__ c) {
+                                      const float *__restrict__ mask, float *__restrict__ c) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < len;
          i += (size_t)gridDim.x * blockDim.x) {
         float v = parts[i];
         for (unsigned z = 1; z < splits; ++z) {
             v += parts[z * len + i];
         }
-        c[i] = bias ? fmaxf(v + bias[i % n], 0.0f) : v;
+        c[i] = epilogue(v, bias, mask, i, (unsigned)(i % n));
     }
 }

@@ -84,6 +84,62 @@ impl DeviceExamples {
     }
 }
 
+/// What a product does to its result as it stores it (`matmul`'s or `sum_splits`' epilogue).
+#[derive(Clone, Copy)]
+enum Epilogue<'b> {
+    /// Nothing.
+    None,
+    /// `max(0, v + bias[column])`: a hidden layer's forward pass.
+    BiasRelu((&'b DeviceBuffer<f32>, usize)),
+    /// `0` where the mask, the output of a ReLU of the result's shape, is not positive: the
+    /// backward pass through that ReLU.
+    ReluBackward(&'b DeviceBuffer<f32>),
+}
+
+/// The `bias` and `mask` arguments of a product with `epilogue` (null where it has none), its
+/// operands checked (`c_len`: the values of C's buffer).
+fn epilogue_pointers(
+    spec: Gemm,
+    (a, b, c): (Operand, Operand, Operand),
+    c_len: usize,
+    epilogue: Epilogue<'_>,
+) -> Result<(DevicePointer<f32>, DevicePointer<f32>), KernelError> {
+    Ok(match epilogue {
+        Epilogue::None => {
+            check::matmul(spec, a, b, c)?;
+            (DevicePointer::null(), DevicePointer::null())
+        }
+        Epilogue::BiasRelu(bias) => {
+            check::matmul_bias_relu(spec, a, b, operand(&bias), c)?;
+            (span(bias), DevicePointer::null())
+        }
+        Epilogue::ReluBackward(mask) => {
+            check::matmul(spec, a, b, c)?;
+            check::relu_backward(c_len, mask.len(), spec.m.saturating_mul(spec.n))?;
+            (DevicePointer::null(), span((mask, 0)))
+        }
+    })
+}
+
+/// Where a product split `count` ways applies its epilogue: `(bias, mask)` for the `matmul`
+/// launch, then for `sum_splits` (unsplit, the product's own; split, the sum's).
+fn epilogue_in(
+    count: u32,
+    bias: DevicePointer<f32>,
+    mask: DevicePointer<f32>,
+) -> (
+    DevicePointer<f32>,
+    DevicePointer<f32>,
+    DevicePointer<f32>,
+    DevicePointer<f32>,
+) {
+    let none = DevicePointer::null();
+    match count {
+        1 => (bias, mask, none, none),
+        _ => (none, none, bias, mask),
+    }
+}
+
 /// Device memory the operations need between their kernels, kept from call to call so that a
 /// training step allocates nothing.
 struct Scratch {
@@ -550,13 +606,13 @@ impl CudaBackend {
         outcome
     }
 
-    /// A shared `matmul` launch, with the bias + ReLU epilogue when `bias` is given.
+    /// A shared `matmul` launch, with its `epilogue`.
     fn gemm(
         &self,
         spec: Gemm,
         a: (&DeviceBuffer<f32>, usize),
         b: (&DeviceBuffer<f32>, usize),
-        bias: Option<(&DeviceBuffer<f32>, usize)>,
+        epilogue: Epilogue<'_>,
         c: (&mut DeviceBuffer<f32>, usize),
     ) -> Result<(), KernelError> {
         let Gemm {
@@ -567,15 +623,8 @@ impl CudaBackend {
             b_transposed,
         } = spec;
         let (ga, gb, gc) = (operand(&a), operand(&b), operand(&c));
-        match bias {
-            Some(bias) => check::matmul_bias_relu(spec, ga, gb, operand(&bias), gc)?,
-            None => check::matmul(spec, ga, gb, gc)?,
-        }
+        let (bias, mask) = epilogue_pointers(spec, (ga, gb, gc), c.0.len(), epilogue)?;
         let (a, b, c) = (span(a), span(b), span_mut(c));
-        let bias = match bias {
-            Some(bias) => span(bias),
-            None => DevicePointer::null(),
-        };
         if m == 0 || n == 0 {
             return Ok(());
         }
@@ -602,13 +651,13 @@ impl CudaBackend {
             let grid = (n.div_ceil(MMA_COLS), grid_y as u32);
             let bf16 = i32::from(self.dtype == DType::BF16);
             // SAFETY: the arguments follow `mma_matmul`'s parameters: a, b and c cover m*k, k*n
-            // and m*n values and bias n values or is null (checked above).
+            // and m*n values, bias n values or is null, the mask m*n or is null (checked above).
             return unsafe {
                 self.launch(
                     Kernel::MmaMatmul,
                     grid,
                     MMA_BLOCK,
-                    args![a, b, c, bias, m, n, k, a_t, b_t, bf16],
+                    args![a, b, c, bias, mask, m, n, k, a_t, b_t, bf16],
                 )
             };
         }
@@ -626,32 +675,30 @@ impl CudaBackend {
             1 => c,
             _ => parts,
         };
-        let epilogue = match count {
-            1 => bias,
-            _ => DevicePointer::null(),
-        };
+        // Split, the epilogue is `sum_splits`'.
+        let (bias, mask, sum_bias, sum_mask) = epilogue_in(count, bias, mask);
         let grid = Dim3 {
             x: grid_x,
             y: grid_y,
             z: count,
         };
         // SAFETY: the arguments follow `matmul`'s parameters: a, b and c cover m*k, k*n and
-        // m*n values and bias n values or is null (checked above); split, `parts` holds the
-        // `count` slices of m*n values and there is no bias. `sum_splits` reads those slices
-        // and writes c.
+        // m*n values, bias n values or is null, the mask m*n or is null (checked above); split,
+        // `parts` holds the `count` slices of m*n values and the product has no epilogue.
+        // `sum_splits` reads those slices and writes c, with the epilogue.
         unsafe {
             self.launch(
                 Kernel::Matmul,
                 grid,
                 (MATMUL_SIDE, MATMUL_SIDE),
-                args![a, b, out, epilogue, m, n, k, a_t, b_t, k_split],
+                args![a, b, out, bias, mask, m, n, k, a_t, b_t, k_split],
             )?;
             if count > 1 {
                 self.launch(
                     Kernel::SumSplits,
                     stride_grid(len),
                     BLOCK,
-                    args![parts, count, len, n, bias, c],
+                    args![parts, count, len, n, sum_bias, sum_mask, c],
                 )?;
             }
         }
@@ -1482,7 +1529,18 @@ impl Backend for CudaBackend {
         b: (&DeviceBuffer<f32>, usize),
         c: (&mut DeviceBuffer<f32>, usize),
     ) -> Result<(), KernelError> {
-        self.gemm(spec, a, b, None, c)
+        self.gemm(spec, a, b, Epilogue::None, c)
+    }
+
+    fn matmul_relu_backward(
+        &self,
+        spec: Gemm,
+        a: (&DeviceBuffer<f32>, usize),
+        b: (&DeviceBuffer<f32>, usize),
+        mask: &DeviceBuffer<f32>,
+        c: &mut DeviceBuffer<f32>,
+    ) -> Result<(), KernelError> {
+        self.gemm(spec, a, b, Epilogue::ReluBackward(mask), (c, 0))
     }
 
     fn matmul_bias_relu(
@@ -1493,7 +1551,7 @@ impl Backend for CudaBackend {
         bias: (&DeviceBuffer<f32>, usize),
         c: (&mut DeviceBuffer<f32>, usize),
     ) -> Result<(), KernelError> {
-        self.gemm(spec, a, b, Some(bias), c)
+        self.gemm(spec, a, b, Epilogue::BiasRelu(bias), c)
     }
 
     fn copy(

@@ -55,33 +55,61 @@ fn assert_bitwise(what: &str, got: &[f32], want: &[f32]) {
     }
 }
 
-/// The GPU's `C = op(A) . op(B)` (and bias + ReLU when `bias` is given) for random operands at
-/// odd offsets, with the CPU's.
+/// What a product does as it stores its result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Epilogue {
+    None,
+    /// `matmul_bias_relu`.
+    BiasRelu,
+    /// `matmul_relu_backward`.
+    ReluBackward,
+}
+
+/// The GPU's `C = op(A) . op(B)` with `epilogue` for random operands at odd offsets (the masked
+/// product writes from the start of C), with the CPU's: the product, then `bias_relu` or
+/// `relu_backward` (against a ReLU's output: zeros, positives and a few NaNs, which zero the
+/// gradient as on the CPU).
 fn gemm_case(
     gpu: &CudaBackend,
     rng: &mut ChaCha8Rng,
     spec: Gemm,
-    with_bias: bool,
+    epilogue: Epilogue,
 ) -> (Vec<f32>, Vec<f32>) {
     let a = random(rng, spec.m * spec.k, 1.0);
     let b = random(rng, spec.k * spec.n, 1.0);
     let bias = random(rng, spec.n, 1.0);
+    let mask: Vec<f32> = (random(rng, spec.m * spec.n, 1.0).iter().enumerate())
+        .map(|(i, v)| if i % 97 == 5 { f32::NAN } else { v.max(0.0) })
+        .collect();
     let mut want = vec![0.0; spec.m * spec.n];
     cpu::matmul(spec, &a, &b, &mut want);
-    let (ga, gb, gbias) = (
+    let (ga, gb, gbias, gmask) = (
         upload(gpu, &a, 3),
         upload(gpu, &b, 5),
         upload(gpu, &bias, 1),
+        upload(gpu, &mask, 0),
     );
     let mut gc = poisoned(gpu, spec.m * spec.n + 2);
-    if with_bias {
-        cpu::bias_relu(&mut want, &bias);
-        gpu.matmul_bias_relu(spec, (&ga, 3), (&gb, 5), (&gbias, 1), (&mut gc, 2))
-    } else {
-        gpu.matmul(spec, (&ga, 3), (&gb, 5), (&mut gc, 2))
-    }
-    .expect("matmul");
-    (download(gpu, &gc, 2, spec.m * spec.n), want)
+    let at = match epilogue {
+        Epilogue::None => {
+            gpu.matmul(spec, (&ga, 3), (&gb, 5), (&mut gc, 2))
+                .expect("matmul");
+            2
+        }
+        Epilogue::BiasRelu => {
+            cpu::bias_relu(&mut want, &bias);
+            (gpu.matmul_bias_relu(spec, (&ga, 3), (&gb, 5), (&gbias, 1), (&mut gc, 2)))
+                .expect("matmul_bias_relu");
+            2
+        }
+        Epilogue::ReluBackward => {
+            cpu::relu_backward(&mut want, &mask);
+            (gpu.matmul_relu_backward(spec, (&ga, 3), (&gb, 5), &gmask, &mut gc))
+                .expect("matmul_relu_backward");
+            0
+        }
+    };
+    (download(gpu, &gc, at, spec.m * spec.n), want)
 }
 
 /// A device copy moves as many bytes as its values' type takes: two `f32`s, then two `bf16`s
@@ -125,9 +153,9 @@ fn matmul_matches_cpu_in_every_transposition() {
             [(false, false), (true, false), (false, true), (true, true)]
         {
             let spec = Gemm::new(m, n, k, a_transposed, b_transposed);
-            for with_bias in [false, true] {
-                let (got, want) = gemm_case(&gpu, &mut rng, spec, with_bias);
-                assert_close(&format!("{spec:?} bias+relu {with_bias}"), &got, &want);
+            for epilogue in [Epilogue::None, Epilogue::BiasRelu, Epilogue::ReluBackward] {
+                let (got, want) = gemm_case(&gpu, &mut rng, spec, epilogue);
+                assert_close(&format!("{spec:?} {epilogue:?}"), &got, &want);
             }
         }
     }
@@ -821,9 +849,10 @@ fn gradient_buffer_counts_are_checked() {
 /// Runs the deterministic kernels on fixed inputs and returns every output, concatenated.
 fn deterministic_outputs(gpu: &CudaBackend) -> Vec<f32> {
     let mut rng = rng(10);
-    let (m, n, k) = (784, 500, 100); // the first layer's weight gradient: X^T . dH
+    // The first layer's weight gradient's shape, X^T . dH, split over k: masked in `sum_splits`.
+    let (m, n, k) = (784, 500, 100);
     let spec = Gemm::tn(m, n, k);
-    let (got, _) = gemm_case(gpu, &mut rng, spec, false);
+    let (got, _) = gemm_case(gpu, &mut rng, spec, Epilogue::ReluBackward);
     let mut outputs = got;
 
     let (rows, classes) = (100, 10);

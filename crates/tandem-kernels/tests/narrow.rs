@@ -9,7 +9,7 @@ use common::{download, gemm_shapes, random, rng, upload};
 use rand::Rng;
 use tandem_core::DType;
 use tandem_kernels::{CudaBackend, KernelError};
-use tandem_tensor::{round_to, Activation, Backend, ExampleSet, Gemm, NarrowCpuBackend};
+use tandem_tensor::{cpu, round_to, Activation, Backend, ExampleSet, Gemm, NarrowCpuBackend};
 
 const NARROW: [DType; 2] = [DType::BF16, DType::F16];
 
@@ -201,6 +201,29 @@ fn every_kernel_stores_the_twins_values_of_the_type() {
         let gx = download(&gpu, &x, 0, rows * features);
         assert_of_type(&format!("{dtype} bias_add"), dtype, &gx);
         assert_eq!(gx, cx, "{dtype} bias_add");
+
+        // A gradient's product masked by the ReLU output `x` in its epilogue: the product's
+        // values of the type where the mask is positive, zeros elsewhere, as the twin's
+        // `relu_backward` leaves them.
+        let spec = Gemm::nt(rows, features, 9);
+        let (delta, weights) = (
+            random(&mut rng, rows * 9, 1.0),
+            random(&mut rng, features * 9, 1.0),
+        );
+        let (gdelta, gweights) = (upload(&gpu, &delta, 0), upload(&gpu, &weights, 0));
+        let mut product = gpu.zeros(rows * features).unwrap();
+        gpu.matmul(spec, (&gdelta, 0), (&gweights, 0), (&mut product, 0))
+            .unwrap();
+        let mut want = download(&gpu, &product, 0, rows * features);
+        cpu::relu_backward(&mut want, &cx);
+        let mut masked = gpu.zeros(rows * features).unwrap();
+        (gpu.matmul_relu_backward(spec, (&gdelta, 0), (&gweights, 0), &x, &mut masked)).unwrap();
+        let got = download(&gpu, &masked, 0, rows * features);
+        assert!(
+            got.contains(&0.0) && got.iter().any(|&v| v != 0.0),
+            "{got:?}"
+        );
+        assert_eq!(got, want, "{dtype} matmul_relu_backward");
 
         let mut sums = gpu.zeros(features + 3).unwrap();
         gpu.column_sum(&x, rows, features, (&mut sums, 3)).unwrap();

@@ -67,10 +67,13 @@ impl Dense {
     }
 
     /// The backward pass of [`forward`](Self::forward) over `rows` rows. `delta` holds the
-    /// loss's gradient with respect to the layer's `output` (and is left as the gradient
-    /// before the activation); the parameter gradients go to `grads` at `offset`, the input's
-    /// to `input_delta` when one is wanted (a first layer needs none). `helpers` may take part
-    /// in the weight gradient, the layer's largest product.
+    /// loss's gradient with respect to the layer's `output`, or, when `delta_masked`, already
+    /// with respect to what went into its activation (the product that computed it masked it,
+    /// see below); it is left as the latter. The parameter gradients go to `grads` at
+    /// `offset`, the input's to `input_delta` when one is wanted (a first layer needs none):
+    /// with a mask (the input is a ReLU's output), already through that ReLU, in the same
+    /// product ([`Backend::matmul_relu_backward`]). `helpers` may take part in the weight
+    /// gradient, the layer's largest product.
     #[allow(clippy::too_many_arguments)]
     pub fn backward<B: Backend>(
         &self,
@@ -78,11 +81,11 @@ impl Dense {
         (params, offset): (&B::Buffer, usize),
         (input, output): (&B::Buffer, &B::Buffer),
         rows: usize,
-        delta: &mut B::Buffer,
-        (grads, input_delta): (&mut B::Buffer, Option<&mut B::Buffer>),
+        (delta, delta_masked): (&mut B::Buffer, bool),
+        (grads, input_delta): (&mut B::Buffer, Option<InputDelta<'_, B>>),
         helpers: &dyn Helpers,
     ) -> Result<(), B::Error> {
-        if self.activation == Activation::Relu {
+        if self.activation == Activation::Relu && !delta_masked {
             b.relu_backward(delta, output, rows * self.outs)?;
         }
         // dW = input^T . delta, db = colsum(delta).
@@ -99,18 +102,26 @@ impl Dense {
             self.outs,
             (grads, offset + self.ins * self.outs),
         )?;
+        // dX = delta . W^T, masked where the input's ReLU was not positive.
+        let product = Gemm::nt(rows, self.ins, self.outs);
         match input_delta {
-            // dX = delta . W^T.
-            Some(input_delta) => b.matmul(
-                Gemm::nt(rows, self.ins, self.outs),
-                (delta, 0),
-                (params, offset),
-                (input_delta, 0),
-            ),
+            Some((input_delta, Some(mask))) => {
+                b.matmul_relu_backward(product, (delta, 0), (params, offset), mask, input_delta)
+            }
+            Some((input_delta, None)) => {
+                b.matmul(product, (delta, 0), (params, offset), (input_delta, 0))
+            }
             None => Ok(()),
         }
     }
 }
+
+/// Where [`Dense::backward`] writes its input's gradient, and the ReLU output it masks that
+/// gradient by when its input is one (`None`: the gradient as it is).
+pub type InputDelta<'a, B> = (
+    &'a mut <B as Backend>::Buffer,
+    Option<&'a <B as Backend>::Buffer>,
+);
 
 /// A stack of [`Dense`] layers, one's output the next one's input, their parameters one after
 /// another: the forward and backward pass of any multi-layer perceptron.
@@ -203,17 +214,23 @@ impl DenseStack {
         helpers: &dyn Helpers,
     ) -> Result<(), B::Error> {
         let offsets: Vec<usize> = self.offsets().collect();
+        let last = self.layers.len() - 1;
+        let is_relu = |l: usize| self.layers[l].activation == Activation::Relu;
         for (l, layer) in self.layers.iter().enumerate().rev() {
             let input = if l == 0 { x } else { &activations[l - 1] };
             let (before, after) = deltas.split_at_mut(l);
             let helpers = if l == 0 { helpers } else { &Alone };
+            // Layer l's delta comes from layer l + 1's input product, which masked it by layer
+            // l's ReLU (the last layer's comes from the head, as it is).
+            let masked = l < last && is_relu(l);
+            let input_delta = (before.last_mut()).map(|d| (d, is_relu(l - 1).then_some(input)));
             layer.backward(
                 b,
                 (params, offsets[l]),
                 (input, &activations[l]),
                 rows,
-                &mut after[0],
-                (grads, before.last_mut()),
+                (&mut after[0], masked),
+                (grads, input_delta),
                 helpers,
             )?;
         }
@@ -326,8 +343,8 @@ mod tests {
                     (&params, 0),
                     (&x, &y),
                     rows,
-                    &mut delta,
-                    (&mut grads, Some(&mut dx)),
+                    (&mut delta, false),
+                    (&mut grads, Some((&mut dx, None))),
                     &Alone,
                 )
                 .unwrap();

@@ -308,6 +308,22 @@ pub trait Backend: Send {
         let _ = helpers;
         self.matmul(spec, a, b, c)
     }
+    /// `C = op(A) . op(B)` written from the start of `c`, then zeroed where `mask` (the
+    /// output of a ReLU, of C's shape) is not positive: the backward pass through a ReLU fused
+    /// into the product that computes the gradient it masks, in one pass where the backend can
+    /// (a device backend masks in the product's epilogue: one kernel instead of two). The
+    /// default is [`matmul`](Self::matmul) then [`relu_backward`](Self::relu_backward).
+    fn matmul_relu_backward(
+        &self,
+        spec: Gemm,
+        a: (&Self::Buffer, usize),
+        b: (&Self::Buffer, usize),
+        mask: &Self::Buffer,
+        c: &mut Self::Buffer,
+    ) -> Result<(), Self::Error> {
+        self.matmul(spec, a, b, (&mut *c, 0))?;
+        self.relu_backward(c, mask, spec.m * spec.n)
+    }
     /// `C = max(0, op(A) . op(B) + bias)`: [`matmul`](Self::matmul), then
     /// [`bias_add`](Self::bias_add) with [`Activation::Relu`] over C, in one pass where the
     /// backend can fuse them (a device backend adds the bias in the product's epilogue: one

@@ -71,7 +71,7 @@ impl Network for SoftmaxClassifier {
             (params, 0),
             (x, &activations[0]),
             rows,
-            &mut deltas[0],
+            (&mut deltas[0], false),
             (grads, None),
             helpers,
         )
