@@ -1,11 +1,13 @@
-// C (m x n) = op(A) (m x k) . op(B) (k x n), all row-major, optionally followed by the hidden
-// layer's epilogue C = max(0, C + bias). This is tandem_tensor::Gemm and cpu::matmul (+ bias_relu).
+// C (m x n) = op(A) (m x k) . op(B) (k x n), all row-major, optionally followed by a layer's
+// epilogue C = C + bias, or max(0, C + bias), or by the gradient's C = relu_backward(C, mask).
+// This is tandem_tensor::Gemm and cpu::matmul (+ bias_add or bias_relu, or + relu_backward).
 //
 // op(A) is A stored m x k when a_t == 0, or A^T with A stored k x m when a_t != 0; likewise
 // op(B) is B stored k x n, or B^T with B stored n x k when b_t != 0. bias (n values) may be
-// null: then no bias epilogue. mask (m x n values) may be null; where it is not, C is zeroed
-// wherever mask is not positive (C = relu_backward(C, mask): the backward pass through the ReLU
-// whose output mask is, cpu::relu_backward), after any bias.
+// null: then no bias epilogue; with one, relu != 0 also takes max(0, .). mask (m x n values)
+// may be null; where it is not, C is zeroed wherever mask is not positive (C =
+// relu_backward(C, mask): the backward pass through the ReLU whose output mask is,
+// cpu::relu_backward), after any bias.
 //
 // Launch: grid (ceil(n / 32), ceil(m / 32), splits), block (8, 8), no dynamic shared memory.
 // Each block computes one 32 x 32 tile of C, each thread a 4 x 4 block of it held in registers
@@ -50,10 +52,11 @@ __device__ static void stage(float (*__restrict__ s)[STRIDE], const float *__res
 }
 
 // The epilogue of a product's (or its splits' sum's) element i, column col.
-__device__ static float epilogue(float v, const float *__restrict__ bias,
+__device__ static float epilogue(float v, const float *__restrict__ bias, int relu,
                                  const float *__restrict__ mask, size_t i, unsigned col) {
     if (bias) {
-        v = fmaxf(v + bias[col], 0.0f);
+        v = v + bias[col];
+        v = relu ? fmaxf(v, 0.0f) : v;
     }
     // Like relu_backward: kept only where the mask is positive, so a NaN there zeroes it too.
     return mask && !(mask[i] > 0.0f) ? 0.0f : v;
@@ -61,8 +64,8 @@ __device__ static float epilogue(float v, const float *__restrict__ bias,
 
 extern "C" __global__ void matmul(const float *__restrict__ a, const float *__restrict__ b,
                                   float *__restrict__ c, const float *__restrict__ bias,
-                                  const float *__restrict__ mask, unsigned m, unsigned n,
-                                  unsigned k, int a_t, int b_t, unsigned k_split) {
+                                  int relu, const float *__restrict__ mask, unsigned m,
+                                  unsigned n, unsigned k, int a_t, int b_t, unsigned k_split) {
     __shared__ __align__(16) float as[TILE][STRIDE]; // as[kk][r] = op(A)[row0 + r][k0 + kk]
     __shared__ __align__(16) float bs[TILE][STRIDE]; // bs[kk][cc] = op(B)[k0 + kk][col0 + cc]
     const unsigned tx = threadIdx.x, ty = threadIdx.y, tid = ty * SIDE + tx;
@@ -96,7 +99,7 @@ extern "C" __global__ void matmul(const float *__restrict__ a, const float *__re
             const unsigned col = col0 + MICRO * tx + j;
             if (row < m && col < n) {
                 const size_t at = (size_t)row * n + col;
-                c[at] = epilogue(acc[i][j], bias, mask, at, col);
+                c[at] = epilogue(acc[i][j], bias, relu, mask, at, col);
             }
         }
     }
@@ -104,18 +107,19 @@ extern "C" __global__ void matmul(const float *__restrict__ a, const float *__re
 
 // c[i] = parts[0][i] + parts[1][i] + ... + parts[splits - 1][i] (in that order), the m x n slices
 // of a matmul split over k (parts holds splits * len values, len = m * n), then matmul's
-// epilogue: c[i] = max(0, c[i] + bias[i % n]) when bias is not null, c[i] = 0 where mask[i] is
-// not positive when mask is not null.
+// epilogue: c[i] + bias[i % n] when bias is not null (max(0, .) with relu), then 0 where mask[i]
+// is not positive when mask is not null.
 // Launch: 1-D, 256 threads a block, any number of blocks (grid-stride loop).
 extern "C" __global__ void sum_splits(const float *__restrict__ parts, unsigned splits,
                                       size_t len, unsigned n, const float *__restrict__ bias,
-                                      const float *__restrict__ mask, float *__restrict__ c) {
+                                      int relu, const float *__restrict__ mask,
+                                      float *__restrict__ c) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < len;
          i += (size_t)gridDim.x * blockDim.x) {
         float v = parts[i];
         for (unsigned z = 1; z < splits; ++z) {
             v += parts[z * len + i];
         }
-        c[i] = epilogue(v, bias, mask, i, (unsigned)(i % n));
+        c[i] = epilogue(v, bias, relu, mask, i, (unsigned)(i % n));
     }
 }

@@ -31,8 +31,9 @@ __device__ float at(const float *p, unsigned rows, unsigned cols, int t, unsigne
 }
 
 // C (m x n) = op(A) (m x k) . op(B) (k x n), the operands as in matmul.cu (a_t, b_t), then the
-// optional epilogues C = max(0, C + bias) (bias null: none) and C = 0 where mask (m x n) is not
-// positive (mask null: none; matmul.cu's), in f32, then each value rounded to the type. Each warp computes one 16 x 8 tile of C with mma.sync.m16n8k16 (16-bit operands,
+// optional epilogues C = C + bias (bias null: none; relu != 0: max(0, C + bias)) and C = 0 where
+// mask (m x n) is not positive (mask null: none; matmul.cu's), in f32, then each value rounded
+// to the type. Each warp computes one 16 x 8 tile of C with mma.sync.m16n8k16 (16-bit operands,
 // f32 accumulation), 16 values of k at a time in increasing k: the same order every run, so
 // the result is bitwise reproducible. The fragments are loaded straight from global memory in
 // the ISA's layout (groupID g = lane / 4, t = lane % 4): a0 = A[g][2t..2t+1],
@@ -44,8 +45,8 @@ __device__ float at(const float *p, unsigned rows, unsigned cols, int t, unsigne
 // even past the edges, where it loads zeros and stores nothing).
 extern "C" __global__ void mma_matmul(const float *__restrict__ a, const float *__restrict__ b,
                                       float *__restrict__ c, const float *__restrict__ bias,
-                                      const float *__restrict__ mask, unsigned m, unsigned n,
-                                      unsigned k, int a_t, int b_t, int bf16) {
+                                      int relu, const float *__restrict__ mask, unsigned m,
+                                      unsigned n, unsigned k, int a_t, int b_t, int bf16) {
     const unsigned lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const unsigned row0 = blockIdx.y * 16, col0 = blockIdx.x * 32 + threadIdx.x / 32 * 8;
     const unsigned r0 = row0 + g, r1 = row0 + g + 8, col = col0 + g;
@@ -74,7 +75,8 @@ extern "C" __global__ void mma_matmul(const float *__restrict__ a, const float *
         const unsigned row = i < 2 ? r0 : r1, cc = col0 + 2 * t + i % 2;
         if (row < m && cc < n) {
             const size_t at = (size_t)row * n + cc;
-            float v = bias ? fmaxf(d[i] + bias[cc], 0.0f) : d[i];
+            float v = bias ? d[i] + bias[cc] : d[i];
+            v = bias && relu ? fmaxf(v, 0.0f) : v;
             v = mask && !(mask[at] > 0.0f) ? 0.0f : v; // a NaN in the mask zeroes it too
             c[at] = round_narrow(v, bf16);
         }

@@ -89,34 +89,35 @@ impl DeviceExamples {
 enum Epilogue<'b> {
     /// Nothing.
     None,
-    /// `max(0, v + bias[column])`: a hidden layer's forward pass.
-    BiasRelu((&'b DeviceBuffer<f32>, usize)),
+    /// `activation(v + bias[column])`: a layer's forward pass.
+    Bias((&'b DeviceBuffer<f32>, usize), Activation),
     /// `0` where the mask, the output of a ReLU of the result's shape, is not positive: the
     /// backward pass through that ReLU.
     ReluBackward(&'b DeviceBuffer<f32>),
 }
 
-/// The `bias` and `mask` arguments of a product with `epilogue` (null where it has none), its
-/// operands checked (`c_len`: the values of C's buffer).
-fn epilogue_pointers(
+/// The `bias`, `relu` and `mask` arguments of a product with `epilogue` (null pointers where
+/// it has none), its operands checked (`c_len`: the values of C's buffer).
+fn epilogue_arguments(
     spec: Gemm,
     (a, b, c): (Operand, Operand, Operand),
     c_len: usize,
     epilogue: Epilogue<'_>,
-) -> Result<(DevicePointer<f32>, DevicePointer<f32>), KernelError> {
+) -> Result<(DevicePointer<f32>, i32, DevicePointer<f32>), KernelError> {
     Ok(match epilogue {
         Epilogue::None => {
             check::matmul(spec, a, b, c)?;
-            (DevicePointer::null(), DevicePointer::null())
+            (DevicePointer::null(), 0, DevicePointer::null())
         }
-        Epilogue::BiasRelu(bias) => {
-            check::matmul_bias_relu(spec, a, b, operand(&bias), c)?;
-            (span(bias), DevicePointer::null())
+        Epilogue::Bias(bias, activation) => {
+            check::matmul_bias(spec, a, b, operand(&bias), c)?;
+            let relu = i32::from(activation == Activation::Relu);
+            (span(bias), relu, DevicePointer::null())
         }
         Epilogue::ReluBackward(mask) => {
             check::matmul(spec, a, b, c)?;
             check::relu_backward(c_len, mask.len(), spec.m.saturating_mul(spec.n))?;
-            (DevicePointer::null(), span((mask, 0)))
+            (DevicePointer::null(), 0, span((mask, 0)))
         }
     })
 }
@@ -623,7 +624,7 @@ impl CudaBackend {
             b_transposed,
         } = spec;
         let (ga, gb, gc) = (operand(&a), operand(&b), operand(&c));
-        let (bias, mask) = epilogue_pointers(spec, (ga, gb, gc), c.0.len(), epilogue)?;
+        let (bias, relu, mask) = epilogue_arguments(spec, (ga, gb, gc), c.0.len(), epilogue)?;
         let (a, b, c) = (span(a), span(b), span_mut(c));
         if m == 0 || n == 0 {
             return Ok(());
@@ -657,7 +658,7 @@ impl CudaBackend {
                     Kernel::MmaMatmul,
                     grid,
                     MMA_BLOCK,
-                    args![a, b, c, bias, mask, m, n, k, a_t, b_t, bf16],
+                    args![a, b, c, bias, relu, mask, m, n, k, a_t, b_t, bf16],
                 )
             };
         }
@@ -691,14 +692,14 @@ impl CudaBackend {
                 Kernel::Matmul,
                 grid,
                 (MATMUL_SIDE, MATMUL_SIDE),
-                args![a, b, out, bias, mask, m, n, k, a_t, b_t, k_split],
+                args![a, b, out, bias, relu, mask, m, n, k, a_t, b_t, k_split],
             )?;
             if count > 1 {
                 self.launch(
                     Kernel::SumSplits,
                     stride_grid(len),
                     BLOCK,
-                    args![parts, count, len, n, sum_bias, sum_mask, c],
+                    args![parts, count, len, n, sum_bias, relu, sum_mask, c],
                 )?;
             }
         }
@@ -1543,15 +1544,16 @@ impl Backend for CudaBackend {
         self.gemm(spec, a, b, Epilogue::ReluBackward(mask), (c, 0))
     }
 
-    fn matmul_bias_relu(
+    fn matmul_bias(
         &self,
         spec: Gemm,
         a: (&DeviceBuffer<f32>, usize),
         b: (&DeviceBuffer<f32>, usize),
         bias: (&DeviceBuffer<f32>, usize),
         c: (&mut DeviceBuffer<f32>, usize),
+        activation: Activation,
     ) -> Result<(), KernelError> {
-        self.gemm(spec, a, b, Epilogue::BiasRelu(bias), c)
+        self.gemm(spec, a, b, Epilogue::Bias(bias, activation), c)
     }
 
     fn copy(

@@ -59,8 +59,10 @@ fn assert_bitwise(what: &str, got: &[f32], want: &[f32]) {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Epilogue {
     None,
-    /// `matmul_bias_relu`.
+    /// `matmul_bias`, then a ReLU.
     BiasRelu,
+    /// `matmul_bias`, no activation.
+    Bias,
     /// `matmul_relu_backward`.
     ReluBackward,
 }
@@ -98,8 +100,23 @@ fn gemm_case(
         }
         Epilogue::BiasRelu => {
             cpu::bias_relu(&mut want, &bias);
-            (gpu.matmul_bias_relu(spec, (&ga, 3), (&gb, 5), (&gbias, 1), (&mut gc, 2)))
-                .expect("matmul_bias_relu");
+            let relu = Activation::Relu;
+            (gpu.matmul_bias(spec, (&ga, 3), (&gb, 5), (&gbias, 1), (&mut gc, 2), relu))
+                .expect("matmul_bias");
+            2
+        }
+        Epilogue::Bias => {
+            cpu::bias_add(&mut want, &bias);
+            let identity = Activation::Identity;
+            (gpu.matmul_bias(
+                spec,
+                (&ga, 3),
+                (&gb, 5),
+                (&gbias, 1),
+                (&mut gc, 2),
+                identity,
+            ))
+            .expect("matmul_bias");
             2
         }
         Epilogue::ReluBackward => {
@@ -153,7 +170,12 @@ fn matmul_matches_cpu_in_every_transposition() {
             [(false, false), (true, false), (false, true), (true, true)]
         {
             let spec = Gemm::new(m, n, k, a_transposed, b_transposed);
-            for epilogue in [Epilogue::None, Epilogue::BiasRelu, Epilogue::ReluBackward] {
+            for epilogue in [
+                Epilogue::None,
+                Epilogue::BiasRelu,
+                Epilogue::Bias,
+                Epilogue::ReluBackward,
+            ] {
                 let (got, want) = gemm_case(&gpu, &mut rng, spec, epilogue);
                 assert_close(&format!("{spec:?} {epilogue:?}"), &got, &want);
             }

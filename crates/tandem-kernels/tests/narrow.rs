@@ -88,9 +88,10 @@ fn tensor_core_products_are_exact_chunks_rounded_once() {
                 match with_bias {
                     true => {
                         let bias_at = (&gbias, 0);
-                        gpu.matmul_bias_relu(spec, (&ga, 0), (&gb, 0), bias_at, (&mut gc, 0))
+                        let relu = Activation::Relu;
+                        (gpu.matmul_bias(spec, (&ga, 0), (&gb, 0), bias_at, (&mut gc, 0), relu))
                             .expect("gpu product");
-                        cpu.matmul_bias_relu(spec, (&a, 0), (&b, 0), (&bias, 0), (&mut cc, 0))
+                        (cpu.matmul_bias(spec, (&a, 0), (&b, 0), (&bias, 0), (&mut cc, 0), relu))
                             .expect("cpu product");
                     }
                     false => {

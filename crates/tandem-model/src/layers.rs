@@ -45,25 +45,14 @@ impl Dense {
     ) -> Result<(), B::Error> {
         let product = Gemm::nn(rows, self.outs, self.ins);
         let bias = offset + self.ins * self.outs;
-        match self.activation {
-            Activation::Relu => b.matmul_bias_relu(
-                product,
-                (input, 0),
-                (params, offset),
-                (params, bias),
-                (output, 0),
-            ),
-            Activation::Identity => {
-                b.matmul(product, (input, 0), (params, offset), (output, 0))?;
-                b.bias_add(
-                    output,
-                    (params, bias),
-                    rows,
-                    self.outs,
-                    Activation::Identity,
-                )
-            }
-        }
+        b.matmul_bias(
+            product,
+            (input, 0),
+            (params, offset),
+            (params, bias),
+            (output, 0),
+            self.activation,
+        )
     }
 
     /// The backward pass of [`forward`](Self::forward) over `rows` rows. `delta` holds the

@@ -88,6 +88,7 @@ fn run_matmul(
         .u64(db)
         .u64(out)
         .u64(out_bias)
+        .u32(1) // a bias comes with a ReLU
         .u64(0) // no mask
         .u32(m as u32)
         .u32(n as u32)
@@ -104,6 +105,7 @@ fn run_matmul(
             .u64((m * n) as u64)
             .u32(n as u32)
             .u64(dbias)
+            .u32(1)
             .u64(0) // no mask
             .u64(dc);
         run(

@@ -324,17 +324,18 @@ pub trait Backend: Send {
         self.matmul(spec, a, b, (&mut *c, 0))?;
         self.relu_backward(c, mask, spec.m * spec.n)
     }
-    /// `C = max(0, op(A) . op(B) + bias)`: [`matmul`](Self::matmul), then
-    /// [`bias_add`](Self::bias_add) with [`Activation::Relu`] over C, in one pass where the
-    /// backend can fuse them (a device backend adds the bias in the product's epilogue: one
-    /// kernel instead of two).
-    fn matmul_bias_relu(
+    /// `C = activation(op(A) . op(B) + bias)`: [`matmul`](Self::matmul), then
+    /// [`bias_add`](Self::bias_add) with `activation` over C, in one pass where the backend
+    /// can fuse them (a device backend adds the bias in the product's epilogue: one kernel
+    /// instead of two).
+    fn matmul_bias(
         &self,
         spec: Gemm,
         a: (&Self::Buffer, usize),
         b: (&Self::Buffer, usize),
         bias: (&Self::Buffer, usize),
         c: (&mut Self::Buffer, usize),
+        activation: Activation,
     ) -> Result<(), Self::Error>;
     /// Copies `len` values of `src` into `dst` (each a buffer from an offset).
     fn copy(
@@ -573,21 +574,26 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn matmul_bias_relu(
+    fn matmul_bias(
         &self,
         spec: Gemm,
         a: (&Vec<f32>, usize),
         b: (&Vec<f32>, usize),
         (bias, bias_at): (&Vec<f32>, usize),
         (c, c_at): (&mut Vec<f32>, usize),
+        activation: Activation,
     ) -> Result<(), ShapeError> {
         let operand = |(buf, at): (&Vec<f32>, usize)| Operand::at(buf.len(), at);
         let c_operand = Operand::at(c.len(), c_at);
         let bias_operand = Operand::at(bias.len(), bias_at);
-        check::matmul_bias_relu(spec, operand(a), operand(b), bias_operand, c_operand)?;
+        check::matmul_bias(spec, operand(a), operand(b), bias_operand, c_operand)?;
         self.matmul(spec, a, b, (c, c_at))?;
         let c = &mut c[c_at..c_at + spec.m * spec.n];
-        cpu::bias_relu(c, &bias[bias_at..bias_at + spec.n]);
+        let bias = &bias[bias_at..bias_at + spec.n];
+        match activation {
+            Activation::Relu => cpu::bias_relu(c, bias),
+            Activation::Identity => cpu::bias_add(c, bias),
+        }
         Ok(())
     }
 

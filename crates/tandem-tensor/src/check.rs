@@ -104,16 +104,17 @@ pub fn copy(src: Operand, dst: Operand, len: usize) -> Result<(), ShapeError> {
     span("copy", "dst", dst, len)
 }
 
-/// A matrix product with the hidden layer's bias + ReLU fused into it (a device backend's
-/// `matmul_bias_relu`): [`matmul`]'s checks, then a bias of `spec.n` values.
-pub fn matmul_bias_relu(
+/// A matrix product with a layer's bias (and activation) fused into it
+/// ([`Backend::matmul_bias`](crate::Backend::matmul_bias)): [`matmul`]'s checks, then a bias
+/// of `spec.n` values.
+pub fn matmul_bias(
     spec: Gemm,
     a: Operand,
     b: Operand,
     bias: Operand,
     c: Operand,
 ) -> Result<(), ShapeError> {
-    let op = "matmul_bias_relu";
+    let op = "matmul_bias";
     gemm(op, spec, a, b, c)?;
     span(op, "bias", bias, spec.n)
 }
@@ -275,16 +276,16 @@ mod tests {
         fails(matmul(spec, Operand::whole(7), b, c), "matmul", "a", 8);
         fails(matmul(spec, a, Operand::at(12, 1), c), "matmul", "b", 13);
         fails(matmul(spec, a, b, Operand::whole(5)), "matmul", "c", 6);
-        let fused = "matmul_bias_relu";
-        assert!(matmul_bias_relu(spec, a, b, Operand::whole(3), c).is_ok());
+        let fused = "matmul_bias";
+        assert!(matmul_bias(spec, a, b, Operand::whole(3), c).is_ok());
         fails(
-            matmul_bias_relu(spec, a, b, Operand::at(3, 1), c),
+            matmul_bias(spec, a, b, Operand::at(3, 1), c),
             fused,
             "bias",
             4,
         );
         fails(
-            matmul_bias_relu(spec, a, b, Operand::whole(3), Operand::whole(5)),
+            matmul_bias(spec, a, b, Operand::whole(3), Operand::whole(5)),
             fused,
             "c",
             6,

@@ -191,16 +191,18 @@ impl Backend for NarrowCpuBackend {
         Ok(())
     }
 
-    fn matmul_bias_relu(
+    fn matmul_bias(
         &self,
         spec: Gemm,
         a: (&Vec<f32>, usize),
         b: (&Vec<f32>, usize),
         bias: (&Vec<f32>, usize),
         (c, c_at): (&mut Vec<f32>, usize),
+        activation: Activation,
     ) -> Result<(), ShapeError> {
-        // The bias and ReLU in f32 on the f32 product, one rounding: the fused kernel's epilogue.
-        CpuBackend.matmul_bias_relu(spec, a, b, bias, (c, c_at))?;
+        // The bias (and ReLU) in f32 on the f32 product, one rounding: the fused kernel's
+        // epilogue.
+        CpuBackend.matmul_bias(spec, a, b, bias, (c, c_at), activation)?;
         self.round(&mut c[c_at..c_at + spec.m * spec.n]);
         Ok(())
     }
