@@ -9,6 +9,12 @@
 // relu_backward(C, mask): the backward pass through the ReLU whose output mask is,
 // cpu::relu_backward), after any bias.
 //
+// With ones != 0, op(A)'s last row (row m - 1) is not stored but all ones: A holds m - 1 rows
+// of op(A) (its leading dimension follows), and C's last row is the column sums of op(B). A
+// layer's weight gradient x^T . delta and its bias gradient colsum(delta) lie one after the
+// other in the gradient vector: one product writes both (the sums in increasing k, as
+// cpu::column_sum adds, within each split).
+//
 // Launch: grid (ceil(n / 32), ceil(m / 32), splits), block (8, 8), no dynamic shared memory.
 // Each block computes one 32 x 32 tile of C, each thread a 4 x 4 block of it held in registers
 // (rows 4 ty .. 4 ty + 3, columns 4 tx .. 4 tx + 3). Tiles of op(A) and op(B) are staged through
@@ -36,18 +42,25 @@
 #define STRIDE (TILE + 4)
 
 // s[kk][x] = the operand's element (x0 + x, k0 + kk) for the tile's 32 x and 32 kk, zero past
-// x_len or k_end. The operand holds element (x, k) at p[x * k_len + k] when k_contiguous, else
-// at p[k * x_len + x]; consecutive threads read consecutive addresses either way.
+// x_len (except in row ones_at, all ones) or k_end. The operand holds element (x, k) at
+// p[x * k_len + k] when k_contiguous, else at p[k * x_len + x]; consecutive threads read
+// consecutive addresses either way.
 __device__ static void stage(float (*__restrict__ s)[STRIDE], const float *__restrict__ p,
-                             unsigned x0, unsigned x_len, unsigned k0, unsigned k_end,
-                             unsigned k_len, bool k_contiguous, unsigned tid) {
+                             unsigned x0, unsigned x_len, unsigned ones_at, unsigned k0,
+                             unsigned k_end, unsigned k_len, bool k_contiguous, unsigned tid) {
     for (unsigned i = tid; i < TILE * TILE; i += THREADS) {
         const unsigned inner = i % TILE, outer = i / TILE;
         const unsigned x = k_contiguous ? outer : inner, kk = k_contiguous ? inner : outer;
         const unsigned gx = x0 + x, gk = k0 + kk;
-        s[kk][x] = (gx < x_len && gk < k_end)
-                       ? (k_contiguous ? p[(size_t)gx * k_len + gk] : p[(size_t)gk * x_len + gx])
-                       : 0.0f;
+        float v = 0.0f;
+        if (gk < k_end) {
+            if (gx < x_len) {
+                v = k_contiguous ? p[(size_t)gx * k_len + gk] : p[(size_t)gk * x_len + gx];
+            } else if (gx == ones_at) {
+                v = 1.0f;
+            }
+        }
+        s[kk][x] = v;
     }
 }
 
@@ -65,7 +78,8 @@ __device__ static float epilogue(float v, const float *__restrict__ bias, int re
 extern "C" __global__ void matmul(const float *__restrict__ a, const float *__restrict__ b,
                                   float *__restrict__ c, const float *__restrict__ bias,
                                   int relu, const float *__restrict__ mask, unsigned m,
-                                  unsigned n, unsigned k, int a_t, int b_t, unsigned k_split) {
+                                  unsigned n, unsigned k, int a_t, int b_t, int ones,
+                                  unsigned k_split) {
     __shared__ __align__(16) float as[TILE][STRIDE]; // as[kk][r] = op(A)[row0 + r][k0 + kk]
     __shared__ __align__(16) float bs[TILE][STRIDE]; // bs[kk][cc] = op(B)[k0 + kk][col0 + cc]
     const unsigned tx = threadIdx.x, ty = threadIdx.y, tid = ty * SIDE + tx;
@@ -74,10 +88,11 @@ extern "C" __global__ void matmul(const float *__restrict__ a, const float *__re
     const unsigned k_end = k - k_begin <= k_split ? k : k_begin + k_split; // without overflow
     c += (size_t)blockIdx.z * m * n;
     float acc[MICRO][MICRO] = {{0.0f}};
+    const unsigned a_rows = ones ? m - 1 : m, ones_at = ones ? m - 1 : 0xffffffffu;
 
     for (unsigned k0 = k_begin; k0 < k_end; k0 += TILE) {
-        stage(as, a, row0, m, k0, k_end, k, !a_t, tid); // A (m x k) is k-contiguous
-        stage(bs, b, col0, n, k0, k_end, k, b_t, tid);  // B^T (stored n x k) is
+        stage(as, a, row0, a_rows, ones_at, k0, k_end, k, !a_t, tid); // A (m x k): k-contiguous
+        stage(bs, b, col0, n, 0xffffffffu, k0, k_end, k, b_t, tid);  // B^T (stored n x k) is
         __syncthreads();
         for (unsigned kk = 0; kk < TILE; ++kk) {
             const float4 av = *reinterpret_cast<const float4 *>(&as[kk][MICRO * ty]);

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use tandem_core::{DType, DeviceOp, RoundedCopy};
+use tandem_core::{DType, DeviceOp, Helpers, RoundedCopy};
 use tandem_tensor::check::{self, Operand};
 use tandem_tensor::cpu::UpdateStep;
 use tandem_tensor::{Activation, Backend, ExampleSet, Gemm, ShapeError};
@@ -94,6 +94,9 @@ enum Epilogue<'b> {
     /// `0` where the mask, the output of a ReLU of the result's shape, is not positive: the
     /// backward pass through that ReLU.
     ReluBackward(&'b DeviceBuffer<f32>),
+    /// One more row of C after its `m`: the column sums of op(B), as the product with a row of
+    /// ones that `matmul` reads after op(A)'s last (f32 only: `mma_matmul` has no such row).
+    ColumnSums,
 }
 
 /// The `bias`, `relu` and `mask` arguments of a product with `epilogue` (null pointers where
@@ -118,6 +121,15 @@ fn epilogue_arguments(
             check::matmul(spec, a, b, c)?;
             check::relu_backward(c_len, mask.len(), spec.m.saturating_mul(spec.n))?;
             (DevicePointer::null(), 0, span((mask, 0)))
+        }
+        Epilogue::ColumnSums => {
+            check::matmul(spec, a, b, c)?;
+            let sums = Operand::at(
+                c.len,
+                c.offset.saturating_add(spec.m.saturating_mul(spec.n)),
+            );
+            check::column_sum(b.len, spec.k, spec.n, sums)?;
+            (DevicePointer::null(), 0, DevicePointer::null())
         }
     })
 }
@@ -626,6 +638,9 @@ impl CudaBackend {
         let (ga, gb, gc) = (operand(&a), operand(&b), operand(&c));
         let (bias, relu, mask) = epilogue_arguments(spec, (ga, gb, gc), c.0.len(), epilogue)?;
         let (a, b, c) = (span(a), span(b), span_mut(c));
+        let column_sums = matches!(epilogue, Epilogue::ColumnSums);
+        let ones = i32::from(column_sums);
+        let m = m.saturating_add(usize::from(column_sums)); // the sums' row (checked: c has it)
         if m == 0 || n == 0 {
             return Ok(());
         }
@@ -692,7 +707,7 @@ impl CudaBackend {
                 Kernel::Matmul,
                 grid,
                 (MATMUL_SIDE, MATMUL_SIDE),
-                args![a, b, out, bias, relu, mask, m, n, k, a_t, b_t, k_split],
+                args![a, b, out, bias, relu, mask, m, n, k, a_t, b_t, ones, k_split],
             )?;
             if count > 1 {
                 self.launch(
@@ -1531,6 +1546,37 @@ impl Backend for CudaBackend {
         c: (&mut DeviceBuffer<f32>, usize),
     ) -> Result<(), KernelError> {
         self.gemm(spec, a, b, Epilogue::None, c)
+    }
+
+    /// f32: one product, the biases' sums as its row of ones (`Epilogue::ColumnSums`); 16-bit:
+    /// the tensor-core product, then `column_sum`.
+    fn weight_and_bias_gradients(
+        &self,
+        (ins, outs, rows): (usize, usize, usize),
+        x: &DeviceBuffer<f32>,
+        delta: &DeviceBuffer<f32>,
+        (grads, offset): (&mut DeviceBuffer<f32>, usize),
+        _: &dyn Helpers,
+    ) -> Result<(), KernelError> {
+        let spec = Gemm::tn(ins, outs, rows);
+        if self.dtype != DType::F32 {
+            self.gemm(
+                spec,
+                (x, 0),
+                (delta, 0),
+                Epilogue::None,
+                (&mut *grads, offset),
+            )?;
+            let biases = offset.saturating_add(ins.saturating_mul(outs));
+            return self.column_sum(delta, rows, outs, (grads, biases));
+        }
+        self.gemm(
+            spec,
+            (x, 0),
+            (delta, 0),
+            Epilogue::ColumnSums,
+            (grads, offset),
+        )
     }
 
     fn matmul_relu_backward(

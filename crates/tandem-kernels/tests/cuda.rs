@@ -12,6 +12,7 @@ mod common;
 use common::{download, gemm_shapes, labels, poisoned, random, rng, upload};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
+use tandem_core::Alone;
 use tandem_kernels::{CudaBackend, DeviceBuffer, KernelError};
 use tandem_tensor::cpu::{self, UpdateStep};
 use tandem_tensor::{Activation, Backend, CpuBackend, ExampleSet, Gemm};
@@ -180,6 +181,54 @@ fn matmul_matches_cpu_in_every_transposition() {
                 assert_close(&format!("{spec:?} {epilogue:?}"), &got, &want);
             }
         }
+    }
+}
+
+/// A layer's weight and bias gradients in one product (the biases' as the product with a row of
+/// ones) against the CPU's product and column sums, at an offset in a poisoned gradient
+/// vector: the model's two layers (split over k), an odd shape, and no rows (zero sums).
+#[test]
+fn weight_and_bias_gradients_match_the_cpus_product_and_column_sums() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng(12);
+    for (ins, outs, rows) in [(784, 500, 100), (500, 10, 100), (37, 45, 70), (5, 3, 0)] {
+        let x = random(&mut rng, rows * ins, 1.0);
+        let delta = random(&mut rng, rows * outs, 1.0);
+        let (offset, len) = (7, ins * outs + outs);
+        let mut want = vec![f32::NAN; offset + len + 3];
+        CpuBackend
+            .weight_and_bias_gradients((ins, outs, rows), &x, &delta, (&mut want, offset), &Alone)
+            .expect("cpu");
+        let (gx, gdelta) = (upload(&gpu, &x, 0), upload(&gpu, &delta, 0));
+        let mut grads = poisoned(&gpu, want.len());
+        gpu.weight_and_bias_gradients(
+            (ins, outs, rows),
+            &gx,
+            &gdelta,
+            (&mut grads, offset),
+            &Alone,
+        )
+        .expect("gpu");
+        let got = download(&gpu, &grads, 0, want.len());
+        let what = format!("{ins}x{outs} over {rows} rows");
+        let (weights, biases) = (offset + ins * outs, offset + len);
+        assert_close(
+            &format!("{what}: weights"),
+            &got[offset..weights],
+            &want[offset..weights],
+        );
+        assert_close(
+            &format!("{what}: biases"),
+            &got[weights..biases],
+            &want[weights..biases],
+        );
+        assert!(
+            got[..offset]
+                .iter()
+                .chain(&got[biases..])
+                .all(|v| v.is_nan()),
+            "{what}"
+        );
     }
 }
 

@@ -77,20 +77,9 @@ impl Dense {
         if self.activation == Activation::Relu && !delta_masked {
             b.relu_backward(delta, output, rows * self.outs)?;
         }
-        // dW = input^T . delta, db = colsum(delta).
-        b.matmul_shared(
-            Gemm::tn(self.ins, self.outs, rows),
-            (input, 0),
-            (delta, 0),
-            (grads, offset),
-            helpers,
-        )?;
-        b.column_sum(
-            delta,
-            rows,
-            self.outs,
-            (grads, offset + self.ins * self.outs),
-        )?;
+        // dW = input^T . delta, db = colsum(delta), the biases' after the weights'.
+        let shape = (self.ins, self.outs, rows);
+        b.weight_and_bias_gradients(shape, input, delta, (grads, offset), helpers)?;
         // dX = delta . W^T, masked where the input's ReLU was not positive.
         let product = Gemm::nt(rows, self.ins, self.outs);
         match input_delta {

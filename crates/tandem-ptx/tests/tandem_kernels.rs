@@ -95,6 +95,7 @@ fn run_matmul(
         .u32(k as u32)
         .u32(a_t as u32)
         .u32(b_t as u32)
+        .u32(0) // no row of ones
         .u32(k_split as u32);
     let grid = dim(n.div_ceil(32) as u32, m.div_ceil(32) as u32, splits as u32);
     let (stats, secs) = timed_launch(&kern, grid, dim(8, 8, 1), &args, &mem, threads, mode);

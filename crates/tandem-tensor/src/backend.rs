@@ -308,6 +308,26 @@ pub trait Backend: Send {
         let _ = helpers;
         self.matmul(spec, a, b, c)
     }
+    /// A dense layer's parameter gradients from its input `x` (`rows x ins`) and the gradient
+    /// `delta` before its activation (`rows x outs`), both from their buffers' starts: the
+    /// weights' `x^T . delta` (`ins x outs`) at `grads`' offset and the biases' column sums of
+    /// `delta` right after them, where a layer's biases follow its weights. `helpers` may take
+    /// part in the product, as in [`matmul_shared`](Self::matmul_shared). The default is that
+    /// product then [`column_sum`](Self::column_sum); a device backend computes both in one
+    /// product (the sums as the product with a row of ones).
+    fn weight_and_bias_gradients(
+        &self,
+        (ins, outs, rows): (usize, usize, usize),
+        x: &Self::Buffer,
+        delta: &Self::Buffer,
+        (grads, offset): (&mut Self::Buffer, usize),
+        helpers: &dyn Helpers,
+    ) -> Result<(), Self::Error> {
+        let spec = Gemm::tn(ins, outs, rows);
+        self.matmul_shared(spec, (x, 0), (delta, 0), (&mut *grads, offset), helpers)?;
+        let biases = offset.saturating_add(ins.saturating_mul(outs));
+        self.column_sum(delta, rows, outs, (grads, biases))
+    }
     /// `C = op(A) . op(B)` written from the start of `c`, then zeroed where `mask` (the
     /// output of a ReLU, of C's shape) is not positive: the backward pass through a ReLU fused
     /// into the product that computes the gradient it masks, in one pass where the backend can
