@@ -14,6 +14,10 @@ pub(crate) const TILE: usize = 32;
 /// blocks (a few per multiprocessor on large GPUs), so that short walks over k run side by
 /// side instead of one long walk per tile.
 const SPLIT_BLOCKS: usize = 1024;
+/// A walk over at most this many tiles of k is never split: it is short, and a split would
+/// add a `sum_splits` kernel (about 2 us of a graph's node latency on an H200, against a few
+/// tiles' walk). A weight gradient over a batch of 100 (4 tiles) stays one kernel.
+const SHORT_WALK_TILES: usize = 4;
 
 /// How a matmul with `blocks` tiles of C is split over its `k`: `count` splits of `k_split`
 /// values of k each (a multiple of the tile, the last split shorter), or one split of all of k.
@@ -31,7 +35,7 @@ impl KSplits {
     pub fn of(blocks: usize, k: usize) -> KSplits {
         let tiles = k.div_ceil(TILE);
         let wanted = SPLIT_BLOCKS.div_ceil(blocks.max(1)).min(tiles);
-        if wanted <= 1 {
+        if wanted <= 1 || tiles <= SHORT_WALK_TILES {
             return KSplits {
                 count: 1,
                 k_split: k,
@@ -249,8 +253,8 @@ mod tests {
         assert!(span_table(&[(1, 0); MAX_UPDATE_SPANS + 1]).is_none());
     }
 
-    /// The model's small products are split over k, large ones are not, and the splits of
-    /// every shape cover k exactly in whole tiles.
+    /// The model's small products with long walks over k are split, large ones and short
+    /// walks are not, and the splits of every shape cover k exactly in whole tiles.
     #[test]
     fn small_matmuls_are_split_over_k_in_whole_tiles() {
         let splits = |blocks, k| {
@@ -260,7 +264,9 @@ mod tests {
         // 100x500x784 (64 tiles of C): 13 splits of 2 tiles of k instead of 25 tiles in a row.
         assert_eq!(splits(64, 784), (13, 64));
         assert_eq!(splits(4, 500), (16, 32)); // 100x10x500
-        assert_eq!(splits(400, 100), (2, 64)); // 784x500x100
+        assert_eq!(splits(400, 100), (1, 100)); // 784x500x100: 4 tiles of k, a short walk
+        assert_eq!(splits(16, 100), (1, 100)); // 500x10x100
+        assert_eq!(splits(16, 160), (5, 32)); // 5 tiles of k
         assert_eq!(splits(64, 10), (1, 10)); // one tile of k: nothing to split
         assert_eq!(splits(2048, 5000), (1, 5000)); // enough blocks already
         assert_eq!(splits(1, 0), (1, 0));

@@ -920,9 +920,8 @@ fn gradient_buffer_counts_are_checked() {
 /// Runs the deterministic kernels on fixed inputs and returns every output, concatenated.
 fn deterministic_outputs(gpu: &CudaBackend) -> Vec<f32> {
     let mut rng = rng(10);
-    // The first layer's weight gradient's shape, X^T . dH, split over k: masked in `sum_splits`.
-    let (m, n, k) = (784, 500, 100);
-    let spec = Gemm::tn(m, n, k);
+    // The first layer's forward product's shape, split over k, masked in `sum_splits`.
+    let spec = Gemm::nn(100, 500, 784);
     let (got, _) = gemm_case(gpu, &mut rng, spec, Epilogue::ReluBackward);
     let mut outputs = got;
 
