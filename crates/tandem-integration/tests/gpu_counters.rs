@@ -11,6 +11,11 @@
 //! NVIDIA's driver, or without a device, the test says `SKIPPED` and returns, or fails under
 //! `TANDEM_REQUIRE_GPU=1` when there is no device.)
 //!
+//! The same runs report what each step's graph holds and what each kernel did (issue 30's
+//! census), and the census runs repeat it at the reference's batch of 100 on `cuda:0` and
+//! `cuda:0x2`, sync and async: kernel nodes a replica-step (bounded), no memset nodes, the
+//! products' shared loads a multiply-add, bytes over the host bus a step (under 1 KB).
+//!
 //! The counters are process-wide and written at exit, so the test runs two trainings in child
 //! processes (this test binary again), one longer than the other, both past the first epoch;
 //! what they have in common (opening the replicas, uploading the data and the parameters,
@@ -32,27 +37,116 @@ use tandem_tensor::ExampleSet;
 
 /// The overflow flags an f16 pass leaves, one a block of `kernels/narrow.cu`'s `unscale`.
 const UNSCALE_FLAGS: f64 = 64.0;
-/// Examples per replica and step: small, because the stand-in interprets every kernel.
-const BATCH: usize = 8;
-/// The training set: the first examples of MNIST's, four steps of `cuda:0x2` sync an epoch.
-const EXAMPLES: usize = 64;
-/// The two runs' lengths, both past the first epoch.
-const SHORT: u64 = 8;
-const LONG: u64 = 20;
+/// How large and how long a pair of runs is: examples per replica and step, the training set
+/// (the first examples of MNIST's), and the two runs' lengths, both past the first epoch.
+#[derive(Debug, Clone, Copy)]
+struct Scale {
+    batch: usize,
+    examples: usize,
+    short: u64,
+    long: u64,
+}
 
-/// The runs measured: a mode, its two replicas' GPUs, the optimiser, the precision and the
-/// exchange between the replicas.
-const RUNS: [(Mode, [usize; 2], &str, DType, Exchange); 10] = [
-    (Mode::Sync, [0, 0], "sgd", DType::F32, Exchange::F32),
-    (Mode::Async, [0, 0], "sgd", DType::F32, Exchange::F32),
-    (Mode::Sync, [0, 1], "sgd", DType::F32, Exchange::F32),
-    (Mode::Sync, [0, 0], "adam", DType::F32, Exchange::F32),
-    (Mode::Async, [0, 0], "adam", DType::F32, Exchange::F32),
-    (Mode::Sync, [0, 0], "sgd", DType::BF16, Exchange::F32),
-    (Mode::Async, [0, 0], "sgd", DType::BF16, Exchange::F32),
-    (Mode::Sync, [0, 1], "sgd", DType::BF16, Exchange::Bf16),
-    (Mode::Sync, [0, 0], "sgd", DType::F16, Exchange::F32),
-    (Mode::Async, [0, 0], "sgd", DType::F16, Exchange::F32),
+/// Small batches, because the stand-in interprets every kernel: four steps of `cuda:0x2` sync
+/// an epoch.
+const SMALL: Scale = Scale {
+    batch: 8,
+    examples: 64,
+    short: 8,
+    long: 20,
+};
+
+/// Issue 30's census: the reference's batch of 100, an epoch of one step of `cuda:0x2` sync
+/// (two of `cuda:0`); a replica captures its graph by its fourth step.
+const CENSUS: Scale = Scale {
+    batch: 100,
+    examples: 200,
+    short: 5,
+    long: 8,
+};
+
+/// The runs measured: a mode, its replicas' GPUs, the optimiser, the precision, the exchange
+/// between the replicas and the scale.
+type Run = (Mode, &'static [usize], &'static str, DType, Exchange, Scale);
+
+const RUNS: [Run; 14] = [
+    (Mode::Sync, &[0, 0], "sgd", DType::F32, Exchange::F32, SMALL),
+    (
+        Mode::Async,
+        &[0, 0],
+        "sgd",
+        DType::F32,
+        Exchange::F32,
+        SMALL,
+    ),
+    (Mode::Sync, &[0, 1], "sgd", DType::F32, Exchange::F32, SMALL),
+    (
+        Mode::Sync,
+        &[0, 0],
+        "adam",
+        DType::F32,
+        Exchange::F32,
+        SMALL,
+    ),
+    (
+        Mode::Async,
+        &[0, 0],
+        "adam",
+        DType::F32,
+        Exchange::F32,
+        SMALL,
+    ),
+    (
+        Mode::Sync,
+        &[0, 0],
+        "sgd",
+        DType::BF16,
+        Exchange::F32,
+        SMALL,
+    ),
+    (
+        Mode::Async,
+        &[0, 0],
+        "sgd",
+        DType::BF16,
+        Exchange::F32,
+        SMALL,
+    ),
+    (
+        Mode::Sync,
+        &[0, 1],
+        "sgd",
+        DType::BF16,
+        Exchange::Bf16,
+        SMALL,
+    ),
+    (Mode::Sync, &[0, 0], "sgd", DType::F16, Exchange::F32, SMALL),
+    (
+        Mode::Async,
+        &[0, 0],
+        "sgd",
+        DType::F16,
+        Exchange::F32,
+        SMALL,
+    ),
+    (Mode::Sync, &[0], "sgd", DType::F32, Exchange::F32, CENSUS),
+    (Mode::Async, &[0], "sgd", DType::F32, Exchange::F32, CENSUS),
+    (
+        Mode::Sync,
+        &[0, 0],
+        "sgd",
+        DType::F32,
+        Exchange::F32,
+        CENSUS,
+    ),
+    (
+        Mode::Async,
+        &[0, 0],
+        "sgd",
+        DType::F32,
+        Exchange::F32,
+        CENSUS,
+    ),
 ];
 
 /// The optimiser `name` at its defaults.
@@ -62,24 +156,27 @@ fn optimizer(name: &str) -> Chosen {
 
 /// The child's side: trains `steps` steps of `RUNS[run]`.
 fn train_in_child(run: usize, steps: u64) {
-    let (mode, gpus, name, dtype, exchange) = RUNS[run];
+    let (mode, gpus, name, dtype, exchange, scale) = RUNS[run];
     let mnist = Mnist::load(&tandem_testkit::mnist_dir()).expect("the repository's MNIST copy");
     let all = mnist.train.into_examples().expect("consistent split");
     let features = all.features();
     let examples = ExampleSet::new(
         features,
-        all.values()[..EXAMPLES * features].to_vec(),
-        all.labels()[..EXAMPLES].to_vec(),
+        all.values()[..scale.examples * features].to_vec(),
+        all.labels()[..scale.examples].to_vec(),
     )
     .expect("a prefix of a valid set");
-    let devices = gpus.map(|ordinal| Device::Cuda { ordinal }).to_vec();
+    let devices = gpus
+        .iter()
+        .map(|&ordinal| Device::Cuda { ordinal })
+        .collect();
     let mut pool = WorkerPool::new(devices, |device| {
         let Device::Cuda { ordinal } = *device else {
             unreachable!("only GPUs here")
         };
         let backend = CudaBackend::with_dtype(ordinal, dtype)?;
         // f16 at a loss scale that no pass here overflows (one that did would add a pass).
-        let replica = MlpReplica::new(Mlp::mnist(), backend, &examples, BATCH)?;
+        let replica = MlpReplica::new(Mlp::mnist(), backend, &examples, scale.batch)?;
         Ok::<_, KernelError>(replica.with_initial_loss_scale(1024.0))
     })
     .expect("two GPU replicas");
@@ -87,7 +184,7 @@ fn train_in_child(run: usize, steps: u64) {
     let params = Mlp::mnist().init(0.1, &mut rand_chacha::ChaCha8Rng::seed_from_u64(2));
     let mut state = TrainState::new(params, &optimizer);
     let batches = Batches {
-        batch_size: BATCH,
+        batch_size: scale.batch,
         seed: 3,
     };
     let strategy = Strategy {
@@ -113,14 +210,14 @@ type Unsteady = Vec<(u64, u64)>;
 
 /// A stand-in statistics file: its totals (with its kernels' counters under `kernels`), and the
 /// launches of every stream that never launched a graph, sorted; `None` for the second when
-/// there are not two streams.
-fn totals(path: &Path) -> (serde_json::Value, Option<Unsteady>) {
+/// there is not a stream for each of the `replicas`.
+fn totals(path: &Path, replicas: usize) -> (serde_json::Value, Option<Unsteady>) {
     let text = std::fs::read_to_string(path).expect("the stand-in wrote its statistics");
     let stats: serde_json::Value = serde_json::from_str(&text).expect("statistics JSON");
     let count = |stream: &serde_json::Value, key: &str| stream[key].as_u64().unwrap_or(0);
     let unsteady = stats["streams"]
         .as_object()
-        .filter(|streams| streams.len() == 2)
+        .filter(|streams| streams.len() == replicas)
         .map(|streams| {
             let mut unsteady: Unsteady = (streams.values())
                 .map(|s| (count(s, "kernel_launches"), count(s, "graph_launches")))
@@ -149,7 +246,7 @@ fn run_once(run: usize, steps: u64, dir: &Path) -> Option<(serde_json::Value, Op
         .status()
         .expect("running the child");
     assert!(status.success(), "run {run} of {steps} steps failed");
-    stats.exists().then(|| totals(&stats))
+    stats.exists().then(|| totals(&stats, RUNS[run].1.len()))
 }
 
 /// The totals of a short and a long run of `RUNS[run]` whose difference is only steady steps
@@ -160,8 +257,9 @@ fn run_once(run: usize, steps: u64, dir: &Path) -> Option<(serde_json::Value, Op
 /// difference); otherwise it is run again.
 fn runs(run: usize, dir: &Path) -> Option<(serde_json::Value, serde_json::Value)> {
     for _ in 0..TRIES {
-        let (short, short_unsteady) = run_once(run, SHORT, dir)?;
-        let (long, long_unsteady) = run_once(run, LONG, dir)?;
+        let Scale { short, long, .. } = RUNS[run].5;
+        let (short, short_unsteady) = run_once(run, short, dir)?;
+        let (long, long_unsteady) = run_once(run, long, dir)?;
         if short_unsteady.is_some() && short_unsteady == long_unsteady {
             return Some((short, long));
         }
@@ -191,10 +289,11 @@ fn a_gpu_step_moves_only_its_batch_and_waits_only_for_f16_flags() {
         return;
     }
     let dir = tempfile::tempdir().expect("a temporary directory");
-    for (index, (mode, gpus, optimizer_name, dtype, exchange)) in RUNS.iter().enumerate() {
+    for (index, (mode, gpus, optimizer_name, dtype, exchange, scale)) in RUNS.iter().enumerate() {
         let name = format!(
-            "{} {optimizer_name} {dtype} on GPUs {gpus:?}, exchanging {exchange}",
-            mode.name()
+            "{} {optimizer_name} {dtype} on GPUs {gpus:?}, exchanging {exchange}, batch {}",
+            mode.name(),
+            scale.batch
         );
         let Some((short, long)) = runs(index, dir.path()) else {
             eprintln!("SKIPPED: not the driver stand-in (no TANDEM_EMU_STATS file)");
@@ -202,11 +301,14 @@ fn a_gpu_step_moves_only_its_batch_and_waits_only_for_f16_flags() {
         };
         let per_step = |key: &str| {
             let (a, b) = (short[key].as_u64().unwrap(), long[key].as_u64().unwrap());
-            (b - a) as f64 / (LONG - SHORT) as f64
+            (b - a) as f64 / (scale.long - scale.short) as f64
         };
         let bus = per_step("bytes_htod") + per_step("bytes_dtoh");
-        // A sync step is both replicas' batches; an async step one replica's.
-        let replicas_per_step = if *mode == Mode::Sync { 2.0 } else { 1.0 };
+        // A sync step is every replica's batch; an async step one replica's.
+        let replicas_per_step = match mode {
+            Mode::Sync => gpus.len() as f64,
+            Mode::Async => 1.0,
+        };
         eprintln!(
             "{name}: per step {bus} bytes over the host bus ({} in, {} out), {} kernel \
              launches, {} graph launches of {} kernels, {} copies and {} memsets, {} bytes \
@@ -228,7 +330,7 @@ fn a_gpu_step_moves_only_its_batch_and_waits_only_for_f16_flags() {
         // `mma_matmul` loads its fragments from global memory).
         let kernel = |name: &str, key: &str| {
             let count = |run: &serde_json::Value| run["kernels"][name][key].as_u64().unwrap_or(0);
-            (count(&long) - count(&short)) as f64 / (LONG - SHORT) as f64
+            (count(&long) - count(&short)) as f64 / (scale.long - scale.short) as f64
         };
         let names: Vec<String> = long["kernels"]
             .as_object()
@@ -272,16 +374,19 @@ fn a_gpu_step_moves_only_its_batch_and_waits_only_for_f16_flags() {
         let counter = if *mode == Mode::Async { 4.0 } else { 0.0 };
         assert_eq!(
             per_step("bytes_htod"),
-            (BATCH * 4 + 2 * 4 * hyper) as f64 * replicas_per_step + counter,
+            (scale.batch * 4 + 2 * 4 * hyper) as f64 * replicas_per_step + counter,
             "{name}: only the batch's indices and the update's rates go in"
         );
         // Out, at the next boundary (here the run's end), which reads them all: each step's
-        // loss (4 bytes a replica-step) and, async, its staleness record (both workers' counts
-        // at the load and at the update: 16 bytes).
+        // loss (4 bytes a replica-step) and, async, its staleness record (every worker's count
+        // at the load and at the update: 8 bytes a worker).
         // An f16 replica's overflow check: after each pass, one flag a block of `unscale`
         // (`kernels/narrow.cu`), read as the pass ends, the one wait of its step.
         let checks = if *dtype == DType::F16 { 1.0 } else { 0.0 };
-        let records = if *mode == Mode::Async { 16.0 } else { 0.0 };
+        let records = match mode {
+            Mode::Async => 8.0 * gpus.len() as f64,
+            Mode::Sync => 0.0,
+        };
         assert_eq!(
             per_step("bytes_dtoh"),
             (4.0 + checks * 4.0 * UNSCALE_FLAGS) * replicas_per_step + records,
@@ -294,7 +399,7 @@ fn a_gpu_step_moves_only_its_batch_and_waits_only_for_f16_flags() {
             Exchange::F32 => 4,
             Exchange::Bf16 => 2,
         };
-        let peer = match gpus[0] == gpus[1] {
+        let peer = match gpus.iter().all(|&gpu| gpu == gpus[0]) {
             true => 0,
             false => 2 * Mlp::mnist().num_params() * value_bytes,
         };
