@@ -138,13 +138,7 @@ pub fn kernel(name: &str, profile: &Profile) {
             None => stats.kernels.entry(name.to_owned()).or_default(),
         };
         counts.launches += 1;
-        let sum = &mut counts.profile;
-        sum.instructions += profile.instructions;
-        sum.global_bytes_read += profile.global_bytes_read;
-        sum.global_bytes_written += profile.global_bytes_written;
-        sum.shared_loads += profile.shared_loads;
-        sum.shared_stores += profile.shared_stores;
-        sum.fmas += profile.fmas;
+        counts.profile += *profile;
     })
 }
 

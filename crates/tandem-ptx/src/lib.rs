@@ -499,6 +499,18 @@ pub struct Profile {
     pub fmas: u64,
 }
 
+impl std::ops::AddAssign for Profile {
+    /// Sums two launches' counts (a kernel's over its launches).
+    fn add_assign(&mut self, other: Profile) {
+        self.instructions += other.instructions;
+        self.global_bytes_read += other.global_bytes_read;
+        self.global_bytes_written += other.global_bytes_written;
+        self.shared_loads += other.shared_loads;
+        self.shared_stores += other.shared_stores;
+        self.fmas += other.fmas;
+    }
+}
+
 /// [`run`], also counting the instructions executed (for measuring the interpreter) and, with
 /// [`Launch::profile`], what they did.
 pub fn run_counted(
