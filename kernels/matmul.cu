@@ -32,6 +32,11 @@
 //
 // Every element of C is accumulated in increasing k within a split and the splits are added in
 // increasing z: the same order on every run for a shape, so the result is bitwise reproducible.
+//
+// gather_matmul is matmul with op(A) gathered on the fly from a u8 data set (gather.cu's batch,
+// bit for bit): A[r][f] = images[indices[r]][f] / 255, which the blocks of the first column of
+// tiles also write to x (each the rows and k of its tiles), and labels[r] =
+// example_labels[indices[r]]: a first layer's product and the gather that feeds it, one kernel.
 #define TILE 32
 #define SIDE 8                 // threads along x and along y
 #define MICRO (TILE / SIDE)    // each thread's rows and columns of the tile
@@ -41,20 +46,38 @@
 // banks instead of hitting one.
 #define STRIDE (TILE + 4)
 
+// Where gather_matmul's op(A) comes from (gather.cu's arguments), and where it writes the
+// batch: x null in the blocks that do not.
+struct Gather {
+    const unsigned char *images;
+    const unsigned *indices;
+    float *x;
+};
+
 // s[kk][x] = the operand's element (x0 + x, k0 + kk) for the tile's 32 x and 32 kk, zero past
 // x_len (except in row ones_at, all ones) or k_end. The operand holds element (x, k) at
 // p[x * k_len + k] when k_contiguous, else at p[k * x_len + x]; consecutive threads read
-// consecutive addresses either way.
+// consecutive addresses either way. GATHERED: the operand is gathered's batch (k-contiguous),
+// not p, and each element is also written to gathered.x unless that is null.
+template <bool GATHERED>
 __device__ static void stage(float (*__restrict__ s)[STRIDE], const float *__restrict__ p,
-                             unsigned x0, unsigned x_len, unsigned ones_at, unsigned k0,
-                             unsigned k_end, unsigned k_len, bool k_contiguous, unsigned tid) {
+                             Gather gathered, unsigned x0, unsigned x_len, unsigned ones_at,
+                             unsigned k0, unsigned k_end, unsigned k_len, bool k_contiguous,
+                             unsigned tid) {
     for (unsigned i = tid; i < TILE * TILE; i += THREADS) {
         const unsigned inner = i % TILE, outer = i / TILE;
         const unsigned x = k_contiguous ? outer : inner, kk = k_contiguous ? inner : outer;
         const unsigned gx = x0 + x, gk = k0 + kk;
         float v = 0.0f;
         if (gk < k_end) {
-            if (gx < x_len) {
+            if (GATHERED && gx < x_len) {
+                // gather.cu's value, the same correctly rounded division.
+                const size_t example = gathered.indices[gx];
+                v = gathered.images[example * k_len + gk] / 255.0f;
+                if (gathered.x) {
+                    gathered.x[(size_t)gx * k_len + gk] = v;
+                }
+            } else if (gx < x_len) {
                 v = k_contiguous ? p[(size_t)gx * k_len + gk] : p[(size_t)gk * x_len + gx];
             } else if (gx == ones_at) {
                 v = 1.0f;
@@ -75,11 +98,13 @@ __device__ static float epilogue(float v, const float *__restrict__ bias, int re
     return mask && !(mask[i] > 0.0f) ? 0.0f : v;
 }
 
-extern "C" __global__ void matmul(const float *__restrict__ a, const float *__restrict__ b,
-                                  float *__restrict__ c, const float *__restrict__ bias,
-                                  int relu, const float *__restrict__ mask, unsigned m,
-                                  unsigned n, unsigned k, int a_t, int b_t, int ones,
-                                  unsigned k_split) {
+// matmul's body; GATHERED: op(A) is gathered's batch (a unused, a_t and ones 0).
+template <bool GATHERED>
+__device__ static void product(const float *__restrict__ a, Gather gathered,
+                               const float *__restrict__ b, float *__restrict__ c,
+                               const float *__restrict__ bias, int relu,
+                               const float *__restrict__ mask, unsigned m, unsigned n, unsigned k,
+                               int a_t, int b_t, int ones, unsigned k_split) {
     __shared__ __align__(16) float as[TILE][STRIDE]; // as[kk][r] = op(A)[row0 + r][k0 + kk]
     __shared__ __align__(16) float bs[TILE][STRIDE]; // bs[kk][cc] = op(B)[k0 + kk][col0 + cc]
     const unsigned tx = threadIdx.x, ty = threadIdx.y, tid = ty * SIDE + tx;
@@ -91,8 +116,9 @@ extern "C" __global__ void matmul(const float *__restrict__ a, const float *__re
     const unsigned a_rows = ones ? m - 1 : m, ones_at = ones ? m - 1 : 0xffffffffu;
 
     for (unsigned k0 = k_begin; k0 < k_end; k0 += TILE) {
-        stage(as, a, row0, a_rows, ones_at, k0, k_end, k, !a_t, tid); // A (m x k): k-contiguous
-        stage(bs, b, col0, n, 0xffffffffu, k0, k_end, k, b_t, tid);  // B^T (stored n x k) is
+        // A (m x k): k-contiguous; B^T (stored n x k) is.
+        stage<GATHERED>(as, a, gathered, row0, a_rows, ones_at, k0, k_end, k, !a_t, tid);
+        stage<false>(bs, b, Gather{}, col0, n, 0xffffffffu, k0, k_end, k, b_t, tid);
         __syncthreads();
         for (unsigned kk = 0; kk < TILE; ++kk) {
             const float4 av = *reinterpret_cast<const float4 *>(&as[kk][MICRO * ty]);
@@ -118,6 +144,34 @@ extern "C" __global__ void matmul(const float *__restrict__ a, const float *__re
             }
         }
     }
+}
+
+extern "C" __global__ void matmul(const float *__restrict__ a, const float *__restrict__ b,
+                                  float *__restrict__ c, const float *__restrict__ bias,
+                                  int relu, const float *__restrict__ mask, unsigned m,
+                                  unsigned n, unsigned k, int a_t, int b_t, int ones,
+                                  unsigned k_split) {
+    product<false>(a, Gather{}, b, c, bias, relu, mask, m, n, k, a_t, b_t, ones, k_split);
+}
+
+// Launch: as matmul's (m rows of the batch, k features).
+extern "C" __global__ void gather_matmul(const unsigned char *__restrict__ images,
+                                         const unsigned char *__restrict__ example_labels,
+                                         const unsigned *__restrict__ indices,
+                                         float *__restrict__ x, unsigned *__restrict__ labels,
+                                         const float *__restrict__ b, float *__restrict__ c,
+                                         const float *__restrict__ bias, int relu, unsigned m,
+                                         unsigned n, unsigned k, int b_t, unsigned k_split) {
+    if (blockIdx.x == 0 && blockIdx.z == 0) {
+        for (unsigned r = threadIdx.y * SIDE + threadIdx.x; r < TILE; r += THREADS) {
+            const unsigned row = blockIdx.y * TILE + r;
+            if (row < m) {
+                labels[row] = example_labels[indices[row]];
+            }
+        }
+    }
+    const Gather gathered = {images, indices, blockIdx.x == 0 ? x : nullptr};
+    product<true>(nullptr, gathered, b, c, bias, relu, nullptr, m, n, k, 0, b_t, 0, k_split);
 }
 
 // c[i] = parts[0][i] + parts[1][i] + ... + parts[splits - 1][i] (in that order), the m x n slices

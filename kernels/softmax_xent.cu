@@ -5,7 +5,9 @@
 //   sum        = sum over c of exp(z[c] - max)              (c in increasing order)
 //   loss_r     = log(sum) - (z[label] - max)                (NaN when label >= classes)
 //   dlogits[r] = exp(z - max) * (1 / rows / sum) - onehot(label) / rows
-//   loss[0]    = (sum of loss_r) / rows, accumulated in double like the CPU's mean
+//   loss[at]   = (sum of loss_r) / rows, accumulated in double like the CPU's mean, where at is
+//                *loss_at (loss_at null: 0); read on the device, so that a captured step
+//                writes each run's loss to a slot the host gives with the run's inputs
 //   status     = check_labels (reduce.cuh): how many labels are >= classes, and the first
 //
 // Subtracting the row's maximum keeps exp from overflowing on large logits. One thread a row
@@ -23,6 +25,7 @@ extern "C" __global__ void softmax_cross_entropy(const float *__restrict__ logit
                                                  const unsigned *__restrict__ labels,
                                                  float *__restrict__ dlogits, unsigned rows,
                                                  unsigned classes, float *__restrict__ loss,
+                                                 const unsigned *__restrict__ loss_at,
                                                  unsigned *__restrict__ status) {
     const float inv_rows = 1.0f / rows;
     double total = 0.0; // this thread's rows' losses, in row order
@@ -49,7 +52,7 @@ extern "C" __global__ void softmax_cross_entropy(const float *__restrict__ logit
     }
     total = block_sum(total);
     if (threadIdx.x == 0) {
-        loss[0] = (float)(total / (double)rows);
+        loss[loss_at ? *loss_at : 0] = (float)(total / (double)rows);
     }
     check_labels(labels, rows, classes, status);
 }

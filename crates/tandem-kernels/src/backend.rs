@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tandem_core::{DType, DeviceOp, Helpers, RoundedCopy};
 use tandem_tensor::check::{self, Operand};
 use tandem_tensor::cpu::UpdateStep;
-use tandem_tensor::{Activation, Backend, ExampleSet, Gemm, ShapeError};
+use tandem_tensor::{Activation, Backend, ExampleSet, Gemm, ResidentExamples, ShapeError};
 
 use crate::driver::{
     self, Code, Context, DeviceBuffer, DeviceCopy, DevicePointer, Dim3, Function, GraphExec,
@@ -67,20 +67,13 @@ pub struct DeviceExamples {
     labels: DeviceBuffer<u8>,
 }
 
-impl DeviceExamples {
-    /// Features per example.
-    pub fn features(&self) -> usize {
+impl ResidentExamples for DeviceExamples {
+    fn features(&self) -> usize {
         self.features
     }
 
-    /// Number of examples.
-    pub fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.len
-    }
-
-    /// Whether there are no examples.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 }
 
@@ -97,6 +90,38 @@ enum Epilogue<'b> {
     /// One more row of C after its `m`: the column sums of op(B), as the product with a row of
     /// ones that `matmul` reads after op(A)'s last (f32 only: `mma_matmul` has no such row).
     ColumnSums,
+}
+
+/// A batch that `gather_matmul` gathers as it loads op(A) (f32 only): the data set's images
+/// and labels, the batch's indices, and where it writes the batch (`x`, of `x_len` values) and
+/// its labels, as `gather` would.
+#[derive(Clone, Copy)]
+struct GatheredBatch {
+    images: DevicePointer<u8>,
+    example_labels: DevicePointer<u8>,
+    indices: DevicePointer<u32>,
+    x: DevicePointer<f32>,
+    x_len: usize,
+    labels: DevicePointer<u32>,
+}
+
+/// Where a product's op(A) comes from.
+#[derive(Clone, Copy)]
+enum ProductA<'a> {
+    /// A buffer, from an offset.
+    Buffer((&'a DeviceBuffer<f32>, usize)),
+    /// A batch that the product gathers.
+    Gathered(GatheredBatch),
+}
+
+impl ProductA<'_> {
+    /// What the shape checks see: the buffer, or the batch's.
+    fn operand(&self) -> Operand {
+        match self {
+            ProductA::Buffer(a) => operand(a),
+            ProductA::Gathered(batch) => Operand::at(batch.x_len, 0),
+        }
+    }
 }
 
 /// The `bias`, `relu` and `mask` arguments of a product with `epilogue` (null pointers where
@@ -156,8 +181,10 @@ fn epilogue_in(
 /// Device memory the operations need between their kernels, kept from call to call so that a
 /// training step allocates nothing.
 struct Scratch {
-    /// `gather`'s indices, uploaded from the host.
+    /// `gather`'s indices, uploaded from the host (outside [`Backend::replay`]'s passes).
     indices: DeviceBuffer<u32>,
+    /// A replayed step's inputs ([`StepInputs`]) on the device, where its graph reads them.
+    inputs: DeviceBuffer<u32>,
     /// The mean loss (`softmax_cross_entropy`).
     loss: DeviceBuffer<f32>,
     /// The loss scale a 16-bit backend multiplies the loss's gradient by (`round_to` reads it
@@ -203,12 +230,25 @@ enum Replay {
     Captured(GraphExec),
 }
 
+/// The inputs of a replayed step that the host gives afresh each run: the batch's indices,
+/// the store's uploads (its rates), the slot of the loss. [`Pass::Inputs`] gathers them here,
+/// in the order the step's operations ask for them, and [`Backend::replay`] copies them to
+/// [`Scratch::inputs`] with one call before the graph; [`Pass::Kernels`] places them in the
+/// same order, so the captured kernels read each where it lands.
+#[derive(Default)]
+struct StepInputs {
+    /// What [`Pass::Inputs`] gathered.
+    host: Vec<u32>,
+    /// Values placed so far in the pass.
+    placed: usize,
+}
+
 /// What the backend's operations do with their work, while [`Backend::replay`] runs them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Pass {
     /// Check, then queue everything (outside `replay`, and the first run of a key).
     Direct,
-    /// Check, and queue only what the host provides afresh each time (`gather`'s indices,
+    /// Check, and gather only what the host provides afresh each time ([`StepInputs`],
     /// copied before a graph that reads them): the kernels are in the graph.
     Inputs,
     /// Check, and queue only kernels and fills, into the graph being captured.
@@ -314,6 +354,8 @@ pub struct CudaBackend {
     replays: RefCell<HashMap<ReplayKey, Replay>>,
     /// What the operations do now (see [`Pass`]).
     pass: Cell<Pass>,
+    /// The inputs of the step [`Backend::replay`] is running.
+    step_inputs: RefCell<StepInputs>,
     /// What a store put around the next step, for [`Backend::replay`] to take.
     step_ops: Arc<StepOps>,
     /// What the last [`Backend::replay`] ran after its step, for
@@ -369,6 +411,7 @@ impl CudaBackend {
         let kernels = Arc::new(Kernels::load(&context, capability)?);
         let scratch = Scratch {
             indices: allocate(&context, 0)?, // grown on first use
+            inputs: allocate(&context, 0)?,
             parts: allocate(&context, 0)?,
             loss: allocate(&context, 1)?,
             loss_scale: allocate(&context, 1)?,
@@ -384,6 +427,7 @@ impl CudaBackend {
             scratch: RefCell::new(scratch),
             replays: RefCell::default(),
             pass: Cell::new(Pass::Direct),
+            step_inputs: RefCell::default(),
             step_ops: Arc::default(),
             last_after: RefCell::default(),
             kernels,
@@ -550,7 +594,7 @@ impl CudaBackend {
     }
 
     /// Queues softmax + cross-entropy over `rows` of logits (at least one), their mean into
-    /// `loss` and the label check into the scratch counts, in one kernel. A 16-bit backend then
+    /// `loss[*loss_at]` (`loss_at` null: `loss[0]`) and the label check into the scratch counts, in one kernel. A 16-bit backend then
     /// rounds the logits' gradient, times the loss scale.
     fn softmax_loss(
         &self,
@@ -559,6 +603,7 @@ impl CudaBackend {
         (rows, classes): (usize, usize),
         dlogits: &mut DeviceBuffer<f32>,
         loss: DevicePointer<f32>,
+        loss_at: DevicePointer<u32>,
     ) -> Result<(), KernelError> {
         check::softmax_cross_entropy(logits.len(), labels.len(), rows, classes, dlogits.len())?;
         let logits = span((logits, 0));
@@ -570,14 +615,23 @@ impl CudaBackend {
         // The label check goes to counts[1..3], where count_correct leaves its own.
         let status = span((&self.scratch.borrow().counts, 1));
         // SAFETY: the arguments follow `softmax_cross_entropy`'s parameters; logits and dlogits
-        // cover rows*classes values, labels rows, loss one (the caller's) and status two (of
-        // the three counts).
+        // cover rows*classes values, labels rows, loss one from the slot at loss_at (the
+        // caller's) and status two (of the three counts).
         unsafe {
             self.launch(
                 Kernel::SoftmaxCrossEntropy,
                 1u32,
                 BLOCK,
-                args![logits, labels, dlogits, rows_u32, classes_u32, loss, status],
+                args![
+                    logits,
+                    labels,
+                    dlogits,
+                    rows_u32,
+                    classes_u32,
+                    loss,
+                    loss_at,
+                    status
+                ],
             )?;
         }
         self.round(dlogits, len, true)
@@ -603,6 +657,107 @@ impl CudaBackend {
         unsafe { self.launcher().launch(kernel, grid, block, args) }
     }
 
+    /// Where the step input `values` are on the device while [`Backend::replay`] runs a pass:
+    /// gathered into the step's packet in [`Pass::Inputs`], placed in [`Pass::Kernels`] (the
+    /// address the captured kernels read). `None` in [`Pass::Direct`]: the caller copies them.
+    fn step_input(&self, values: &[u32]) -> Result<Option<u64>, KernelError> {
+        let pass = self.pass.get();
+        if pass == Pass::Direct {
+            return Ok(None);
+        }
+        let mut inputs = self.step_inputs.borrow_mut();
+        let at = inputs.placed;
+        inputs.placed = at.saturating_add(values.len());
+        let device = &self.scratch.borrow().inputs;
+        match pass {
+            Pass::Inputs => inputs.host.extend_from_slice(values),
+            // The capture follows a pass that gathered as many (`send_inputs` made room).
+            _ => ShapeError::check("replay", "step inputs", inputs.placed, device.len())?,
+        }
+        Ok(Some(DType::F32.at(device.as_device_ptr().as_raw(), at)))
+    }
+
+    /// Where a batch's `indices` are on the device for the kernel that gathers it: a step
+    /// input while [`Backend::replay`] runs, else copied to the scratch buffer, queued without
+    /// waiting (the driver takes a copy of pageable host memory, as `indices` is, before it
+    /// returns, so a training step never waits for the device here).
+    fn batch_indices(&self, indices: &[u32]) -> Result<DevicePointer<u32>, KernelError> {
+        if let Some(at) = self.step_input(indices)? {
+            return Ok(DevicePointer::from_raw(at));
+        }
+        let mut scratch = self.scratch.borrow_mut();
+        self.reserve(&mut scratch.indices, indices.len())?;
+        // SAFETY: the buffer holds the indices (reserved above); the kernel queued after the
+        // copy on the same stream reads them after it.
+        unsafe {
+            self.stream
+                .copy_in(span_mut((&mut scratch.indices, 0)), indices)
+        }
+        .map_err(cuda("copying the batch's indices to the device"))?;
+        Ok(scratch.indices.as_device_ptr())
+    }
+
+    /// Copies the step inputs that [`Pass::Inputs`] gathered to the device, in one call; where
+    /// they outgrow their buffer (only before a step is captured: `may_grow`), into a larger one.
+    fn send_inputs(&self, may_grow: bool) -> Result<(), KernelError> {
+        let inputs = self.step_inputs.borrow();
+        let mut scratch = self.scratch.borrow_mut();
+        if may_grow {
+            self.reserve(&mut scratch.inputs, inputs.host.len())?;
+        }
+        ShapeError::check(
+            "replay",
+            "step inputs",
+            inputs.host.len(),
+            scratch.inputs.len(),
+        )?;
+        if inputs.host.is_empty() {
+            return Ok(());
+        }
+        // Queued without waiting, as `gather`'s indices outside a replay: the driver takes a
+        // copy of pageable host memory before it returns.
+        // SAFETY: the buffer holds as many values (checked above); the graph launched after it
+        // on the same stream reads them after the copy.
+        unsafe {
+            self.stream
+                .copy_in(span_mut((&mut scratch.inputs, 0)), &inputs.host)
+        }
+        .map_err(cuda("copying a step's inputs to the device"))
+    }
+
+    /// Runs the operations a store put around a step in the current pass. Replayed, their
+    /// uploads are step inputs, and an update reads its values where they land.
+    fn run_step_ops(&self, ops: &[DeviceOp]) -> Result<(), KernelError> {
+        let pass = self.pass.get();
+        let mut moved: Vec<(u64, u64, u64)> = Vec::new(); // (dst, its end, where it went)
+        let mut rest = Vec::with_capacity(ops.len());
+        for op in ops {
+            match op {
+                DeviceOp::Upload { dst, values } if pass != Pass::Direct => {
+                    let bits: Vec<u32> = values.iter().map(|v| v.to_bits()).collect();
+                    if let Some(at) = self.step_input(&bits)? {
+                        moved.push((*dst, DType::F32.at(*dst, values.len()), at));
+                    }
+                }
+                DeviceOp::Update { hyper, .. } => {
+                    let mut op = op.clone();
+                    let found = moved
+                        .iter()
+                        .find(|(dst, end, _)| (*dst..*end).contains(hyper));
+                    if let (DeviceOp::Update { hyper, .. }, Some((dst, _, at))) = (&mut op, found) {
+                        *hyper = *at + (*hyper - *dst);
+                    }
+                    rest.push(op);
+                }
+                op => rest.push(op.clone()),
+            }
+        }
+        // SAFETY: the store's promises (`around_next_step`'s) for its own operations; a moved
+        // update's values are at their place in the step inputs, written before the graph
+        // runs. This thread has the context current, as every operation of the backend needs.
+        unsafe { self.launcher().run(pass, &rest) }
+    }
+
     /// This backend's stream and kernels, to launch on.
     fn launcher(&self) -> Launcher<'_> {
         Launcher {
@@ -611,8 +766,15 @@ impl CudaBackend {
         }
     }
 
-    /// Runs `ops` in `pass`, back in [`Pass::Direct`] afterwards whatever happens.
+    /// Runs `ops` in `pass`, back in [`Pass::Direct`] afterwards whatever happens; the step's
+    /// inputs are gathered, or placed, from the first.
     fn in_pass<R>(&self, pass: Pass, ops: impl FnOnce() -> R) -> R {
+        let mut inputs = self.step_inputs.borrow_mut();
+        inputs.placed = 0;
+        if pass == Pass::Inputs {
+            inputs.host.clear();
+        }
+        drop(inputs);
         self.pass.set(pass);
         let outcome = ops();
         self.pass.set(Pass::Direct);
@@ -623,7 +785,7 @@ impl CudaBackend {
     fn gemm(
         &self,
         spec: Gemm,
-        a: (&DeviceBuffer<f32>, usize),
+        a: ProductA<'_>,
         b: (&DeviceBuffer<f32>, usize),
         epilogue: Epilogue<'_>,
         c: (&mut DeviceBuffer<f32>, usize),
@@ -635,9 +797,9 @@ impl CudaBackend {
             a_transposed,
             b_transposed,
         } = spec;
-        let (ga, gb, gc) = (operand(&a), operand(&b), operand(&c));
+        let (ga, gb, gc) = (a.operand(), operand(&b), operand(&c));
         let (bias, relu, mask) = epilogue_arguments(spec, (ga, gb, gc), c.0.len(), epilogue)?;
-        let (a, b, c) = (span(a), span(b), span_mut(c));
+        let (b, c) = (span(b), span_mut(c));
         let column_sums = matches!(epilogue, Epilogue::ColumnSums);
         let ones = i32::from(column_sums);
         let m = m.saturating_add(usize::from(column_sums)); // the sums' row (checked: c has it)
@@ -664,6 +826,10 @@ impl CudaBackend {
         );
         let (a_t, b_t) = (i32::from(a_transposed), i32::from(b_transposed));
         if self.dtype != DType::F32 {
+            let ProductA::Buffer(a) = a else {
+                unreachable!("gather_matmul_bias gathers first on a 16-bit backend")
+            };
+            let a = span(a);
             let grid = (n.div_ceil(MMA_COLS), grid_y as u32);
             let bf16 = i32::from(self.dtype == DType::BF16);
             // SAFETY: the arguments follow `mma_matmul`'s parameters: a, b and c cover m*k, k*n
@@ -698,17 +864,55 @@ impl CudaBackend {
             y: grid_y,
             z: count,
         };
-        // SAFETY: the arguments follow `matmul`'s parameters: a, b and c cover m*k, k*n and
+        let block = (MATMUL_SIDE, MATMUL_SIDE);
+        // SAFETY: the arguments follow `matmul`'s (or `gather_matmul`'s) parameters: a (or the
+        // batch, whose indices are below the data set's length), b and c cover m*k, k*n and
         // m*n values, bias n values or is null, the mask m*n or is null (checked above); split,
         // `parts` holds the `count` slices of m*n values and the product has no epilogue.
         // `sum_splits` reads those slices and writes c, with the epilogue.
         unsafe {
-            self.launch(
-                Kernel::Matmul,
-                grid,
-                (MATMUL_SIDE, MATMUL_SIDE),
-                args![a, b, out, bias, relu, mask, m, n, k, a_t, b_t, ones, k_split],
-            )?;
+            match a {
+                ProductA::Buffer(a) => {
+                    let a = span(a);
+                    self.launch(
+                        Kernel::Matmul,
+                        grid,
+                        block,
+                        args![a, b, out, bias, relu, mask, m, n, k, a_t, b_t, ones, k_split],
+                    )?
+                }
+                ProductA::Gathered(batch) => {
+                    let GatheredBatch {
+                        images,
+                        example_labels,
+                        indices,
+                        x,
+                        labels,
+                        ..
+                    } = batch;
+                    self.launch(
+                        Kernel::GatherMatmul,
+                        grid,
+                        block,
+                        args![
+                            images,
+                            example_labels,
+                            indices,
+                            x,
+                            labels,
+                            b,
+                            out,
+                            bias,
+                            relu,
+                            m,
+                            n,
+                            k,
+                            b_t,
+                            k_split
+                        ],
+                    )?
+                }
+            }
             if count > 1 {
                 self.launch(
                     Kernel::SumSplits,
@@ -815,8 +1019,9 @@ impl CudaBackend {
             // Kernels already issued may still use the old buffer: let them finish first.
             self.synchronize()?;
             *buf = allocate(&self.context, len)?;
-            // Captured graphs name the old buffer: none may run again.
-            self.replays.borrow_mut().clear();
+            // Captured graphs name the old buffer: none may run again (a sequence only seen
+            // names none, and is captured when it comes again).
+            (self.replays.borrow_mut()).retain(|_, replay| matches!(replay, Replay::Seen));
         }
         Ok(())
     }
@@ -1507,23 +1712,9 @@ impl Backend for CudaBackend {
         }
         let grid = (dim("gather: rows", rows)?, grid_y as u32);
         let features = dim("gather: features", features)?;
-        let mut scratch = self.scratch.borrow_mut();
-        self.reserve(&mut scratch.indices, rows)?;
-        // Queued without waiting: the driver takes a copy of pageable host memory (as `indices`
-        // is: a caller's slice) before it returns, so a training step never waits for the
-        // device here. Not while capturing: a replayed graph reads the indices queued before it.
-        if self.pass.get() != Pass::Kernels {
-            // SAFETY: the buffer holds `rows` indices (reserved above); the gather below, on
-            // the same stream, runs after the copy.
-            unsafe {
-                self.stream
-                    .copy_in(span_mut((&mut scratch.indices, 0)), indices)
-            }
-            .map_err(cuda("copying the batch's indices to the device"))?;
-        }
+        let indices = self.batch_indices(indices)?;
         let values = examples.values.as_device_ptr();
         let example_labels = examples.labels.as_device_ptr();
-        let indices = scratch.indices.as_device_ptr();
         // SAFETY: the arguments follow `gather`'s parameters; x covers rows*features values,
         // labels rows, the uploaded indices rows, and each index is below the data set's
         // length (checked above).
@@ -1545,7 +1736,7 @@ impl Backend for CudaBackend {
         b: (&DeviceBuffer<f32>, usize),
         c: (&mut DeviceBuffer<f32>, usize),
     ) -> Result<(), KernelError> {
-        self.gemm(spec, a, b, Epilogue::None, c)
+        self.gemm(spec, ProductA::Buffer(a), b, Epilogue::None, c)
     }
 
     /// f32: one product, the biases' sums as its row of ones (`Epilogue::ColumnSums`); 16-bit:
@@ -1562,7 +1753,7 @@ impl Backend for CudaBackend {
         if self.dtype != DType::F32 {
             self.gemm(
                 spec,
-                (x, 0),
+                ProductA::Buffer((x, 0)),
                 (delta, 0),
                 Epilogue::None,
                 (&mut *grads, offset),
@@ -1572,7 +1763,7 @@ impl Backend for CudaBackend {
         }
         self.gemm(
             spec,
-            (x, 0),
+            ProductA::Buffer((x, 0)),
             (delta, 0),
             Epilogue::ColumnSums,
             (grads, offset),
@@ -1587,7 +1778,13 @@ impl Backend for CudaBackend {
         mask: &DeviceBuffer<f32>,
         c: &mut DeviceBuffer<f32>,
     ) -> Result<(), KernelError> {
-        self.gemm(spec, a, b, Epilogue::ReluBackward(mask), (c, 0))
+        self.gemm(
+            spec,
+            ProductA::Buffer(a),
+            b,
+            Epilogue::ReluBackward(mask),
+            (c, 0),
+        )
     }
 
     fn matmul_bias(
@@ -1599,6 +1796,48 @@ impl Backend for CudaBackend {
         c: (&mut DeviceBuffer<f32>, usize),
         activation: Activation,
     ) -> Result<(), KernelError> {
+        self.gemm(
+            spec,
+            ProductA::Buffer(a),
+            b,
+            Epilogue::Bias(bias, activation),
+            c,
+        )
+    }
+
+    /// f32: one `gather_matmul` (the batch gathered as the product loads its tiles, and
+    /// written to `x` and `labels` on the way); 16-bit: `gather`, then the product.
+    fn gather_matmul_bias(
+        &self,
+        (examples, indices): (&DeviceExamples, &[u32]),
+        (x, labels): (&mut DeviceBuffer<f32>, &mut DeviceBuffer<u32>),
+        spec: Gemm,
+        b: (&DeviceBuffer<f32>, usize),
+        bias: (&DeviceBuffer<f32>, usize),
+        c: (&mut DeviceBuffer<f32>, usize),
+        activation: Activation,
+    ) -> Result<(), KernelError> {
+        if self.dtype != DType::F32 {
+            check::gather_matmul(indices.len(), examples.features, spec)?;
+            self.gather(examples, indices, x, labels)?;
+            return self.matmul_bias(spec, (x, 0), b, bias, c, activation);
+        }
+        check::gather_matmul(indices.len(), examples.features, spec)?;
+        check::gather(
+            examples.len,
+            examples.features,
+            indices,
+            x.len(),
+            labels.len(),
+        )?;
+        let a = ProductA::Gathered(GatheredBatch {
+            images: examples.values.as_device_ptr(),
+            example_labels: examples.labels.as_device_ptr(),
+            indices: self.batch_indices(indices)?,
+            x: span_mut((x, 0)),
+            x_len: x.len(),
+            labels: span_mut((labels, 0)),
+        });
         self.gemm(spec, a, b, Epilogue::Bias(bias, activation), c)
     }
 
@@ -1639,12 +1878,9 @@ impl Backend for CudaBackend {
             after: after.iter().map(OpShape::of).collect(),
         };
         let mut step = |b: &Self| {
-            // SAFETY: the store's promises (`around_next_step`'s); this thread has the
-            // context current, as every operation of the backend needs.
-            unsafe { b.launcher().run(b.pass.get(), &before) }?;
+            b.run_step_ops(&before)?;
             ops(b)?;
-            // SAFETY: as above.
-            unsafe { b.launcher().run(b.pass.get(), &after) }
+            b.run_step_ops(&after)
         };
         // Taken out while `ops` runs: a scratch buffer it grows forgets every graph (`reserve`).
         let known = self.replays.borrow_mut().remove(&key);
@@ -1655,6 +1891,7 @@ impl Backend for CudaBackend {
             }
             Some(Replay::Seen) => {
                 self.in_pass(Pass::Inputs, || step(self))?;
+                self.send_inputs(true)?;
                 let (recorded, graph) = self
                     .in_pass(Pass::Kernels, || self.stream.capture(|| step(self)))
                     .map_err(cuda("capturing a graph"))?;
@@ -1666,6 +1903,7 @@ impl Backend for CudaBackend {
             }
             Some(Replay::Captured(graph)) => {
                 self.in_pass(Pass::Inputs, || step(self))?;
+                self.send_inputs(false)?;
                 self.stream
                     .launch_graph(&graph)
                     .map_err(cuda("launching a graph"))?;
@@ -1747,7 +1985,8 @@ impl Backend for CudaBackend {
             self.fill(&scratch.loss, POISON, "poisoning the loss")?;
             scratch.loss.as_device_ptr()
         };
-        self.softmax_loss(logits, labels, (rows, classes), dlogits, loss)?;
+        let at = DevicePointer::null();
+        self.softmax_loss(logits, labels, (rows, classes), dlogits, loss, at)?;
         let scratch = self.scratch.borrow();
         let ([_, bad, first], [loss]) = self.read_results(&scratch.counts, Some(&scratch.loss))?;
         Self::label_check(Kernel::SoftmaxCrossEntropy, op, [bad, first], rows, classes)?;
@@ -1767,7 +2006,13 @@ impl Backend for CudaBackend {
             check::softmax_cross_entropy(logits.len(), labels.len(), rows, classes, dlogits.len())?;
             return self.upload(&[f32::NAN], loss.0, loss.1);
         }
-        self.softmax_loss(logits, labels, (rows, classes), dlogits, span_mut(loss))
+        // Replayed, the slot is a step input, so that each run of the graph writes its own.
+        let slot = dim("softmax_cross_entropy_into: loss slot", loss.1)?;
+        let (loss, at) = match self.step_input(&[slot])? {
+            Some(at) => (span_mut((loss.0, 0)), DevicePointer::from_raw(at)),
+            None => (span_mut(loss), DevicePointer::null()),
+        };
+        self.softmax_loss(logits, labels, (rows, classes), dlogits, loss, at)
     }
 
     /// A 16-bit backend says its type, which the device stores decline (they would copy the

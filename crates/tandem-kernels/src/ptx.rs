@@ -123,10 +123,12 @@ kernel_table! {
         Gather => "gather",
     }
     /// `kernels/matmul.cu`: the tiled `matmul`, either operand transposed, optional bias + ReLU,
-    /// optionally split over k; `sum_splits` adds the splits.
+    /// optionally split over k; `sum_splits` adds the splits; `gather_matmul` gathers op(A).
     MATMUL = "matmul" {
         Matmul => "matmul",
         SumSplits => "sum_splits",
+        /// `matmul` with op(A) a batch it gathers (`gather`'s arithmetic), writing the batch.
+        GatherMatmul => "gather_matmul",
     }
     /// `kernels/narrow.cu` (compute_80): the 16-bit backend's tensor-core `mma_matmul`,
     /// `round_to`, which rounds a span to bf16 or f16, and `unscale`, which takes the loss

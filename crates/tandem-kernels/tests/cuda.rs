@@ -358,6 +358,20 @@ fn count_correct_matches_cpu_including_ties() {
     }
 }
 
+/// The batch a gather wrote, features and labels, is `want`'s exactly.
+fn assert_gathered(
+    gpu: &CudaBackend,
+    what: &str,
+    (x, labels): (&DeviceBuffer<f32>, &DeviceBuffer<u32>),
+    (want_x, want_labels): (&[f32], &[u32]),
+) {
+    assert_exact(what, &download(gpu, x, 0, want_x.len()), want_x);
+    let mut host = vec![0; want_labels.len()];
+    gpu.download_labels(labels, 0, &mut host)
+        .expect("download_labels");
+    assert_eq!(host, want_labels, "{what}: labels");
+}
+
 #[test]
 fn gather_matches_cpu() {
     let Some(gpu) = gpu() else { return };
@@ -379,11 +393,7 @@ fn gather_matches_cpu() {
         gpu.gather(&resident, &indices, &mut x, &mut got_labels)
             .expect("gather");
         let what = format!("{rows} of {examples} x {features}");
-        assert_exact(&what, &download(&gpu, &x, 0, rows * features), &want_x);
-        let mut host = vec![0; rows];
-        gpu.download_labels(&got_labels, 0, &mut host)
-            .expect("download_labels");
-        assert_eq!(host, want_labels, "{what}: labels");
+        assert_gathered(&gpu, &what, (&x, &got_labels), (&want_x, &want_labels));
 
         let bad = [examples as u32];
         assert!(matches!(
@@ -393,21 +403,131 @@ fn gather_matches_cpu() {
     }
 }
 
-/// `n` random gradient buffers of `len` values, each at its own offset.
-/// A replayed sequence (gather, then column sums) gives, on every call, what its CPU twin gives
-/// for that call's indices: run directly, captured, then launched as a graph with fresh indices.
-#[test]
-fn replay_runs_the_captured_sequence_with_each_calls_indices() {
-    let Some(gpu) = gpu() else { return };
-    let mut rng = rng(11);
-    let (features, examples, rows) = (37, 50, 12);
+/// A random data set of `examples` of `features` bytes with labels below 10, uploaded.
+fn data_set(
+    gpu: &CudaBackend,
+    rng: &mut ChaCha8Rng,
+    (features, examples): (usize, usize),
+) -> (ExampleSet, tandem_kernels::DeviceExamples) {
     let values: Vec<u8> = (0..features * examples).map(|_| rng.random()).collect();
     let classes: Vec<u8> = (0..examples).map(|_| rng.random_range(0..10)).collect();
     let set = ExampleSet::new(features, values, classes).expect("a consistent data set");
     let resident = gpu.upload_examples(&set).expect("upload_examples");
+    (set, resident)
+}
+
+/// The gather fused into a first layer's product (`gather_matmul_bias`) writes the batch and
+/// its labels exactly as `gather` does, and its product bit for bit as `gather` then
+/// `matmul_bias` (close to the CPU's), split over k or not, with and without a ReLU; a bad
+/// index or a product of another shape is an error.
+#[test]
+fn gather_matmul_bias_is_the_gather_then_the_product() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng(8);
+    let cases = [
+        (784, 300, 100, 500),
+        (37, 10, 25, 3),
+        (1, 5, 1, 1),
+        (300, 40, 0, 7),
+    ];
+    for (features, examples, rows, outs) in cases {
+        let (set, resident) = data_set(&gpu, &mut rng, (features, examples));
+        let indices: Vec<u32> = (0..rows)
+            .map(|_| rng.random_range(0..examples as u32))
+            .collect();
+        let mut want_x = vec![0.0; rows * features];
+        let mut want_labels = vec![0; rows];
+        cpu::gather(&set, &indices, &mut want_x, &mut want_labels);
+        let (w, bias) = (
+            random(&mut rng, features * outs, 0.1),
+            random(&mut rng, outs, 1.0),
+        );
+        let (gw, gbias) = (upload(&gpu, &w, 2), upload(&gpu, &bias, 0));
+        let spec = Gemm::nn(rows, outs, features);
+        for activation in [Activation::Relu, Activation::Identity] {
+            let mut want = vec![0.0; rows * outs];
+            cpu::matmul(spec, &want_x, &w, &mut want);
+            match activation {
+                Activation::Relu => cpu::bias_relu(&mut want, &bias),
+                Activation::Identity => cpu::bias_add(&mut want, &bias),
+            }
+            let mut x = poisoned(&gpu, rows * features);
+            let mut got_labels = labels(&gpu, &vec![u32::MAX; rows]);
+            let mut separate = poisoned(&gpu, rows * outs + 1);
+            gpu.gather(&resident, &indices, &mut x, &mut got_labels)
+                .expect("gather");
+            let (w, bias) = ((&gw, 2), (&gbias, 0));
+            (gpu.matmul_bias(spec, (&x, 0), w, bias, (&mut separate, 1), activation))
+                .expect("matmul_bias");
+            let mut x = poisoned(&gpu, rows * features);
+            let mut got_labels = labels(&gpu, &vec![u32::MAX; rows]);
+            let mut fused = poisoned(&gpu, rows * outs + 1);
+            let batch = (&mut x, &mut got_labels);
+            gpu.gather_matmul_bias(
+                (&resident, &indices),
+                batch,
+                spec,
+                w,
+                bias,
+                (&mut fused, 1),
+                activation,
+            )
+            .expect("gather_matmul_bias");
+            let what = format!("{rows} of {examples} x {features} to {outs}, {activation:?}");
+            assert_gathered(&gpu, &what, (&x, &got_labels), (&want_x, &want_labels));
+            let got = download(&gpu, &fused, 1, rows * outs);
+            assert_bitwise(&what, &got, &download(&gpu, &separate, 1, rows * outs));
+            assert_close(&what, &got, &want);
+            let bad = [examples as u32];
+            let batch = (&mut x, &mut got_labels);
+            let c = (&mut fused, 1);
+            let outcome = gpu.gather_matmul_bias(
+                (&resident, &bad),
+                batch,
+                Gemm::nn(1, outs, features),
+                w,
+                bias,
+                c,
+                activation,
+            );
+            assert!(
+                matches!(outcome, Err(KernelError::Shape(_))),
+                "{what}: {outcome:?}"
+            );
+            let batch = (&mut x, &mut got_labels);
+            let c = (&mut fused, 1);
+            let other = Gemm::nn(rows, outs, features + 1);
+            let outcome =
+                gpu.gather_matmul_bias((&resident, &indices), batch, other, w, bias, c, activation);
+            assert!(
+                matches!(outcome, Err(KernelError::Shape(_))),
+                "{what}: {outcome:?}"
+            );
+        }
+    }
+}
+
+/// A replayed sequence (the gather fused into a product, the batch's column sums, softmax
+/// cross-entropy of the product into a ring of losses) gives, on every call, what its CPU twin
+/// gives for that call's indices, the loss in that call's slot of the ring and nowhere else:
+/// run directly, captured, then launched as a graph with fresh indices and a fresh slot.
+#[test]
+fn replay_runs_the_captured_sequence_with_each_calls_indices() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng(11);
+    let (features, examples, rows, classes) = (37, 50, 12, 10);
+    let (set, resident) = data_set(&gpu, &mut rng, (features, examples));
     let mut x = poisoned(&gpu, rows * features);
     let mut got_labels = labels(&gpu, &vec![u32::MAX; rows]);
     let mut sums = poisoned(&gpu, features);
+    let (w, bias) = (
+        random(&mut rng, features * classes, 0.1),
+        random(&mut rng, classes, 1.0),
+    );
+    let (gw, gbias) = (upload(&gpu, &w, 0), upload(&gpu, &bias, 0));
+    let mut logits = poisoned(&gpu, 4 * rows * classes);
+    let mut dlogits = poisoned(&gpu, 4 * rows * classes);
+    let mut ring = poisoned(&gpu, 8);
     let mut wide = (
         poisoned(&gpu, 4 * rows * features),
         labels(&gpu, &vec![0; 4 * rows]),
@@ -423,9 +543,28 @@ fn replay_runs_the_captured_sequence_with_each_calls_indices() {
             4 => (&mut wide.0, &mut wide.1),
             _ => (&mut x, &mut got_labels),
         };
+        let spec = Gemm::nn(rows, classes, features);
         gpu.replay(rows as u64, &mut |b| {
-            b.gather(&resident, &indices, x, got_labels)?;
-            b.column_sum(x, rows, features, (&mut sums, 0))
+            let batch = (&mut *x, &mut *got_labels);
+            let (w, bias, c) = ((&gw, 0), (&gbias, 0), (&mut logits, 0));
+            b.gather_matmul_bias(
+                (&resident, &indices),
+                batch,
+                spec,
+                w,
+                bias,
+                c,
+                Activation::Identity,
+            )?;
+            b.column_sum(x, rows, features, (&mut sums, 0))?;
+            let shape = (rows, classes);
+            b.softmax_cross_entropy_into(
+                &logits,
+                got_labels,
+                shape,
+                &mut dlogits,
+                (&mut ring, call),
+            )
         })
         .expect("replay");
         let mut want_x = vec![0.0; rows * features];
@@ -435,6 +574,18 @@ fn replay_runs_the_captured_sequence_with_each_calls_indices() {
         cpu::column_sum(&want_x, &mut want_sums);
         let what = format!("call {call}");
         assert_exact(&what, &download(&gpu, &sums, 0, features), &want_sums);
+        let mut want_logits = vec![0.0; rows * classes];
+        cpu::matmul(spec, &want_x, &w, &mut want_logits);
+        cpu::bias_add(&mut want_logits, &bias);
+        let mut want_d = vec![0.0; rows * classes];
+        let want_loss =
+            cpu::softmax_cross_entropy(&want_logits, &want_labels, classes, &mut want_d);
+        let losses = download(&gpu, &ring, 0, 8);
+        assert_close(&what, &losses[call..=call], &[want_loss]);
+        assert!(
+            losses[call + 1..].iter().all(|l| l.is_nan()),
+            "{what}: {losses:?}"
+        );
     }
     // A shape error inside the sequence is the same error, captured or not.
     let bad = [examples as u32];

@@ -735,9 +735,11 @@ impl Types {
                 }
             }
         }
-        // A call of a free function of the backend: its declared return type, out of `Result`.
-        if let Some(open) = e.find('(') {
-            let function = &e[..open];
+        // A call of a free function or a method of the backend: its declared return type, out
+        // of `Result`.
+        let call = e.strip_prefix("self.").unwrap_or(e);
+        if let Some(open) = call.find('(') {
+            let (function, e) = (&call[..open], call);
             if is_identifier(function) && closing(e, open) == e.len() {
                 return self.returns(function);
             }
@@ -745,16 +747,18 @@ impl Types {
         fail()
     }
 
-    /// The return type of the backend's free function `name`, unwrapped from `Result<T, E>`.
+    /// The return type of the backend's free function or method `name`, unwrapped from
+    /// `Result<T, E>`.
     fn returns(&self, name: &str) -> String {
-        let declaration = format!("\nfn {name}");
+        let declaration = format!("fn {name}");
         let at = self
             .backend
             .match_indices(&declaration)
             .map(|(i, _)| i)
             .find(|&i| {
+                let before = self.backend[..i].chars().next_back();
                 let next = self.backend[i + declaration.len()..].chars().next();
-                matches!(next, Some('(' | '<'))
+                matches!(before, Some('\n' | ' ')) && matches!(next, Some('(' | '<'))
             })
             .unwrap_or_else(|| panic!("no fn {name} in src/backend.rs"));
         let signature = &self.backend[at..];
@@ -769,7 +773,7 @@ impl Types {
     /// The declared type of field `field` of struct `name`.
     fn field_type(&self, name: &str, field: &str) -> String {
         for source in &self.structs {
-            if let Some(at) = source.find(&format!("pub struct {name} {{")) {
+            if let Some(at) = source.find(&format!("struct {name} {{")) {
                 let open = at + source[at..].find('{').unwrap();
                 let body = &source[open + 1..closing(source, open) - 1];
                 for line in body.lines() {
@@ -819,6 +823,7 @@ fn kernel_parameters_match_what_the_launch_code_passes() {
         structs: vec![
             read("../tandem-tensor/src/cpu.rs"),
             read("../tandem-tensor/src/backend.rs"),
+            read("src/backend.rs"),
         ],
     };
     let launches = launches(&types.backend);

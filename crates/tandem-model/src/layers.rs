@@ -55,6 +55,28 @@ impl Dense {
         )
     }
 
+    /// [`forward`](Self::forward) from the batch of `examples` at `indices`, gathered into
+    /// `x` and `labels` on the way ([`Backend::gather_matmul_bias`]): a first layer.
+    pub fn forward_gathered<B: Backend>(
+        &self,
+        b: &B,
+        (params, offset): (&B::Buffer, usize),
+        batch: Batch<'_, B>,
+        output: &mut B::Buffer,
+    ) -> Result<(), B::Error> {
+        let product = Gemm::nn(batch.indices.len(), self.outs, self.ins);
+        let bias = offset + self.ins * self.outs;
+        b.gather_matmul_bias(
+            (batch.examples, batch.indices),
+            (batch.x, batch.labels),
+            product,
+            (params, offset),
+            (params, bias),
+            (output, 0),
+            self.activation,
+        )
+    }
+
     /// The backward pass of [`forward`](Self::forward) over `rows` rows. `delta` holds the
     /// loss's gradient with respect to the layer's `output`, or, when `delta_masked`, already
     /// with respect to what went into its activation (the product that computed it masked it,
@@ -92,6 +114,19 @@ impl Dense {
             None => Ok(()),
         }
     }
+}
+
+/// A batch to gather ([`Backend::gather`]): the examples at `indices` of `examples`, their
+/// features into the first rows of `x` and their labels into `labels`.
+pub struct Batch<'a, B: Backend> {
+    /// The data set.
+    pub examples: &'a B::Examples,
+    /// The batch's examples, by index in the data set.
+    pub indices: &'a [u32],
+    /// Where their features go.
+    pub x: &'a mut B::Buffer,
+    /// Where their labels go.
+    pub labels: &'a mut B::Labels,
 }
 
 /// Where [`Dense::backward`] writes its input's gradient, and the ReLU output it masks that
@@ -167,12 +202,56 @@ impl DenseStack {
         rows: usize,
         activations: &mut [B::Buffer],
     ) -> Result<(), B::Error> {
-        for (l, (layer, offset)) in self.layers.iter().zip(self.offsets()).enumerate() {
+        self.forward_from(0, b, params, x, rows, activations)
+    }
+
+    /// The forward passes of the layers from `first` on (layer 0's input `x`).
+    fn forward_from<B: Backend>(
+        &self,
+        first: usize,
+        b: &B,
+        params: &B::Buffer,
+        x: &B::Buffer,
+        rows: usize,
+        activations: &mut [B::Buffer],
+    ) -> Result<(), B::Error> {
+        let layers = self.layers.iter().zip(self.offsets()).enumerate();
+        for (l, (layer, offset)) in layers.skip(first) {
             let (before, after) = activations.split_at_mut(l);
             let input = before.last().unwrap_or(x);
             layer.forward(b, (params, offset), input, rows, &mut after[0])?;
         }
         Ok(())
+    }
+
+    /// [`forward`](Self::forward) from a batch gathered on the way, by the first layer's
+    /// product ([`Dense::forward_gathered`]).
+    pub fn forward_batch<B: Backend>(
+        &self,
+        b: &B,
+        params: &B::Buffer,
+        batch: Batch<'_, B>,
+        activations: &mut [B::Buffer],
+    ) -> Result<(), B::Error> {
+        let Batch {
+            examples,
+            indices,
+            x,
+            labels,
+        } = batch;
+        match self.layers.first() {
+            Some(first) => {
+                let batch = Batch {
+                    examples,
+                    indices,
+                    x: &mut *x,
+                    labels,
+                };
+                first.forward_gathered(b, (params, 0), batch, &mut activations[0])?
+            }
+            None => b.gather(examples, indices, x, labels)?,
+        }
+        self.forward_from(1, b, params, x, indices.len(), activations)
     }
 
     /// Every layer's backward pass, last to first: `deltas[l]` holds the gradient with respect

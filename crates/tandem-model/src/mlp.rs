@@ -1,7 +1,7 @@
 use tandem_core::{Helpers, ParamSpan};
 use tandem_tensor::Backend;
 
-use crate::layers::DenseStack;
+use crate::layers::{Batch, DenseStack};
 use crate::Network;
 
 /// A multi-layer perceptron: `inputs -> hidden[0] (ReLU) -> hidden[1] (ReLU) -> ... ->
@@ -130,6 +130,16 @@ impl Network for Mlp {
         activations: &mut [B::Buffer],
     ) -> Result<(), B::Error> {
         self.stack.forward(b, params, x, rows, activations)
+    }
+
+    fn forward_batch<B: Backend>(
+        &self,
+        b: &B,
+        params: &B::Buffer,
+        batch: Batch<'_, B>,
+        activations: &mut [B::Buffer],
+    ) -> Result<(), B::Error> {
+        self.stack.forward_batch(b, params, batch, activations)
     }
 
     fn backward<B: Backend>(

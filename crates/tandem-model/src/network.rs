@@ -7,6 +7,8 @@ use rand::Rng;
 use tandem_core::{Helpers, ParamSpan};
 use tandem_tensor::{cpu, Backend, CpuBackend, ExampleSet, ShapeError, Tensor};
 
+use crate::layers::Batch;
+
 /// Rows evaluated per forward pass in [`Network::evaluate`] and [`Network::predictions`].
 const EVAL_CHUNK: usize = 1000;
 
@@ -40,6 +42,20 @@ pub trait Network: Clone + Send + Sync + 'static {
         rows: usize,
         activations: &mut [B::Buffer],
     ) -> Result<(), B::Error>;
+
+    /// [`forward`](Self::forward) over a batch gathered on the way: [`Backend::gather`], then
+    /// the forward pass of its rows. A network may fuse the gather into its first operation
+    /// (as [`crate::layers::DenseStack::forward_batch`] does into its first product).
+    fn forward_batch<B: Backend>(
+        &self,
+        b: &B,
+        params: &B::Buffer,
+        batch: Batch<'_, B>,
+        activations: &mut [B::Buffer],
+    ) -> Result<(), B::Error> {
+        b.gather(batch.examples, batch.indices, batch.x, batch.labels)?;
+        self.forward(b, params, batch.x, batch.indices.len(), activations)
+    }
 
     /// The backward pass of [`forward`](Self::forward): the last of `deltas` holds the loss's
     /// gradient with respect to the logits; the others are scratch for the gradients with

@@ -4,7 +4,7 @@ use tandem_core::{
 use tandem_pool::Device;
 use tandem_tensor::{Backend, CpuBackend, ExampleSet, NarrowCpuBackend, ShapeError};
 
-use crate::layers::SoftmaxCrossEntropy;
+use crate::layers::{Batch, SoftmaxCrossEntropy};
 use crate::network::{activation_buffers, logits_of, logits_of_mut};
 use crate::{Mlp, Network};
 
@@ -37,8 +37,6 @@ pub type MlpReplica<B> = NetworkReplica<Mlp, B>;
 /// What one batch of examples needs on the backend: inputs and labels, the network's
 /// activations and the gradients of the loss with respect to them.
 struct BatchBuffers<B: Backend> {
-    /// The step's mean loss, where a device replica leaves it.
-    loss: B::Buffer,
     x: B::Buffer,
     labels: B::Labels,
     activations: Vec<B::Buffer>,
@@ -49,7 +47,6 @@ impl<B: Backend> BatchBuffers<B> {
     /// Buffers for batches of up to `rows` examples of `network`.
     fn new(backend: &B, network: &impl Network, rows: usize) -> Result<Self, B::Error> {
         Ok(Self {
-            loss: backend.zeros(1)?,
             x: backend.zeros(rows * network.inputs())?,
             labels: backend.zero_labels(rows)?,
             activations: activation_buffers(network, backend, rows)?,
@@ -180,38 +177,47 @@ impl<N: Network, B: Backend> NetworkReplica<N, B> {
             ..
         } = self;
         let params = lent.unwrap_or(own);
-        // A device replica's loss goes to a fixed place inside the step (which the backend may
-        // replay as one graph) and is copied to its slot after it.
+        // A device replica's loss goes to its slot in the ring from inside the step (which the
+        // backend may replay as one graph: the slot is one of the step's inputs).
+        let slot = match resident {
+            true => Some(losses.slot(backend)?),
+            false => None,
+        };
         let mut known = None;
         // The sequence is the same for a row count and the buffers of one capacity (growing
         // them replaces the buffers a captured sequence names).
         let key = (*capacity as u64) << 32 | rows as u64;
-        backend.replay(key, &mut |b| {
+        let outcome = backend.replay(key, &mut |b| {
             let BatchBuffers {
-                loss,
                 x,
                 labels,
                 activations,
                 deltas,
             } = buffers;
-            b.gather(examples, batch, x, labels)?;
-            network.forward(b, params, x, rows, activations)?;
+            let gathered = Batch {
+                examples,
+                indices: batch,
+                x: &mut *x,
+                labels: &mut *labels,
+            };
+            network.forward_batch(b, params, gathered, activations)?;
             let logits = logits_of(activations)?;
             let dlogits = logits_of_mut(deltas)?;
-            let on_device = resident.then_some((&mut *loss, 0));
+            let on_device = slot.map(|slot| (&mut losses.ring, slot));
             known = head.forward_backward(b, (logits, labels), rows, dlogits, on_device)?;
             network.backward(b, params, x, rows, activations, deltas, grads, helpers)?;
             match scaled {
                 true => b.unscale((grads, 0), params_len),
                 false => Ok(()),
             }
-        })?;
-        if let Some(loss) = known {
-            return Ok(StepLoss::Known(loss));
+        });
+        if let Err(e) = outcome {
+            if slot.is_some() {
+                losses.forget_last(); // the step left no loss there
+            }
+            return Err(e);
         }
-        let slot = losses.slot(backend)?;
-        backend.copy((&buffers.loss, 0), (&mut losses.ring, slot), 1)?;
-        Ok(StepLoss::OnDevice)
+        Ok(known.map_or(StepLoss::OnDevice, StepLoss::Known))
     }
 }
 

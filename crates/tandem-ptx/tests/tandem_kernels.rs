@@ -395,16 +395,28 @@ fn column_sum_count_correct() {
 /// Logits, gradient, mean loss, label check (`[bad labels, first bad label]`).
 type SoftmaxOut = (Vec<f32>, Vec<f32>, f32, Vec<u32>);
 
+/// Where the kernel is told to write the mean loss: `loss[*loss_at]` of a buffer of
+/// `LOSS_SLOTS`, the slot read on the device (a null `loss_at`: slot 0).
+const LOSS_SLOTS: usize = 4;
+
 /// Logits of `rows` x 10 classes (seed 12, scaled by 5), through tandem's
 /// softmax_cross_entropy (one block of 256 threads): on 2 host threads, or timed on one,
-/// printed as `timed_as`.
-fn softmax_launch(rows: usize, labels: &[u32], timed_as: Option<&str>) -> SoftmaxOut {
+/// printed as `timed_as`; the mean loss written to slot `loss_at` (`None`: a null pointer),
+/// checked to be the only slot written.
+fn softmax_launch(
+    rows: usize,
+    labels: &[u32],
+    timed_as: Option<&str>,
+    loss_at: Option<u32>,
+) -> SoftmaxOut {
     let classes = 10usize;
     let z: Vec<f32> = values(rows * classes, 12).iter().map(|v| v * 5.0).collect();
     let mut mem = Mem::new();
     let (dz, dl) = (mem.upload_f32(&z), mem.upload_u32(labels));
     let dd = mem.alloc(rows * classes * 4);
-    let (dloss, dstatus) = (mem.alloc(4), mem.alloc(8));
+    let untouched = -7.0f32;
+    let (dloss, dstatus) = (mem.upload_f32(&[untouched; LOSS_SLOTS]), mem.alloc(8));
+    let dat = loss_at.map_or(0, |at| mem.upload_u32(&[at]));
     let args = Args::new()
         .u64(dz)
         .u64(dl)
@@ -412,6 +424,7 @@ fn softmax_launch(rows: usize, labels: &[u32], timed_as: Option<&str>) -> Softma
         .u32(rows as u32)
         .u32(classes as u32)
         .u64(dloss)
+        .u64(dat)
         .u64(dstatus);
     let grid = dim(1, 1, 1);
     let (module, name) = ("softmax_xent", "softmax_cross_entropy");
@@ -426,7 +439,15 @@ fn softmax_launch(rows: usize, labels: &[u32], timed_as: Option<&str>) -> Softma
         ),
         None => run(module, name, grid, 256, &args, &mem, 2),
     }
-    (z, mem.f32s(dd), mem.f32s(dloss)[0], mem.u32s(dstatus))
+    let slot = loss_at.unwrap_or(0) as usize;
+    let losses = mem.f32s(dloss);
+    for (i, &loss) in losses.iter().enumerate() {
+        assert!(
+            i == slot || loss == untouched,
+            "slot {i} written, not {slot}"
+        );
+    }
+    (z, mem.f32s(dd), losses[slot], mem.u32s(dstatus))
 }
 
 /// A row of logits in f64, its maximum and the sum of exp(z - max).
@@ -455,16 +476,17 @@ fn mean_loss_ref(z: &[f32], labels: &[u32]) -> f64 {
 #[test]
 fn softmax_cross_entropy_rows() {
     let classes = 10usize;
-    for (rows, bad) in [
-        (7usize, &[(4usize, 11u32)][..]),
-        (300, &[]),
-        (300, &[(77, 12), (200, 10)]),
+    for (rows, bad, loss_at) in [
+        (7usize, &[(4usize, 11u32)][..], None),
+        (300, &[], Some(2)),
+        (300, &[(77, 12), (200, 10)], Some(3)),
+        (300, &[], None),
     ] {
         let mut labels: Vec<u32> = (0..rows as u32).map(|r| (r * 7) % 10).collect();
         for &(r, label) in bad {
             labels[r] = label;
         }
-        let (z, d, loss, status) = softmax_launch(rows, &labels, None);
+        let (z, d, loss, status) = softmax_launch(rows, &labels, None, loss_at);
         for r in 0..rows {
             let (row, max, sum) = softmax_ref(&z[r * classes..(r + 1) * classes]);
             for c in 0..classes {
@@ -702,7 +724,7 @@ fn softmax_cross_entropy_speed_20000x10() {
     let rows = 20_000usize;
     let labels: Vec<u32> = (0..rows as u32).map(|r| r % 10).collect();
     let (z, _, loss, status) =
-        softmax_launch(rows, &labels, Some("softmax_cross_entropy 20000x10"));
+        softmax_launch(rows, &labels, Some("softmax_cross_entropy 20000x10"), None);
     let want = mean_loss_ref(&z, &labels);
     assert!((loss as f64 - want).abs() < 1e-5 * want, "{loss} vs {want}");
     assert_eq!(status, [0, 0]);

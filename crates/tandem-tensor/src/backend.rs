@@ -132,6 +132,28 @@ pub struct ExampleSet {
     labels: Arc<[u8]>,
 }
 
+/// What every backend's resident data set ([`Backend::Examples`]) tells of itself.
+pub trait ResidentExamples: Send {
+    /// Features per example.
+    fn features(&self) -> usize;
+    /// Number of examples.
+    fn len(&self) -> usize;
+    /// Whether there are no examples.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl ResidentExamples for ExampleSet {
+    fn features(&self) -> usize {
+        ExampleSet::features(self)
+    }
+
+    fn len(&self) -> usize {
+        ExampleSet::len(self)
+    }
+}
+
 impl ExampleSet {
     /// `values` holds `labels.len()` examples of `features` bytes each; `None` otherwise.
     pub fn new(features: usize, values: Vec<u8>, labels: Vec<u8>) -> Option<Self> {
@@ -193,7 +215,7 @@ pub trait Backend: Send {
     /// `u32` label storage.
     type Labels: Send;
     /// A data set resident where the backend computes.
-    type Examples: Send;
+    type Examples: ResidentExamples;
     /// What can go wrong.
     type Error: std::error::Error + From<ShapeError> + Send + Sync + 'static;
 
@@ -284,6 +306,26 @@ pub trait Backend: Send {
         x: &mut Self::Buffer,
         labels: &mut Self::Labels,
     ) -> Result<(), Self::Error>;
+    /// [`gather`](Self::gather) of the examples at `indices` into `x` and `labels`, then
+    /// [`matmul_bias`](Self::matmul_bias) with the batch as op(A) (`spec`: `m` the batch's rows,
+    /// `k` its features, A not transposed): a network's first layer over a gathered batch, in
+    /// one pass where the backend can fuse them (a device backend reads the examples straight
+    /// into the product's tiles: one kernel instead of two).
+    #[allow(clippy::too_many_arguments)]
+    fn gather_matmul_bias(
+        &self,
+        (examples, indices): (&Self::Examples, &[u32]),
+        (x, labels): (&mut Self::Buffer, &mut Self::Labels),
+        spec: Gemm,
+        b: (&Self::Buffer, usize),
+        bias: (&Self::Buffer, usize),
+        c: (&mut Self::Buffer, usize),
+        activation: Activation,
+    ) -> Result<(), Self::Error> {
+        check::gather_matmul(indices.len(), examples.features(), spec)?;
+        self.gather(examples, indices, x, labels)?;
+        self.matmul_bias(spec, (x, 0), b, bias, c, activation)
+    }
     /// `C = op(A) . op(B)` (see [`Gemm`]), C overwritten.
     fn matmul(
         &self,
@@ -367,8 +409,9 @@ pub trait Backend: Send {
     /// Runs `ops`, a fixed sequence of operations on fixed buffers (a training step), as the
     /// backend sees fit: at once (the default), or, on a device, captured on a later call
     /// with the same `key` and from then on launched as one unit (a CUDA graph). Between calls
-    /// with one key only [`gather`](Self::gather)'s indices may differ: `ops` still runs each
-    /// time, for them and for its checks.
+    /// with one key only [`gather`](Self::gather)'s indices and the offset of
+    /// [`softmax_cross_entropy_into`](Self::softmax_cross_entropy_into)'s loss may differ:
+    /// `ops` still runs each time, for them and for its checks.
     fn replay(
         &self,
         key: u64,

@@ -93,6 +93,17 @@ pub fn gather(
     }
 }
 
+/// [`Backend::gather_matmul_bias`](crate::Backend::gather_matmul_bias)'s product against its
+/// batch of `rows` examples of `features` values: `spec.m` the rows, `spec.k` the features,
+/// op(A) (the batch) not transposed. (The gather and the product check the rest.)
+pub fn gather_matmul(rows: usize, features: usize, spec: Gemm) -> Result<(), ShapeError> {
+    let op = "gather_matmul_bias";
+    ShapeError::check_exact(op, "rows of the product", rows, spec.m)?;
+    ShapeError::check_exact(op, "features of the product", features, spec.k)?;
+    let transposed = usize::from(spec.a_transposed);
+    ShapeError::check_exact(op, "a transposed batch", 0, transposed)
+}
+
 /// [`Backend::matmul`](crate::Backend::matmul).
 pub fn matmul(spec: Gemm, a: Operand, b: Operand, c: Operand) -> Result<(), ShapeError> {
     gemm("matmul", spec, a, b, c)

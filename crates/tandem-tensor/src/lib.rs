@@ -35,6 +35,8 @@ pub mod cpu;
 mod narrow;
 mod tensor;
 
-pub use backend::{Activation, Backend, CpuBackend, ExampleSet, Gemm, ShapeError};
+pub use backend::{
+    Activation, Backend, CpuBackend, ExampleSet, Gemm, ResidentExamples, ShapeError,
+};
 pub use narrow::{decode_bf16, encode_bf16, round_to, NarrowCpuBackend};
 pub use tensor::Tensor;

@@ -24,14 +24,24 @@ struct SyncReplica {
     state: Vec<Box<dyn DeviceAlloc>>,
     /// Its gradients of a step, copied at the end of the step to `outbox[parity]` (the parity
     /// of the replica's step count), where every replica's next step reads them; the other
-    /// one still holds the previous step's, which slower replicas may be reading.
-    outbox: [Box<dyn DeviceAlloc>; 2],
+    /// one still holds the previous step's, which slower replicas may be reading. `None`
+    /// where the replica's own gradients serve ([`DeviceSyncStore::outboxes`]).
+    outbox: Option<[Box<dyn DeviceAlloc>; 2]>,
     /// Where some replicas are on other devices: every replica's outbox copied here first
     /// (worker `q`'s from value `q x len`), so that the update kernel reads only local memory.
     staging: Option<Box<dyn DeviceAlloc>>,
-    /// Recorded after each of its steps.
+    /// Recorded after each of its steps, for the other replicas' queues to wait on (none: a
+    /// replica's own queue runs its work in order).
     done: Box<dyn DeviceEvent>,
     progress: Mutex<Progress>,
+}
+
+/// Whether the replicas of a store of `workers` need outboxes for gradients of type `grads`:
+/// not a lone replica's f32 gradients, which the update at the start of its next step reads
+/// where they are (its own queue runs that update before the step overwrites them); a bf16
+/// exchange's are rounded into their outbox all the same.
+fn outboxes(workers: usize, grads: DType) -> bool {
+    workers > 1 || grads != DType::F32
 }
 
 /// An update whose gradients wait in the outboxes for a replica's next step.
@@ -58,7 +68,8 @@ struct Progress {
 /// memory of replicas on any devices.
 ///
 /// Each replica keeps the parameters and applies every update itself: a step's gradients go
-/// to the replica's outbox at the step's end, and the next step of every replica begins with
+/// to the replica's outbox at the step's end (a lone replica's f32 gradients stay where they
+/// are: nothing else reads them), and the next step of every replica begins with
 /// the update from all outboxes, summed in worker order (the optimiser's kernel: bitwise its
 /// host arithmetic), copied to its own device first where a replica is on another. Store work
 /// and step are one unit, which a replica that replays its steps launches as one graph
@@ -123,10 +134,13 @@ impl<'o, O: Optimizer + ?Sized> DeviceSyncStore<'o, O> {
                 Ok(SyncReplica {
                     master,
                     state: slots,
-                    outbox: [
-                        queue.alloc(len, devices.grads_dtype)?,
-                        queue.alloc(len, devices.grads_dtype)?,
-                    ],
+                    outbox: match outboxes(workers, devices.grads_dtype) {
+                        true => Some([
+                            queue.alloc(len, devices.grads_dtype)?,
+                            queue.alloc(len, devices.grads_dtype)?,
+                        ]),
+                        false => None,
+                    },
                     staging: match fleet.one_device {
                         true => None,
                         false => Some(queue.alloc(len * workers, devices.grads_dtype)?),
@@ -137,6 +151,15 @@ impl<'o, O: Optimizer + ?Sized> DeviceSyncStore<'o, O> {
             })
             .collect::<Result<Vec<_>, ReplicaError>>()?;
         Ok(Some(Self { devices, replicas }))
+    }
+
+    /// Where replica `q`'s gradients of the update of `parity` are: its outbox, or, where it
+    /// has none, its own gradients.
+    fn gradients(&self, q: usize, replica: &SyncReplica, parity: usize) -> u64 {
+        match &replica.outbox {
+            Some(outbox) => outbox[parity].address(),
+            None => self.devices.members[q].residence.grads,
+        }
     }
 
     /// What `worker`'s next step applies first, `pending` from every replica's outbox.
@@ -151,7 +174,7 @@ impl<'o, O: Optimizer + ?Sized> DeviceSyncStore<'o, O> {
         let mut ops = Vec::new();
         let mut grads = Vec::with_capacity(self.replicas.len());
         for (q, other) in self.replicas.iter().enumerate() {
-            let theirs = other.outbox[pending.parity].address();
+            let theirs = self.gradients(q, other, pending.parity);
             match &me.staging {
                 Some(staging) if devices.members[q].queue().memory() != memory => {
                     let here = devices.grads_dtype.at(staging.address(), q * devices.len);
@@ -196,11 +219,12 @@ impl<'o, O: Optimizer + ?Sized> DeviceSyncStore<'o, O> {
         }
         let first = members[0].queue();
         first.bind()?;
-        for other in &self.replicas {
+        for other in &self.replicas[1..] {
             first.wait(&*other.done)?;
         }
         // SAFETY: the replica's parameters and its average hold `len` values; the reads wait
-        // for the queue's work, and the waits above for every replica's last step.
+        // for the queue's work (the first replica's own steps among it), and the waits above
+        // for every other replica's last step.
         unsafe {
             let master = self.replicas[0].master.as_ref();
             first.read(
@@ -228,12 +252,13 @@ impl<'o, O: Optimizer + ?Sized> DeviceSyncStore<'o, O> {
         let devices = &self.devices;
         let mut grads = vec![vec![0.0f32; devices.len]; self.replicas.len()];
         let mut bits = vec![0u16; devices.len];
-        for ((member, replica), out) in devices.members.iter().zip(&self.replicas).zip(&mut grads) {
+        let replicas = devices.members.iter().zip(&self.replicas).enumerate();
+        for ((q, (member, replica)), out) in replicas.zip(&mut grads) {
             let queue = member.queue();
             queue.bind()?;
-            let outbox = replica.outbox[pending.parity].address();
-            // SAFETY: the outbox holds `len` values of its type; the read waits for its
-            // replica's queue.
+            let outbox = self.gradients(q, replica, pending.parity);
+            // SAFETY: the outbox (or the replica's gradients) holds `len` values of its type;
+            // the read waits for its replica's queue.
             match devices.grads_dtype {
                 DType::F32 => unsafe { queue.read(outbox, out)? },
                 _ => {
@@ -283,24 +308,30 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for DeviceSyncStore<'_, O>
             Some(pending) => self.pending_update(worker, pending)?,
             None => Vec::new(),
         };
-        let outbox = &me.outbox[(progress.steps % 2) as usize];
-        let (dst, src, len) = (outbox.address(), member.residence.grads, self.devices.len);
-        let after = vec![match self.devices.grads_dtype {
-            DType::F32 => DeviceOp::Copy {
-                dst,
-                src,
-                len,
-                dtype: DType::F32,
-            },
-            // Divided by the worker count before the rounding: their sum is then the mean.
-            dtype => DeviceOp::Compress {
-                dst,
-                src,
-                len,
-                divisor: self.replicas.len() as f32,
-                dtype,
-            },
-        }];
+        let (src, len) = (member.residence.grads, self.devices.len);
+        let after = match &me.outbox {
+            None => Vec::new(),
+            Some(outbox) => {
+                let dst = outbox[(progress.steps % 2) as usize].address();
+                vec![match self.devices.grads_dtype {
+                    DType::F32 => DeviceOp::Copy {
+                        dst,
+                        src,
+                        len,
+                        dtype: DType::F32,
+                    },
+                    // Divided by the worker count before the rounding: their sum is then the
+                    // mean.
+                    dtype => DeviceOp::Compress {
+                        dst,
+                        src,
+                        len,
+                        divisor: self.replicas.len() as f32,
+                        dtype,
+                    },
+                }]
+            }
+        };
         // SAFETY: every address is one of the store's buffers or the replica's, of the lengths
         // given, alive as long as the store; the waits above order the other replicas' work on
         // them.
@@ -338,7 +369,9 @@ impl<R: Replica, O: Optimizer + ?Sized> SyncStore<R> for DeviceSyncStore<'_, O> 
         }
         let me = &self.replicas[worker];
         let mut progress = lock(&me.progress);
-        queue.record(&*me.done)?;
+        if self.replicas.len() > 1 {
+            queue.record(&*me.done)?;
+        }
         progress.in_step = false;
         Ok(())
     }
