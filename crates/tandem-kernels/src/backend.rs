@@ -594,8 +594,9 @@ impl CudaBackend {
     }
 
     /// Queues softmax + cross-entropy over `rows` of logits (at least one), their mean into
-    /// `loss[*loss_at]` (`loss_at` null: `loss[0]`) and the label check into the scratch counts, in one kernel. A 16-bit backend then
-    /// rounds the logits' gradient, times the loss scale.
+    /// `loss[*loss_at]` (`loss_at` null: `loss[0]`) and the label check into the scratch
+    /// counts, in one kernel. A 16-bit backend then rounds the logits' gradient, times the
+    /// loss scale.
     fn softmax_loss(
         &self,
         logits: &DeviceBuffer<f32>,
