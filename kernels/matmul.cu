@@ -98,9 +98,11 @@ __device__ static float epilogue(float v, const float *__restrict__ bias, int re
     return mask && !(mask[i] > 0.0f) ? 0.0f : v;
 }
 
-// matmul's body; GATHERED: op(A) is gathered's batch (a unused, a_t and ones 0).
+// matmul's body; GATHERED: op(A) is gathered's batch (a unused, a_t and ones 0). Not static:
+// its tiles' names in the PTX would then carry a hash of this file's path, and the committed
+// PTX must not depend on where it was built.
 template <bool GATHERED>
-__device__ static void product(const float *__restrict__ a, Gather gathered,
+__device__ __forceinline__ void product(const float *__restrict__ a, Gather gathered,
                                const float *__restrict__ b, float *__restrict__ c,
                                const float *__restrict__ bias, int relu,
                                const float *__restrict__ mask, unsigned m, unsigned n, unsigned k,

@@ -358,6 +358,22 @@ fn count_correct_matches_cpu_including_ties() {
     }
 }
 
+/// A batch of `rows` random indices into `set`, with what the CPU gathers for it: the
+/// indices, the features and the labels.
+fn random_batch(
+    rng: &mut ChaCha8Rng,
+    set: &ExampleSet,
+    rows: usize,
+) -> (Vec<u32>, Vec<f32>, Vec<u32>) {
+    let indices: Vec<u32> = (0..rows)
+        .map(|_| rng.random_range(0..set.len() as u32))
+        .collect();
+    let mut x = vec![0.0; rows * set.features()];
+    let mut labels = vec![0; rows];
+    cpu::gather(set, &indices, &mut x, &mut labels);
+    (indices, x, labels)
+}
+
 /// The batch a gather wrote, features and labels, is `want`'s exactly.
 fn assert_gathered(
     gpu: &CudaBackend,
@@ -377,17 +393,8 @@ fn gather_matches_cpu() {
     let Some(gpu) = gpu() else { return };
     let mut rng = rng(7);
     for (features, examples, rows) in [(784, 300, 100), (37, 10, 25), (1, 5, 1), (300, 40, 0)] {
-        let values: Vec<u8> = (0..features * examples).map(|_| rng.random()).collect();
-        let classes: Vec<u8> = (0..examples).map(|_| rng.random_range(0..10)).collect();
-        let set = ExampleSet::new(features, values, classes).expect("a consistent data set");
-        let indices: Vec<u32> = (0..rows)
-            .map(|_| rng.random_range(0..examples as u32))
-            .collect();
-        let mut want_x = vec![0.0; rows * features];
-        let mut want_labels = vec![0; rows];
-        cpu::gather(&set, &indices, &mut want_x, &mut want_labels);
-
-        let resident = gpu.upload_examples(&set).expect("upload_examples");
+        let (set, resident) = data_set(&gpu, &mut rng, (features, examples));
+        let (indices, want_x, want_labels) = random_batch(&mut rng, &set, rows);
         let mut x = poisoned(&gpu, rows * features);
         let mut got_labels = labels(&gpu, &vec![u32::MAX; rows]);
         gpu.gather(&resident, &indices, &mut x, &mut got_labels)
@@ -432,12 +439,7 @@ fn gather_matmul_bias_is_the_gather_then_the_product() {
     ];
     for (features, examples, rows, outs) in cases {
         let (set, resident) = data_set(&gpu, &mut rng, (features, examples));
-        let indices: Vec<u32> = (0..rows)
-            .map(|_| rng.random_range(0..examples as u32))
-            .collect();
-        let mut want_x = vec![0.0; rows * features];
-        let mut want_labels = vec![0; rows];
-        cpu::gather(&set, &indices, &mut want_x, &mut want_labels);
+        let (indices, want_x, want_labels) = random_batch(&mut rng, &set, rows);
         let (w, bias) = (
             random(&mut rng, features * outs, 0.1),
             random(&mut rng, outs, 1.0),
@@ -536,9 +538,7 @@ fn replay_runs_the_captured_sequence_with_each_calls_indices() {
     // buffer, which the captured graph names; calls 5-7 must not replay that graph.
     for call in 0..8 {
         let rows = if call == 4 { 4 * rows } else { rows };
-        let indices: Vec<u32> = (0..rows)
-            .map(|_| rng.random_range(0..examples as u32))
-            .collect();
+        let (indices, want_x, want_labels) = random_batch(&mut rng, &set, rows);
         let (x, got_labels) = match call {
             4 => (&mut wide.0, &mut wide.1),
             _ => (&mut x, &mut got_labels),
@@ -567,9 +567,6 @@ fn replay_runs_the_captured_sequence_with_each_calls_indices() {
             )
         })
         .expect("replay");
-        let mut want_x = vec![0.0; rows * features];
-        let mut want_labels = vec![0; rows];
-        cpu::gather(&set, &indices, &mut want_x, &mut want_labels);
         let mut want_sums = vec![0.0; features];
         cpu::column_sum(&want_x, &mut want_sums);
         let what = format!("call {call}");
