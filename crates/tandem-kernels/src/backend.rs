@@ -730,32 +730,38 @@ impl CudaBackend {
     /// uploads are step inputs, and an update reads its values where they land.
     fn run_step_ops(&self, ops: &[DeviceOp]) -> Result<(), KernelError> {
         let pass = self.pass.get();
+        if pass == Pass::Direct {
+            // SAFETY: the store's promises (`around_next_step`'s); this thread has the context
+            // current, as every operation of the backend needs.
+            return unsafe { self.launcher().run(pass, ops) };
+        }
         let mut moved: Vec<(u64, u64, u64)> = Vec::new(); // (dst, its end, where it went)
-        let mut rest = Vec::with_capacity(ops.len());
         for op in ops {
-            match op {
-                DeviceOp::Upload { dst, values } if pass != Pass::Direct => {
-                    let bits: Vec<u32> = values.iter().map(|v| v.to_bits()).collect();
-                    if let Some(at) = self.step_input(&bits)? {
-                        moved.push((*dst, DType::F32.at(*dst, values.len()), at));
-                    }
+            if let DeviceOp::Upload { dst, values } = op {
+                let bits: Vec<u32> = values.iter().map(|v| v.to_bits()).collect();
+                if let Some(at) = self.step_input(&bits)? {
+                    moved.push((*dst, DType::F32.at(*dst, values.len()), at));
                 }
-                DeviceOp::Update { hyper, .. } => {
-                    let mut op = op.clone();
-                    let found = moved
-                        .iter()
-                        .find(|(dst, end, _)| (*dst..*end).contains(hyper));
-                    if let (DeviceOp::Update { hyper, .. }, Some((dst, _, at))) = (&mut op, found) {
-                        *hyper = *at + (*hyper - *dst);
-                    }
-                    rest.push(op);
-                }
-                op => rest.push(op.clone()),
             }
         }
-        // SAFETY: the store's promises (`around_next_step`'s) for its own operations; a moved
-        // update's values are at their place in the step inputs, written before the graph
-        // runs. This thread has the context current, as every operation of the backend needs.
+        if pass == Pass::Inputs {
+            return Ok(()); // the rest is in the captured graph
+        }
+        let rest: Vec<DeviceOp> = (ops.iter())
+            .filter(|op| !matches!(op, DeviceOp::Upload { .. }))
+            .map(|op| {
+                let mut op = op.clone();
+                if let DeviceOp::Update { hyper, .. } = &mut op {
+                    let found = (moved.iter()).find(|(dst, end, _)| (*dst..*end).contains(hyper));
+                    if let Some((dst, _, at)) = found {
+                        *hyper = *at + (*hyper - *dst);
+                    }
+                }
+                op
+            })
+            .collect();
+        // SAFETY: as above; a moved update's values are at their place in the step inputs,
+        // written before the graph runs.
         unsafe { self.launcher().run(pass, &rest) }
     }
 
