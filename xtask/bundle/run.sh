@@ -189,7 +189,8 @@ for row in csv.DictReader(lines[start:]):
     k = kernels.setdefault(row["ID"], {"name": row["Kernel Name"]})
     k[row["Metric Name"]] = float(row["Metric Value"].replace(",", ""))
 names = [k["name"] for k in kernels.values()]
-last = len(names) - 1 - names[::-1].index("gather")
+# The step begins with the batch's gather, fused into the first product (gather_matmul).
+last = max(i for i, n in enumerate(names) if n.startswith("gather"))
 first = last
 while first > 0 and names[first - 1] == "sgd_ema_update":
     first -= 1

@@ -261,14 +261,17 @@ const NARROW_SCALE: f32 = 1024.0;
 /// Issue 29's acceptance on the GPU, one pass: the 16-bit pass on the GPU (tensor-core
 /// products, every value rounded once) against its CPU twin, from the same parameters on the
 /// same batch. Both make the same roundings of f32 values that differ only in the last bits of
-/// their sums (the summation orders), so they part only where such a value lies within those
-/// bits of a rounding boundary: a small fraction of the values, each by one step of the type.
-/// Hence two bounds. Against f32 each is within (8 + L) u in norm (derived in
-/// `mixed_precision.rs`), so they are within 2 (8 + L) u of each other; and they must be at
-/// least 10 times closer to each other than either is to f32, which differs at every
-/// rounding (measured: bf16 0, all 397,510 gradients equal, against 3.7e-3 from f32; f16
-/// 1.2e-6, all but 3 equal, against 5.9e-4). Every gradient (times the loss scale it was
-/// computed at) is a value of the type.
+/// their sums: the twin sums in its own order and rounds to nearest, the tensor cores round
+/// each 16-term step toward zero (an H200 does; so does the stand-in). They part only where
+/// such a value lies within those bits of a rounding boundary, each by one step of the type,
+/// and a flipped activation reaches a row of gradients. Hence three bounds. Against f32 each
+/// is within (8 + L) u in norm (derived in `mixed_precision.rs`), so they are within
+/// 2 (8 + L) u of each other; at least 95% of the gradients are equal; and they are at least
+/// 4 times closer to each other than either is to f32, which differs at every rounding.
+/// Measured, the same on the H200 and on the stand-in: bf16 0, all 397,510 gradients equal
+/// (its products' sums are mostly exact in f32), against 3.7e-3 from f32; f16 7.6e-5, all but
+/// 7,024 equal (98.2%), against 5.9e-4 (7.8 times farther). Every gradient (times the loss
+/// scale it was computed at) is a value of the type.
 #[test]
 fn sixteen_bit_gradients_on_the_gpu_equal_the_cpu_twin() {
     let train = train_set();
@@ -293,7 +296,10 @@ fn sixteen_bit_gradients_on_the_gpu_equal_the_cpu_twin() {
              {equal} of {} gradients equal",
             on_gpu.len()
         );
-        assert!(twin <= bound && twin * 10.0 <= from_f32, "{dtype}");
+        assert!(
+            twin <= bound && twin * 4.0 <= from_f32 && equal * 20 >= on_gpu.len() * 19,
+            "{dtype}"
+        );
         let scale = gpu.loss_scaling().map_or(1.0, |s| s.scale());
         let mut held: Vec<f32> = on_gpu.iter().map(|g| g * scale).collect();
         let stored = held.clone();
