@@ -261,8 +261,9 @@ const NARROW_SCALE: f32 = 1024.0;
 /// Issue 29's acceptance on the GPU, one pass: the 16-bit pass on the GPU (tensor-core
 /// products, every value rounded once) against its CPU twin, from the same parameters on the
 /// same batch. Both make the same roundings of f32 values that differ only in the last bits of
-/// their sums: the twin sums in its own order and rounds to nearest, the tensor cores round
-/// each 16-term step toward zero (an H200 does; so does the stand-in). They part only where
+/// their sums: the twin sums in its own order and rounds to nearest, the tensor cores cut
+/// and truncate each 16-term step (the stand-in as the H200: the same gradients, bit for bit,
+/// by the digest printed below). They part only where
 /// such a value lies within those bits of a rounding boundary, each by one step of the type,
 /// and a flipped activation reaches a row of gradients. Hence three bounds. Against f32 each
 /// is within (8 + L) u in norm (derived in `mixed_precision.rs`), so they are within
@@ -291,9 +292,13 @@ fn sixteen_bit_gradients_on_the_gpu_equal_the_cpu_twin() {
         let from_f32 = relative_error(&on_gpu, &exact);
         let bound = 2.0 * (8.0 + logit) * 2f64.powi(-(significant_bits + 1));
         let equal = on_gpu.iter().zip(&on_cpu).filter(|(a, b)| a == b).count();
+        // FNV-1a of the gradients' bits: the stand-in and a GPU compared in one line.
+        let digest = on_gpu.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, g| {
+            (h ^ u64::from(g.to_bits())).wrapping_mul(0x0100_0000_01b3)
+        });
         eprintln!(
             "{dtype}: from the twin {twin:.2e} (bound {bound:.2e}), from f32 {from_f32:.2e}; \
-             {equal} of {} gradients equal",
+             {equal} of {} gradients equal; digest {digest:016x}",
             on_gpu.len()
         );
         assert!(

@@ -54,10 +54,10 @@ fn assert_of_type(what: &str, dtype: DType, values: &[f32]) {
 /// 16-value chunk of k is summed and added to the f32 accumulator with one rounding
 /// (`mma.sync`), so after `ceil(k / 16)` chunks (and the bias) the f32 value is within
 /// `(ceil(k / 16) + 1) e S` of the exact one, `S` the sum of `|a b|` (and `|bias|`), with
-/// `e = 2 u32 = 2^-23` where the chunk sum is exact and rounded toward zero (the stand-in, as an
-/// H200 rounds). A GPU's tensor cores may also align the products to the largest and truncate
-/// (Fasi et al., "Numerical behavior of NVIDIA tensor cores", 2021): up to a few ulps a chunk,
-/// so the test allows `e = 2^-22`, still far below what a misplaced fragment costs (a swapped pair: 0.40
+/// `e = u32 = 2^-24` where the chunk sum is exact and rounded to nearest. Tensor cores align
+/// the products to the largest, cut them below 2^-25 of it and truncate the sum (Fasi et al.,
+/// "Numerical behavior of NVIDIA tensor cores", 2021; the H200's rule, which the stand-in
+/// follows): up to a few ulps a chunk, so the test allows `e = 2^-22`, still far below what a misplaced fragment costs (a swapped pair: 0.40
 /// against a bound of 4.4e-4). The store rounds once more, by at most `u16` of its value (and
 /// half the smallest f16 subnormal, 2^-25). The CPU twin sums in f32 in its own order, so its
 /// accumulation is within `(k + 1) u32 S`, and then rounds once as well.

@@ -49,8 +49,7 @@ pub(crate) fn round32(hi: f64, lo: f64, rnd: Rnd) -> f32 {
     }
 }
 
-/// `a + b` as its f64 rounding and the exact error of that rounding (Knuth's TwoSum).
-pub(crate) fn two_sum(a: f64, b: f64) -> (f64, f64) {
+fn two_sum(a: f64, b: f64) -> (f64, f64) {
     let s = a + b;
     let bb = s - a;
     (s, (a - (s - bb)) + (b - bb))

@@ -32,9 +32,9 @@
 //!   `.ftz`, `.sat` and `.relu` on them are refused rather than ignored.
 //! - Tensor cores: `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32`, a
 //!   warp-collective like `shfl.sync` (every lane must arrive), with the ISA's fragment layouts;
-//!   the products are exact and the sum is rounded once to f32, toward zero (the ISA leaves the
-//!   order and precision of the accumulation to the hardware; an H200 gave the same MNIST
-//!   gradients with this rule, bit for bit, where rounding to nearest parted from it).
+//!   the products are exact, and their sum with the addend is the H200's (the ISA leaves the
+//!   order and precision of the accumulation to the hardware): aligned to the largest term,
+//!   each cut below 2^-25 of it, rounded to f32 toward zero (`exec.rs`, `mma_sum`).
 //! - Memory: ld/st/ldu in every state space and generic, `.v2/.v4`, every width, cache and
 //!   ordering qualifiers accepted and ignored; atom/red (add, min, max, inc, dec, and, or,
 //!   xor, exch, cas) on global (real host atomics) and shared memory. Every access is bounds-
