@@ -15,12 +15,15 @@
 // other in the gradient vector: one product writes both (the sums in increasing k, as
 // cpu::column_sum adds, within each split).
 //
-// Launch: grid (ceil(n / 32), ceil(m / 32), splits), block (8, 8), no dynamic shared memory.
-// Each block computes one 32 x 32 tile of C, each thread a 4 x 4 block of it held in registers
-// (rows 4 ty .. 4 ty + 3, columns 4 tx .. 4 tx + 3). Tiles of op(A) and op(B) are staged through
+// Launch: grid (ceil(n / 32), ceil(m / 32), splits), block (16, 16), no dynamic shared memory.
+// Each block computes one 32 x 32 tile of C, each thread a 2 x 2 block of it held in registers
+// (rows 2 ty, 2 ty + 1, columns 2 tx, 2 tx + 1). Tiles of op(A) and op(B) are staged through
 // shared memory 32 values of k at a time, both laid out k-major, so that for each k a thread
-// reads its four values of A and its four of B as two 16-byte loads and makes 16 multiply-adds
-// with them (2 shared loads per 16 FMAs; a thread per element of C would need 2 per FMA).
+// reads its two values of A and its two of B as two 8-byte loads and makes 4 multiply-adds
+// with them (0.5 shared loads per FMA; a thread per element of C would need 2 per FMA). Not
+// 4 x 4 on 8 x 8 threads (0.125 per FMA): at these sizes a block's walk over k waits on memory,
+// and 2 warps a block hid too little of it; on an H200 the 8 warps made the step's products
+// 1.7-2.7 times faster and a sync step on one replica 1.85 times (2026-12-04, README).
 // Values past the edges of the operands load as zeros, so m, n and k need not be multiples of
 // 32.
 //
@@ -38,7 +41,7 @@
 // tiles also write to x (each the rows and k of its tiles), and labels[r] =
 // example_labels[indices[r]]: a first layer's product and the gather that feeds it, one kernel.
 #define TILE 32
-#define SIDE 8                 // threads along x and along y
+#define SIDE 16                // threads along x and along y
 #define MICRO (TILE / SIDE)    // each thread's rows and columns of the tile
 #define THREADS (SIDE * SIDE)
 // Rows of the staged tiles are padded to 36 values: 16-byte aligned for the vector loads, and
@@ -52,6 +55,7 @@ struct Gather {
     const unsigned char *images;
     const unsigned *indices;
     float *x;
+    const float *scaled; // scaled[p] = p / 255.0f (shared memory), gather.cu's division
 };
 
 // s[kk][x] = the operand's element (x0 + x, k0 + kk) for the tile's 32 x and 32 kk, zero past
@@ -71,9 +75,9 @@ __device__ static void stage(float (*__restrict__ s)[STRIDE], const float *__res
         float v = 0.0f;
         if (gk < k_end) {
             if (GATHERED && gx < x_len) {
-                // gather.cu's value, the same correctly rounded division.
+                // gather.cu's value: the same correctly rounded division, from the table.
                 const size_t example = gathered.indices[gx];
-                v = gathered.images[example * k_len + gk] / 255.0f;
+                v = gathered.scaled[gathered.images[example * k_len + gk]];
                 if (gathered.x) {
                     gathered.x[(size_t)gx * k_len + gk] = v;
                 }
@@ -123,10 +127,10 @@ __device__ __forceinline__ void product(const float *__restrict__ a, Gather gath
         stage<false>(bs, b, Gather{}, col0, n, 0xffffffffu, k0, k_end, k, b_t, tid);
         __syncthreads();
         for (unsigned kk = 0; kk < TILE; ++kk) {
-            const float4 av = *reinterpret_cast<const float4 *>(&as[kk][MICRO * ty]);
-            const float4 bv = *reinterpret_cast<const float4 *>(&bs[kk][MICRO * tx]);
-            const float ar[MICRO] = {av.x, av.y, av.z, av.w};
-            const float br[MICRO] = {bv.x, bv.y, bv.z, bv.w};
+            const float2 av = *reinterpret_cast<const float2 *>(&as[kk][MICRO * ty]);
+            const float2 bv = *reinterpret_cast<const float2 *>(&bs[kk][MICRO * tx]);
+            const float ar[MICRO] = {av.x, av.y};
+            const float br[MICRO] = {bv.x, bv.y};
             for (unsigned i = 0; i < MICRO; ++i) {
                 for (unsigned j = 0; j < MICRO; ++j) {
                     acc[i][j] += ar[i] * br[j];
@@ -172,7 +176,14 @@ extern "C" __global__ void gather_matmul(const unsigned char *__restrict__ image
             }
         }
     }
-    const Gather gathered = {images, indices, blockIdx.x == 0 ? x : nullptr};
+    // A pixel's value, p / 255 correctly rounded, is one of 256: each is divided once a block
+    // instead of once an element loaded.
+    __shared__ float scaled[256];
+    for (unsigned p = threadIdx.y * SIDE + threadIdx.x; p < 256; p += THREADS) {
+        scaled[p] = p / 255.0f;
+    }
+    __syncthreads();
+    const Gather gathered = {images, indices, blockIdx.x == 0 ? x : nullptr, scaled};
     product<true>(nullptr, gathered, b, c, bias, relu, nullptr, m, n, k, 0, b_t, 0, k_split);
 }
 

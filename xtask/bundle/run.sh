@@ -152,8 +152,9 @@ for variant in eager graph graph-lerp compile; do
     log="logs/torch-$variant.log"
     script=anchors/torch_gpu_variants.py
     [ "$variant" = graph-lerp ] && script=anchors/torch_gpu_variants_lerp.py
-    # torch.compile spends most of its time compiling: it gets twice the limit.
-    limit=$([ "$variant" = compile ] && echo $((LIMIT * 2)) || echo "$LIMIT")
+    # torch.compile spends most of its time compiling and autotuning (over 100 s on an H200): it
+    # gets three times the limit.
+    limit=$([ "$variant" = compile ] && echo $((LIMIT * 3)) || echo "$LIMIT")
     timeout "$limit" python3 "$script" --epochs "$EPOCHS" --variants "${variant%-lerp}" \
         >"$log" 2>&1
     row=$(python3 - "$log" <<'EOF'
@@ -173,9 +174,11 @@ done
 
 if [ "${PROFILE:-0}" = 1 ]; then
     # Where a step's GPU time goes, kernel by kernel. ncu runs each kernel alone (graph nodes
-    # too), so the durations are each kernel's own, without the overlap of a graph launch.
+    # too), so the durations are each kernel's own, without the overlap of a graph launch. At
+    # the base clock without cache flushes: with --clock-control none the GPU idles at a low
+    # clock between the replayed kernels (an H200 read 2-3 times longer durations so).
     echo "== ncu: the kernels of one sync step on cuda:0"
-    if timeout 120 ncu --clock-control none --csv --print-units base \
+    if timeout 120 ncu --clock-control base --cache-control none --csv --print-units base \
         --metrics gpu__time_duration.sum,launch__grid_size \
         bin/mnist-train --sync --devices cuda:0 --steps 8 --log-every 0 >logs/ncu.csv 2>logs/ncu.err; then
         python3 - logs/ncu.csv <<'EOF' || echo "FAILED: reading logs/ncu.csv"

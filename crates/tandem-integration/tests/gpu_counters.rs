@@ -326,7 +326,7 @@ fn a_gpu_step_moves_only_its_batch_and_waits_only_for_f16_flags() {
             per_step("stream_calls"),
         );
         // What each kernel did in the extra steps: the products use the hardware (issue 30:
-        // at most half a shared-memory load a multiply-add; `matmul` makes an eighth,
+        // at most half a shared-memory load a multiply-add; `matmul` makes half,
         // `mma_matmul` loads its fragments from global memory).
         let kernel = |name: &str, key: &str| {
             let count = |run: &serde_json::Value| run["kernels"][name][key].as_u64().unwrap_or(0);
@@ -350,8 +350,15 @@ fn a_gpu_step_moves_only_its_batch_and_waits_only_for_f16_flags() {
             );
             if name.contains("matmul") {
                 assert!(fmas > 0.0, "{name}: the products multiply");
+                // gather_matmul also reads each pixel it stages from its table of quotients:
+                // at most one a staged value, which a block multiplies into a 32 x 32 tile.
+                let table_reads = if name == "gather_matmul" {
+                    fmas / 32.0
+                } else {
+                    0.0
+                };
                 assert!(
-                    kernel(name, "shared_loads") <= 0.5 * fmas,
+                    kernel(name, "shared_loads") <= 0.5 * fmas + table_reads,
                     "{name}: at most half a shared load a multiply-add"
                 );
             }

@@ -28,7 +28,7 @@ const UNSCALE_BLOCKS: u32 = 64;
 const MAX_BLOCKS: usize = 4096;
 /// `SIDE` of `kernels/matmul.cu`: a block of `MATMUL_SIDE x MATMUL_SIDE` threads computes a
 /// `TILE x TILE` tile of C.
-const MATMUL_SIDE: u32 = 8;
+const MATMUL_SIDE: u32 = 16;
 /// `mma_matmul` (kernels/narrow.cu): each warp computes a 16 x 8 tile of C, four warps a block
 /// side by side, so a block covers 16 rows and 32 columns.
 const MMA_ROWS: usize = 16;
