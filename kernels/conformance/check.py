@@ -1086,7 +1086,8 @@ def mma(s, rng, report):
                f"(within 2^-20 of the terms' magnitudes)",
                compare_abs(got, exact, 2.0 ** -20 * scale))
         report(f"mma.sync.m16n8k16.row.col.f32.{fmt}.{fmt}.f32, {tiles} tiles "
-               f"(bit for bit the H200's tensor cores)", compare_exact(got, tensor_core_sum(a, b, c)))
+               f"(bit for bit the H200's tensor cores)",
+               compare_exact(got, tensor_core_sum(a, b, c)))
 
 
 class Affine(ctypes.Structure):

@@ -263,9 +263,9 @@ const NARROW_SCALE: f32 = 1024.0;
 /// same batch. Both make the same roundings of f32 values that differ only in the last bits of
 /// their sums: the twin sums in its own order and rounds to nearest, the tensor cores cut
 /// and truncate each 16-term step (the stand-in as the H200: the same gradients, bit for bit,
-/// by the digest printed below). They part only where
-/// such a value lies within those bits of a rounding boundary, each by one step of the type,
-/// and a flipped activation reaches a row of gradients. Hence three bounds. Against f32 each
+/// by the digest printed below). They part only where such a value lies within those bits of
+/// a rounding boundary, each by one step of the type, and a flipped activation reaches a row
+/// of gradients. Hence three bounds. Against f32 each
 /// is within (8 + L) u in norm (derived in `mixed_precision.rs`), so they are within
 /// 2 (8 + L) u of each other; at least 95% of the gradients are equal; and they are at least
 /// 4 times closer to each other than either is to f32, which differs at every rounding.
