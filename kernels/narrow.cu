@@ -30,6 +30,34 @@ __device__ float at(const float *p, unsigned rows, unsigned cols, int t, unsigne
     return t ? p[(size_t)c * rows + r] : p[(size_t)r * cols + c];
 }
 
+// Where gather_mma_matmul's op(A) comes from (gather.cu's arguments), and where it writes the
+// batch: x null in the warps that do not.
+struct MmaGather {
+    const unsigned char *images;
+    const unsigned *indices;
+    float *x;
+};
+
+// op(A)[r][c] of mma_matmul (GATHERED false: `at`), or of gather_mma_matmul: the batch's pixel
+// as a 16-bit gather stores it (gather.cu's division, rounded), also written to x unless that
+// is null; zero past the edges either way.
+template <bool GATHERED>
+__device__ float a_at(const float *a, MmaGather gathered, unsigned m, unsigned k, int a_t,
+                      unsigned r, unsigned c, int bf16) {
+    if (!GATHERED) {
+        return at(a, m, k, a_t, r, c);
+    }
+    if (r >= m || c >= k) {
+        return 0.0f;
+    }
+    const unsigned char pixel = gathered.images[(size_t)gathered.indices[r] * k + c];
+    const float v = round_narrow(pixel / 255.0f, bf16);
+    if (gathered.x) {
+        gathered.x[(size_t)r * k + c] = v;
+    }
+    return v;
+}
+
 // C (m x n) = op(A) (m x k) . op(B) (k x n), the operands as in matmul.cu (a_t, b_t), then the
 // optional epilogues C = C + bias (bias null: none; relu != 0: max(0, C + bias)) and C = 0 where
 // mask (m x n) is not positive (mask null: none; matmul.cu's), in f32, then each value rounded
@@ -43,20 +71,28 @@ __device__ float at(const float *p, unsigned rows, unsigned cols, int t, unsigne
 // Launch: grid (ceil(n / 32), ceil(m / 16)), block 128: warp w of block (x, y) computes rows
 // 16 y .. 16 y + 15, columns 32 x + 8 w .. 32 x + 8 w + 7 (every lane takes part in the mma,
 // even past the edges, where it loads zeros and stores nothing).
-extern "C" __global__ void mma_matmul(const float *__restrict__ a, const float *__restrict__ b,
-                                      float *__restrict__ c, const float *__restrict__ bias,
-                                      int relu, const float *__restrict__ mask, unsigned m,
-                                      unsigned n, unsigned k, int a_t, int b_t, int bf16) {
+// The body of mma_matmul and gather_mma_matmul (GATHERED: op(A) is gathered's batch, a unused
+// and a_t 0). Not static, as matmul.cu's `product`: the committed PTX must not depend on where
+// it was built.
+template <bool GATHERED>
+__device__ __forceinline__ void mma_product(const float *__restrict__ a, MmaGather gathered,
+                                            const float *__restrict__ b, float *__restrict__ c,
+                                            const float *__restrict__ bias, int relu,
+                                            const float *__restrict__ mask, unsigned m,
+                                            unsigned n, unsigned k, int a_t, int b_t, int bf16) {
     const unsigned lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const unsigned row0 = blockIdx.y * 16, col0 = blockIdx.x * 32 + threadIdx.x / 32 * 8;
     const unsigned r0 = row0 + g, r1 = row0 + g + 8, col = col0 + g;
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (unsigned k0 = 0; k0 < k; k0 += 16) {
         const unsigned k1 = k0 + 2 * t, k2 = k1 + 8;
-        const unsigned a0 = pack(at(a, m, k, a_t, r0, k1), at(a, m, k, a_t, r0, k1 + 1), bf16);
-        const unsigned a1 = pack(at(a, m, k, a_t, r1, k1), at(a, m, k, a_t, r1, k1 + 1), bf16);
-        const unsigned a2 = pack(at(a, m, k, a_t, r0, k2), at(a, m, k, a_t, r0, k2 + 1), bf16);
-        const unsigned a3 = pack(at(a, m, k, a_t, r1, k2), at(a, m, k, a_t, r1, k2 + 1), bf16);
+        const auto a_of = [&](unsigned r, unsigned c) {
+            return a_at<GATHERED>(a, gathered, m, k, a_t, r, c, bf16);
+        };
+        const unsigned a0 = pack(a_of(r0, k1), a_of(r0, k1 + 1), bf16);
+        const unsigned a1 = pack(a_of(r1, k1), a_of(r1, k1 + 1), bf16);
+        const unsigned a2 = pack(a_of(r0, k2), a_of(r0, k2 + 1), bf16);
+        const unsigned a3 = pack(a_of(r1, k2), a_of(r1, k2 + 1), bf16);
         const unsigned b0 = pack(at(b, k, n, b_t, k1, col), at(b, k, n, b_t, k1 + 1, col), bf16);
         const unsigned b1 = pack(at(b, k, n, b_t, k2, col), at(b, k, n, b_t, k2 + 1, col), bf16);
         if (bf16) {
@@ -83,17 +119,41 @@ extern "C" __global__ void mma_matmul(const float *__restrict__ a, const float *
     }
 }
 
-// x[i] = round(x[i] * scale[0]) (scale null: round(x[i])) for i < len: what follows each
-// f32 kernel whose results a 16-bit backend stores (the loss scale multiplies the loss's
-// gradient before it is rounded; it is read from device memory, so that a captured step sees
-// the scale of each launch).
+extern "C" __global__ void mma_matmul(const float *__restrict__ a, const float *__restrict__ b,
+                                      float *__restrict__ c, const float *__restrict__ bias,
+                                      int relu, const float *__restrict__ mask, unsigned m,
+                                      unsigned n, unsigned k, int a_t, int b_t, int bf16) {
+    mma_product<false>(a, MmaGather{}, b, c, bias, relu, mask, m, n, k, a_t, b_t, bf16);
+}
+
+// gather_mma_matmul is mma_matmul with op(A) gathered on the fly from a u8 data set (a 16-bit
+// gather's batch, bit for bit), which the first warp of each block of the first column writes
+// to x (its 16 rows, every k), and labels[r] = example_labels[indices[r]]: a 16-bit first
+// layer's product and the gather that feeds it, one kernel (matmul.cu's gather_matmul for
+// f32). No mask: a first layer's forward pass.
+extern "C" __global__ void gather_mma_matmul(const unsigned char *__restrict__ images,
+                                             const unsigned char *__restrict__ example_labels,
+                                             const unsigned *__restrict__ indices,
+                                             float *__restrict__ x, unsigned *__restrict__ labels,
+                                             const float *__restrict__ b, float *__restrict__ c,
+                                             const float *__restrict__ bias, int relu, unsigned m,
+                                             unsigned n, unsigned k, int b_t, int bf16) {
+    const bool writes = blockIdx.x == 0 && threadIdx.x < 32;
+    if (writes && threadIdx.x < 16 && blockIdx.y * 16 + threadIdx.x < m) {
+        const unsigned row = blockIdx.y * 16 + threadIdx.x;
+        labels[row] = example_labels[indices[row]];
+    }
+    const MmaGather gathered = {images, indices, writes ? x : nullptr};
+    mma_product<true>(nullptr, gathered, b, c, bias, relu, nullptr, m, n, k, 0, b_t, bf16);
+}
+
+// x[i] = round(x[i]) for i < len: what follows the values a 16-bit backend takes from the
+// host, and the f32 kernels that have no `narrow` parameter of their own (round.cuh).
 // Launch: 1-D, 256 threads a block, any number of blocks (grid-stride).
-extern "C" __global__ void round_to(float *__restrict__ x, size_t len,
-                                    const float *__restrict__ scale, int bf16) {
-    const float s = scale ? scale[0] : 1.0f;
+extern "C" __global__ void round_to(float *__restrict__ x, size_t len, int bf16) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < len;
          i += (size_t)gridDim.x * blockDim.x) {
-        x[i] = round_narrow(x[i] * s, bf16);
+        x[i] = round_narrow(x[i], bf16);
     }
 }
 

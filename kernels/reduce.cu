@@ -2,12 +2,14 @@
 // launch shape, never on timing, and no kernel uses atomics.
 
 #include "reduce.cuh"
+#include "round.cuh"
 
 // out[c] = sum over r of x[r][c] for a row-major rows x cols matrix (cpu::column_sum: bias
-// gradients). One thread per column adds the rows in increasing order, the CPU twin's order.
+// gradients), rounded as `narrow` says (round.cuh). One thread per column adds the rows in
+// increasing order, the CPU twin's order.
 // Launch: grid ceil(cols / 256), block 256.
 extern "C" __global__ void column_sum(const float *__restrict__ x, unsigned rows, unsigned cols,
-                                      float *__restrict__ out) {
+                                      float *__restrict__ out, int narrow) {
     const unsigned c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= cols) {
         return;
@@ -16,7 +18,7 @@ extern "C" __global__ void column_sum(const float *__restrict__ x, unsigned rows
     for (unsigned r = 0; r < rows; ++r) {
         s += x[(size_t)r * cols + c]; // consecutive threads read consecutive columns
     }
-    out[c] = s;
+    out[c] = round_stored(s, narrow);
 }
 
 // out[0] = how many of the rows of logits (rows x classes) have their argmax (the first one on

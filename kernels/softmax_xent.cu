@@ -10,6 +10,10 @@
 //                writes each run's loss to a slot the host gives with the run's inputs
 //   status     = check_labels (reduce.cuh): how many labels are >= classes, and the first
 //
+// dlogits are stored multiplied by loss_scale[0] (read on the device, so that a captured step
+// sees each launch's; null: 1) and rounded as `narrow` says (round.cuh): a 16-bit backend's,
+// as the CPU twin rounds them (tandem_tensor::NarrowCpuBackend).
+//
 // Subtracting the row's maximum keeps exp from overflowing on large logits. One thread a row
 // does the row's arithmetic in the CPU twin's order, with explicitly rounded products so that
 // nvcc cannot fuse them into FMAs; only expf and logf differ from the host's. The mean is a
@@ -20,14 +24,18 @@
 // than the rows' arithmetic.
 
 #include "reduce.cuh"
+#include "round.cuh"
 
 extern "C" __global__ void softmax_cross_entropy(const float *__restrict__ logits,
                                                  const unsigned *__restrict__ labels,
                                                  float *__restrict__ dlogits, unsigned rows,
                                                  unsigned classes, float *__restrict__ loss,
                                                  const unsigned *__restrict__ loss_at,
-                                                 unsigned *__restrict__ status) {
+                                                 unsigned *__restrict__ status,
+                                                 const float *__restrict__ loss_scale,
+                                                 int narrow) {
     const float inv_rows = 1.0f / rows;
+    const float s = loss_scale ? loss_scale[0] : 1.0f;
     double total = 0.0; // this thread's rows' losses, in row order
     for (unsigned r = threadIdx.x; r < rows; r += REDUCE_THREADS) {
         const float *z = logits + (size_t)r * classes;
@@ -46,7 +54,8 @@ extern "C" __global__ void softmax_cross_entropy(const float *__restrict__ logit
         const float scale = __fdiv_rn(inv_rows, sum);
         for (unsigned c = 0; c < classes; ++c) {
             const float p = __fmul_rn(d[c], scale);
-            d[c] = c == label ? __fsub_rn(p, inv_rows) : p;
+            const float v = c == label ? __fsub_rn(p, inv_rows) : p;
+            d[c] = round_stored(__fmul_rn(v, s), narrow);
         }
         total += label < classes ? (double)(logf(sum) - __fsub_rn(z[label], max)) : (double)NAN;
     }

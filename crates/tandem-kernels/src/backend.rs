@@ -92,9 +92,9 @@ enum Epilogue<'b> {
     ColumnSums,
 }
 
-/// A batch that `gather_matmul` gathers as it loads op(A) (f32 only): the data set's images
-/// and labels, the batch's indices, and where it writes the batch (`x`, of `x_len` values) and
-/// its labels, as `gather` would.
+/// A batch that `gather_matmul` (16-bit: `gather_mma_matmul`) gathers as it loads op(A): the
+/// data set's images and labels, the batch's indices, and where it writes the batch (`x`, of
+/// `x_len` values) and its labels, as `gather` would.
 #[derive(Clone, Copy)]
 struct GatheredBatch {
     images: DevicePointer<u8>,
@@ -187,8 +187,9 @@ struct Scratch {
     inputs: DeviceBuffer<u32>,
     /// The mean loss (`softmax_cross_entropy`).
     loss: DeviceBuffer<f32>,
-    /// The loss scale a 16-bit backend multiplies the loss's gradient by (`round_to` reads it
-    /// when it runs, so a captured step follows [`Backend::set_loss_scale`]).
+    /// The loss scale a 16-bit backend multiplies the loss's gradient by
+    /// (`softmax_cross_entropy` reads it when it runs, so a captured step follows
+    /// [`Backend::set_loss_scale`]).
     loss_scale: DeviceBuffer<f32>,
     /// `[lr, wd, d]` of [`CudaBackend::sgd_ema_update`].
     hyper: DeviceBuffer<f32>,
@@ -568,35 +569,32 @@ impl CudaBackend {
         }
     }
 
-    /// Rounds the `len` values at `x` to a 16-bit backend's type, multiplied first by the loss
-    /// scale when `scaled` (`round_to`); nothing on an `f32` backend. What follows every
-    /// operation whose kernel stores `f32` results, as [`tandem_tensor::NarrowCpuBackend`]
-    /// rounds after [`tandem_tensor::CpuBackend`].
-    fn round(&self, x: DevicePointer<f32>, len: usize, scaled: bool) -> Result<(), KernelError> {
+    /// Rounds the `len` values at `x` to a 16-bit backend's type (`round_to`); nothing on an
+    /// `f32` backend. What follows the operations whose kernel stores `f32` results (values
+    /// from the host, `bias_add`), as [`tandem_tensor::NarrowCpuBackend`] rounds after
+    /// [`tandem_tensor::CpuBackend`]; the step's other kernels round as they store (their
+    /// `narrow` parameter).
+    fn round(&self, x: DevicePointer<f32>, len: usize) -> Result<(), KernelError> {
         if self.dtype == DType::F32 || len == 0 {
             return Ok(());
         }
-        let scale = match scaled {
-            true => self.scratch.borrow().loss_scale.as_device_ptr(),
-            false => DevicePointer::null(),
-        };
         let bf16 = i32::from(self.dtype == DType::BF16);
         // SAFETY: the arguments follow `round_to`'s parameters; x covers len values (the
-        // caller's operation checked it), scale is one value or null.
+        // caller's operation checked it).
         unsafe {
             self.launch(
                 Kernel::RoundTo,
                 stride_grid(len),
                 BLOCK,
-                args![x, len, scale, bf16],
+                args![x, len, bf16],
             )
         }
     }
 
     /// Queues softmax + cross-entropy over `rows` of logits (at least one), their mean into
     /// `loss[*loss_at]` (`loss_at` null: `loss[0]`) and the label check into the scratch
-    /// counts, in one kernel. A 16-bit backend then rounds the logits' gradient, times the
-    /// loss scale.
+    /// counts, in one kernel; on a 16-bit backend it stores the logits' gradient times the
+    /// loss scale, rounded.
     fn softmax_loss(
         &self,
         logits: &DeviceBuffer<f32>,
@@ -610,14 +608,20 @@ impl CudaBackend {
         let logits = span((logits, 0));
         let labels = span((labels, 0));
         let dlogits = span_mut((dlogits, 0));
-        let len = rows * classes; // checked against the buffers above
         let rows_u32 = dim("softmax_cross_entropy: rows", rows)?;
         let classes_u32 = dim("softmax_cross_entropy: classes", classes)?;
         // The label check goes to counts[1..3], where count_correct leaves its own.
-        let status = span((&self.scratch.borrow().counts, 1));
+        let scratch = self.scratch.borrow();
+        let status = span((&scratch.counts, 1));
+        let loss_scale = match self.dtype {
+            DType::F32 => DevicePointer::null(),
+            _ => scratch.loss_scale.as_device_ptr(),
+        };
+        drop(scratch);
+        let narrow = narrow(self.dtype);
         // SAFETY: the arguments follow `softmax_cross_entropy`'s parameters; logits and dlogits
         // cover rows*classes values, labels rows, loss one from the slot at loss_at (the
-        // caller's) and status two (of the three counts).
+        // caller's), status two (of the three counts) and loss_scale one or is null.
         unsafe {
             self.launch(
                 Kernel::SoftmaxCrossEntropy,
@@ -631,11 +635,12 @@ impl CudaBackend {
                     classes_u32,
                     loss,
                     loss_at,
-                    status
+                    status,
+                    loss_scale,
+                    narrow
                 ],
-            )?;
+            )
         }
-        self.round(dlogits, len, true)
     }
 
     /// [`Launcher::launch`] on this backend's stream, except while [`Backend::replay`] queues
@@ -656,6 +661,35 @@ impl CudaBackend {
         }
         // SAFETY: the caller's promises; the thread has the context current (`make_current`).
         unsafe { self.launcher().launch(kernel, grid, block, args) }
+    }
+
+    /// [`launch`](Self::launch) of a kernel that gathers `batch` (`gather_matmul`,
+    /// `gather_mma_matmul`): the batch's images, labels, indices, `x` and `labels` are its first
+    /// parameters, `rest` the others.
+    ///
+    /// # Safety
+    ///
+    /// As [`Launcher::launch`]'s.
+    unsafe fn launch_gathered(
+        &self,
+        kernel: Kernel,
+        (grid, block): (Dim3, Dim3),
+        batch: GatheredBatch,
+        rest: &[*mut c_void],
+    ) -> Result<(), KernelError> {
+        let GatheredBatch {
+            images,
+            example_labels,
+            indices,
+            x,
+            labels,
+            ..
+        } = batch;
+        let mut all = args![images, example_labels, indices, x, labels].to_vec();
+        all.extend_from_slice(rest);
+        // SAFETY: the caller's promises; `all` points at this frame's copies of the batch's
+        // pointers, alive until the launch returns.
+        unsafe { self.launch(kernel, grid, block, &all) }
     }
 
     /// Where the step input `values` are on the device while [`Backend::replay`] runs a pass:
@@ -833,21 +867,27 @@ impl CudaBackend {
         );
         let (a_t, b_t) = (i32::from(a_transposed), i32::from(b_transposed));
         if self.dtype != DType::F32 {
-            let ProductA::Buffer(a) = a else {
-                unreachable!("gather_matmul_bias gathers first on a 16-bit backend")
-            };
-            let a = span(a);
             let grid = (n.div_ceil(MMA_COLS), grid_y as u32);
             let bf16 = i32::from(self.dtype == DType::BF16);
-            // SAFETY: the arguments follow `mma_matmul`'s parameters: a, b and c cover m*k, k*n
-            // and m*n values, bias n values or is null, the mask m*n or is null (checked above).
+            // SAFETY: the arguments follow `mma_matmul`'s (or `gather_mma_matmul`'s)
+            // parameters: a (or the batch, whose indices are below the data set's length), b
+            // and c cover m*k, k*n and m*n values, bias n values or is null, the mask m*n or is
+            // null (checked above; a gathered product has none).
             return unsafe {
-                self.launch(
-                    Kernel::MmaMatmul,
-                    grid,
-                    MMA_BLOCK,
-                    args![a, b, c, bias, relu, mask, m, n, k, a_t, b_t, bf16],
-                )
+                match a {
+                    ProductA::Buffer(a) => self.launch(
+                        Kernel::MmaMatmul,
+                        grid,
+                        MMA_BLOCK,
+                        args![span(a), b, c, bias, relu, mask, m, n, k, a_t, b_t, bf16],
+                    ),
+                    ProductA::Gathered(batch) => self.launch_gathered(
+                        Kernel::GatherMmaMatmul,
+                        (grid.into(), MMA_BLOCK.into()),
+                        batch,
+                        args![b, c, bias, relu, m, n, k, b_t, bf16],
+                    ),
+                }
             };
         }
         let (grid_x, grid_y) = (n.div_ceil(TILE as u32), grid_y as u32);
@@ -888,37 +928,12 @@ impl CudaBackend {
                         args![a, b, out, bias, relu, mask, m, n, k, a_t, b_t, ones, k_split],
                     )?
                 }
-                ProductA::Gathered(batch) => {
-                    let GatheredBatch {
-                        images,
-                        example_labels,
-                        indices,
-                        x,
-                        labels,
-                        ..
-                    } = batch;
-                    self.launch(
-                        Kernel::GatherMatmul,
-                        grid,
-                        block,
-                        args![
-                            images,
-                            example_labels,
-                            indices,
-                            x,
-                            labels,
-                            b,
-                            out,
-                            bias,
-                            relu,
-                            m,
-                            n,
-                            k,
-                            b_t,
-                            k_split
-                        ],
-                    )?
-                }
+                ProductA::Gathered(batch) => self.launch_gathered(
+                    Kernel::GatherMatmul,
+                    (grid, block.into()),
+                    batch,
+                    args![b, out, bias, relu, m, n, k, b_t, k_split],
+                )?,
             }
             if count > 1 {
                 self.launch(
@@ -1414,6 +1429,16 @@ fn copy_args(copy: Option<RoundedCopy>) -> (u64, i32) {
     }
 }
 
+/// The `narrow` parameter (`kernels/round.cuh`) of a kernel that stores a `dtype` backend's
+/// results: what it rounds them to (`round_stored`).
+fn narrow(dtype: DType) -> i32 {
+    match dtype {
+        DType::F32 => 0,
+        DType::BF16 => 1,
+        DType::F16 => 2,
+    }
+}
+
 /// Whether the update kernels write a [`RoundedCopy`] of type `dtype`.
 pub(crate) fn rounds_to(dtype: DType) -> bool {
     matches!(dtype, DType::BF16 | DType::F16)
@@ -1645,7 +1670,7 @@ impl Backend for CudaBackend {
     ) -> Result<(), KernelError> {
         check::upload(src.len(), Operand::at(dst.len(), offset))?;
         self.copy_in("upload", src, dst, offset)?;
-        self.round(span_mut((dst, offset)), src.len(), false)
+        self.round(span_mut((dst, offset)), src.len())
     }
 
     fn download(
@@ -1669,7 +1694,7 @@ impl Backend for CudaBackend {
         let host = scratch.staging(&self.context, dst.len())?;
         fill(host);
         self.copy_in("write_with", host, dst, 0)?;
-        self.round(span_mut((dst, 0)), dst.len(), false)
+        self.round(span_mut((dst, 0)), dst.len())
     }
 
     /// Stages through pinned host memory: the buffer is downloaded, then handed to `read`.
@@ -1722,6 +1747,7 @@ impl Backend for CudaBackend {
         let indices = self.batch_indices(indices)?;
         let values = examples.values.as_device_ptr();
         let example_labels = examples.labels.as_device_ptr();
+        let narrow = narrow(self.dtype);
         // SAFETY: the arguments follow `gather`'s parameters; x covers rows*features values,
         // labels rows, the uploaded indices rows, and each index is below the data set's
         // length (checked above).
@@ -1730,10 +1756,9 @@ impl Backend for CudaBackend {
                 Kernel::Gather,
                 grid,
                 BLOCK,
-                args![values, example_labels, indices, features, x, labels],
-            )?;
+                args![values, example_labels, indices, features, x, labels, narrow],
+            )
         }
-        self.round(x, rows * examples.features, false)
     }
 
     fn matmul(
@@ -1812,8 +1837,8 @@ impl Backend for CudaBackend {
         )
     }
 
-    /// f32: one `gather_matmul` (the batch gathered as the product loads its tiles, and
-    /// written to `x` and `labels` on the way); 16-bit: `gather`, then the product.
+    /// One `gather_matmul` (16-bit: `gather_mma_matmul`): the batch gathered as the product
+    /// loads its operand, and written to `x` and `labels` on the way.
     fn gather_matmul_bias(
         &self,
         (examples, indices): (&DeviceExamples, &[u32]),
@@ -1824,11 +1849,6 @@ impl Backend for CudaBackend {
         c: (&mut DeviceBuffer<f32>, usize),
         activation: Activation,
     ) -> Result<(), KernelError> {
-        if self.dtype != DType::F32 {
-            check::gather_matmul(indices.len(), examples.features, spec)?;
-            self.gather(examples, indices, x, labels)?;
-            return self.matmul_bias(spec, (x, 0), b, bias, c, activation);
-        }
         check::gather_matmul(indices.len(), examples.features, spec)?;
         check::gather(
             examples.len,
@@ -1945,7 +1965,7 @@ impl Backend for CudaBackend {
                 args![x, bias, len, cols, relu],
             )?;
         }
-        self.round(x, len, false)
+        self.round(x, len)
     }
 
     fn relu_backward(
@@ -2052,6 +2072,7 @@ impl Backend for CudaBackend {
         let out = span_mut(out);
         let rows = dim("column_sum: rows", rows)?;
         let cols = dim("column_sum: cols", cols)?;
+        let narrow = narrow(self.dtype);
         // SAFETY: the arguments follow `column_sum`'s parameters; x covers rows*cols values
         // and out cols.
         unsafe {
@@ -2059,10 +2080,9 @@ impl Backend for CudaBackend {
                 Kernel::ColumnSum,
                 cols.div_ceil(BLOCK),
                 BLOCK,
-                args![x, rows, cols, out],
-            )?;
+                args![x, rows, cols, out, narrow],
+            )
         }
-        self.round(out, cols as usize, false)
     }
 
     fn count_correct(

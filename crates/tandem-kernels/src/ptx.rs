@@ -130,11 +130,14 @@ kernel_table! {
         /// `matmul` with op(A) a batch it gathers (`gather`'s arithmetic), writing the batch.
         GatherMatmul => "gather_matmul",
     }
-    /// `kernels/narrow.cu` (compute_80): the 16-bit backend's tensor-core `mma_matmul`,
-    /// `round_to`, which rounds a span to bf16 or f16, and `unscale`, which takes the loss
-    /// scale off the gradients and flags those that are not finite.
+    /// `kernels/narrow.cu` (compute_80): the 16-bit backend's tensor-core `mma_matmul` and
+    /// `gather_mma_matmul`, `round_to`, which rounds a span to bf16 or f16, and `unscale`,
+    /// which takes the loss scale off the gradients and flags those that are not finite.
     NARROW = "narrow" {
         MmaMatmul => "mma_matmul",
+        /// `mma_matmul` with op(A) a batch it gathers (a 16-bit `gather`'s values), writing
+        /// the batch.
+        GatherMmaMatmul => "gather_mma_matmul",
         RoundTo => "round_to",
         Unscale => "unscale",
     }

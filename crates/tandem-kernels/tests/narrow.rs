@@ -40,6 +40,22 @@ fn gap(dtype: DType, v: f64) -> f64 {
     }
 }
 
+/// A data set of `examples` random images of `features` pixels (labels below 10), and a batch
+/// of `rows` of them drawn at random.
+fn random_batch(
+    rng: &mut impl Rng,
+    (features, examples): (usize, usize),
+    rows: usize,
+) -> (ExampleSet, Vec<u32>) {
+    let pixels: Vec<u8> = (0..features * examples).map(|_| rng.random()).collect();
+    let kinds: Vec<u8> = (0..examples).map(|_| rng.random_range(0..10)).collect();
+    let set = ExampleSet::new(features, pixels, kinds).expect("a consistent data set");
+    let indices: Vec<u32> = (0..rows)
+        .map(|_| rng.random_range(0..examples as u32))
+        .collect();
+    (set, indices)
+}
+
 /// Every value is one of the type's (rounding leaves it as it is).
 fn assert_of_type(what: &str, dtype: DType, values: &[f32]) {
     let mut rounded = values.to_vec();
@@ -161,12 +177,7 @@ fn tensor_core_products_are_exact_chunks_rounded_once() {
 fn every_kernel_stores_the_twins_values_of_the_type() {
     let mut rng = rng(30);
     let (rows, features, classes, examples) = (13, 37, 10, 40);
-    let pixels: Vec<u8> = (0..features * examples).map(|_| rng.random()).collect();
-    let kinds: Vec<u8> = (0..examples).map(|_| rng.random_range(0..10)).collect();
-    let set = ExampleSet::new(features, pixels, kinds).expect("a consistent data set");
-    let indices: Vec<u32> = (0..rows)
-        .map(|_| rng.random_range(0..examples as u32))
-        .collect();
+    let (set, indices) = random_batch(&mut rng, (features, examples), rows);
     for dtype in NARROW {
         let Some(gpu) = gpu(dtype) else { return };
         let cpu = twin(dtype);
@@ -284,6 +295,68 @@ fn every_kernel_stores_the_twins_values_of_the_type() {
             if scale == 2f32.powi(24) {
                 assert_eq!(zeros, 0, "{what}: the scale keeps every gradient");
             }
+        }
+    }
+}
+
+/// The gather fused into a 16-bit first layer's product (`gather_matmul_bias`, one
+/// `gather_mma_matmul`) writes the batch and its labels as the 16-bit `gather` does (every
+/// value, over poison), and its product bit for bit as that `gather` then `matmul_bias`: rows
+/// and columns past one block's, k not a multiple of 16, with and without a ReLU.
+#[test]
+fn a_sixteen_bit_gather_matmul_is_the_gather_then_the_product() {
+    let mut rng = rng(41);
+    let (features, examples, rows, outs) = (50, 40, 37, 70);
+    let (set, indices) = random_batch(&mut rng, (features, examples), rows);
+    let (w, bias) = (
+        random(&mut rng, features * outs, 0.1),
+        random(&mut rng, outs, 1.0),
+    );
+    let spec = Gemm::nn(rows, outs, features);
+    for dtype in NARROW {
+        let Some(gpu) = gpu(dtype) else { return };
+        let resident = gpu.upload_examples(&set).unwrap();
+        let (w, bias) = (upload(&gpu, &w, 0), upload(&gpu, &bias, 0));
+        for activation in [Activation::Relu, Activation::Identity] {
+            let what = format!("{dtype} {activation:?}");
+            let mut x = gpu.zeros(rows * features).unwrap();
+            let mut labels = gpu.zero_labels(rows).unwrap();
+            let mut separate = gpu.zeros(rows * outs).unwrap();
+            gpu.gather(&resident, &indices, &mut x, &mut labels)
+                .unwrap();
+            gpu.matmul_bias(
+                spec,
+                (&x, 0),
+                (&w, 0),
+                (&bias, 0),
+                (&mut separate, 0),
+                activation,
+            )
+            .unwrap();
+            let mut fused_x = upload(&gpu, &vec![f32::NAN; rows * features], 0);
+            let mut fused_labels = gpu.zero_labels(rows).unwrap();
+            gpu.upload_labels(&vec![u32::MAX; rows], &mut fused_labels, 0)
+                .unwrap();
+            let mut fused = upload(&gpu, &vec![f32::NAN; rows * outs], 0);
+            gpu.gather_matmul_bias(
+                (&resident, &indices),
+                (&mut fused_x, &mut fused_labels),
+                spec,
+                (&w, 0),
+                (&bias, 0),
+                (&mut fused, 0),
+                activation,
+            )
+            .unwrap();
+            let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+            let batch = |x: &_| bits(download(&gpu, x, 0, rows * features));
+            assert_eq!(batch(&fused_x), batch(&x), "{what}: the batch");
+            let (mut got, mut want) = (vec![0; rows], vec![0; rows]);
+            gpu.download_labels(&fused_labels, 0, &mut got).unwrap();
+            gpu.download_labels(&labels, 0, &mut want).unwrap();
+            assert_eq!(got, want, "{what}: the labels");
+            let product = |c: &_| bits(download(&gpu, c, 0, rows * outs));
+            assert_eq!(product(&fused), product(&separate), "{what}: the product");
         }
     }
 }

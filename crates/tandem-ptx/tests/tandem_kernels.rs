@@ -299,6 +299,22 @@ fn bias_add_and_relu_backward() {
     assert_eq!(mem.f32s(dg), want);
 }
 
+/// The kernels' `narrow` parameters (`kernels/round.cuh`): what they round a stored result to.
+const NARROWS: [u32; 3] = [NARROW_NONE, NARROW_BF16, NARROW_F16];
+const NARROW_NONE: u32 = 0;
+const NARROW_BF16: u32 = 1;
+const NARROW_F16: u32 = 2;
+
+/// `v` as a kernel with `narrow` stores it, by the `half` crate: rounded to the nearest bf16 or
+/// f16 value, ties to even (or itself).
+fn stored(v: f32, narrow: u32) -> f32 {
+    match narrow {
+        NARROW_NONE => v,
+        NARROW_BF16 => half::bf16::from_f32(v).to_f32(),
+        _ => half::f16::from_f32(v).to_f32(),
+    }
+}
+
 #[test]
 fn gather_rows() {
     let (examples, features, rows) = (9usize, 300usize, 5usize);
@@ -307,62 +323,70 @@ fn gather_rows() {
         .collect();
     let ex_labels: Vec<u8> = (0..examples).map(|i| (i % 10) as u8).collect();
     let indices: Vec<u32> = vec![3, 0, 8, 3, 5];
-    let mut mem = Mem::new();
-    let (di, dl, dx_idx) = (
-        mem.upload_u8(&images),
-        mem.upload_u8(&ex_labels),
-        mem.upload_u32(&indices),
-    );
-    let (dx, dlab) = (mem.alloc(rows * features * 4), mem.alloc(rows * 4));
-    let args = Args::new()
-        .u64(di)
-        .u64(dl)
-        .u64(dx_idx)
-        .u32(features as u32)
-        .u64(dx)
-        .u64(dlab);
-    run(
-        "gather",
-        "gather",
-        dim(rows as u32, features.div_ceil(256) as u32, 1),
-        256,
-        &args,
-        &mem,
-        2,
-    );
-    let mut want = Vec::new();
-    for &i in &indices {
-        for f in 0..features {
-            want.push(images[i as usize * features + f] as f32 / 255.0);
+    for narrow in NARROWS {
+        let mut mem = Mem::new();
+        let (di, dl, dx_idx) = (
+            mem.upload_u8(&images),
+            mem.upload_u8(&ex_labels),
+            mem.upload_u32(&indices),
+        );
+        let (dx, dlab) = (mem.alloc(rows * features * 4), mem.alloc(rows * 4));
+        let args = Args::new()
+            .u64(di)
+            .u64(dl)
+            .u64(dx_idx)
+            .u32(features as u32)
+            .u64(dx)
+            .u64(dlab)
+            .u32(narrow);
+        run(
+            "gather",
+            "gather",
+            dim(rows as u32, features.div_ceil(256) as u32, 1),
+            256,
+            &args,
+            &mem,
+            2,
+        );
+        let mut want = Vec::new();
+        for &i in &indices {
+            for f in 0..features {
+                let pixel = images[i as usize * features + f] as f32 / 255.0;
+                want.push(stored(pixel, narrow));
+            }
         }
+        assert_eq!(mem.f32s(dx), want, "narrow {narrow}");
+        assert_eq!(
+            mem.u32s(dlab),
+            indices
+                .iter()
+                .map(|&i| ex_labels[i as usize] as u32)
+                .collect::<Vec<_>>()
+        );
     }
-    assert_eq!(mem.f32s(dx), want);
-    assert_eq!(
-        mem.u32s(dlab),
-        indices
-            .iter()
-            .map(|&i| ex_labels[i as usize] as u32)
-            .collect::<Vec<_>>()
-    );
 }
 
 #[test]
 fn column_sum_count_correct() {
     let (rows, cols) = (300usize, 10usize);
     let x = values(rows * cols, 9);
-    let mut mem = Mem::new();
-    let dx = mem.upload_f32(&x);
-    let dout = mem.alloc(cols * 4);
-    let args = Args::new()
-        .u64(dx)
-        .u32(rows as u32)
-        .u32(cols as u32)
-        .u64(dout);
-    run("reduce", "column_sum", dim(1, 1, 1), 256, &args, &mem, 1);
-    let want: Vec<f32> = (0..cols)
-        .map(|c| (0..rows).fold(0f32, |s, r| s + x[r * cols + c]))
-        .collect();
-    assert_eq!(mem.f32s(dout), want);
+    for narrow in NARROWS {
+        let mut mem = Mem::new();
+        let dx = mem.upload_f32(&x);
+        let dout = mem.alloc(cols * 4);
+        let args = Args::new()
+            .u64(dx)
+            .u32(rows as u32)
+            .u32(cols as u32)
+            .u64(dout)
+            .u32(narrow);
+        run("reduce", "column_sum", dim(1, 1, 1), 256, &args, &mem, 1);
+        let want: Vec<f32> = (0..cols)
+            .map(|c| (0..rows).fold(0f32, |s, r| s + x[r * cols + c]))
+            .map(|sum| stored(sum, narrow))
+            .collect();
+        assert_eq!(mem.f32s(dout), want, "narrow {narrow}");
+    }
 
     let logits = values(rows * 10, 11);
     let labels: Vec<u32> = (0..rows as u32).map(|r| (r * 3) % 10).collect();
@@ -399,15 +423,23 @@ type SoftmaxOut = (Vec<f32>, Vec<f32>, f32, Vec<u32>);
 /// `LOSS_SLOTS`, the slot read on the device (a null `loss_at`: slot 0).
 const LOSS_SLOTS: usize = 4;
 
+/// How softmax_cross_entropy stores the gradient: times a loss scale (`None`: a null pointer),
+/// rounded as `narrow` says.
+type Stored = (Option<f32>, u32);
+
+/// An f32 backend's: no scale, no rounding.
+const F32_STORED: Stored = (None, NARROW_NONE);
+
 /// Logits of `rows` x 10 classes (seed 12, scaled by 5), through tandem's
 /// softmax_cross_entropy (one block of 256 threads): on 2 host threads, or timed on one,
 /// printed as `timed_as`; the mean loss written to slot `loss_at` (`None`: a null pointer),
-/// checked to be the only slot written.
+/// checked to be the only slot written; the gradient stored as `stored` says.
 fn softmax_launch(
     rows: usize,
     labels: &[u32],
     timed_as: Option<&str>,
     loss_at: Option<u32>,
+    (scale, narrow): Stored,
 ) -> SoftmaxOut {
     let classes = 10usize;
     let z: Vec<f32> = values(rows * classes, 12).iter().map(|v| v * 5.0).collect();
@@ -417,6 +449,7 @@ fn softmax_launch(
     let untouched = -7.0f32;
     let (dloss, dstatus) = (mem.upload_f32(&[untouched; LOSS_SLOTS]), mem.alloc(8));
     let dat = loss_at.map_or(0, |at| mem.upload_u32(&[at]));
+    let dscale = scale.map_or(0, |scale| mem.upload_f32(&[scale]));
     let args = Args::new()
         .u64(dz)
         .u64(dl)
@@ -425,7 +458,9 @@ fn softmax_launch(
         .u32(classes as u32)
         .u64(dloss)
         .u64(dat)
-        .u64(dstatus);
+        .u64(dstatus)
+        .u64(dscale)
+        .u32(narrow);
     let grid = dim(1, 1, 1);
     let (module, name) = ("softmax_xent", "softmax_cross_entropy");
     match timed_as {
@@ -486,7 +521,7 @@ fn softmax_cross_entropy_rows() {
         for &(r, label) in bad {
             labels[r] = label;
         }
-        let (z, d, loss, status) = softmax_launch(rows, &labels, None, loss_at);
+        let (z, d, loss, status) = softmax_launch(rows, &labels, None, loss_at, F32_STORED);
         for r in 0..rows {
             let (row, max, sum) = softmax_ref(&z[r * classes..(r + 1) * classes]);
             for c in 0..classes {
@@ -509,6 +544,26 @@ fn softmax_cross_entropy_rows() {
                 assert!(loss.is_nan(), "{loss}");
                 assert_eq!(status, [bad.len() as u32, first]);
             }
+        }
+    }
+}
+
+/// A 16-bit backend's gradient: the f32 kernel's, times the loss scale, rounded (by the `half`
+/// crate here), the loss and label check as they are.
+#[test]
+fn softmax_cross_entropy_stores_a_scaled_rounded_gradient() {
+    let rows = 300usize;
+    let labels: Vec<u32> = (0..rows as u32).map(|r| (r * 7) % 10).collect();
+    let (_, f32_d, f32_loss, _) = softmax_launch(rows, &labels, None, None, F32_STORED);
+    for narrow in [NARROW_BF16, NARROW_F16] {
+        for scale in [None, Some(1024.0f32), Some(65536.0)] {
+            let (_, d, loss, status) = softmax_launch(rows, &labels, None, None, (scale, narrow));
+            let want: Vec<f32> = (f32_d.iter())
+                .map(|&v| stored(v * scale.unwrap_or(1.0), narrow))
+                .collect();
+            assert_eq!(d, want, "narrow {narrow}, scale {scale:?}");
+            assert_eq!(loss.to_bits(), f32_loss.to_bits());
+            assert_eq!(status, [0, 0]);
         }
     }
 }
@@ -723,8 +778,8 @@ fn sgd_ema_update_speed_400k() {
 fn softmax_cross_entropy_speed_20000x10() {
     let rows = 20_000usize;
     let labels: Vec<u32> = (0..rows as u32).map(|r| r % 10).collect();
-    let (z, _, loss, status) =
-        softmax_launch(rows, &labels, Some("softmax_cross_entropy 20000x10"), None);
+    let timed_as = Some("softmax_cross_entropy 20000x10");
+    let (z, _, loss, status) = softmax_launch(rows, &labels, timed_as, None, F32_STORED);
     let want = mean_loss_ref(&z, &labels);
     assert!((loss as f64 - want).abs() < 1e-5 * want, "{loss} vs {want}");
     assert_eq!(status, [0, 0]);
