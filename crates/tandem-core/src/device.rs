@@ -121,6 +121,34 @@ pub enum DeviceOp {
         /// The type written.
         dtype: DType,
     },
+    /// Writes the sum of the squares of the `len` `f32` values at `src`, computed in `f64` in
+    /// an order of the queue's own (not the host's), as the `f64` at `dst` (8 bytes: two `f32`
+    /// slots, read with [`f64_of_slots`]): the L2 term of parameters on the device, one value
+    /// read back instead of the parameters.
+    SumSquares {
+        /// Where the sum goes (8 bytes).
+        dst: u64,
+        /// The values.
+        src: u64,
+        /// How many.
+        len: usize,
+    },
+}
+
+/// The `f64` that [`DeviceOp::SumSquares`] wrote, as the two `f32` slots a
+/// [`DeviceQueue::read`] of its 8 bytes gives (little-endian: the low half first).
+pub fn f64_of_slots([low, high]: [f32; 2]) -> f64 {
+    f64::from_bits(u64::from(low.to_bits()) | u64::from(high.to_bits()) << 32)
+}
+
+/// The two `f32` slots that hold `value` where [`DeviceOp::SumSquares`] writes it (the
+/// inverse of [`f64_of_slots`]).
+pub fn slots_of_f64(value: f64) -> [f32; 2] {
+    let bits = value.to_bits();
+    [
+        f32::from_bits(bits as u32),
+        f32::from_bits((bits >> 32) as u32),
+    ]
 }
 
 /// Where a [`DeviceOp::Update`] also writes the parameters it updates, each rounded to
@@ -250,4 +278,30 @@ pub struct Residence {
     /// `dtype` (16-bit values held in `f32` slots), a store writes its parameters as a
     /// [`RoundedCopy`] of master weights kept elsewhere.
     pub precision: DType,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The slots hold the f64's bytes as memory does on a little-endian device: the low word
+    /// first; every value, NaN's bits included, comes back as it went.
+    #[test]
+    fn an_f64_goes_through_two_f32_slots_unchanged() {
+        let values = [
+            0.0,
+            -0.0,
+            1.0,
+            1.0 + f64::EPSILON,
+            -3.5e-310,
+            6.02e23,
+            f64::NAN,
+        ];
+        for value in values {
+            let slots = slots_of_f64(value);
+            let bytes: Vec<u8> = slots.iter().flat_map(|s| s.to_le_bytes()).collect();
+            assert_eq!(bytes, value.to_le_bytes(), "{value}");
+            assert_eq!(f64_of_slots(slots).to_bits(), value.to_bits(), "{value}");
+        }
+    }
 }

@@ -73,8 +73,8 @@ mod replica;
 mod state;
 
 pub use device::{
-    DeviceAlloc, DeviceEvent, DeviceOp, DeviceQueue, DeviceUpdate, Residence, RoundedCopy,
-    StepLoss, MAX_HYPER,
+    f64_of_slots, slots_of_f64, DeviceAlloc, DeviceEvent, DeviceOp, DeviceQueue, DeviceUpdate,
+    Residence, RoundedCopy, StepLoss, MAX_HYPER,
 };
 pub use dtype::{DType, UnknownDType};
 pub use helpers::{Alone, Helpers};

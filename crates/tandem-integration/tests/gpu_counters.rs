@@ -32,7 +32,7 @@ use tandem_mnist::Mnist;
 use tandem_model::{Mlp, MlpReplica, Network};
 use tandem_optim::Chosen;
 use tandem_pool::{Device, WorkerPool};
-use tandem_strategy::{train, Batches, Exchange, Mode, NoObserver, Strategy};
+use tandem_strategy::{train, Batches, Exchange, Mode, NoObserver, Observer, Strategy};
 use tandem_tensor::ExampleSet;
 
 /// The overflow flags an f16 pass leaves, one a block of `kernels/narrow.cu`'s `unscale`.
@@ -154,8 +154,17 @@ fn optimizer(name: &str) -> Chosen {
     Chosen::configure(name, &[]).expect("a registered optimiser")
 }
 
-/// The child's side: trains `steps` steps of `RUNS[run]`.
-fn train_in_child(run: usize, steps: u64) {
+/// Logs every step (its loss with the L2 term, which the store computes).
+struct EveryStep;
+
+impl Observer for EveryStep {
+    fn log_every(&self) -> u64 {
+        1
+    }
+}
+
+/// The child's side: trains `steps` steps of `RUNS[run]`, logging every step where `logged`.
+fn train_in_child(run: usize, steps: u64, logged: bool) {
     let (mode, gpus, name, dtype, exchange, scale) = RUNS[run];
     let mnist = Mnist::load(&tandem_testkit::mnist_dir()).expect("the repository's MNIST copy");
     let all = mnist.train.into_examples().expect("consistent split");
@@ -191,14 +200,12 @@ fn train_in_child(run: usize, steps: u64) {
         exchange,
         ..Strategy::from(mode)
     };
+    let observer: &dyn Observer = match logged {
+        true => &EveryStep,
+        false => &NoObserver,
+    };
     let report = train(
-        strategy,
-        &mut pool,
-        &mut state,
-        &optimizer,
-        &batches,
-        steps,
-        &NoObserver,
+        strategy, &mut pool, &mut state, &optimizer, &batches, steps, observer,
     )
     .expect("training on the stand-in");
     assert_eq!(report.steps, steps);
@@ -234,14 +241,19 @@ fn totals(path: &Path, replicas: usize) -> (serde_json::Value, Option<Unsteady>)
 /// How many times a pair of runs is tried before the test gives up on their being comparable.
 const TRIES: usize = 8;
 
-/// Runs the child for `steps` steps of `RUNS[run]`; the stand-in's statistics, `None` when this
-/// is not the stand-in (none written).
-fn run_once(run: usize, steps: u64, dir: &Path) -> Option<(serde_json::Value, Option<Unsteady>)> {
-    let stats = dir.join(format!("{run}-{steps}.json"));
+/// Runs the child for `steps` steps of `RUNS[run]` (logging every step where `logged`); the
+/// stand-in's statistics, `None` when this is not the stand-in (none written).
+fn run_once(
+    run: usize,
+    (steps, logged): (u64, bool),
+    dir: &Path,
+) -> Option<(serde_json::Value, Option<Unsteady>)> {
+    let stats = dir.join(format!("{run}-{steps}-{logged}.json"));
     let status = Command::new(std::env::current_exe().expect("the test binary"))
         .args(["--exact", "child", "--nocapture", "--test-threads", "1"])
         .env("TANDEM_TEST_RUN", run.to_string())
         .env("TANDEM_TEST_STEPS", steps.to_string())
+        .env("TANDEM_TEST_LOGGED", logged.to_string())
         .env("TANDEM_EMU_STATS", &stats)
         .status()
         .expect("running the child");
@@ -258,8 +270,8 @@ fn run_once(run: usize, steps: u64, dir: &Path) -> Option<(serde_json::Value, Op
 fn runs(run: usize, dir: &Path) -> Option<(serde_json::Value, serde_json::Value)> {
     for _ in 0..TRIES {
         let Scale { short, long, .. } = RUNS[run].5;
-        let (short, short_unsteady) = run_once(run, short, dir)?;
-        let (long, long_unsteady) = run_once(run, long, dir)?;
+        let (short, short_unsteady) = run_once(run, (short, false), dir)?;
+        let (long, long_unsteady) = run_once(run, (long, false), dir)?;
         if short_unsteady.is_some() && short_unsteady == long_unsteady {
             return Some((short, long));
         }
@@ -279,7 +291,48 @@ fn child() {
         train_in_child(
             run.parse().expect("a run"),
             steps.parse().expect("a step count"),
+            std::env::var("TANDEM_TEST_LOGGED").is_ok_and(|logged| logged == "true"),
         );
+    }
+}
+
+/// A log line's L2 term costs the host bus the sums of squares of the regularised spans (8
+/// bytes each, two spans here), not the parameters: the census's `cuda:0` runs (sync and
+/// async) logging every step against the same runs unlogged, each a short and a long run's
+/// difference (what opening and saving cost cancels out). (Each log also waits for the
+/// device, and sync applies there the update the record does not hold yet: kernels beside the
+/// graph, which the next step then skips.)
+#[test]
+fn a_logged_l2_term_reads_its_sums_not_the_parameters() {
+    if tandem_testkit::or_skip(CudaBackend::new(0), KernelError::is_no_device).is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let decayed = Mlp::mnist()
+        .layout()
+        .iter()
+        .filter(|s| s.weight_decay)
+        .count();
+    for (run, spec) in RUNS.iter().enumerate() {
+        let (mode, gpus, _, dtype, _, scale) = *spec;
+        if gpus != [0] || dtype != DType::F32 || scale.batch != CENSUS.batch {
+            continue;
+        }
+        let per_step = |logged| {
+            let read = |steps| {
+                let (stats, _) = run_once(run, (steps, logged), dir.path())?;
+                stats["bytes_dtoh"].as_u64().map(|bytes| bytes as f64)
+            };
+            let (short, long) = (read(scale.short)?, read(scale.long)?);
+            Some((long - short) / (scale.long - scale.short) as f64)
+        };
+        let (Some(unlogged), Some(logged)) = (per_step(false), per_step(true)) else {
+            eprintln!("SKIPPED: not the driver stand-in (no TANDEM_EMU_STATS file)");
+            return;
+        };
+        let per_log = logged - unlogged;
+        eprintln!("{}: {per_log} bytes from the device a log", mode.name());
+        assert_eq!(per_log, 8.0 * decayed as f64, "{}", mode.name());
     }
 }
 

@@ -614,8 +614,8 @@ impl CudaBackend {
         let scratch = self.scratch.borrow();
         let status = span((&scratch.counts, 1));
         let loss_scale = match self.dtype {
+            DType::BF16 | DType::F16 => scratch.loss_scale.as_device_ptr(),
             DType::F32 => DevicePointer::null(),
-            _ => scratch.loss_scale.as_device_ptr(),
         };
         drop(scratch);
         let narrow = narrow(self.dtype);
@@ -875,12 +875,15 @@ impl CudaBackend {
             // null (checked above; a gathered product has none).
             return unsafe {
                 match a {
-                    ProductA::Buffer(a) => self.launch(
-                        Kernel::MmaMatmul,
-                        grid,
-                        MMA_BLOCK,
-                        args![span(a), b, c, bias, relu, mask, m, n, k, a_t, b_t, bf16],
-                    ),
+                    ProductA::Buffer(a) => {
+                        let a = span(a);
+                        self.launch(
+                            Kernel::MmaMatmul,
+                            grid,
+                            MMA_BLOCK,
+                            args![a, b, c, bias, relu, mask, m, n, k, a_t, b_t, bf16],
+                        )
+                    }
                     ProductA::Gathered(batch) => self.launch_gathered(
                         Kernel::GatherMmaMatmul,
                         (grid.into(), MMA_BLOCK.into()),
@@ -1335,6 +1338,18 @@ impl Launcher<'_> {
         }
     }
 
+    /// Queues `sum_squares` of the `len` f32 values at `src` into the f64 at `dst`.
+    ///
+    /// # Safety
+    ///
+    /// `src` holds `len` f32 values and `dst` 8 bytes of this device's memory, until the
+    /// kernel has run.
+    unsafe fn sum_squares(&self, dst: u64, src: u64, len: usize) -> Result<(), KernelError> {
+        // SAFETY: the arguments follow `sum_squares`'s parameters; the caller's promises cover
+        // the memory.
+        unsafe { self.launch(Kernel::SumSquares, 1u32, BLOCK, args![src, len, dst]) }
+    }
+
     /// Queues `ops` as `pass` says: in [`Pass::Inputs`] only the uploads (the rest is in the
     /// captured graph), in [`Pass::Kernels`] all but them (they come before the graph), in
     /// [`Pass::Direct`] everything.
@@ -1404,6 +1419,11 @@ impl Launcher<'_> {
                     // SAFETY: the caller's promises: `src` holds `len` f32 values, `dst` as
                     // many bf16 ones.
                     unsafe { self.compress_bf16(*dst, *src, *len, *divisor) }?
+                }
+                DeviceOp::SumSquares { dst, src, len } if pass != Pass::Inputs => {
+                    // SAFETY: the caller's promises: `src` holds `len` f32 values, `dst` 8
+                    // bytes.
+                    unsafe { self.sum_squares(*dst, *src, *len) }?
                 }
                 _ => {}
             }
@@ -1486,6 +1506,7 @@ enum OpShape {
     Copy(u64, u64, usize, DType),
     Upload(u64, usize),
     Compress(u64, u64, usize, u32, DType),
+    SumSquares(u64, u64, usize),
     Update(
         &'static str,
         u64,
@@ -1515,6 +1536,7 @@ impl OpShape {
                 divisor,
                 dtype,
             } => OpShape::Compress(*dst, *src, *len, divisor.to_bits(), *dtype),
+            DeviceOp::SumSquares { dst, src, len } => OpShape::SumSquares(*dst, *src, *len),
             DeviceOp::Update {
                 kernel,
                 params,

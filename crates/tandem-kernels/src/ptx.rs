@@ -141,10 +141,12 @@ kernel_table! {
         RoundTo => "round_to",
         Unscale => "unscale",
     }
-    /// `kernels/reduce.cu`: `column_sum` and `count_correct`, deterministic; the last also
-    /// checks the labels.
+    /// `kernels/reduce.cu`: `column_sum`, `sum_squares` and `count_correct`, deterministic;
+    /// the last also checks the labels.
     REDUCE = "reduce" {
         ColumnSum => "column_sum",
+        /// The sum of squares of `DeviceOp::SumSquares`, in f64.
+        SumSquares => "sum_squares",
         CountCorrect => "count_correct",
     }
     /// `kernels/softmax_xent.cu`: the fused `softmax_cross_entropy`, with its mean loss and

@@ -867,6 +867,52 @@ fn adam_update_is_exactly_the_host_update() {
     }
 }
 
+/// The L2 term's sums on the device (`DeviceOp::SumSquares`): spans of every alignment to 16
+/// bytes and of lengths around the kernel's vector loads (empty, shorter than a float4, not
+/// whole float4s, more than the block's threads take at once, the MNIST network's first
+/// weights), each against the exact sum (squares of floats are exact in f64, and an f64 sum of
+/// these within a few units of its last place), and bit for bit the same when run again.
+#[test]
+fn sums_of_squares_on_the_device_are_the_exact_sums_to_f64() {
+    use tandem_core::{f64_of_slots, DType, DeviceOp, DeviceQueue};
+    let Some(gpu) = gpu() else { return };
+    let queue = gpu.queue();
+    let mut rng = rng(17);
+    let values = random(&mut rng, 392_000 + 3, 0.1);
+    let buffers = written(&queue, std::slice::from_ref(&values));
+    let sums = queue.alloc(2, DType::F32).expect("alloc");
+    for offset in 0..4 {
+        for len in [0, 1, 3, 4, 5, 1_023, 1_030, 4 * 256 + 7, 392_000] {
+            let op = DeviceOp::SumSquares {
+                dst: sums.address(),
+                src: buffer_at(&buffers, 0, offset),
+                len,
+            };
+            let mut runs = Vec::new();
+            for _ in 0..2 {
+                let mut slots = [f32::NAN; 2];
+                // SAFETY: the span lies in the buffer, `sums` holds 8 bytes; the read waits.
+                unsafe {
+                    queue.run(std::slice::from_ref(&op)).expect("sum_squares");
+                    queue.read(sums.address(), &mut slots).expect("read");
+                }
+                runs.push(f64_of_slots(slots));
+            }
+            let span = &values[offset..offset + len];
+            // Each square exact; a sum of n terms within n units of roundoff of the exact one.
+            let exact: f64 = span.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+            let bound = (len as f64 + 1.0) * f64::EPSILON * exact;
+            let what = format!("{len} values from {offset}");
+            assert!(
+                (runs[0] - exact).abs() <= bound,
+                "{what}: {} against {exact}",
+                runs[0]
+            );
+            assert_eq!(runs[0].to_bits(), runs[1].to_bits(), "{what}: run again");
+        }
+    }
+}
+
 /// A 16-bit exchange on the device: each replica's gradients divided by the worker count and
 /// rounded to bf16 (`DeviceOp::Compress`) are exactly the host's exchange's (an f32 division,
 /// then `encode_bf16`), and SGD and Adam's updates from them (`grads_dtype` bf16) sum them from

@@ -526,7 +526,9 @@ fn the_gradient_table_has_the_size_the_rust_side_passes() {
     }
 }
 
-/// One `self.launch(Kernel::X, grid, block, args![a, b, ...])` of `src/backend.rs`.
+/// One `self.launch(Kernel::X, grid, block, args![a, b, ...])` of `src/backend.rs`, or one
+/// `self.launch_gathered(Kernel::X, shape, batch, args![...])`, which passes the batch's
+/// pointers first (as [`GATHERED`] binds them).
 struct Launch {
     kernel: String,
     args: Vec<String>,
@@ -536,15 +538,33 @@ struct Launch {
     params: BTreeMap<String, String>,
 }
 
-/// Every kernel launch in the launch code.
+/// What `launch_gathered` passes before its `args!`: the batch's pointers, bound as this
+/// statement binds them.
+const GATHERED: &str =
+    "let GatheredBatch { images, example_labels, indices, x, labels, .. } = batch;";
+
+/// Every kernel launch in the launch code (not `launch_gathered`'s own call of `launch`,
+/// which forwards its caller's kernel).
 fn launches(source: &str) -> Vec<Launch> {
     let mut out = Vec::new();
     let mut from = 0;
-    while let Some(at) = source[from..].find("self.launch(").map(|i| i + from) {
-        let open = at + "self.launch".len();
-        let end = closing(source, open);
-        let call = &source[open + 1..end - 1];
+    while let Some(at) = source[from..].find("self.launch").map(|i| i + from) {
+        let name_end = at + source[at..].find('(').expect("a call");
+        let gathered = match &source[at..name_end] {
+            "self.launch" => false,
+            "self.launch_gathered" => true,
+            _ => {
+                from = name_end; // `self.launcher()`
+                continue;
+            }
+        };
+        let end = closing(source, name_end);
+        from = end;
+        let call = &source[name_end + 1..end - 1];
         let parts = split_top(call, ',');
+        if !gathered && parts[0] == "kernel" {
+            continue; // `launch_gathered` forwarding its caller's launch
+        }
         let kernel = parts[0]
             .strip_prefix("Kernel::")
             .unwrap_or_else(|| panic!("a launch not naming a Kernel: {call}"))
@@ -554,8 +574,13 @@ fn launches(source: &str) -> Vec<Launch> {
             .and_then(|a| a.strip_prefix("args!["))
             .and_then(|a| a.strip_suffix(']'))
             .unwrap_or_else(|| panic!("a launch whose last argument is not args![...]: {call}"));
-        let args: Vec<String> = split_top(args, ',')
+        let batch = match gathered {
+            true => vec!["images", "example_labels", "indices", "x", "labels"],
+            false => Vec::new(),
+        };
+        let args: Vec<String> = batch
             .into_iter()
+            .chain(split_top(args, ','))
             .map(|a| {
                 assert!(
                     is_identifier(a),
@@ -588,13 +613,17 @@ fn launches(source: &str) -> Vec<Launch> {
                 is_identifier(name).then(|| (name.to_string(), ty.trim().to_string()))
             })
             .collect();
+        let mut before = source[fn_at..at].to_string();
+        if gathered {
+            before.push('\n');
+            before.push_str(GATHERED);
+        }
         out.push(Launch {
             kernel,
             args,
-            before: source[fn_at..at].to_string(),
+            before,
             params,
         });
-        from = end;
     }
     out
 }

@@ -19,10 +19,10 @@ use std::ops::Range;
 use std::sync::{Mutex, MutexGuard};
 
 use tandem_core::{
-    DType, DeviceAlloc, DeviceOp, DeviceQueue, Optimizer, ParamSpan, Replica, ReplicaError,
-    Residence, RoundedCopy, TrainState, MAX_HYPER,
+    f64_of_slots, DType, DeviceAlloc, DeviceOp, DeviceQueue, Optimizer, ParamSpan, Replica,
+    ReplicaError, Residence, RoundedCopy, TrainState, MAX_HYPER,
 };
-use tandem_tensor::{cpu, round_to};
+use tandem_tensor::round_to;
 
 use crate::store::{l2_term, zeros, UpdateAt};
 
@@ -65,6 +65,10 @@ struct Devices<'o, O: Optimizer + ?Sized> {
     copy: Option<DType>,
     slot_names: Vec<String>,
     members: Vec<Member>,
+    /// Where [`DeviceOp::SumSquares`] leaves each regularised span's sum of squares (8 bytes
+    /// each, on the first member's device), which the host reads for the L2 term; held while
+    /// a term is computed.
+    sums: Mutex<Box<dyn DeviceAlloc>>,
 }
 
 /// What the replicas' queues say of them, for a store to decide whether it serves them.
@@ -149,6 +153,9 @@ impl<'o, O: Optimizer + ?Sized> Devices<'o, O> {
             spans.push((offset..offset + span.len(), span.weight_decay));
             offset += span.len();
         }
+        let decayed = spans.iter().filter(|(_, decayed)| *decayed).count();
+        members[0].queue().bind()?;
+        let sums = Mutex::new(members[0].queue().alloc(2 * decayed, DType::F32)?);
         let devices = Self {
             optimizer,
             kernel,
@@ -159,6 +166,7 @@ impl<'o, O: Optimizer + ?Sized> Devices<'o, O> {
             copy,
             slot_names: state.slots.iter().map(|s| s.name.clone()).collect(),
             members,
+            sums,
         };
         Ok(Some((devices, fleet)))
     }
@@ -239,21 +247,39 @@ impl<'o, O: Optimizer + ?Sized> Devices<'o, O> {
         unsafe { queue.write(at, &rounded) }
     }
 
-    /// The L2 term of the parameters that `read` gives (a store's record, as `worker` reads it).
-    fn l2_loss(
+    /// The L2 term of the `f32` parameters at `params`, computed on `queue` (in the first
+    /// member's memory) behind its work so far: each regularised span's sum of squares on the
+    /// device ([`DeviceOp::SumSquares`]), the sums read back (8 bytes a span, not the
+    /// parameters) and added in span order.
+    ///
+    /// # Safety
+    ///
+    /// `params` holds the store's `len` values in `queue`'s memory, and the work that writes
+    /// them is ordered before the queue's next (on it, or by a wait on it).
+    unsafe fn l2_loss(
         &self,
+        queue: &dyn DeviceQueue,
+        params: u64,
         weight_decay: f32,
-        read: impl FnOnce(&mut [f32], &mut [&mut [f32]]) -> Result<(), ReplicaError>,
     ) -> Result<f32, ReplicaError> {
-        let mut params = vec![0.0; self.len];
-        let mut state = vec![vec![0.0; self.len]; self.slot_names.len()];
-        let mut slots: Vec<&mut [f32]> = state.iter_mut().map(Vec::as_mut_slice).collect();
-        read(&mut params, &mut slots)?;
-        let sum = self
-            .spans
-            .iter()
-            .filter(|(_, decayed)| *decayed)
-            .map(|(range, _)| cpu::sum_squares(&params[range.clone()]))
+        let sums = lock(&self.sums);
+        let decayed = self.spans.iter().filter(|(_, decayed)| *decayed);
+        let ops: Vec<DeviceOp> = (decayed.enumerate())
+            .map(|(i, (range, _))| DeviceOp::SumSquares {
+                dst: DType::F32.at(sums.address(), 2 * i),
+                src: DType::F32.at(params, range.start),
+                len: range.len(),
+            })
+            .collect();
+        let mut slots = vec![0.0f32; 2 * ops.len()];
+        // SAFETY: the caller's promises for the parameters; `sums` holds 8 bytes a regularised
+        // span, and its lock keeps other readers out until the read is through.
+        unsafe {
+            queue.run(&ops)?;
+            queue.read(sums.address(), &mut slots)?;
+        }
+        let sum = (slots.chunks_exact(2))
+            .map(|pair| f64_of_slots([pair[0], pair[1]]))
             .sum();
         Ok(l2_term(weight_decay, sum))
     }

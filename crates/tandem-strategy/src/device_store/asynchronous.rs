@@ -5,8 +5,8 @@ use std::ops::Range;
 use std::sync::Mutex;
 
 use tandem_core::{
-    DType, DeviceAlloc, DeviceEvent, DeviceOp, Optimizer, ParamSpan, Replica, ReplicaError,
-    TrainState,
+    DType, DeviceAlloc, DeviceEvent, DeviceOp, DeviceQueue, Optimizer, ParamSpan, Replica,
+    ReplicaError, TrainState,
 };
 
 use super::{addresses, lock, upload_state, Devices};
@@ -158,6 +158,16 @@ impl<'o, O: Optimizer + ?Sized> DeviceAsyncStore<'o, O> {
         }
     }
 
+    /// `worker`'s queue, bound, its next work ordered after every update queued so far.
+    fn after_updates(&self, worker: usize) -> Result<&dyn DeviceQueue, ReplicaError> {
+        let queue = self.devices.members[worker].queue();
+        queue.bind()?;
+        for shard in &self.shards {
+            queue.wait(&**lock(&shard.last))?;
+        }
+        Ok(queue)
+    }
+
     /// The parameters of record and the optimiser's state (as many vectors as it has), read on
     /// `worker`'s thread (or any, between runs), with the device bound to that worker's queue.
     fn read_record(
@@ -166,11 +176,7 @@ impl<'o, O: Optimizer + ?Sized> DeviceAsyncStore<'o, O> {
         params: &mut [f32],
         state: &mut [&mut [f32]],
     ) -> Result<(), ReplicaError> {
-        let queue = self.devices.members[worker].queue();
-        queue.bind()?;
-        for shard in &self.shards {
-            queue.wait(&**lock(&shard.last))?;
-        }
+        let queue = self.after_updates(worker)?;
         // SAFETY: both hold the `len` values; the waits above order every update first.
         unsafe {
             queue.read(self.params.address(), params)?;
@@ -214,10 +220,12 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for DeviceAsyncStore<'_, O
         }
     }
 
+    /// Computed on `worker`'s queue, after every update queued so far.
     fn l2_loss(&self, worker: usize, weight_decay: f32) -> Result<f32, ReplicaError> {
-        (self.devices).l2_loss(weight_decay, |params, state| {
-            self.read_record(worker, params, state)
-        })
+        let queue = self.after_updates(worker)?;
+        // SAFETY: the record holds the `len` parameters in this device's memory (one for every
+        // worker), and the waits above order every update before the sums.
+        unsafe { (self.devices).l2_loss(queue, self.params.address(), weight_decay) }
     }
 
     fn save_into(&self, state: &mut TrainState) -> Result<(), ReplicaError> {

@@ -4,8 +4,8 @@
 use std::sync::Mutex;
 
 use tandem_core::{
-    DType, DeviceAlloc, DeviceEvent, DeviceOp, Optimizer, ParamSpan, Piece, Replica, ReplicaError,
-    TrainState,
+    DType, DeviceAlloc, DeviceEvent, DeviceOp, DeviceQueue, Optimizer, ParamSpan, Piece, Replica,
+    ReplicaError, TrainState,
 };
 
 use super::{addresses, lock, upload_state, Devices, Fleet};
@@ -75,8 +75,9 @@ struct Progress {
 /// and step are one unit, which a replica that replays its steps launches as one graph
 /// ([`tandem_core::DeviceQueue::around_next_step`]). Before a step, its queue waits for every
 /// other replica's previous step (events): their gradients are complete, and they have read
-/// the outbox this step overwrites. What the host reads (a save, the L2 term) is the first
-/// replica's parameters with the update still pending applied on the host.
+/// the outbox this step overwrites. A save reads the first replica's parameters with the
+/// update still pending applied on the host; the L2 term is summed on the device, that update
+/// applied there first.
 pub struct DeviceSyncStore<'o, O: Optimizer + ?Sized> {
     devices: Devices<'o, O>,
     replicas: Vec<SyncReplica>,
@@ -202,6 +203,17 @@ impl<'o, O: Optimizer + ?Sized> DeviceSyncStore<'o, O> {
         Ok(ops)
     }
 
+    /// The first replica's queue, bound, its next work ordered after every other replica's last
+    /// step.
+    fn after_last_steps(&self) -> Result<&dyn DeviceQueue, ReplicaError> {
+        let first = self.devices.members[0].queue();
+        first.bind()?;
+        for other in &self.replicas[1..] {
+            first.wait(&*other.done)?;
+        }
+        Ok(first)
+    }
+
     /// The parameters of record and the optimiser's state (as many vectors as it has), read on
     /// `worker`'s thread (or any, between runs), with the device bound to that worker's queue
     /// afterwards.
@@ -217,11 +229,7 @@ impl<'o, O: Optimizer + ?Sized> DeviceSyncStore<'o, O> {
         if progress.in_step {
             return Err("the parameters are being updated".into());
         }
-        let first = members[0].queue();
-        first.bind()?;
-        for other in &self.replicas[1..] {
-            first.wait(&*other.done)?;
-        }
+        let first = self.after_last_steps()?;
         // SAFETY: the replica's parameters and its average hold `len` values; the reads wait
         // for the queue's work (the first replica's own steps among it), and the waits above
         // for every other replica's last step.
@@ -342,10 +350,31 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for DeviceSyncStore<'_, O>
         Ok(())
     }
 
+    /// Computed on the first replica's queue, after every replica's last step, with the
+    /// update its parameters do not hold yet applied there first (its next step then applies
+    /// none): the sums of squares are read back, not the parameters.
     fn l2_loss(&self, worker: usize, weight_decay: f32) -> Result<f32, ReplicaError> {
-        (self.devices).l2_loss(weight_decay, |params, state| {
-            self.read_record(worker, params, state)
-        })
+        let members = &self.devices.members;
+        // Held throughout: the first replica's worker cannot queue another step meanwhile.
+        let mut progress = lock(&self.replicas[0].progress);
+        if progress.in_step {
+            return Err("the parameters are being updated".into());
+        }
+        let first = self.after_last_steps()?;
+        if let Some(pending) = progress.pending.take() {
+            let ops = self.pending_update(0, pending)?;
+            // SAFETY: as a step's own update: the store's buffers and the outboxes hold `len`
+            // values, and the waits above order every replica's last step (which wrote them)
+            // first.
+            unsafe { first.run(&ops)? };
+        }
+        let master = self.replicas[0].master.as_ref();
+        let params = master.map_or(members[0].residence.params, |m| m.address());
+        // SAFETY: the first replica's f32 parameters (or master weights) hold `len` values,
+        // their update queued just before on the same queue.
+        let l2 = unsafe { (self.devices).l2_loss(first, params, weight_decay) };
+        members[worker].queue().bind()?;
+        l2
     }
 
     fn save_into(&self, state: &mut TrainState) -> Result<(), ReplicaError> {

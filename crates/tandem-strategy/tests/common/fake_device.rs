@@ -129,6 +129,13 @@ fn run(ops: &[DeviceOp], memory: usize) {
                 tandem_tensor::round_to(*dtype, &mut values);
                 arena.span(*dst, *len, *dtype).copy_from_slice(&values);
             }
+            DeviceOp::SumSquares { dst, src, len } => {
+                // The host's sum, in its order: the stores' L2 terms then equal the host
+                // store's bit for bit here (a GPU sums in an order of its own).
+                let sum = cpu::sum_squares(&arena.read(*src, *len, DType::F32));
+                let slots = tandem_core::slots_of_f64(sum);
+                arena.span(*dst, 2, DType::F32).copy_from_slice(&slots);
+            }
             DeviceOp::Upload { dst, values } => {
                 (arena.span(*dst, values.len(), DType::F32)).copy_from_slice(values);
             }

@@ -57,7 +57,7 @@ pub fn measure<M: Model, O: RecordedOptimizer>(
         loss: None,
     }];
     // About 20 loss samples per segment, but never a sum of squares over all parameters (the
-    // L2 term of a logged loss, which a GPU run reads back from the device) more often than
+    // L2 term of a logged loss, for which a GPU run waits for the device) more often than
     // every 10th step: it would slow training down. A short segment still logs once.
     let per_segment = config.end_step / plan.evaluate_at.len().max(1) as u64;
     let watch = Watch {
