@@ -361,12 +361,14 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for DeviceSyncStore<'_, O>
             return Err("the parameters are being updated".into());
         }
         let first = self.after_last_steps()?;
-        if let Some(pending) = progress.pending.take() {
+        if let Some(pending) = progress.pending {
             let ops = self.pending_update(0, pending)?;
             // SAFETY: as a step's own update: the store's buffers and the outboxes hold `len`
             // values, and the waits above order every replica's last step (which wrote them)
             // first.
             unsafe { first.run(&ops)? };
+            // Only once queued: a failure leaves it pending, for a save to apply on the host.
+            progress.pending = None;
         }
         let master = self.replicas[0].master.as_ref();
         let params = master.map_or(members[0].residence.params, |m| m.address());
