@@ -2146,8 +2146,9 @@ impl Backend for CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::{CudaBackend, Kernel, KernelError, BLOCK, MATMUL_SIDE, POISON};
+    use super::{narrow, CudaBackend, Kernel, KernelError, BLOCK, MATMUL_SIDE, POISON};
     use crate::launch::TILE;
+    use tandem_core::DType;
     use tandem_tensor::check;
 
     /// What the host makes of the label check a kernel left: nothing bad, the CPU's error for
@@ -2200,5 +2201,19 @@ mod tests {
         assert!(matmul.contains(&format!("#define SIDE {MATMUL_SIDE} ")));
         let reduce = include_str!("../../../kernels/reduce.cuh");
         assert!(reduce.contains(&format!("#define REDUCE_THREADS {BLOCK}\n")));
+    }
+
+    /// The `narrow` codes the launches pass are the ones `kernels/round.cuh` defines.
+    #[test]
+    fn narrow_codes_match_the_kernel_header() {
+        let round = include_str!("../../../kernels/round.cuh");
+        for (dtype, name) in [
+            (DType::F32, "NONE"),
+            (DType::BF16, "BF16"),
+            (DType::F16, "F16"),
+        ] {
+            let define = format!("#define NARROW_{name} {}\n", narrow(dtype));
+            assert!(round.contains(&define), "{define}");
+        }
     }
 }
