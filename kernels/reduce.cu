@@ -1,5 +1,5 @@
 // Deterministic reductions: every sum is taken in a fixed order that depends only on the
-// launch shape, never on timing, and no kernel uses atomics.
+// launch shape, never on timing, and no kernel here uses atomics.
 
 #include "reduce.cuh"
 #include "round.cuh"

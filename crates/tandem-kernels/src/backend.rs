@@ -8,7 +8,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tandem_core::{DType, DeviceOp, Helpers, RoundedCopy};
 use tandem_tensor::check::{self, Operand};
 use tandem_tensor::cpu::UpdateStep;
-use tandem_tensor::{Activation, Backend, ExampleSet, Gemm, ResidentExamples, ShapeError};
+use tandem_tensor::{
+    Activation, Backend, ExampleSet, Gemm, LayerOperands, ResidentExamples, ShapeError,
+};
 
 use crate::driver::{
     self, Code, Context, DeviceBuffer, DeviceCopy, DevicePointer, Dim3, Function, GraphExec,
@@ -77,7 +79,7 @@ impl ResidentExamples for DeviceExamples {
     }
 }
 
-/// What a product does to its result as it stores it (`matmul`'s or `sum_splits`' epilogue).
+/// What a product does to its result as it stores it (`matmul`'s epilogue).
 #[derive(Clone, Copy)]
 enum Epilogue<'b> {
     /// Nothing.
@@ -159,23 +161,53 @@ fn epilogue_arguments(
     })
 }
 
-/// Where a product split `count` ways applies its epilogue: `(bias, mask)` for the `matmul`
-/// launch, then for `sum_splits` (unsplit, the product's own; split, the sum's).
-fn epilogue_in(
-    count: u32,
+/// A product's checked `matmul` arguments but op(A) ([`CudaBackend::product_args`]).
+#[derive(Clone, Copy)]
+struct ProductArgs {
+    b: DevicePointer<f32>,
+    c: DevicePointer<f32>,
     bias: DevicePointer<f32>,
+    relu: i32,
     mask: DevicePointer<f32>,
-) -> (
-    DevicePointer<f32>,
-    DevicePointer<f32>,
-    DevicePointer<f32>,
-    DevicePointer<f32>,
-) {
-    let none = DevicePointer::null();
-    match count {
-        1 => (bias, mask, none, none),
-        _ => (none, none, bias, mask),
-    }
+    m: u32,
+    n: u32,
+    k: u32,
+    a_t: i32,
+    b_t: i32,
+    ones: i32,
+    /// The values of C (`m * n`, the sums' row in `m`).
+    len: usize,
+    /// Rows of blocks: C's rows over the product kernel's rows a block.
+    grid_y: u32,
+}
+
+/// One product of [`CudaBackend::gemm_pair`]: its shape, op(A), op(B), epilogue and C.
+type PairedProduct<'a> = (
+    Gemm,
+    (&'a DeviceBuffer<f32>, usize),
+    (&'a DeviceBuffer<f32>, usize),
+    Epilogue<'a>,
+    (&'a mut DeviceBuffer<f32>, usize),
+);
+
+/// `matmul_pair`'s table of one product (`kernels/matmul.cu`'s `ProductTable`): op(A) at `a`,
+/// then `product`'s arguments, each in 8 bytes.
+fn product_table(a: DevicePointer<f32>, p: &ProductArgs) -> [u64; 12] {
+    let flag = |v: i32| u64::from(v != 0);
+    [
+        a.as_raw(),
+        p.b.as_raw(),
+        p.c.as_raw(),
+        p.bias.as_raw(),
+        p.mask.as_raw(),
+        flag(p.relu),
+        u64::from(p.m),
+        u64::from(p.n),
+        u64::from(p.k),
+        flag(p.a_t),
+        flag(p.b_t),
+        flag(p.ones),
+    ]
 }
 
 /// Device memory the operations need between their kernels, kept from call to call so that a
@@ -193,8 +225,14 @@ struct Scratch {
     loss_scale: DeviceBuffer<f32>,
     /// `[lr, wd, d]` of [`CudaBackend::sgd_ema_update`].
     hyper: DeviceBuffer<f32>,
-    /// The partial products of a matmul split over k (`sum_splits` adds them).
+    /// The partial products of a matmul split over k (the last block of each tile adds them).
     parts: DeviceBuffer<f32>,
+    /// A split matmul's counters, one a tile of its output: how many of the tile's splits are
+    /// done (`matmul_softmax_cross_entropy`: and one after them, how many tiles are). Zero
+    /// between launches (each launch's last block sets its tile's back).
+    arrivals: DeviceBuffer<u32>,
+    /// `matmul_softmax_cross_entropy`'s loss of each row, which its last tile adds.
+    row_losses: DeviceBuffer<f64>,
     /// `unscale`'s flags, one a block: 1 where it met a value that is not finite.
     unscale_flags: DeviceBuffer<f32>,
     /// `count_correct`'s hits and label check, `[hits, bad labels, first bad label]`;
@@ -414,6 +452,8 @@ impl CudaBackend {
             indices: allocate(&context, 0)?, // grown on first use
             inputs: allocate(&context, 0)?,
             parts: allocate(&context, 0)?,
+            arrivals: allocate(&context, 0)?,
+            row_losses: allocate(&context, 0)?,
             loss: allocate(&context, 1)?,
             loss_scale: allocate(&context, 1)?,
             counts: allocate(&context, 3)?,
@@ -643,6 +683,20 @@ impl CudaBackend {
         }
     }
 
+    /// Where a step's loss goes on the device, and where the slot's index is: replayed, the
+    /// slot is a step input (the loss buffer's start and the input's address), so that each
+    /// run of the graph writes its own; otherwise the slot itself and a null index.
+    fn loss_slot(
+        &self,
+        loss: (&mut DeviceBuffer<f32>, usize),
+    ) -> Result<(DevicePointer<f32>, DevicePointer<u32>), KernelError> {
+        let slot = dim("softmax_cross_entropy_into: loss slot", loss.1)?;
+        Ok(match self.step_input(&[slot])? {
+            Some(at) => (span_mut((loss.0, 0)), DevicePointer::from_raw(at)),
+            None => (span_mut(loss), DevicePointer::null()),
+        })
+    }
+
     /// [`Launcher::launch`] on this backend's stream, except while [`Backend::replay`] queues
     /// inputs only (the kernel is in the captured graph).
     ///
@@ -831,6 +885,69 @@ impl CudaBackend {
         epilogue: Epilogue<'_>,
         c: (&mut DeviceBuffer<f32>, usize),
     ) -> Result<(), KernelError> {
+        match self.product_args(spec, &a, b, epilogue, c)? {
+            Some(product) => self.launch_product(a, product),
+            None => Ok(()),
+        }
+    }
+
+    /// Two products, as two [`gemm`](Self::gemm)s would compute them, in one `matmul_pair`
+    /// launch where both are f32 and unsplit (else one after the other). Neither may read
+    /// what the other writes.
+    fn gemm_pair(
+        &self,
+        first: PairedProduct<'_>,
+        second: PairedProduct<'_>,
+    ) -> Result<(), KernelError> {
+        let (spec0, a0, b0, epilogue0, c0) = first;
+        let (spec1, a1, b1, epilogue1, c1) = second;
+        let p0 = self.product_args(spec0, &ProductA::Buffer(a0), b0, epilogue0, c0)?;
+        let p1 = self.product_args(spec1, &ProductA::Buffer(a1), b1, epilogue1, c1)?;
+        let unsplit = |p: &ProductArgs| {
+            let tiles = p.n.div_ceil(TILE as u32) as usize * p.grid_y as usize;
+            KSplits::of(tiles, p.k as usize).count == 1
+        };
+        let (p0, p1) = match (p0, p1) {
+            (Some(p0), Some(p1)) if self.dtype == DType::F32 && unsplit(&p0) && unsplit(&p1) => {
+                (p0, p1)
+            }
+            (p0, p1) => {
+                if let Some(p0) = p0 {
+                    self.launch_product(ProductA::Buffer(a0), p0)?;
+                }
+                return match p1 {
+                    Some(p1) => self.launch_product(ProductA::Buffer(a1), p1),
+                    None => Ok(()),
+                };
+            }
+        };
+        let tiles = |p: &ProductArgs| p.n.div_ceil(TILE as u32).saturating_mul(p.grid_y);
+        let blocks = tiles(&p0).saturating_add(tiles(&p1));
+        let first = product_table(span(a0), &p0);
+        let second = product_table(span(a1), &p1);
+        // SAFETY: each table holds a product's checked `matmul` arguments (as `gemm` launches
+        // them, unsplit: a, b and c cover m*k, k*n and m*n values, bias n values or null, the
+        // mask m*n or null), and the grid has a block for each tile of either C.
+        unsafe {
+            self.launch(
+                Kernel::MatmulPair,
+                blocks,
+                (MATMUL_SIDE, MATMUL_SIDE),
+                args![first, second],
+            )
+        }
+    }
+
+    /// A product's `matmul` arguments, its operands checked against `spec` and `epilogue`;
+    /// `None` when C is empty (nothing to launch).
+    fn product_args(
+        &self,
+        spec: Gemm,
+        a: &ProductA<'_>,
+        b: (&DeviceBuffer<f32>, usize),
+        epilogue: Epilogue<'_>,
+        c: (&mut DeviceBuffer<f32>, usize),
+    ) -> Result<Option<ProductArgs>, KernelError> {
         let Gemm {
             m,
             n,
@@ -845,7 +962,7 @@ impl CudaBackend {
         let ones = i32::from(column_sums);
         let m = m.saturating_add(usize::from(column_sums)); // the sums' row (checked: c has it)
         if m == 0 || n == 0 {
-            return Ok(());
+            return Ok(None);
         }
         let len = m.saturating_mul(n); // no saturation: c holds that many values (checked)
         let block_rows = match self.dtype {
@@ -866,8 +983,85 @@ impl CudaBackend {
             dim("matmul: k", k)?,
         );
         let (a_t, b_t) = (i32::from(a_transposed), i32::from(b_transposed));
+        Ok(Some(ProductArgs {
+            b,
+            c,
+            bias,
+            relu,
+            mask,
+            m,
+            n,
+            k,
+            a_t,
+            b_t,
+            ones,
+            len,
+            grid_y: grid_y as u32, // at most MAX_GRID_Y (checked)
+        }))
+    }
+
+    /// The grid of an f32 product of `tiles` (across, down) tiles of C over `k` (`len` values),
+    /// split over k as [`KSplits`] says, with its k per split and the scratch its splits use:
+    /// `parts` for their slices and `arrivals`, a zeroed counter for each tile (where split,
+    /// or with extras) and `extra` more after them (what the kernel counts beyond the tiles),
+    /// grown as needed.
+    fn split_over_k(
+        &self,
+        (across, down): (u32, u32),
+        k: u32,
+        len: usize,
+        extra: usize,
+    ) -> Result<(Dim3, u32, DevicePointer<f32>, DevicePointer<u32>), KernelError> {
+        let tiles = across as usize * down as usize;
+        let splits = KSplits::of(tiles, k as usize);
+        let count = dim("matmul: splits", splits.count)?;
+        let k_split = dim("matmul: k per split", splits.k_split)?;
+        let mut scratch = self.scratch.borrow_mut();
+        if count > 1 {
+            self.reserve(&mut scratch.parts, splits.count.saturating_mul(len))?;
+        }
+        // The extra counters come after the tiles', split or not.
+        let counters = if count > 1 || extra > 0 {
+            tiles + extra
+        } else {
+            0
+        };
+        if scratch.arrivals.len() < counters {
+            self.reserve(&mut scratch.arrivals, counters)?;
+            self.fill(&scratch.arrivals, 0, "zeroing a matmul's counters")?;
+        }
+        let grid = Dim3 {
+            x: across,
+            y: down,
+            z: count,
+        };
+        let (parts, arrivals) = (
+            scratch.parts.as_device_ptr(),
+            scratch.arrivals.as_device_ptr(),
+        );
+        Ok((grid, k_split, parts, arrivals))
+    }
+
+    /// Launches a product whose arguments [`product_args`](Self::product_args) checked, its
+    /// op(A) `a`: split over k where it has too few tiles of C (f32).
+    fn launch_product(&self, a: ProductA<'_>, product: ProductArgs) -> Result<(), KernelError> {
+        let ProductArgs {
+            b,
+            c,
+            bias,
+            relu,
+            mask,
+            m,
+            n,
+            k,
+            a_t,
+            b_t,
+            ones,
+            len,
+            grid_y,
+        } = product;
         if self.dtype != DType::F32 {
-            let grid = (n.div_ceil(MMA_COLS), grid_y as u32);
+            let grid = (n.div_ceil(MMA_COLS), grid_y);
             let bf16 = i32::from(self.dtype == DType::BF16);
             // SAFETY: the arguments follow `mma_matmul`'s (or `gather_mma_matmul`'s)
             // parameters: a (or the batch, whose indices are below the data set's length), b
@@ -893,33 +1087,14 @@ impl CudaBackend {
                 }
             };
         }
-        let (grid_x, grid_y) = (n.div_ceil(TILE as u32), grid_y as u32);
-        let splits = KSplits::of(grid_x as usize * grid_y as usize, k as usize);
-        let count = dim("matmul: splits", splits.count)?;
-        let k_split = dim("matmul: k per split", splits.k_split)?;
-        let mut scratch = self.scratch.borrow_mut();
-        if count > 1 {
-            self.reserve(&mut scratch.parts, splits.count.saturating_mul(len))?;
-        }
-        let parts = scratch.parts.as_device_ptr();
-        // Split, the matmul writes the splits' slices and `sum_splits` adds them into c.
-        let out = match count {
-            1 => c,
-            _ => parts,
-        };
-        // Split, the epilogue is `sum_splits`'.
-        let (bias, mask, sum_bias, sum_mask) = epilogue_in(count, bias, mask);
-        let grid = Dim3 {
-            x: grid_x,
-            y: grid_y,
-            z: count,
-        };
+        let grid_x = n.div_ceil(TILE as u32);
+        let (grid, k_split, parts, arrivals) = self.split_over_k((grid_x, grid_y), k, len, 0)?;
         let block = (MATMUL_SIDE, MATMUL_SIDE);
         // SAFETY: the arguments follow `matmul`'s (or `gather_matmul`'s) parameters: a (or the
         // batch, whose indices are below the data set's length), b and c cover m*k, k*n and
         // m*n values, bias n values or is null, the mask m*n or is null (checked above); split,
-        // `parts` holds the `count` slices of m*n values and the product has no epilogue.
-        // `sum_splits` reads those slices and writes c, with the epilogue.
+        // `parts` holds the `count` slices of m*n values and `arrivals` a zeroed counter for
+        // each of the grid's tiles (unsplit, the kernel reads neither).
         unsafe {
             match a {
                 ProductA::Buffer(a) => {
@@ -928,26 +1103,20 @@ impl CudaBackend {
                         Kernel::Matmul,
                         grid,
                         block,
-                        args![a, b, out, bias, relu, mask, m, n, k, a_t, b_t, ones, k_split],
-                    )?
+                        args![
+                            a, b, c, parts, arrivals, bias, relu, mask, m, n, k, a_t, b_t, ones,
+                            k_split
+                        ],
+                    )
                 }
                 ProductA::Gathered(batch) => self.launch_gathered(
                     Kernel::GatherMatmul,
                     (grid, block.into()),
                     batch,
-                    args![b, out, bias, relu, m, n, k, b_t, k_split],
-                )?,
-            }
-            if count > 1 {
-                self.launch(
-                    Kernel::SumSplits,
-                    stride_grid(len),
-                    BLOCK,
-                    args![parts, count, len, n, sum_bias, relu, sum_mask, c],
-                )?;
+                    args![b, c, parts, arrivals, bias, relu, m, n, k, b_t, k_split],
+                ),
             }
         }
-        Ok(())
     }
 
     /// Copies `src` into `dst` from `offset` on, for operation `op`.
@@ -1824,6 +1993,46 @@ impl Backend for CudaBackend {
         )
     }
 
+    /// f32: both products in one `matmul_pair` launch where neither splits (the weight
+    /// gradient's walk over the batch is short, the input gradient's over the layer's
+    /// outputs too); 16-bit, or split: one after the other.
+    fn layer_gradients(
+        &self,
+        (ins, outs, rows): (usize, usize, usize),
+        (x, delta): (&DeviceBuffer<f32>, &DeviceBuffer<f32>),
+        weights: (&DeviceBuffer<f32>, usize),
+        (grads, offset): (&mut DeviceBuffer<f32>, usize),
+        (input_delta, mask): (&mut DeviceBuffer<f32>, Option<&DeviceBuffer<f32>>),
+        helpers: &dyn Helpers,
+    ) -> Result<(), KernelError> {
+        let epilogue = match mask {
+            Some(mask) => Epilogue::ReluBackward(mask),
+            None => Epilogue::None,
+        };
+        let input_gradient = (
+            Gemm::nt(rows, ins, outs),
+            (delta, 0),
+            weights,
+            epilogue,
+            (input_delta, 0),
+        );
+        if self.dtype != DType::F32 {
+            // The weight gradient's bias sums are a kernel of their own (`column_sum`).
+            let shape = (ins, outs, rows);
+            self.weight_and_bias_gradients(shape, x, delta, (grads, offset), helpers)?;
+            let (spec, a, b, epilogue, c) = input_gradient;
+            return self.gemm(spec, ProductA::Buffer(a), b, epilogue, c);
+        }
+        let weight_gradient = (
+            Gemm::tn(ins, outs, rows),
+            (x, 0),
+            (delta, 0),
+            Epilogue::ColumnSums,
+            (grads, offset),
+        );
+        self.gemm_pair(weight_gradient, input_gradient)
+    }
+
     fn matmul_relu_backward(
         &self,
         spec: Gemm,
@@ -2055,13 +2264,76 @@ impl Backend for CudaBackend {
             check::softmax_cross_entropy(logits.len(), labels.len(), rows, classes, dlogits.len())?;
             return self.upload(&[f32::NAN], loss.0, loss.1);
         }
-        // Replayed, the slot is a step input, so that each run of the graph writes its own.
-        let slot = dim("softmax_cross_entropy_into: loss slot", loss.1)?;
-        let (loss, at) = match self.step_input(&[slot])? {
-            Some(at) => (span_mut((loss.0, 0)), DevicePointer::from_raw(at)),
-            None => (span_mut(loss), DevicePointer::null()),
-        };
+        let (loss, at) = self.loss_slot(loss)?;
         self.softmax_loss(logits, labels, (rows, classes), dlogits, loss, at)
+    }
+
+    /// f32, with at most [`TILE`] classes and at least one row: one
+    /// `matmul_softmax_cross_entropy` (the product split over k as `matmul` splits it);
+    /// otherwise the product, then `softmax_cross_entropy`.
+    fn matmul_bias_softmax_cross_entropy_into(
+        &self,
+        spec: Gemm,
+        (a, b, bias): LayerOperands<'_, Self>,
+        (logits, labels): (&mut DeviceBuffer<f32>, &DeviceBuffer<u32>),
+        dlogits: &mut DeviceBuffer<f32>,
+        loss: (&mut DeviceBuffer<f32>, usize),
+    ) -> Result<(), KernelError> {
+        let (rows, classes) = (spec.m, spec.n);
+        let plain = !spec.a_transposed && !spec.b_transposed;
+        let fused = self.dtype == DType::F32 && plain && classes <= TILE && rows > 0;
+        let product = match fused {
+            true => {
+                let epilogue = Epilogue::Bias(bias, Activation::Identity);
+                self.product_args(spec, &ProductA::Buffer(a), b, epilogue, (&mut *logits, 0))?
+            }
+            false => None,
+        };
+        let Some(product) = product else {
+            self.matmul_bias(spec, a, b, bias, (&mut *logits, 0), Activation::Identity)?;
+            return self.softmax_cross_entropy_into(logits, labels, (rows, classes), dlogits, loss);
+        };
+        check::softmax_cross_entropy(logits.len(), labels.len(), rows, classes, dlogits.len())?;
+        check_span("matmul_bias_softmax_cross_entropy_into", "loss", &loss, 1)?;
+        let ProductArgs {
+            b,
+            c,
+            bias,
+            m,
+            n,
+            k,
+            len,
+            grid_y,
+            ..
+        } = product;
+        let a = span(a);
+        let (grid, k_split, parts, arrivals) = self.split_over_k((1, grid_y), k, len, 1)?;
+        let (loss, loss_at) = self.loss_slot(loss)?;
+        let labels = span((labels, 0));
+        let dlogits = span_mut((dlogits, 0));
+        let mut scratch = self.scratch.borrow_mut();
+        self.reserve(&mut scratch.row_losses, rows)?;
+        let row_losses = scratch.row_losses.as_device_ptr();
+        // The label check goes to counts[1..3], as `softmax_cross_entropy`'s.
+        let status = span((&scratch.counts, 1));
+        drop(scratch);
+        // SAFETY: the arguments follow `matmul_softmax_cross_entropy`'s parameters: a, b and
+        // the logits c cover m*k, k*n and m*n values (n at most TILE: one tile across), bias n
+        // (checked by `product_args`), labels and dlogits rows and rows*classes (checked
+        // above), `parts` the splits' slices and `arrivals` a zeroed counter a tile and one
+        // more (`split_over_k`), row_losses m values, loss one from the slot at loss_at,
+        // status two (of the three counts).
+        unsafe {
+            self.launch(
+                Kernel::MatmulSoftmaxCrossEntropy,
+                grid,
+                (MATMUL_SIDE, MATMUL_SIDE),
+                args![
+                    a, b, c, parts, arrivals, bias, m, n, k, k_split, labels, dlogits, row_losses,
+                    loss, loss_at, status
+                ],
+            )
+        }
     }
 
     /// A 16-bit backend says its type, which the device stores decline (they would copy the

@@ -342,6 +342,7 @@ impl DeviceCopy for u8 {}
 impl DeviceCopy for u16 {}
 impl DeviceCopy for u32 {}
 impl DeviceCopy for f32 {}
+impl DeviceCopy for f64 {}
 
 /// `len` values of `T` in bytes, or `CUDA_ERROR_OUT_OF_MEMORY` when that overflows.
 fn bytes<T>(len: usize) -> Result<usize, Code> {

@@ -14,9 +14,10 @@ pub(crate) const TILE: usize = 32;
 /// blocks (a few per multiprocessor on large GPUs), so that short walks over k run side by
 /// side instead of one long walk per tile.
 const SPLIT_BLOCKS: usize = 1024;
-/// A walk over at most this many tiles of k is never split: it is short, and a split would
-/// add a `sum_splits` kernel (about 2 us of a graph's node latency on an H200, against a few
-/// tiles' walk). A weight gradient over a batch of 100 (4 tiles) stays one kernel.
+/// A walk over at most this many tiles of k is never split: it is short, and a split makes
+/// each tile's last block wait on memory for the others' slices and add them (when this was
+/// chosen, a `sum_splits` kernel did: about 2 us of a graph's node latency on an H200, against
+/// a few tiles' walk). A weight gradient over a batch of 100 (4 tiles) stays unsplit.
 const SHORT_WALK_TILES: usize = 4;
 
 /// How a matmul with `blocks` tiles of C is split over its `k`: `count` splits of `k_split`

@@ -123,12 +123,16 @@ kernel_table! {
         Gather => "gather",
     }
     /// `kernels/matmul.cu`: the tiled `matmul`, either operand transposed, optional bias + ReLU,
-    /// optionally split over k; `sum_splits` adds the splits; `gather_matmul` gathers op(A).
+    /// optionally split over k (the last block of a tile adds the splits); `gather_matmul`
+    /// gathers op(A).
     MATMUL = "matmul" {
         Matmul => "matmul",
-        SumSplits => "sum_splits",
         /// `matmul` with op(A) a batch it gathers (`gather`'s arithmetic), writing the batch.
         GatherMatmul => "gather_matmul",
+        /// Two unsplit products in one launch (a layer's weight and input gradients).
+        MatmulPair => "matmul_pair",
+        /// A last layer's product with `softmax_cross_entropy` of its logits.
+        MatmulSoftmaxCrossEntropy => "matmul_softmax_cross_entropy",
     }
     /// `kernels/narrow.cu` (compute_80): the 16-bit backend's tensor-core `mma_matmul` and
     /// `gather_mma_matmul`, `round_to`, which rounds a span to bf16 or f16, and `unscale`,

@@ -232,6 +232,151 @@ fn weight_and_bias_gradients_match_the_cpus_product_and_column_sums() {
     }
 }
 
+/// A layer's backward products at once (`layer_gradients`: one `matmul_pair` launch where
+/// neither splits, as the model's second layer) give the bits of the two products launched one
+/// after the other, and the CPU's values: with and without the input's ReLU mask, the model's
+/// layers (the first's weight gradient over 784 inputs as well), an odd shape, no rows.
+#[test]
+fn layer_gradients_at_once_are_the_two_products_bit_for_bit() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng(13);
+    for (ins, outs, rows) in [(500, 10, 100), (784, 500, 100), (37, 45, 70), (5, 3, 0)] {
+        for masked in [true, false] {
+            let what = format!("{ins}x{outs} over {rows} rows, masked {masked}");
+            let x = random(&mut rng, rows * ins, 1.0);
+            // A ReLU's output: about half the mask is zero.
+            let x: Vec<f32> = x.iter().map(|v| v.max(0.0)).collect();
+            let delta = random(&mut rng, rows * outs, 1.0);
+            let weights = random(&mut rng, ins * outs + 5, 1.0);
+            let (offset, len) = (7, ins * outs + outs);
+            let shape = (ins, outs, rows);
+            let mut want = vec![f32::NAN; offset + len + 3];
+            let mut want_input = vec![f32::NAN; rows * ins];
+            let mask = masked.then_some(&x);
+            CpuBackend
+                .layer_gradients(
+                    shape,
+                    (&x, &delta),
+                    (&weights, 5),
+                    (&mut want, offset),
+                    (&mut want_input, mask),
+                    &Alone,
+                )
+                .expect("cpu");
+            let (gx, gdelta) = (upload(&gpu, &x, 0), upload(&gpu, &delta, 0));
+            let gweights = upload(&gpu, &weights, 0);
+            let mut grads = poisoned(&gpu, want.len());
+            let mut input = poisoned(&gpu, want_input.len().max(1));
+            let mask = masked.then_some(&gx);
+            gpu.layer_gradients(
+                shape,
+                (&gx, &gdelta),
+                (&gweights, 5),
+                (&mut grads, offset),
+                (&mut input, mask),
+                &Alone,
+            )
+            .expect("gpu");
+            let got = download(&gpu, &grads, 0, want.len());
+            let got_input = download(&gpu, &input, 0, want_input.len());
+            let end = offset + len;
+            assert_close(&what, &got[offset..end], &want[offset..end]);
+            assert_close(&format!("{what}: input"), &got_input, &want_input);
+            assert!(got[..offset].iter().chain(&got[end..]).all(|v| v.is_nan()));
+            // The same products, one launch each.
+            let mut apart = poisoned(&gpu, want.len());
+            gpu.weight_and_bias_gradients(shape, &gx, &gdelta, (&mut apart, offset), &Alone)
+                .expect("gpu");
+            let mut apart_input = poisoned(&gpu, want_input.len().max(1));
+            let product = Gemm::nt(rows, ins, outs);
+            match mask {
+                Some(mask) => gpu.matmul_relu_backward(
+                    product,
+                    (&gdelta, 0),
+                    (&gweights, 5),
+                    mask,
+                    &mut apart_input,
+                ),
+                None => gpu.matmul(product, (&gdelta, 0), (&gweights, 5), (&mut apart_input, 0)),
+            }
+            .expect("gpu");
+            let apart_values = download(&gpu, &apart, 0, want.len());
+            assert_bitwise(&what, &got[offset..end], &apart_values[offset..end]);
+            let apart_input = download(&gpu, &apart_input, 0, want_input.len());
+            assert_bitwise(&format!("{what}: input"), &got_input, &apart_input);
+        }
+    }
+}
+
+/// A last layer's product and its loss at once (`matmul_bias_softmax_cross_entropy_into`: one
+/// `matmul_softmax_cross_entropy` launch with at most 32 classes) give the bits of the product
+/// and `softmax_cross_entropy` launched apart, and the CPU's values: the model's head (split
+/// over k, 4 tiles of rows), more rows than the mean's threads (each adds several), one
+/// unsplit tile, and 33 classes (two launches).
+#[test]
+fn a_last_product_and_its_loss_at_once_are_the_two_kernels_bit_for_bit() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = rng(14);
+    for (rows, classes, ins) in [(100, 10, 500), (300, 7, 64), (5, 3, 20), (40, 33, 50)] {
+        let what = format!("{rows} rows of {classes} classes from {ins}");
+        let x = random(&mut rng, rows * ins, 1.0);
+        let w = random(&mut rng, ins * classes + classes, 0.3);
+        let targets: Vec<u32> = (0..rows)
+            .map(|_| rng.random_range(0..classes as u32))
+            .collect();
+        let spec = Gemm::nn(rows, classes, ins);
+        let bias = ins * classes;
+        let mut want_logits = vec![0.0; rows * classes];
+        cpu::matmul(spec, &x, &w[..bias], &mut want_logits);
+        cpu::bias_add(&mut want_logits, &w[bias..]);
+        let mut want_d = vec![0.0; rows * classes];
+        let want_loss = cpu::softmax_cross_entropy(&want_logits, &targets, classes, &mut want_d);
+        let (gx, gw, glabels) = (
+            upload(&gpu, &x, 0),
+            upload(&gpu, &w, 0),
+            labels(&gpu, &targets),
+        );
+        let run = |fused: bool| {
+            let mut logits = poisoned(&gpu, rows * classes);
+            let mut dlogits = poisoned(&gpu, rows * classes);
+            let mut ring = poisoned(&gpu, 4);
+            let operands = ((&gx, 0), (&gw, 0), (&gw, bias));
+            let loss = (&mut ring, 2);
+            match fused {
+                true => gpu.matmul_bias_softmax_cross_entropy_into(
+                    spec,
+                    operands,
+                    (&mut logits, &glabels),
+                    &mut dlogits,
+                    loss,
+                ),
+                false => {
+                    let (a, b, bias) = operands;
+                    let c = (&mut logits, 0);
+                    gpu.matmul_bias(spec, a, b, bias, c, Activation::Identity)
+                        .expect("gpu");
+                    let shape = (rows, classes);
+                    gpu.softmax_cross_entropy_into(&logits, &glabels, shape, &mut dlogits, loss)
+                }
+            }
+            .expect("gpu");
+            let n = rows * classes;
+            let ring = download(&gpu, &ring, 0, 4);
+            assert!(ring[..2].iter().chain(&ring[3..]).all(|v| v.is_nan()));
+            let values = |buf: &DeviceBuffer<f32>| download(&gpu, buf, 0, n);
+            (values(&logits), values(&dlogits), ring[2])
+        };
+        let (logits, d, loss) = run(true);
+        assert_close(&format!("{what}: logits"), &logits, &want_logits);
+        assert_close(&format!("{what}: gradient"), &d, &want_d);
+        assert_close(&format!("{what}: loss"), &[loss], &[want_loss]);
+        let (apart_logits, apart_d, apart_loss) = run(false);
+        assert_bitwise(&format!("{what}: logits"), &logits, &apart_logits);
+        assert_bitwise(&format!("{what}: gradient"), &d, &apart_d);
+        assert_bitwise(&format!("{what}: loss"), &[loss], &[apart_loss]);
+    }
+}
+
 #[test]
 fn bias_add_and_bias_relu_match_cpu() {
     let Some(gpu) = gpu() else { return };
@@ -1114,7 +1259,7 @@ fn gradient_buffer_counts_are_checked() {
 /// Runs the deterministic kernels on fixed inputs and returns every output, concatenated.
 fn deterministic_outputs(gpu: &CudaBackend) -> Vec<f32> {
     let mut rng = rng(10);
-    // The first layer's forward product's shape, split over k, masked in `sum_splits`.
+    // The first layer's forward product's shape, split over k, masked by the last block of each tile.
     let spec = Gemm::nn(100, 500, 784);
     let (got, _) = gemm_case(gpu, &mut rng, spec, Epilogue::ReluBackward);
     let mut outputs = got;

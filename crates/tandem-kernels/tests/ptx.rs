@@ -478,8 +478,12 @@ $L__BB0_2: atom.shared.add.u32 %r4, [%r5], 1;
 }
 
 #[test]
-fn nothing_uses_atomics() {
-    // Atomics would make the order of additions, and so the results, vary from run to run.
+fn atomics_only_count() {
+    // Atomic additions of values would make the order of additions, and so the results, vary
+    // from run to run. The one atomic allowed adds 1 to an integer counter (a split product's
+    // arrivals, `kernels/matmul.cu`): a count is the same in any order, and it decides only
+    // which block adds the splits, not in which order.
+    let counter = |opcode: &str| opcode == "atom.global.add.u32";
     for module in MODULES {
         let found = instructions(module.ptx);
         // The parser sees the code: every kernel returns, among plenty of instructions.
@@ -492,7 +496,7 @@ fn nothing_uses_atomics() {
         );
         for instruction in &found {
             assert!(
-                !is_atomic(&instruction.opcode),
+                !is_atomic(&instruction.opcode) || counter(&instruction.opcode),
                 "ptx/{}.ptx line {}: {}",
                 module.name,
                 instruction.line,

@@ -6,6 +6,8 @@
 use tandem_core::{Alone, Helpers, ParamSpan};
 use tandem_tensor::{Activation, Backend, Gemm};
 
+use crate::network::{logits_of, logits_of_mut};
+
 /// A fully connected layer, `y = activation(x . W + b)`: `W` is `ins x outs` (row-major),
 /// followed by `b` (`outs`) in a model's flat parameter vector. Its weights are
 /// L2-regularised, its biases not.
@@ -99,19 +101,19 @@ impl Dense {
         if self.activation == Activation::Relu && !delta_masked {
             b.relu_backward(delta, output, rows * self.outs)?;
         }
-        // dW = input^T . delta, db = colsum(delta), the biases' after the weights'.
-        let shape = (self.ins, self.outs, rows);
-        b.weight_and_bias_gradients(shape, input, delta, (grads, offset), helpers)?;
+        // dW = input^T . delta, db = colsum(delta), the biases' after the weights'; and
         // dX = delta . W^T, masked where the input's ReLU was not positive.
-        let product = Gemm::nt(rows, self.ins, self.outs);
+        let shape = (self.ins, self.outs, rows);
         match input_delta {
-            Some((input_delta, Some(mask))) => {
-                b.matmul_relu_backward(product, (delta, 0), (params, offset), mask, input_delta)
-            }
-            Some((input_delta, None)) => {
-                b.matmul(product, (delta, 0), (params, offset), (input_delta, 0))
-            }
-            None => Ok(()),
+            Some(input_delta) => b.layer_gradients(
+                shape,
+                (input, delta),
+                (params, offset),
+                (grads, offset),
+                input_delta,
+                helpers,
+            ),
+            None => b.weight_and_bias_gradients(shape, input, delta, (grads, offset), helpers),
         }
     }
 }
@@ -127,6 +129,20 @@ pub struct Batch<'a, B: Backend> {
     pub x: &'a mut B::Buffer,
     /// Where their labels go.
     pub labels: &'a mut B::Labels,
+}
+
+impl<B: Backend> Batch<'_, B> {
+    /// The same batch, lent for a shorter while: what a pass that takes a batch is given, so
+    /// that its buffers (the labels the loss reads, the features the backward pass reads)
+    /// remain at hand after it.
+    pub fn reborrow(&mut self) -> Batch<'_, B> {
+        Batch {
+            examples: self.examples,
+            indices: self.indices,
+            x: &mut *self.x,
+            labels: &mut *self.labels,
+        }
+    }
 }
 
 /// Where [`Dense::backward`] writes its input's gradient, and the ReLU output it masks that
@@ -202,13 +218,16 @@ impl DenseStack {
         rows: usize,
         activations: &mut [B::Buffer],
     ) -> Result<(), B::Error> {
-        self.forward_from(0, b, params, x, rows, activations)
+        let all = (0, self.layers.len());
+        self.forward_from(all, b, params, x, rows, activations)
     }
 
-    /// The forward passes of the layers from `first` on (layer 0's input `x`).
+    /// The forward passes of the layers from `first` on up to `end` exclusive (layer 0's
+    /// input `x`).
+    #[allow(clippy::too_many_arguments)]
     fn forward_from<B: Backend>(
         &self,
-        first: usize,
+        (first, end): (usize, usize),
         b: &B,
         params: &B::Buffer,
         x: &B::Buffer,
@@ -216,7 +235,7 @@ impl DenseStack {
         activations: &mut [B::Buffer],
     ) -> Result<(), B::Error> {
         let layers = self.layers.iter().zip(self.offsets()).enumerate();
-        for (l, (layer, offset)) in layers.skip(first) {
+        for (l, (layer, offset)) in layers.take(end).skip(first) {
             let (before, after) = activations.split_at_mut(l);
             let input = before.last().unwrap_or(x);
             layer.forward(b, (params, offset), input, rows, &mut after[0])?;
@@ -233,25 +252,66 @@ impl DenseStack {
         batch: Batch<'_, B>,
         activations: &mut [B::Buffer],
     ) -> Result<(), B::Error> {
-        let Batch {
-            examples,
-            indices,
-            x,
-            labels,
-        } = batch;
+        self.forward_batch_to(self.layers.len(), b, params, batch, activations)
+    }
+
+    /// [`forward_batch`](Self::forward_batch) and the loss, left where the backend computes
+    /// ([`Network::forward_loss_into`](crate::Network::forward_loss_into)): the last layer's
+    /// product and the softmax cross-entropy of its logits as one operation
+    /// ([`Backend::matmul_bias_softmax_cross_entropy_into`]) where that layer has no
+    /// activation and is not the first (whose product gathers the batch).
+    pub fn forward_loss_into<B: Backend>(
+        &self,
+        b: &B,
+        params: &B::Buffer,
+        batch: Batch<'_, B>,
+        (activations, deltas): (&mut [B::Buffer], &mut [B::Buffer]),
+        loss: (&mut B::Buffer, usize),
+    ) -> Result<(), B::Error> {
+        let last = self.layers.len() - 1;
+        let layer = self.layers[last];
+        let fused = last > 0 && layer.activation == Activation::Identity;
+        let rows = batch.indices.len();
+        let mut batch = batch;
+        let end = if fused { last } else { last + 1 };
+        self.forward_batch_to(end, b, params, batch.reborrow(), activations)?;
+        let (labels, dlogits) = (&*batch.labels, logits_of_mut(deltas)?);
+        if !fused {
+            let logits = logits_of(activations)?;
+            return b.softmax_cross_entropy_into(logits, labels, (rows, layer.outs), dlogits, loss);
+        }
+        let offset = self.offsets().nth(last).unwrap_or(0);
+        let bias = offset + layer.ins * layer.outs;
+        let (before, after) = activations.split_at_mut(last);
+        let operands = ((&before[last - 1], 0), (params, offset), (params, bias));
+        let product = Gemm::nn(rows, layer.outs, layer.ins);
+        b.matmul_bias_softmax_cross_entropy_into(
+            product,
+            operands,
+            (&mut after[0], labels),
+            dlogits,
+            loss,
+        )
+    }
+
+    /// [`forward_batch`](Self::forward_batch) of the layers before `end`.
+    fn forward_batch_to<B: Backend>(
+        &self,
+        end: usize,
+        b: &B,
+        params: &B::Buffer,
+        batch: Batch<'_, B>,
+        activations: &mut [B::Buffer],
+    ) -> Result<(), B::Error> {
+        let mut batch = batch;
         match self.layers.first() {
             Some(first) => {
-                let batch = Batch {
-                    examples,
-                    indices,
-                    x: &mut *x,
-                    labels,
-                };
-                first.forward_gathered(b, (params, 0), batch, &mut activations[0])?
+                first.forward_gathered(b, (params, 0), batch.reborrow(), &mut activations[0])?
             }
-            None => b.gather(examples, indices, x, labels)?,
+            None => b.gather(batch.examples, batch.indices, batch.x, batch.labels)?,
         }
-        self.forward_from(1, b, params, x, indices.len(), activations)
+        let rows = batch.indices.len();
+        self.forward_from((1, end), b, params, batch.x, rows, activations)
     }
 
     /// Every layer's backward pass, last to first: `deltas[l]` holds the gradient with respect
@@ -292,140 +352,5 @@ impl DenseStack {
             )?;
         }
         Ok(())
-    }
-}
-
-/// The classification head: a numerically stable softmax with its cross-entropy, fused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SoftmaxCrossEntropy {
-    /// Classes (logits per example).
-    pub classes: usize,
-}
-
-impl SoftmaxCrossEntropy {
-    /// The mean loss of the first `rows` rows of `logits` against `labels`, and its gradient
-    /// with respect to the logits in `dlogits`. With `on_device`, the loss is left there (one
-    /// value at its offset, read later: a device backend does not wait for the device) and
-    /// `None` returned; without, it is returned.
-    pub fn forward_backward<B: Backend>(
-        &self,
-        b: &B,
-        (logits, labels): (&B::Buffer, &B::Labels),
-        rows: usize,
-        dlogits: &mut B::Buffer,
-        on_device: Option<(&mut B::Buffer, usize)>,
-    ) -> Result<Option<f32>, B::Error> {
-        match on_device {
-            Some(loss) => {
-                let shape = (rows, self.classes);
-                b.softmax_cross_entropy_into(logits, labels, shape, dlogits, loss)?;
-                Ok(None)
-            }
-            None => b
-                .softmax_cross_entropy(logits, labels, rows, self.classes, dlogits)
-                .map(Some),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use tandem_tensor::CpuBackend;
-
-    use super::*;
-
-    #[test]
-    fn a_relu_stack_names_its_layers_and_ends_without_an_activation() {
-        let stack = DenseStack::relu(&[5, 4, 3, 2]).unwrap();
-        let acts: Vec<Activation> = stack.layers().iter().map(|l| l.activation).collect();
-        assert_eq!(
-            acts,
-            [Activation::Relu, Activation::Relu, Activation::Identity]
-        );
-        assert_eq!(stack.activations(), [4, 3, 2]);
-        let names: Vec<String> = stack.layout().into_iter().map(|s| s.name).collect();
-        assert_eq!(
-            names,
-            [
-                "layer1/weights",
-                "layer1/biases",
-                "layer2/weights",
-                "layer2/biases",
-                "layer3/weights",
-                "layer3/biases"
-            ]
-        );
-        assert_eq!(stack.offsets().collect::<Vec<_>>(), [0, 24, 39]);
-        assert!(DenseStack::relu(&[5]).is_none());
-        assert!(DenseStack::relu(&[5, 0, 2]).is_none());
-    }
-
-    /// A dense layer's backward pass against finite differences of its forward pass, for a
-    /// loss `sum(y * r)` with fixed random `r` (so `dL/dy = r`), in f64 on the host.
-    #[test]
-    fn dense_backward_is_the_derivative_of_its_forward() {
-        for activation in [Activation::Identity, Activation::Relu] {
-            let layer = Dense {
-                ins: 3,
-                outs: 4,
-                activation,
-            };
-            let rows = 2;
-            let wave = |i: usize, scale: f32| (i as f32 * 1.7).sin() * scale;
-            let params: Vec<f32> = (0..layer.num_params()).map(|i| wave(i, 0.8)).collect();
-            let x: Vec<f32> = (0..rows * layer.ins).map(|i| wave(i + 5, 1.0)).collect();
-            let r: Vec<f32> = (0..rows * layer.outs).map(|i| wave(i + 9, 1.0)).collect();
-            let loss = |params: &[f32], x: &[f32]| {
-                let mut y = vec![0.0; rows * layer.outs];
-                layer
-                    .forward(
-                        &CpuBackend,
-                        (&params.to_vec(), 0),
-                        &x.to_vec(),
-                        rows,
-                        &mut y,
-                    )
-                    .unwrap();
-                y.iter().zip(&r).map(|(y, r)| f64::from(y * r)).sum::<f64>()
-            };
-            let mut y = vec![0.0; rows * layer.outs];
-            layer
-                .forward(&CpuBackend, (&params, 0), &x, rows, &mut y)
-                .unwrap();
-            let (mut delta, mut grads, mut dx) =
-                (r.clone(), vec![0.0; layer.num_params()], vec![0.0; x.len()]);
-            layer
-                .backward(
-                    &CpuBackend,
-                    (&params, 0),
-                    (&x, &y),
-                    rows,
-                    (&mut delta, false),
-                    (&mut grads, Some((&mut dx, None))),
-                    &Alone,
-                )
-                .unwrap();
-            let h = 1e-2;
-            let numeric = |values: &[f32], i: usize, of: &dyn Fn(&[f32]) -> f64| {
-                let (mut up, mut down) = (values.to_vec(), values.to_vec());
-                up[i] += h;
-                down[i] -= h;
-                (of(&up) - of(&down)) / f64::from(2.0 * h)
-            };
-            for (i, &grad) in grads.iter().enumerate() {
-                let expected = numeric(&params, i, &|p| loss(p, &x));
-                assert!(
-                    (f64::from(grad) - expected).abs() < 1e-3,
-                    "{activation:?} p{i}"
-                );
-            }
-            for (i, &grad) in dx.iter().enumerate() {
-                let expected = numeric(&x, i, &|x| loss(&params, x));
-                assert!(
-                    (f64::from(grad) - expected).abs() < 1e-3,
-                    "{activation:?} x{i}"
-                );
-            }
-        }
     }
 }

@@ -6,7 +6,7 @@
 //!   come with the trait.
 //! * [`layers`]: what models are composed of, each layer with its forward and backward pass
 //!   (a dense layer with its bias and optional ReLU fused into one product, a stack of them,
-//!   the softmax cross-entropy head).
+//!   whose last product may be fused with the softmax cross-entropy loss).
 //! * [`NetworkReplica`]: one copy of any network on one backend, implementing
 //!   [`tandem_core::Replica`]; [`open_replica`] opens one on a `tandem_pool::Device`.
 //! * [`Mlp`]: the multi-layer perceptron of the TensorFlow multi-GPU MNIST example's

@@ -142,6 +142,18 @@ impl Network for Mlp {
         self.stack.forward_batch(b, params, batch, activations)
     }
 
+    fn forward_loss_into<B: Backend>(
+        &self,
+        b: &B,
+        params: &B::Buffer,
+        batch: Batch<'_, B>,
+        buffers: (&mut [B::Buffer], &mut [B::Buffer]),
+        loss: (&mut B::Buffer, usize),
+    ) -> Result<(), B::Error> {
+        self.stack
+            .forward_loss_into(b, params, batch, buffers, loss)
+    }
+
     fn backward<B: Backend>(
         &self,
         b: &B,
@@ -275,6 +287,50 @@ mod tests {
         let p = TINY.probabilities(&big, &features(&examples, 0)).unwrap();
         assert!(p.iter().all(|v| v.is_finite()));
         assert!((p[0] - 1.0).abs() < 1e-6);
+    }
+
+    /// The step's forward pass with its loss left where the backend computes (the last
+    /// product and the loss as one operation, except in a one-layer network, whose only
+    /// product gathers the batch) is the forward pass, then softmax cross-entropy: the logits,
+    /// their gradient and the loss in its slot, against `logits` and `cpu`'s head.
+    #[test]
+    fn the_forward_pass_with_its_loss_is_the_logits_then_softmax_cross_entropy() {
+        let set = examples();
+        let indices = [4u32, 0, 2, 2];
+        let rows = indices.len();
+        for name in ["4-8-3", "4-3", "4-8-5-3"] {
+            let network = Mlp::from_name(name).unwrap();
+            let params = network.init(0.5, &mut rand::rngs::StdRng::seed_from_u64(5));
+            let backend = CpuBackend;
+            let buffers = |_| crate::network::activation_buffers(&network, &backend, rows);
+            let (mut activations, mut deltas) = (buffers(0).unwrap(), buffers(1).unwrap());
+            let (mut x, mut labels, mut ring) =
+                (vec![0.0; rows * 4], vec![0; rows], vec![f32::NAN; 3]);
+            let batch = Batch {
+                examples: &set,
+                indices: &indices,
+                x: &mut x,
+                labels: &mut labels,
+            };
+            let buffers = (&mut activations[..], &mut deltas[..]);
+            (network.forward_loss_into(&backend, &params, batch, buffers, (&mut ring, 1))).unwrap();
+            let features: Vec<f32> = indices
+                .iter()
+                .flat_map(|&i| features(&set, i as usize))
+                .collect();
+            let want_logits = network.logits(&backend, &params, &features).unwrap();
+            let want_labels: Vec<u32> = indices
+                .iter()
+                .map(|&i| u32::from(set.labels()[i as usize]))
+                .collect();
+            let mut want_d = vec![0.0; want_logits.len()];
+            let want_loss = cpu::softmax_cross_entropy(&want_logits, &want_labels, 3, &mut want_d);
+            assert_eq!(activations.last().unwrap(), &want_logits, "{name}");
+            assert_eq!(deltas.last().unwrap(), &want_d, "{name}");
+            assert_eq!(labels, want_labels, "{name}");
+            assert!(ring[0].is_nan() && ring[2].is_nan(), "{name}: {ring:?}");
+            assert_eq!(ring[1], want_loss, "{name}");
+        }
     }
 
     #[test]

@@ -57,6 +57,28 @@ pub trait Network: Clone + Send + Sync + 'static {
         self.forward(b, params, batch.x, batch.indices.len(), activations)
     }
 
+    /// A training step's forward pass and its loss, left where the backend computes:
+    /// [`forward_batch`](Self::forward_batch), then the softmax cross-entropy of the logits
+    /// against the batch's labels ([`Backend::softmax_cross_entropy_into`]), its gradient with
+    /// respect to the logits into the last of `deltas`, the mean loss at `loss`. A network may
+    /// fuse its last operation with the loss (as
+    /// [`crate::layers::DenseStack::forward_loss_into`] does its last product).
+    fn forward_loss_into<B: Backend>(
+        &self,
+        b: &B,
+        params: &B::Buffer,
+        batch: Batch<'_, B>,
+        (activations, deltas): (&mut [B::Buffer], &mut [B::Buffer]),
+        loss: (&mut B::Buffer, usize),
+    ) -> Result<(), B::Error> {
+        let rows = batch.indices.len();
+        let mut batch = batch;
+        self.forward_batch(b, params, batch.reborrow(), activations)?;
+        let (logits, dlogits) = (logits_of(activations)?, logits_of_mut(deltas)?);
+        let shape = (rows, self.classes());
+        b.softmax_cross_entropy_into(logits, batch.labels, shape, dlogits, loss)
+    }
+
     /// The backward pass of [`forward`](Self::forward): the last of `deltas` holds the loss's
     /// gradient with respect to the logits; the others are scratch for the gradients with
     /// respect to the other activations. Writes every parameter's gradient into `grads`.

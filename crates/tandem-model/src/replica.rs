@@ -4,7 +4,7 @@ use tandem_core::{
 use tandem_pool::Device;
 use tandem_tensor::{Backend, CpuBackend, ExampleSet, NarrowCpuBackend, ShapeError};
 
-use crate::layers::{Batch, SoftmaxCrossEntropy};
+use crate::layers::Batch;
 use crate::network::{activation_buffers, logits_of, logits_of_mut};
 use crate::{Mlp, Network};
 
@@ -160,9 +160,7 @@ impl<N: Network, B: Backend> NetworkReplica<N, B> {
         if rows > self.capacity {
             self.grow(rows)?;
         }
-        let head = SoftmaxCrossEntropy {
-            classes: self.network.classes(),
-        };
+        let classes = self.network.classes();
         let resident = self.residence.is_some();
         let params_len = self.network.num_params();
         let Self {
@@ -200,11 +198,21 @@ impl<N: Network, B: Backend> NetworkReplica<N, B> {
                 x: &mut *x,
                 labels: &mut *labels,
             };
-            network.forward_batch(b, params, gathered, activations)?;
-            let logits = logits_of(activations)?;
-            let dlogits = logits_of_mut(deltas)?;
-            let on_device = slot.map(|slot| (&mut losses.ring, slot));
-            known = head.forward_backward(b, (logits, labels), rows, dlogits, on_device)?;
+            match slot {
+                // The loss stays on the device: the network may fuse its last operation with it.
+                Some(slot) => {
+                    let buffers = (&mut activations[..], &mut deltas[..]);
+                    let loss = (&mut losses.ring, slot);
+                    network.forward_loss_into(b, params, gathered, buffers, loss)?;
+                }
+                None => {
+                    network.forward_batch(b, params, gathered, activations)?;
+                    let logits = logits_of(activations)?;
+                    let dlogits = logits_of_mut(deltas)?;
+                    let mean = b.softmax_cross_entropy(logits, labels, rows, classes, dlogits)?;
+                    known = Some(mean);
+                }
+            }
             network.backward(b, params, x, rows, activations, deltas, grads, helpers)?;
             match scaled {
                 true => b.unscale((grads, 0), params_len),

@@ -488,6 +488,32 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
             }
             let aligned = base == "bar" || m.has("aligned");
             m.drop_all(&["cta"]);
+            if m.has("red") {
+                // bar.red.popc.u32 d, a{, b}, {!}c; bar.red.{and,or}.pred p, a{, b}, {!}c.
+                let (op, ty) = match m.any(&["popc", "and", "or"]) {
+                    Some("popc") => (BarRedOp::Popc, Ty::U32),
+                    Some("and") => (BarRedOp::And, Ty::Pred),
+                    Some(_) => (BarRedOp::Or, Ty::Pred),
+                    None => return Err(None),
+                };
+                if m.ty() != Some(ty) || !(3..=4).contains(&ops.len()) {
+                    return Err(None);
+                }
+                let d = p.dst(&ops[0], line)?;
+                let id = p.src(&ops[1], Ty::U32, line)?;
+                let count = match ops.len() {
+                    4 => p.src(&ops[2], Ty::U32, line)?,
+                    _ => SINK,
+                };
+                let (c, neg) = p.pred_src(&ops[ops.len() - 1], line)?;
+                let red = Some(BarRed { op, d, c, neg });
+                return done(Op::Bar {
+                    id,
+                    count,
+                    aligned,
+                    red,
+                });
+            }
             if !(m.has("sync") || base == "bar" && m.0.is_empty() && !ops.is_empty()) {
                 return Err(None);
             }
@@ -499,7 +525,12 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
                 Some(c) => p.src(c, Ty::U32, line)?,
                 None => SINK,
             };
-            done(Op::Bar { id, count, aligned })
+            done(Op::Bar {
+                id,
+                count,
+                aligned,
+                red: None,
+            })
         }
         "membar" | "fence" => {
             m.drop_all(&[

@@ -2186,7 +2186,7 @@ impl Ctx<'_> {
     fn barriers(
         &self,
         blk: usize,
-        regs: &[u64],
+        regs: &mut [u64],
         threads: &mut [Thread],
         mut race: Option<&mut RaceState>,
     ) -> Result<bool, ExecError> {
@@ -2237,7 +2237,9 @@ impl Ctx<'_> {
                     )));
                 }
             }
-            for &t in group.iter().take(need.max(1)) {
+            let released_threads = &group[..need.max(1).min(group.len())];
+            self.reduce_at_barrier(regs, threads, released_threads);
+            for &t in released_threads {
                 threads[t].pc += 1;
                 threads[t].status = Status::Ready;
             }
@@ -2250,6 +2252,33 @@ impl Ctx<'_> {
             released = true;
         }
         Ok(released)
+    }
+
+    /// `bar.red`: writes each of `released`'s `d` with the reduction of their predicates `c`
+    /// (each thread's own instruction names its registers). A plain `bar` writes nothing.
+    fn reduce_at_barrier(&self, regs: &mut [u64], threads: &[Thread], released: &[usize]) {
+        let ns = self.nslots;
+        let red_of = |t: usize| match self.code[threads[t].pc as usize].op {
+            Op::Bar { red, .. } => red,
+            _ => None,
+        };
+        let Some(BarRed { op, .. }) = released.first().and_then(|&t| red_of(t)) else {
+            return;
+        };
+        let trues = (released.iter())
+            .filter_map(|&t| red_of(t).map(|r| (regs[t * ns + r.c as usize] != 0) != r.neg))
+            .filter(|&p| p)
+            .count();
+        let v = match op {
+            BarRedOp::Popc => trues as u64,
+            BarRedOp::And => u64::from(trues == released.len()),
+            BarRedOp::Or => u64::from(trues > 0),
+        };
+        for &t in released {
+            if let Some(r) = red_of(t) {
+                regs[t * ns + r.d as usize] = v;
+            }
+        }
     }
 
     fn deadlock(&self, blk: usize, regs: &[u64], threads: &[Thread]) -> ExecError {

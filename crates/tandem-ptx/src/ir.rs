@@ -245,6 +245,24 @@ pub(crate) enum ShflMode {
     Idx,
 }
 
+/// `bar.red.{popc.u32,and.pred,or.pred} d, a{, b}, {!}c`: each released thread's `d` is the
+/// reduction of the predicate `c` (negated with `neg`) over the threads the barrier releases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BarRed {
+    pub op: BarRedOp,
+    pub d: Slot,
+    pub c: Slot,
+    pub neg: bool,
+}
+
+/// What `bar.red` computes: how many predicates are true, or whether all or any is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BarRedOp {
+    Popc,
+    And,
+    Or,
+}
+
 /// Vote modes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum VoteMode {
@@ -623,6 +641,8 @@ pub(crate) enum Op {
         id: Slot,
         count: Slot,
         aligned: bool,
+        /// `bar.red`: the reduction of a predicate over the threads it releases.
+        red: Option<BarRed>,
     },
     Shfl {
         mode: ShflMode,

@@ -42,7 +42,8 @@
 //!   to shared and `[GENERIC_LOCAL_BASE, +WINDOW_SIZE)` to local memory, anything else goes to
 //!   [`GlobalMemory::resolve`].
 //! - Control: bra, call (direct, non-recursive) with param passing, ret, exit, trap,
-//!   bar.sync/barrier.sync (with thread counts), bar.warp.sync, membar/fence (no-ops),
+//!   bar.sync/barrier.sync (with thread counts), bar.red/barrier.red (popc, and, or over the
+//!   released threads' predicates), bar.warp.sync, membar/fence (no-ops),
 //!   shfl.sync (up/down/bfly/idx with clamp and segment mask, predicate output), vote.sync
 //!   (all/any/uni/ballot), activemask, `%clock`/`%clock64` (a per-block counter).
 //!

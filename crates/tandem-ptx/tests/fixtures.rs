@@ -102,6 +102,53 @@ fn vote_ballot_any_all() {
     }
 }
 
+/// `bar.red` (what `__syncthreads_count/_and/_or` compile to): each thread gets the
+/// reduction over the block's live threads (here 64; the last 32 exit first), in nvcc's own
+/// spelling with its inner register scope; with a thread count, and a negated predicate.
+#[test]
+fn barrier_reductions_count_and_and_or_over_the_live_threads() {
+    let body = "
+	setp.ge.u32 %p8, %r1, 64;
+	@%p8 bra $END;
+	rem.u32 %r2, %r1, 3;
+	setp.eq.u32 %p1, %r2, 0;
+	bar.red.popc.u32 %r3, 0, %p1;
+	setp.eq.u32 %p2, %r1, 37;
+	{
+	.reg .pred %p1;
+	.reg .pred %p2;
+	setp.ne.u32 %p1, %r2, 0;
+	bar.red.or.pred %p2, 0, %p1;
+	selp.u32 %r4, 1, 0, %p2;
+	}
+	barrier.red.and.pred %p4, 1, 64, !%p2;
+	bar.red.or.pred %p5, 0, !%p1;
+	bar.red.and.pred %p6, 0, %p8;
+	selp.u32 %r5, 1, 0, %p4;
+	selp.u32 %r6, 1, 0, %p5;
+	selp.u32 %r7, 1, 0, %p6;
+	mul.wide.u32 %rd2, %r1, 32;
+	add.s64 %rd3, %rd1, %rd2;
+	st.global.v4.u32 [%rd3], {%r3, %r4, %r5, %r6};
+	st.global.v4.u32 [%rd3+16], {%r7, %r7, %r7, %r7};
+$END:";
+    let (r, out) = run_src(&kernel_src("", body), 1, 96, 96 * 32);
+    r.expect("launch");
+    // 0, 3, ..., 63: 22 multiples of 3; some rest is not 0; thread 37's !p2 is false; the
+    // outer %p1 (not the inner one) is false somewhere; p8 is false in every live thread.
+    for t in 0..64 {
+        assert_eq!(
+            &out[t * 8..t * 8 + 8],
+            [22, 1, 0, 1, 0, 0, 0, 0],
+            "thread {t}"
+        );
+    }
+    assert!(
+        out[64 * 8..].iter().all(|&v| v == 0),
+        "exited threads store nothing"
+    );
+}
+
 #[test]
 fn divergent_barrier_fails_not_hangs() {
     let body = "

@@ -56,8 +56,9 @@ fn matmul_ref(
 }
 
 /// Runs `matmul` on (m, n, k) in splits of `k_split` values of k (one split when
-/// `k_split >= k`; several are added by `sum_splits`, which then applies the bias), and returns
-/// the result, the reference's, the matmul's instruction count and time.
+/// `k_split >= k`; with several, the last block of each tile adds them, then applies the bias,
+/// and leaves the tile's counter at zero, which this checks), and returns the result, the
+/// reference's, the matmul's instruction count and time.
 #[allow(clippy::too_many_arguments)]
 fn run_matmul(
     (m, n, k): (usize, usize, usize),
@@ -78,16 +79,21 @@ fn run_matmul(
     let (da, db) = (mem.upload_f32(&a), mem.upload_f32(&b));
     let dc = mem.alloc(m * n * 4);
     let dbias = if with_bias { mem.upload_f32(&bias) } else { 0 };
-    let (out, out_bias) = if splits == 1 {
-        (dc, dbias)
-    } else {
-        (mem.alloc(splits * m * n * 4), 0)
+    let tiles = n.div_ceil(32) * m.div_ceil(32);
+    let (parts, arrivals) = match splits {
+        1 => (0, 0),
+        _ => (
+            mem.alloc(splits * m * n * 4),
+            mem.upload_u32(&vec![0; tiles]),
+        ),
     };
     let args = Args::new()
         .u64(da)
         .u64(db)
-        .u64(out)
-        .u64(out_bias)
+        .u64(dc)
+        .u64(parts)
+        .u64(arrivals)
+        .u64(dbias)
         .u32(1) // a bias comes with a ReLU
         .u64(0) // no mask
         .u32(m as u32)
@@ -100,24 +106,7 @@ fn run_matmul(
     let grid = dim(n.div_ceil(32) as u32, m.div_ceil(32) as u32, splits as u32);
     let (stats, secs) = timed_launch(&kern, grid, dim(16, 16, 1), &args, &mem, threads, mode);
     if splits > 1 {
-        let sum = Args::new()
-            .u64(out)
-            .u32(splits as u32)
-            .u64((m * n) as u64)
-            .u32(n as u32)
-            .u64(dbias)
-            .u32(1)
-            .u64(0) // no mask
-            .u64(dc);
-        run(
-            "matmul",
-            "sum_splits",
-            dim(3, 1, 1),
-            256,
-            &sum,
-            &mem,
-            threads,
-        );
+        assert_eq!(mem.u32s(arrivals), vec![0; tiles], "counters left at zero");
     }
     let want = matmul_ref(
         &a,
@@ -144,13 +133,16 @@ fn matmul_all_transposes_and_bias() {
     }
 }
 
-/// Split over k: each split's sums start from zero and `sum_splits` adds them in order, then
-/// applies the bias; a short last split, and splits of one tile.
+/// Split over k: each split's sums start from zero and the last block of each tile adds them
+/// in order, then applies the bias; a short last split, and splits of one tile. On 1 host
+/// thread the blocks run in order, on 4 side by side: the last to arrive differs, the sums
+/// do not.
 #[test]
-fn matmul_split_over_k_and_sum_splits() {
+fn matmul_split_over_k_sums_the_splits_in_the_last_block() {
     for (shape, k_split) in [((37, 45, 70), 32), ((37, 45, 70), 64), ((5, 3, 100), 32)] {
-        for (a_t, b_t, bias) in [(false, false, true), (true, true, false)] {
-            let (got, want, _, _) = run_matmul(shape, k_split, a_t, b_t, bias, 2, Mode::Plain);
+        for ((a_t, b_t, bias), threads) in [((false, false, true), 1), ((true, true, false), 4)] {
+            let (got, want, _, _) =
+                run_matmul(shape, k_split, a_t, b_t, bias, threads, Mode::Plain);
             assert_eq!(
                 got, want,
                 "{shape:?} split {k_split} a_t {a_t} b_t {b_t} bias {bias}"
@@ -191,8 +183,14 @@ fn matmul_makes_half_a_shared_load_per_multiply_add() {
             .sum();
         assert_eq!(p.fmas, tiles_of_c * 32 * 32 * k_walked, "{m}x{n}x{k}");
         assert_eq!(p.shared_loads * 2, p.fmas, "{m}x{n}x{k}");
+        // Each split writes its m x n slice once; split, the tiles' last blocks write C and
+        // set each tile's counter back to zero.
         let splits = k.div_ceil(k_split) as u64;
-        assert_eq!(p.global_bytes_written, splits * (m * n * 4) as u64);
+        let sums = match splits {
+            1 => 0,
+            _ => (m * n * 4) as u64 + tiles_of_c * 4,
+        };
+        assert_eq!(p.global_bytes_written, splits * (m * n * 4) as u64 + sums);
         println!(
             "matmul {m}x{n}x{k} in {splits} splits: {:.3} shared loads per multiply-add, \
              {} global bytes read",

@@ -200,6 +200,13 @@ impl ExampleSet {
     }
 }
 
+/// A layer's op(A), op(B) and bias, each in a buffer of backend `B` from an offset.
+pub type LayerOperands<'a, B> = (
+    (&'a <B as Backend>::Buffer, usize),
+    (&'a <B as Backend>::Buffer, usize),
+    (&'a <B as Backend>::Buffer, usize),
+);
+
 /// The operations a multi-layer perceptron's training step is written against.
 ///
 /// A backend owns its memory: `Buffer` holds values of the backend's [`dtype`](Self::dtype)
@@ -370,6 +377,35 @@ pub trait Backend: Send {
         let biases = offset.saturating_add(ins.saturating_mul(outs));
         self.column_sum(delta, rows, outs, (grads, biases))
     }
+    /// A dense layer's backward products from its input `x` (`rows x ins`), the gradient
+    /// `delta` before its activation (`rows x outs`) and its weights (`ins x outs` at
+    /// `weights`' offset): the parameter gradients of
+    /// [`weight_and_bias_gradients`](Self::weight_and_bias_gradients) at `grads`' offset, and
+    /// the input's gradient `delta . W^T` into `input_delta`, zeroed where `mask` (the ReLU
+    /// output the input was, when it was one) is not positive, as
+    /// [`matmul_relu_backward`](Self::matmul_relu_backward) (without a mask, as
+    /// [`matmul`](Self::matmul)). Both read `delta` and neither reads what the other writes,
+    /// so a device backend may run them as one launch. The default is the two, in that order.
+    #[allow(clippy::too_many_arguments)]
+    fn layer_gradients(
+        &self,
+        (ins, outs, rows): (usize, usize, usize),
+        (x, delta): (&Self::Buffer, &Self::Buffer),
+        weights: (&Self::Buffer, usize),
+        (grads, offset): (&mut Self::Buffer, usize),
+        (input_delta, mask): (&mut Self::Buffer, Option<&Self::Buffer>),
+        helpers: &dyn Helpers,
+    ) -> Result<(), Self::Error> {
+        let shape = (ins, outs, rows);
+        self.weight_and_bias_gradients(shape, x, delta, (grads, offset), helpers)?;
+        let product = Gemm::nt(rows, ins, outs);
+        match mask {
+            Some(mask) => {
+                self.matmul_relu_backward(product, (delta, 0), weights, mask, input_delta)
+            }
+            None => self.matmul(product, (delta, 0), weights, (input_delta, 0)),
+        }
+    }
     /// `C = op(A) . op(B)` written from the start of `c`, then zeroed where `mask` (the
     /// output of a ReLU, of C's shape) is not positive: the backward pass through a ReLU fused
     /// into the product that computes the gradient it masks, in one pass where the backend can
@@ -461,6 +497,22 @@ pub trait Backend: Send {
     ) -> Result<(), Self::Error> {
         let mean = self.softmax_cross_entropy(logits, labels, rows, classes, dlogits)?;
         self.upload(&[mean], loss.0, loss.1)
+    }
+    /// A last layer and the classification head at once, the loss left on the device:
+    /// `logits = op(A) . op(B) + bias` ([`matmul_bias`](Self::matmul_bias) with no
+    /// activation, `spec.n` classes), then
+    /// [`softmax_cross_entropy_into`](Self::softmax_cross_entropy_into) of those logits
+    /// against `labels`. The default is the two; a device backend may run them as one kernel.
+    fn matmul_bias_softmax_cross_entropy_into(
+        &self,
+        spec: Gemm,
+        (a, b, bias): LayerOperands<'_, Self>,
+        (logits, labels): (&mut Self::Buffer, &Self::Labels),
+        dlogits: &mut Self::Buffer,
+        loss: (&mut Self::Buffer, usize),
+    ) -> Result<(), Self::Error> {
+        self.matmul_bias(spec, a, b, bias, (&mut *logits, 0), Activation::Identity)?;
+        self.softmax_cross_entropy_into(logits, labels, (spec.m, spec.n), dlogits, loss)
     }
     /// Where `params` and `grads` live, when the backend computes in device memory that a
     /// store may keep the parameters of record beside ([`tandem_core::Residence`]); `None`

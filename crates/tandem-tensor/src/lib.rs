@@ -36,7 +36,7 @@ mod narrow;
 mod tensor;
 
 pub use backend::{
-    Activation, Backend, CpuBackend, ExampleSet, Gemm, ResidentExamples, ShapeError,
+    Activation, Backend, CpuBackend, ExampleSet, Gemm, LayerOperands, ResidentExamples, ShapeError,
 };
 pub use narrow::{decode_bf16, encode_bf16, round_to, NarrowCpuBackend};
 pub use tensor::Tensor;
