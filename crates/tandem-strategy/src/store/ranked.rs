@@ -371,9 +371,9 @@ struct FromRank0 {
 /// the ranks (rank `q` owns `owned[q]`, whole shards of its [`HostStore`]), and each rank runs a
 /// service ([`Schedule::serve`]) that answers for its part: the current parameters to a worker
 /// that fetches them, and each pushed update applied in step order (one that overtook an
-/// earlier step's waits for it), as one process's store applies them. Rank 0's service also hands out the batch tickets and counts the updates
-/// begun, for every worker of every rank, so staleness (updates begun between a worker's read
-/// and its own) is measured across all of them. Nobody waits for anybody but the owners'
+/// earlier step's waits for it), as one worker's updates land. Rank 0's service also hands out
+/// the batch tickets and counts the updates begun, for every worker of every rank, so staleness
+/// (updates begun between a worker's read and its own) is measured across all of them. Nobody waits for anybody but the owners'
 /// answers: per update, a worker of rank `r > 0` makes two round trips to rank 0 (ticket with
 /// rank 0's part; rank 0's gradients with the step), one to every other rank (its part), and
 /// sends every other rank its gradients.
@@ -396,7 +396,7 @@ pub(crate) struct RankedAsyncStore<'o, 'r, O: Optimizer + ?Sized> {
     in_order: Mutex<InOrder>,
 }
 
-/// The updates of a rank's part in step order, as one process's store applies them (its
+/// The updates of a rank's part in step order, as one worker's land (its
 /// moving average's decay and its learning rate are the step's): updates arrive from every
 /// rank, and one may overtake another.
 struct InOrder {
