@@ -119,6 +119,28 @@ fn sync_on_two_gpu_replicas_equals_two_cpu_workers() {
     assert!(max_relative_difference(&early, &cpu) > 1e-2);
 }
 
+/// A lone async replica has nobody's updates to race: the strategies give it the store of one
+/// sync replica, its update inside its next step's graph. Its run is then a lone sync
+/// replica's, bit for bit (same batches, rates and update kernel), with a staleness of 0.
+#[test]
+fn a_lone_async_gpu_replica_trains_as_a_lone_sync_one_bit_for_bit() {
+    if !gpu_present() {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let (sync, _) = train(root.path(), "--sync", "cuda:0");
+    let (lone, out) = train(root.path(), "--async", "cuda:0");
+    let staleness = out.lines().find(|l| l.starts_with("staleness:"));
+    assert!(
+        staleness.is_some_and(|l| l.ends_with("mean 0.00, max 0")),
+        "{out}"
+    );
+    assert_eq!(max_relative_difference(&lone, &sync), 0.0);
+    // The comparison can fail: two replicas' async updates are stale and land elsewhere.
+    let (two, _) = train(root.path(), "--async", "cuda:0x2");
+    assert!(max_relative_difference(&two, &sync) > 0.0);
+}
+
 #[test]
 fn async_on_gpu_replicas_trains_and_reports_staleness() {
     if !gpu_present() {

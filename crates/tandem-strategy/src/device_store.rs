@@ -1,5 +1,6 @@
 //! The parameters of record in device memory, beside replicas that compute on devices:
-//! [`DeviceSyncStore`] (replicas on any devices) and [`DeviceAsyncStore`] (all on one). A step
+//! [`DeviceSyncStore`] (replicas on any devices; also a lone asynchronous replica's, whose
+//! updates have nobody else's to be ordered against) and [`DeviceAsyncStore`] (all on one). A step
 //! then moves no parameters or gradients over the host bus: the store queues device copies, the
 //! optimiser's update kernel and events on the workers' own queues (sync: inside each
 //! replica's step, one graph with it), and the host waits for the device only when it reads

@@ -322,6 +322,16 @@ fn run<R: Replica, O: Optimizer + ?Sized>(
         }
         (Mode::Async, None) => {
             let replicas = job.pool.replicas();
+            // A lone replica's updates need no ordering against anybody's: the store of one
+            // sync replica serves it, each update inside the next step's graph.
+            if let [_] = replicas {
+                let store =
+                    DeviceSyncStore::open(replicas, job.state, &layout, optimizer, Exchange::F32)
+                        .map_err(TrainError::Device)?;
+                if let Some(store) = store {
+                    return asynchronous::run(job, &store, local);
+                }
+            }
             match DeviceAsyncStore::open(replicas, job.state, &layout, optimizer)
                 .map_err(TrainError::Device)?
             {

@@ -47,7 +47,9 @@ struct Shard {
 /// its update waits for each shard's previous update, then applies its own (never lost: each
 /// shard's updates run one after another). Staleness is counted on the device: the updates
 /// other workers began between a worker's load and its update, as copies of their counters
-/// into a ring that [`AsyncStore::take_staleness`] reads at the next boundary.
+/// into a ring that [`AsyncStore::take_staleness`] reads at the next boundary. (The strategies
+/// give a lone replica [`super::DeviceSyncStore`] instead, which queues each update inside
+/// the replica's next step; this store serves one as well.)
 pub struct DeviceAsyncStore<'o, O: Optimizer + ?Sized> {
     devices: Devices<'o, O>,
     params: Box<dyn DeviceAlloc>,

@@ -10,7 +10,7 @@ use tandem_core::{
 
 use super::{addresses, lock, upload_state, Devices, Fleet};
 use crate::exchange::sum_in_order;
-use crate::store::{ParamStore, SyncStore, UpdateAt};
+use crate::store::{AsyncStore, ParamStore, SyncStore, UpdateAt};
 use crate::Exchange;
 use tandem_tensor::decode_bf16;
 
@@ -47,8 +47,7 @@ fn outboxes(workers: usize, grads: DType) -> bool {
 /// An update whose gradients wait in the outboxes for a replica's next step.
 #[derive(Debug, Clone, Copy)]
 struct Pending {
-    step: u64,
-    epoch: f64,
+    at: UpdateAt,
     parity: usize,
 }
 
@@ -190,7 +189,7 @@ impl<'o, O: Optimizer + ?Sized> DeviceSyncStore<'o, O> {
                 _ => grads.push(theirs),
             }
         }
-        ops.push(devices.hyper_upload(worker, UpdateAt::full(pending.step, pending.epoch))?);
+        ops.push(devices.hyper_upload(worker, pending.at)?);
         let replica_params = devices.members[worker].residence.params;
         let params = me.master.as_ref().map_or(replica_params, |m| m.address());
         let state = addresses(&me.state);
@@ -291,9 +290,11 @@ impl<'o, O: Optimizer + ?Sized> DeviceSyncStore<'o, O> {
                 state: &mut slots,
                 grads: &parts,
                 weight_decay: *decayed,
-                rate_scale: 1.0,
+                rate_scale: pending.at.rate_scale,
             };
-            devices.optimizer.update(piece, pending.step, pending.epoch);
+            devices
+                .optimizer
+                .update(piece, pending.at.step, pending.at.epoch);
         }
         Ok(())
     }
@@ -408,14 +409,43 @@ impl<R: Replica, O: Optimizer + ?Sized> SyncStore<R> for DeviceSyncStore<'_, O> 
     }
 
     fn update_share(&self, worker: usize, step: u64, epoch: f64) -> Result<(), ReplicaError> {
-        // Applied at the start of the replica's next step, or on the host by a read before it.
+        self.defer(worker, UpdateAt::full(step, epoch));
+        Ok(())
+    }
+}
+
+impl<O: Optimizer + ?Sized> DeviceSyncStore<'_, O> {
+    /// Makes `at` the update that `worker`'s next step applies first (or a read before it, on
+    /// the host).
+    fn defer(&self, worker: usize, at: UpdateAt) {
         let mut progress = lock(&self.replicas[worker].progress);
         let parity = ((progress.steps + 1) % 2) as usize;
-        progress.pending = Some(Pending {
-            step,
-            epoch,
-            parity,
-        });
-        Ok(())
+        progress.pending = Some(Pending { at, parity });
+    }
+}
+
+/// Asynchronous training on one replica: nobody else updates, so each update can wait for the
+/// start of the replica's next step on its own queue, inside that step's graph, as a sync
+/// replica's does; the store of one sync replica is the store of one async one, and its
+/// updates land in step order. Refused with several replicas: their sync store averages every
+/// replica's gradients into each update, which asynchronous training never does.
+impl<R: Replica, O: Optimizer + ?Sized> AsyncStore<R> for DeviceSyncStore<'_, O> {
+    fn apply(
+        &self,
+        (worker, _): (usize, usize),
+        replica: &mut R,
+        begin: &mut dyn FnMut() -> UpdateAt,
+    ) -> Result<bool, ReplicaError> {
+        if self.replicas.len() != 1 {
+            return Err(format!(
+                "asynchronous updates on the synchronous store of {} replicas",
+                self.replicas.len()
+            )
+            .into());
+        }
+        SyncStore::<R>::publish(self, worker, replica)?;
+        self.defer(worker, begin());
+        // The replica's next step loads, which queues the update first.
+        Ok(false)
     }
 }
