@@ -1,6 +1,6 @@
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use tandem_core::DType;
 use tandem_model::Mlp;
 use tandem_optim::check::learning_rate;
@@ -218,11 +218,27 @@ pub struct TrainArgs {
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
 
+    /// Where the accuracies (each evaluation's and the summary's) are computed: auto, on the
+    /// run's first GPU where it trains on GPUs (the parameters and examples go there, a count
+    /// comes back), else on the CPU; or cpu. A GPU evaluation that fails is redone on the CPU,
+    /// with a warning.
+    #[arg(long, value_name = "WHERE", value_enum, default_value_t = EvalOn::Auto, env = "TANDEM_EVAL_ON")]
+    pub eval_on: EvalOn,
+
     /// Exit 0 even when a run of an epoch or more ends at chance level (a test accuracy within
     /// 5 points of always answering the commonest digit: it diverged or learnt nothing), which
     /// is otherwise an error after the summary (the checkpoints are kept).
     #[arg(long)]
     pub allow_chance: bool,
+}
+
+/// `--eval-on`: where a training run computes accuracy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EvalOn {
+    /// On the run's first GPU where it trains on GPUs, else on the CPU.
+    Auto,
+    /// On the CPU.
+    Cpu,
 }
 
 /// `--hidden`: widths joined by commas, an MNIST network with those hidden layers.

@@ -6,8 +6,10 @@ use anyhow::{Context, Result};
 use tandem_core::{Optimizer, TrainState};
 use tandem_mnist::{Mnist, Split};
 use tandem_model::{Mlp, Network};
+use tandem_pool::Device;
 use tandem_tensor::{CpuBackend, ExampleSet};
 
+use crate::cli::EvalOn;
 use crate::model::evaluated;
 
 /// The reference's three splits (55,000 training, 5,000 validation, 10,000 test).
@@ -65,17 +67,69 @@ pub struct Accuracy {
     pub raw: f64,
 }
 
-/// The accuracies of `state`, a state of `mlp` and `optimizer`, on `examples`.
-pub fn accuracy(
-    mlp: &Mlp,
-    state: &TrainState,
-    optimizer: &dyn Optimizer,
-    examples: &ExampleSet,
-) -> Result<Accuracy> {
-    Ok(Accuracy {
-        averaged: mlp.evaluate(&CpuBackend, evaluated(state, optimizer)?, examples)?,
-        raw: mlp.evaluate(&CpuBackend, &state.params, examples)?,
-    })
+/// Where accuracy is computed: on the host, or on a GPU, where the parameters and the
+/// examples go once an evaluation and each chunk of 1,000 examples sends back its count of
+/// correct answers (the logits stay there).
+pub enum Evaluator {
+    /// On the host's CPU.
+    Host,
+    /// On this GPU (computing in `f32`, as the host does).
+    #[cfg(feature = "cuda")]
+    Gpu(Box<tandem_kernels::CudaBackend>),
+}
+
+impl Evaluator {
+    /// Where a run training on `devices` evaluates, as `--eval-on` says: on the first GPU of
+    /// `devices` (opened now), or the host; the host, with a warning, where that GPU cannot be
+    /// opened (the run's replicas already have it, so this is rare, and no reason to stop).
+    pub fn for_run(eval_on: EvalOn, devices: &[Device]) -> Evaluator {
+        let gpu = devices.iter().find_map(|device| match device {
+            Device::Cuda { ordinal } => Some(*ordinal),
+            _ => None,
+        });
+        match (eval_on, gpu) {
+            #[cfg(feature = "cuda")]
+            (EvalOn::Auto, Some(ordinal)) => match tandem_kernels::CudaBackend::new(ordinal) {
+                Ok(gpu) => Evaluator::Gpu(Box::new(gpu)),
+                Err(error) => {
+                    tandem_train::output::warn(format!(
+                        "warning: evaluating on the CPU: cannot open cuda:{ordinal}: {error}"
+                    ));
+                    Evaluator::Host
+                }
+            },
+            _ => Evaluator::Host,
+        }
+    }
+
+    /// The fraction of `examples` that `params`, parameters of `mlp`, classify correctly. A
+    /// GPU that fails is warned of, and the host computes it instead.
+    pub fn evaluate(&self, mlp: &Mlp, params: &[f32], examples: &ExampleSet) -> Result<f64> {
+        match self {
+            Evaluator::Host => Ok(mlp.evaluate(&CpuBackend, params, examples)?),
+            #[cfg(feature = "cuda")]
+            Evaluator::Gpu(gpu) => mlp.evaluate(&**gpu, params, examples).or_else(|error| {
+                tandem_train::output::warn(format!(
+                    "warning: evaluating on the CPU: the GPU's evaluation failed: {error}"
+                ));
+                Evaluator::Host.evaluate(mlp, params, examples)
+            }),
+        }
+    }
+
+    /// The accuracies of `state`, a state of `mlp` and `optimizer`, on `examples`.
+    pub fn accuracy(
+        &self,
+        mlp: &Mlp,
+        state: &TrainState,
+        optimizer: &dyn Optimizer,
+        examples: &ExampleSet,
+    ) -> Result<Accuracy> {
+        Ok(Accuracy {
+            averaged: self.evaluate(mlp, evaluated(state, optimizer)?, examples)?,
+            raw: self.evaluate(mlp, &state.params, examples)?,
+        })
+    }
 }
 
 /// The accuracy of always answering the commonest label of `examples` (0 for none).

@@ -7,7 +7,7 @@ use tandem_tensor::CpuBackend;
 use tandem_train::out;
 
 use crate::cli::EvalArgs;
-use crate::data;
+use crate::data::{self, Evaluator};
 use crate::model::Inference;
 
 /// `mnist-train eval`: prints the accuracies and the test set's confusion matrix.
@@ -19,8 +19,9 @@ pub fn run(args: &EvalArgs) -> Result<()> {
     match &loaded {
         Inference::Checkpoint(file, saved, config, _) => {
             let state = &saved.state;
-            let validation = data::accuracy(mlp, state, &config.optimizer, &data.validation)?;
-            let test = data::accuracy(mlp, state, &config.optimizer, &data.test)?;
+            let host = Evaluator::Host;
+            let validation = host.accuracy(mlp, state, &config.optimizer, &data.validation)?;
+            let test = host.accuracy(mlp, state, &config.optimizer, &data.test)?;
             out!("checkpoint:          {}", file.display());
             out!(
                 "step:                {} of {} ({}, {} worker(s), batch {} per worker)",
@@ -35,7 +36,7 @@ pub fn run(args: &EvalArgs) -> Result<()> {
             }
         }
         Inference::Export(file, export, _) => {
-            let accuracy = |examples| mlp.evaluate(&CpuBackend, &export.params, examples);
+            let accuracy = |examples| Evaluator::Host.evaluate(mlp, &export.params, examples);
             let (validation, test) = (accuracy(&data.validation)?, accuracy(&data.test)?);
             out!("export:              {}", file.display());
             out!(

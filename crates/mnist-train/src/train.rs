@@ -10,7 +10,7 @@ use tandem_optim::{Chosen, OPTIMIZERS};
 use tandem_train::{drive, print_summary, Checkpoints, Ended, Launch, Setup, Start, Trainer};
 
 use crate::cli::{hidden_flag, TrainArgs, DEFAULT_INIT_STDDEV};
-use crate::data;
+use crate::data::{self, Evaluator};
 use crate::model::{self, Mnist};
 
 /// How the run starts: fresh from the flags (defaults for those not given), or resumed with
@@ -88,8 +88,12 @@ pub fn run(args: &TrainArgs, launch: &Launch) -> Result<Option<i32>> {
     };
     let mut trainer = Trainer::open(model, start(args, &mlp)?, &setup, checkpoints)?;
     let optimizer = trainer.config.optimizer.clone();
+    let evaluator = match launch.leads() {
+        true => Evaluator::for_run(args.eval_on, trainer.replica_devices()),
+        false => Evaluator::Host, // never used: only the lead evaluates
+    };
     let ended = drive(&mut trainer, &args.run.shown(), &mut |segment, progress| {
-        let validation = data::accuracy(&mlp, segment.state, &optimizer, &data.validation)?;
+        let validation = evaluator.accuracy(&mlp, segment.state, &optimizer, &data.validation)?;
         progress.record(json!({
             "kind": "eval",
             "step": segment.state.step,
@@ -106,8 +110,8 @@ pub fn run(args: &TrainArgs, launch: &Launch) -> Result<Option<i32>> {
         Ended::Followed => return Ok(None),
         Ended::Stopped(status) => return Ok(Some(status)),
     };
-    let validation = data::accuracy(&mlp, &trainer.state, &optimizer, &data.validation)?;
-    let test = data::accuracy(&mlp, &trainer.state, &optimizer, &data.test)?;
+    let validation = evaluator.accuracy(&mlp, &trainer.state, &optimizer, &data.validation)?;
+    let test = evaluator.accuracy(&mlp, &trainer.state, &optimizer, &data.test)?;
     print_summary(
         &trainer,
         &summary,

@@ -332,7 +332,7 @@ fn addresses(buffers: &[Box<dyn DeviceAlloc>]) -> Vec<u64> {
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Nothing panics while holding a shard's lock but the driver's own calls; the event stays
-    // usable.
+    // Nothing panics while holding a store's lock but the driver's own calls; what it guards
+    // stays usable.
     mutex.lock().unwrap_or_else(|p| p.into_inner())
 }

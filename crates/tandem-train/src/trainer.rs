@@ -553,9 +553,17 @@ impl<M: Model, O: RecordedOptimizer> Trainer<M, O> {
         })
     }
 
+    /// The devices of this process, one replica each.
+    pub fn replica_devices(&self) -> &[Device] {
+        self.pool.devices()
+    }
+
     /// The devices, one replica each, as `cpu:0`, `cuda:1`...
     pub fn device_names(&self) -> Vec<String> {
-        self.pool.devices().iter().map(Device::to_string).collect()
+        self.replica_devices()
+            .iter()
+            .map(Device::to_string)
+            .collect()
     }
 
     /// The checkpoint the run resumed from, if it did.

@@ -5,12 +5,16 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 /// A command running the `mnist-train` binary, without backtraces (messages are compared),
-/// with the repository's MNIST copy as its default data (tests run in the crate's folder).
+/// with the repository's MNIST copy as its default data (tests run in the crate's folder),
+/// evaluating on the CPU unless `--eval-on` says otherwise: under the driver stand-in a run
+/// without `--devices` trains on its GPUs, and it interprets a GPU evaluation's 30,000
+/// forward passes in minutes (`gpu_training.rs` runs one).
 pub fn command(args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_mnist-train"));
     command
         .args(args)
         .env("TANDEM_MNIST_DIR", data_dir())
+        .env("TANDEM_EVAL_ON", "cpu")
         .env("RUST_BACKTRACE", "0")
         .env("RUST_LIB_BACKTRACE", "0");
     command

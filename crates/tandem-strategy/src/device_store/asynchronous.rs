@@ -1,7 +1,6 @@
 //! [`DeviceAsyncStore`]: asynchronous training's parameters of record in the device memory of
 //! replicas that all compute on one device.
 
-use std::ops::Range;
 use std::sync::Mutex;
 
 use tandem_core::{
@@ -30,22 +29,17 @@ struct Seen {
     own: u32,
 }
 
-/// A piece of the store, updated by one worker at a time.
-struct Shard {
-    range: Range<usize>,
-    /// Marks the shard's last update; held while waiting for it and queueing the next.
-    last: Mutex<Box<dyn DeviceEvent>>,
-}
-
 /// The parameters of record and the optimiser's state of asynchronous training, in the device
 /// memory of replicas that all compute on one device (updates run on the updating worker's
 /// device, so the store must be there too).
 ///
-/// The store keeps one copy, in shards (one per parameter span). A worker's load copies the
-/// store into its replica as it is when the copy runs, waiting for no update (as the host's
-/// store copies what is applied; a shard being updated meanwhile gives each value old or new);
-/// its update waits for each shard's previous update, then applies its own (never lost: each
-/// shard's updates run one after another). Staleness is counted on the device: the updates
+/// The store keeps one copy, updated whole: on the device an update of every span is one
+/// kernel launch, short next to a step, so shards would only add launches and host calls (the
+/// host's store shards because its updates take long). A worker's load copies the store into
+/// its replica as it is when the copy runs, waiting for no update (as the host's store copies
+/// what is applied; an update running meanwhile gives each value old or new); its update waits
+/// for the previous update, then applies its own (never lost: updates run one after another).
+/// Staleness is counted on the device: the updates
 /// other workers began between a worker's load and its update, as copies of their counters
 /// into a ring that [`AsyncStore::take_staleness`] reads at the next boundary. (The strategies
 /// give a lone replica [`super::DeviceSyncStore`] instead, which queues each update inside
@@ -58,9 +52,9 @@ pub struct DeviceAsyncStore<'o, O: Optimizer + ?Sized> {
     rounded: Option<Box<dyn DeviceAlloc>>,
     /// The optimiser's state vectors.
     state: Vec<Box<dyn DeviceAlloc>>,
-    /// Each shard's event marks its last update, and its lock keeps waiting for that event and
-    /// queueing the next update together.
-    shards: Vec<Shard>,
+    /// Marks the last update queued; its lock keeps waiting for it and queueing the next
+    /// update together.
+    last_update: Mutex<Box<dyn DeviceEvent>>,
     /// `begun[w]`: how many updates worker `w` has begun on the device (a `u32` in each value's
     /// bits), written by `w`'s queue as each begins: the device's count of the host's version
     /// counter.
@@ -106,20 +100,9 @@ impl<'o, O: Optimizer + ?Sized> DeviceAsyncStore<'o, O> {
             None => None,
         };
         let slots = upload_state(queue, state)?;
-        // A shard a span: on the device an update of a shard is one kernel, fast next to the
-        // launch, so few large shards cost least; workers still start at different ones.
-        let shards = (devices.spans.iter())
-            .map(|(range, _)| range.clone())
-            .filter(|range| !range.is_empty())
-            .map(|range| {
-                let event = queue.event()?;
-                queue.record(&*event)?;
-                Ok(Shard {
-                    range,
-                    last: Mutex::new(event),
-                })
-            })
-            .collect::<Result<Vec<_>, ReplicaError>>()?;
+        let last_update = queue.event()?;
+        // Recorded once, so that the first update has something to wait for.
+        queue.record(&*last_update)?;
         // Counts, as the bits of 4-byte values.
         let begun = queue.alloc(workers, DType::F32)?;
         // SAFETY: `begun` holds a value per worker.
@@ -139,7 +122,7 @@ impl<'o, O: Optimizer + ?Sized> DeviceAsyncStore<'o, O> {
             params,
             rounded,
             state: slots,
-            shards,
+            last_update: Mutex::new(last_update),
             begun,
             seen,
         }))
@@ -164,9 +147,7 @@ impl<'o, O: Optimizer + ?Sized> DeviceAsyncStore<'o, O> {
     fn after_updates(&self, worker: usize) -> Result<&dyn DeviceQueue, ReplicaError> {
         let queue = self.devices.members[worker].queue();
         queue.bind()?;
-        for shard in &self.shards {
-            queue.wait(&**lock(&shard.last))?;
-        }
+        queue.wait(&**lock(&self.last_update))?;
         Ok(queue)
     }
 
@@ -192,8 +173,7 @@ impl<'o, O: Optimizer + ?Sized> DeviceAsyncStore<'o, O> {
 
 impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for DeviceAsyncStore<'_, O> {
     /// Whatever the store holds when the copy runs, waiting for no update (the host's store
-    /// copies what is applied, too); a shard being updated meanwhile gives each value old or
-    /// new.
+    /// copies what is applied, too); an update running meanwhile gives each value old or new.
     fn load(&self, worker: usize, _: &mut R) -> Result<(), ReplicaError> {
         let member = &self.devices.members[worker];
         let mut seen = lock(&self.seen[worker]);
@@ -246,11 +226,10 @@ impl<R: Replica, O: Optimizer + ?Sized> AsyncStore<R> for DeviceAsyncStore<'_, O
         _: &mut R,
         begin: &mut dyn FnMut() -> UpdateAt,
     ) -> Result<bool, ReplicaError> {
-        let (devices, shards) = (&self.devices, &self.shards);
+        let devices = &self.devices;
         let member = &devices.members[worker];
         let queue = member.queue();
         let update = begin();
-        let first = worker * shards.len() / workers.max(1);
         let mut seen = lock(&self.seen[worker]);
         // What others had begun when this update begins (the second half of its record), then
         // this one counted as begun.
@@ -270,24 +249,22 @@ impl<R: Replica, O: Optimizer + ?Sized> AsyncStore<R> for DeviceAsyncStore<'_, O
                 devices.hyper_upload(worker, update)?,
             ])?;
         }
-        for shard in shards[first..].iter().chain(&shards[..first]) {
-            let event = lock(&shard.last);
-            queue.wait(&**event)?;
-            let ops = devices.update_ops(
-                worker,
-                (
-                    self.params.address(),
-                    &addresses(&self.state),
-                    self.replica_params(),
-                ),
-                &[member.residence.grads],
-                shard.range.clone(),
-            );
-            // SAFETY: the store's buffers and the replica's gradients hold `len` values; the
-            // shard's earlier updates run before this one (the wait, under the shard's lock).
-            unsafe { queue.run(&ops)? };
-            queue.record(&**event)?;
-        }
+        let ops = devices.update_ops(
+            worker,
+            (
+                self.params.address(),
+                &addresses(&self.state),
+                self.replica_params(),
+            ),
+            &[member.residence.grads],
+            0..devices.len,
+        );
+        let last = lock(&self.last_update);
+        queue.wait(&**last)?;
+        // SAFETY: the store's buffers and the replica's gradients hold `len` values; the
+        // earlier updates run before this one (the wait, under the lock).
+        unsafe { queue.run(&ops)? };
+        queue.record(&**last)?;
         // The replica loads from the record on the device before its next step.
         Ok(false)
     }

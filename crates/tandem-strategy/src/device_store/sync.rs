@@ -298,6 +298,14 @@ impl<'o, O: Optimizer + ?Sized> DeviceSyncStore<'o, O> {
         }
         Ok(())
     }
+
+    /// Makes `at` the update that `worker`'s next step applies first (or a read before it, on
+    /// the host).
+    fn defer(&self, worker: usize, at: UpdateAt) {
+        let mut progress = lock(&self.replicas[worker].progress);
+        let parity = ((progress.steps + 1) % 2) as usize;
+        progress.pending = Some(Pending { at, parity });
+    }
 }
 
 impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for DeviceSyncStore<'_, O> {
@@ -411,16 +419,6 @@ impl<R: Replica, O: Optimizer + ?Sized> SyncStore<R> for DeviceSyncStore<'_, O> 
     fn update_share(&self, worker: usize, step: u64, epoch: f64) -> Result<(), ReplicaError> {
         self.defer(worker, UpdateAt::full(step, epoch));
         Ok(())
-    }
-}
-
-impl<O: Optimizer + ?Sized> DeviceSyncStore<'_, O> {
-    /// Makes `at` the update that `worker`'s next step applies first (or a read before it, on
-    /// the host).
-    fn defer(&self, worker: usize, at: UpdateAt) {
-        let mut progress = lock(&self.replicas[worker].progress);
-        let parity = ((progress.steps + 1) % 2) as usize;
-        progress.pending = Some(Pending { at, parity });
     }
 }
 
