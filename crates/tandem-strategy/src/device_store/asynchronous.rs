@@ -39,10 +39,10 @@ struct Seen {
 /// its replica as it is when the copy runs, waiting for no update (as the host's store copies
 /// what is applied; an update running meanwhile gives each value old or new); its update waits
 /// for the previous update, then applies its own (never lost: updates run one after another).
-/// Staleness is counted on the device: the updates
-/// other workers began between a worker's load and its update, as copies of their counters
-/// into a ring that [`AsyncStore::take_staleness`] reads at the next boundary. (The strategies
-/// give a lone replica [`super::DeviceSyncStore`] instead, which queues each update inside
+/// Staleness is counted on the device: the updates other workers began between a worker's
+/// load and its update, as copies of their counters into a ring that
+/// [`AsyncStore::take_staleness`] reads at the next boundary. (The strategies give a lone
+/// replica [`super::DeviceSyncStore`] instead, which queues each update inside
 /// the replica's next step; this store serves one as well.)
 pub struct DeviceAsyncStore<'o, O: Optimizer + ?Sized> {
     devices: Devices<'o, O>,
