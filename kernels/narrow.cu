@@ -31,7 +31,7 @@ __device__ float at(const float *p, unsigned rows, unsigned cols, int t, unsigne
 }
 
 // Where gather_mma_matmul's op(A) comes from (gather.cu's arguments), and where it writes the
-// batch: x null in the warps that do not.
+// batch: x null in the blocks that do not.
 struct MmaGather {
     const unsigned char *images;
     const unsigned *indices;
@@ -58,19 +58,46 @@ __device__ float a_at(const float *a, MmaGather gathered, unsigned m, unsigned k
     return v;
 }
 
-// C (m x n) = op(A) (m x k) . op(B) (k x n), the operands as in matmul.cu (a_t, b_t), then the
-// optional epilogues C = C + bias (bias null: none; relu != 0: max(0, C + bias)) and C = 0 where
+// The staged tiles of mma_product: MMA_KC values of k at a time, as pairs of consecutive k
+// packed for mma.sync (`pack`), each row padded to MMA_STRIDE words so that a warp's fragment
+// loads (8 rows x 4 words) fall in 32 different banks.
+#define MMA_KC 32
+#define MMA_STRIDE (MMA_KC / 2 + 4)
+
+// s[x][p] = pack(value(x0 + x, k0 + 2p), value(x0 + x, k0 + 2p + 1)) for the tile's `rows` x and
+// MMA_KC / 2 pairs p, by the block's threads together; `value` is zero past the operand's
+// edges. Consecutive threads take consecutive k where the operand is k_contiguous in memory,
+// else consecutive x: consecutive addresses either way.
+template <typename Value>
+__device__ __forceinline__ void stage_pairs(unsigned (*__restrict__ s)[MMA_STRIDE], unsigned rows,
+                                            unsigned x0, unsigned k0, bool k_contiguous,
+                                            Value value, int bf16) {
+    const unsigned pairs = MMA_KC / 2;
+    for (unsigned i = threadIdx.x; i < rows * pairs; i += blockDim.x) {
+        const unsigned x = k_contiguous ? i / pairs : i % rows;
+        const unsigned p = k_contiguous ? i % pairs : i / rows;
+        const unsigned gk = k0 + 2 * p;
+        s[x][p] = pack(value(x0 + x, gk), value(x0 + x, gk + 1), bf16);
+    }
+}
+
+// C (m x n) = op(A) (m x k) . op(B) (k x n), the operands as in matmul.cu (a_t, b_t; ones != 0:
+// op(A)'s last row is a row of ones after the m - 1 that a holds, so that C's last row is the
+// column sums of op(B), a layer's bias gradients beside its weights'), then the optional
+// epilogues C = C + bias (bias null: none; relu != 0: max(0, C + bias)) and C = 0 where
 // mask (m x n) is not positive (mask null: none; matmul.cu's), in f32, then each value rounded
 // to the type. Each warp computes one 16 x 8 tile of C with mma.sync.m16n8k16 (16-bit operands,
 // f32 accumulation), 16 values of k at a time in increasing k: the same order every run, so
-// the result is bitwise reproducible. The fragments are loaded straight from global memory in
-// the ISA's layout (groupID g = lane / 4, t = lane % 4): a0 = A[g][2t..2t+1],
-// a1 = A[g+8][2t..2t+1], a2 = A[g][2t+8..2t+9], a3 = A[g+8][2t+8..2t+9]; b0 = B[2t..2t+1][g],
-// b1 = B[2t+8..2t+9][g]; accumulators c0 = C[g][2t], c1 = C[g][2t+1], c2 = C[g+8][2t],
-// c3 = C[g+8][2t+1].
+// the result is bitwise reproducible. The block's 16 rows of op(A) and 32 columns of op(B) are
+// staged in shared memory MMA_KC values of k at a time, each value read from global memory
+// and converted once a block (its four warps share the rows of A); each warp then loads its
+// fragments from there in the ISA's layout (groupID g = lane / 4, t = lane % 4):
+// a0 = A[g][2t..2t+1], a1 = A[g+8][2t..2t+1], a2 = A[g][2t+8..2t+9], a3 = A[g+8][2t+8..2t+9];
+// b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g]; accumulators c0 = C[g][2t], c1 = C[g][2t+1],
+// c2 = C[g+8][2t], c3 = C[g+8][2t+1].
 // Launch: grid (ceil(n / 32), ceil(m / 16)), block 128: warp w of block (x, y) computes rows
 // 16 y .. 16 y + 15, columns 32 x + 8 w .. 32 x + 8 w + 7 (every lane takes part in the mma,
-// even past the edges, where it loads zeros and stores nothing).
+// even past the edges, where it reads zeros and stores nothing).
 // The body of mma_matmul and gather_mma_matmul (GATHERED: op(A) is gathered's batch, a unused
 // and a_t 0). Not static, as matmul.cu's `product`: the committed PTX must not depend on where
 // it was built.
@@ -79,33 +106,45 @@ __device__ __forceinline__ void mma_product(const float *__restrict__ a, MmaGath
                                             const float *__restrict__ b, float *__restrict__ c,
                                             const float *__restrict__ bias, int relu,
                                             const float *__restrict__ mask, unsigned m,
-                                            unsigned n, unsigned k, int a_t, int b_t, int bf16) {
-    const unsigned lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const unsigned row0 = blockIdx.y * 16, col0 = blockIdx.x * 32 + threadIdx.x / 32 * 8;
-    const unsigned r0 = row0 + g, r1 = row0 + g + 8, col = col0 + g;
-    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (unsigned k0 = 0; k0 < k; k0 += 16) {
-        const unsigned k1 = k0 + 2 * t, k2 = k1 + 8;
-        const auto a_of = [&](unsigned r, unsigned c) {
-            return a_at<GATHERED>(a, gathered, m, k, a_t, r, c, bf16);
-        };
-        const unsigned a0 = pack(a_of(r0, k1), a_of(r0, k1 + 1), bf16);
-        const unsigned a1 = pack(a_of(r1, k1), a_of(r1, k1 + 1), bf16);
-        const unsigned a2 = pack(a_of(r0, k2), a_of(r0, k2 + 1), bf16);
-        const unsigned a3 = pack(a_of(r1, k2), a_of(r1, k2 + 1), bf16);
-        const unsigned b0 = pack(at(b, k, n, b_t, k1, col), at(b, k, n, b_t, k1 + 1, col), bf16);
-        const unsigned b1 = pack(at(b, k, n, b_t, k2, col), at(b, k, n, b_t, k2 + 1, col), bf16);
-        if (bf16) {
-            asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-                         "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-                         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-        } else {
-            asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-                         "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-                         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+                                            unsigned n, unsigned k, int a_t, int b_t, int ones,
+                                            int bf16) {
+    __shared__ unsigned as[16][MMA_STRIDE]; // as[r][p]: op(A)[row0 + r][k0 + 2p ..= 2p + 1]
+    __shared__ unsigned bs[32][MMA_STRIDE]; // bs[cc][p]: op(B)[k0 + 2p ..= 2p + 1][cols0 + cc]
+    const unsigned lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, w = threadIdx.x / 32;
+    const unsigned row0 = blockIdx.y * 16, cols0 = blockIdx.x * 32, col0 = cols0 + 8 * w;
+    const unsigned r0 = row0 + g, r1 = row0 + g + 8;
+    const unsigned a_rows = ones ? m - 1 : m; // the rows that a holds
+    const auto a_of = [&](unsigned r, unsigned kk) {
+        if (ones && r == a_rows) {
+            return kk < k ? 1.0f : 0.0f;
         }
+        return a_at<GATHERED>(a, gathered, a_rows, k, a_t, r, kk, bf16);
+    };
+    const auto b_of = [&](unsigned col, unsigned kk) { return at(b, k, n, b_t, kk, col); };
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (unsigned k0 = 0; k0 < k; k0 += MMA_KC) {
+        // op(A) is k-contiguous unless stored transposed, op(B) only where it is.
+        stage_pairs(as, 16, row0, k0, GATHERED || !a_t, a_of, bf16);
+        stage_pairs(bs, 32, cols0, k0, b_t != 0, b_of, bf16);
+        __syncthreads();
+        // As many steps of 16 as k needs, no more: a step on zeros could turn a -0 into +0.
+        for (unsigned kk = 0; kk < MMA_KC && k0 + kk < k; kk += 16) {
+            const unsigned p = kk / 2 + t, cc = 8 * w + g;
+            const unsigned a0 = as[g][p], a1 = as[g + 8][p], a2 = as[g][p + 4];
+            const unsigned a3 = as[g + 8][p + 4], b0 = bs[cc][p], b1 = bs[cc][p + 4];
+            if (bf16) {
+                asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                             "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                             : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+            } else {
+                asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                             "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                             : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+            }
+        }
+        __syncthreads(); // before the next stage overwrites the tiles
     }
     for (unsigned i = 0; i < 4; ++i) {
         const unsigned row = i < 2 ? r0 : r1, cc = col0 + 2 * t + i % 2;
@@ -122,13 +161,14 @@ __device__ __forceinline__ void mma_product(const float *__restrict__ a, MmaGath
 extern "C" __global__ void mma_matmul(const float *__restrict__ a, const float *__restrict__ b,
                                       float *__restrict__ c, const float *__restrict__ bias,
                                       int relu, const float *__restrict__ mask, unsigned m,
-                                      unsigned n, unsigned k, int a_t, int b_t, int bf16) {
-    mma_product<false>(a, MmaGather{}, b, c, bias, relu, mask, m, n, k, a_t, b_t, bf16);
+                                      unsigned n, unsigned k, int a_t, int b_t, int ones,
+                                      int bf16) {
+    mma_product<false>(a, MmaGather{}, b, c, bias, relu, mask, m, n, k, a_t, b_t, ones, bf16);
 }
 
 // gather_mma_matmul is mma_matmul with op(A) gathered on the fly from a u8 data set (a 16-bit
-// gather's batch, bit for bit), which the first warp of each block of the first column writes
-// to x (its 16 rows, every k), and labels[r] = example_labels[indices[r]]: a 16-bit first
+// gather's batch, bit for bit), which each block of the first column writes to x as it stages
+// it (its 16 rows, every k), and labels[r] = example_labels[indices[r]]: a 16-bit first
 // layer's product and the gather that feeds it, one kernel (matmul.cu's gather_matmul for
 // f32). No mask: a first layer's forward pass.
 extern "C" __global__ void gather_mma_matmul(const unsigned char *__restrict__ images,
@@ -138,13 +178,13 @@ extern "C" __global__ void gather_mma_matmul(const unsigned char *__restrict__ i
                                              const float *__restrict__ b, float *__restrict__ c,
                                              const float *__restrict__ bias, int relu, unsigned m,
                                              unsigned n, unsigned k, int b_t, int bf16) {
-    const bool writes = blockIdx.x == 0 && threadIdx.x < 32;
+    const bool writes = blockIdx.x == 0;
     if (writes && threadIdx.x < 16 && blockIdx.y * 16 + threadIdx.x < m) {
         const unsigned row = blockIdx.y * 16 + threadIdx.x;
         labels[row] = example_labels[indices[row]];
     }
     const MmaGather gathered = {images, indices, writes ? x : nullptr};
-    mma_product<true>(nullptr, gathered, b, c, bias, relu, nullptr, m, n, k, 0, b_t, bf16);
+    mma_product<true>(nullptr, gathered, b, c, bias, relu, nullptr, m, n, k, 0, b_t, 0, bf16);
 }
 
 // x[i] = round(x[i]) for i < len: what follows the values a 16-bit backend takes from the

@@ -381,7 +381,7 @@ fn a_gpu_step_moves_only_its_batch_and_waits_only_for_f16_flags() {
         );
         // What each kernel did in the extra steps: the products use the hardware (issue 30:
         // at most half a shared-memory load a multiply-add; `matmul` makes half,
-        // `mma_matmul` loads its fragments from global memory).
+        // `mma_matmul` 6 a lane for each 16 x 8 x 16 `mma.sync`, 0.09).
         let kernel = |name: &str, key: &str| {
             let count = |run: &serde_json::Value| run["kernels"][name][key].as_u64().unwrap_or(0);
             (count(&long) - count(&short)) as f64 / (scale.long - scale.short) as f64
@@ -492,10 +492,15 @@ fn a_gpu_step_moves_only_its_batch_and_waits_only_for_f16_flags() {
         // last blocks add them), the second layer's product with softmax and the loss
         // (`matmul_softmax_cross_entropy`) and its two backward products in one launch
         // (`matmul_pair`): f32 runs the first product, the second with the loss, two launches
-        // of backward products and the update, the 5 the issue asks for. 16-bit steps sum the
-        // biases' gradients apart (10 kernels with f16's `unscale`); their kernels round what
-        // they store, with no `round_to` after them.
-        let most = if *dtype == DType::F32 { 5.0 } else { 10.0 };
+        // of backward products and the update, the 5 the issue asks for. 16-bit steps launch
+        // their four products apart (the first with the gather), softmax with the loss apart,
+        // and the update: 7 kernels, 8 with f16's `unscale`; their kernels round what they
+        // store, with no `round_to` after them.
+        let most = match *dtype {
+            DType::F32 => 5.0,
+            DType::F16 => 8.0,
+            _ => 7.0,
+        };
         let kernels = per_step("graph_kernels") / replicas_per_step;
         assert!(
             kernels <= most,

@@ -90,7 +90,7 @@ enum Epilogue<'b> {
     /// backward pass through that ReLU.
     ReluBackward(&'b DeviceBuffer<f32>),
     /// One more row of C after its `m`: the column sums of op(B), as the product with a row of
-    /// ones that `matmul` reads after op(A)'s last (f32 only: `mma_matmul` has no such row).
+    /// ones that `matmul` (16-bit: `mma_matmul`) reads after op(A)'s last.
     ColumnSums,
 }
 
@@ -1075,7 +1075,7 @@ impl CudaBackend {
                             Kernel::MmaMatmul,
                             grid,
                             MMA_BLOCK,
-                            args![a, b, c, bias, relu, mask, m, n, k, a_t, b_t, bf16],
+                            args![a, b, c, bias, relu, mask, m, n, k, a_t, b_t, ones, bf16],
                         )
                     }
                     ProductA::Gathered(batch) => self.launch_gathered(
@@ -1962,8 +1962,8 @@ impl Backend for CudaBackend {
         self.gemm(spec, ProductA::Buffer(a), b, Epilogue::None, c)
     }
 
-    /// f32: one product, the biases' sums as its row of ones (`Epilogue::ColumnSums`); 16-bit:
-    /// the tensor-core product, then `column_sum`.
+    /// One product, the biases' sums as its row of ones (`Epilogue::ColumnSums`; 16-bit: on
+    /// the tensor cores).
     fn weight_and_bias_gradients(
         &self,
         (ins, outs, rows): (usize, usize, usize),
@@ -1973,17 +1973,6 @@ impl Backend for CudaBackend {
         _: &dyn Helpers,
     ) -> Result<(), KernelError> {
         let spec = Gemm::tn(ins, outs, rows);
-        if self.dtype != DType::F32 {
-            self.gemm(
-                spec,
-                ProductA::Buffer((x, 0)),
-                (delta, 0),
-                Epilogue::None,
-                (&mut *grads, offset),
-            )?;
-            let biases = offset.saturating_add(ins.saturating_mul(outs));
-            return self.column_sum(delta, rows, outs, (grads, biases));
-        }
         self.gemm(
             spec,
             ProductA::Buffer((x, 0)),
@@ -2003,7 +1992,7 @@ impl Backend for CudaBackend {
         weights: (&DeviceBuffer<f32>, usize),
         (grads, offset): (&mut DeviceBuffer<f32>, usize),
         (input_delta, mask): (&mut DeviceBuffer<f32>, Option<&DeviceBuffer<f32>>),
-        helpers: &dyn Helpers,
+        _: &dyn Helpers,
     ) -> Result<(), KernelError> {
         let epilogue = match mask {
             Some(mask) => Epilogue::ReluBackward(mask),
@@ -2016,13 +2005,6 @@ impl Backend for CudaBackend {
             epilogue,
             (input_delta, 0),
         );
-        if self.dtype != DType::F32 {
-            // The weight gradient's bias sums are a kernel of their own (`column_sum`).
-            let shape = (ins, outs, rows);
-            self.weight_and_bias_gradients(shape, x, delta, (grads, offset), helpers)?;
-            let (spec, a, b, epilogue, c) = input_gradient;
-            return self.gemm(spec, ProductA::Buffer(a), b, epilogue, c);
-        }
         let weight_gradient = (
             Gemm::tn(ins, outs, rows),
             (x, 0),

@@ -7,7 +7,7 @@ mod common;
 
 use common::{download, gemm_shapes, random, rng, upload};
 use rand::Rng;
-use tandem_core::DType;
+use tandem_core::{Alone, DType};
 use tandem_kernels::{CudaBackend, KernelError};
 use tandem_tensor::{cpu, round_to, Activation, Backend, ExampleSet, Gemm, NarrowCpuBackend};
 
@@ -357,6 +357,83 @@ fn a_sixteen_bit_gather_matmul_is_the_gather_then_the_product() {
             assert_eq!(got, want, "{what}: the labels");
             let product = |c: &_| bits(download(&gpu, c, 0, rows * outs));
             assert_eq!(product(&fused), product(&separate), "{what}: the product");
+        }
+    }
+}
+
+/// A 16-bit layer's weight and bias gradients are one tensor-core product, the biases' as the
+/// product of a row of ones after x^T's last: its rows of weight gradients are the plain product
+/// x^T delta bit for bit, its row of bias gradients the product of a real row of ones (the
+/// same sums), and that row is the exact column sums of delta rounded to the type, but for the
+/// tensor cores' truncated chunk sums: within (ceil(rows / 16) + 1) 2^-22 S of them (S the sum
+/// of |delta| down the column, as in `tensor_core_products_are_exact_chunks_rounded_once`) and
+/// one rounding. The shape spans several blocks of C each way, a batch that is no multiple of
+/// 16 and an offset into a longer buffer whose other values stay untouched.
+#[test]
+fn sixteen_bit_bias_gradients_are_the_products_row_of_ones() {
+    let mut rng = rng(43);
+    let (ins, outs, rows, offset) = (37, 70, 45, 5);
+    let mut x = random(&mut rng, rows * ins, 1.0);
+    let mut delta = random(&mut rng, rows * outs, 1.0);
+    for dtype in NARROW {
+        let Some(gpu) = gpu(dtype) else { return };
+        for v in [&mut x, &mut delta] {
+            round_to(dtype, v);
+        }
+        let (gx, gdelta) = (upload(&gpu, &x, 0), upload(&gpu, &delta, 0));
+        let len = (ins + 1) * outs;
+        let mut grads = upload(&gpu, &vec![f32::NAN; offset + len + 3], 0);
+        let shape = (ins, outs, rows);
+        (gpu.weight_and_bias_gradients(shape, &gx, &gdelta, (&mut grads, offset), &Alone))
+            .expect("the fused gradients");
+        let fused = download(&gpu, &grads, 0, offset + len + 3);
+        let mut weights = gpu.zeros(ins * outs).unwrap();
+        (gpu.matmul(
+            Gemm::tn(ins, outs, rows),
+            (&gx, 0),
+            (&gdelta, 0),
+            (&mut weights, 0),
+        ))
+        .expect("the weights' product");
+        let ones = upload(&gpu, &vec![1.0; rows], 0);
+        let mut sums = gpu.zeros(outs).unwrap();
+        (gpu.matmul(
+            Gemm::nn(1, outs, rows),
+            (&ones, 0),
+            (&gdelta, 0),
+            (&mut sums, 0),
+        ))
+        .expect("the product of a row of ones");
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let what = format!("{dtype}");
+        let (head, rest) = fused.split_at(offset);
+        let (weight_rows, rest) = rest.split_at(ins * outs);
+        let (bias_row, tail) = rest.split_at(outs);
+        assert!(
+            head.iter().chain(tail).all(|v| v.is_nan()),
+            "{what}: outside"
+        );
+        assert_eq!(
+            bits(weight_rows),
+            bits(&download(&gpu, &weights, 0, ins * outs)),
+            "{what}"
+        );
+        assert_eq!(
+            bits(bias_row),
+            bits(&download(&gpu, &sums, 0, outs)),
+            "{what}"
+        );
+        assert_of_type(&what, dtype, bias_row);
+        for (col, &got) in bias_row.iter().enumerate() {
+            let column = (0..rows).map(|r| f64::from(delta[r * outs + col]));
+            let (exact, size) = column.fold((0.0, 0.0), |(s, a), v| (s + v, a + v.abs()));
+            let chunks = rows.div_ceil(16) as f64 + 1.0;
+            let bound = chunks * 2f64.powi(-22) * size + gap(dtype, exact) / 2.0 + 2f64.powi(-25);
+            let error = (f64::from(got) - exact).abs();
+            assert!(
+                error <= bound,
+                "{what}: column {col}: {got} against {exact}, {error:e} > {bound:e}"
+            );
         }
     }
 }
