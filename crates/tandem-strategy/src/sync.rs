@@ -21,13 +21,47 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Instant;
 
 use tandem_core::{Optimizer, Replica};
-use tandem_pool::{FailurePolicy, RunWatch, WorkerContext};
+use tandem_pool::{Device, FailurePolicy, RunWatch, WorkerContext};
 
 use crate::common::{check_loss, watchdog, Job, StepLosses};
 use crate::helping::Board;
 use crate::hyper::reports;
 use crate::store::SyncStore;
 use crate::{EpochOrder, Epochs, StepReport, TrainError, TrainReport};
+
+/// The replicas [`crate::train`] needs for a run of `strategy` on `devices`, one a worker,
+/// and the workers each of them computes (its batch that many workers' batches): a
+/// synchronous run exchanging f32 with as many replicas on each of its GPUs (`cuda:0x4`,
+/// `cuda:0x2,1x2`) needs one replica a GPU, computing its workers' shards (consecutive in the
+/// data order, so the same examples) at once: every kernel covers them all and the update runs
+/// once, where a replica each would launch every kernel and apply the whole update for each.
+/// The averaged gradient is theirs in exact arithmetic (each sum runs over all their rows, in
+/// a fixed order: reproducible, not bit for bit separate replicas'). Anything else needs a
+/// replica a worker: CPU workers are parallel, asynchronous workers update on their own, and a
+/// bf16 exchange rounds each worker's gradients.
+pub fn replicas_for(strategy: &crate::Strategy, devices: &[Device]) -> (Vec<Device>, usize) {
+    let apart = (devices.to_vec(), 1);
+    if strategy.mode != crate::Mode::Sync || strategy.exchange != crate::Exchange::F32 {
+        return apart;
+    }
+    let mut gpus: Vec<Device> = Vec::new();
+    for device in devices {
+        if !matches!(device, Device::Cuda { .. }) {
+            return apart;
+        }
+        if !gpus.contains(device) {
+            gpus.push(*device);
+        }
+    }
+    let shards = devices.len() / gpus.len().max(1);
+    let even = gpus
+        .iter()
+        .all(|gpu| devices.iter().filter(|d| *d == gpu).count() == shards);
+    match even && shards > 1 {
+        true => (gpus, shards),
+        false => apart,
+    }
+}
 
 /// [`crate::train`] in this mode, on a validated job, with `store` holding the parameters of
 /// record (loaded from the job's state, and saved back into it).
@@ -158,4 +192,46 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: SyncStore<R> + ?Sized>(
         failures: Vec::new(),
         stopped: reached < job.end_step,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Exchange, Mode, Strategy};
+
+    /// A sync run exchanging f32 computes the replicas of each GPU as one when every GPU has
+    /// as many; anything else keeps a replica a worker.
+    #[test]
+    fn only_even_sync_gpu_replicas_are_batched() {
+        let cuda = |ordinal| Device::Cuda { ordinal };
+        let strategy = |mode, exchange| Strategy {
+            exchange,
+            ..Strategy::from(mode)
+        };
+        let sync = strategy(Mode::Sync, Exchange::F32);
+        let two_on_0 = [cuda(0), cuda(0)];
+        assert_eq!(replicas_for(&sync, &two_on_0), (vec![cuda(0)], 2));
+        let two_each = [cuda(0), cuda(1), cuda(0), cuda(1)];
+        assert_eq!(replicas_for(&sync, &two_each), (vec![cuda(0), cuda(1)], 2));
+        let uneven = [cuda(0), cuda(0), cuda(1)];
+        let cpus = [Device::Cpu { worker: 0 }, Device::Cpu { worker: 1 }];
+        let sims = [Device::Sim { worker: 0 }, Device::Sim { worker: 1 }];
+        for (strategy, devices) in [
+            (sync, &uneven[..]),
+            (sync, &[cuda(0), cuda(1)][..]),
+            (sync, &[cuda(0)][..]),
+            (sync, &cpus[..]),
+            (sync, &sims[..]),
+            (sync, &[cuda(0), cuda(0), Device::Cpu { worker: 0 }][..]),
+            (strategy(Mode::Async, Exchange::F32), &two_on_0[..]),
+            (strategy(Mode::Sync, Exchange::Bf16), &two_on_0[..]),
+        ] {
+            let apart = (devices.to_vec(), 1);
+            assert_eq!(
+                replicas_for(&strategy, devices),
+                apart,
+                "{strategy:?} {devices:?}"
+            );
+        }
+    }
 }

@@ -131,7 +131,8 @@ pub struct RunArgs {
     /// Devices, one replica each: auto (all GPUs, else one CPU worker per core), cpu:N,
     /// cuda:0,1 (GPUs 0 and 1), cuda:0x4 (four replicas on GPU 0) or sim:N (N simulated
     /// workers: exactly as N equally fast parallel workers would train, at one core's speed);
-    /// at most 256 replicas.
+    /// at most 256 replicas. A sync run computes as many replicas on each GPU as one replica
+    /// of their shards (same examples and averaged gradient, one update).
     #[arg(long, default_value = "auto", value_name = "SPEC")]
     pub devices: DeviceSpec,
 

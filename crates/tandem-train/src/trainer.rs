@@ -399,6 +399,11 @@ pub struct Trainer<M: Model, O> {
     /// The state of record.
     pub state: TrainState,
     pool: WorkerPool<M::Replica>,
+    /// The run's devices in this process, one per worker (the pool's, unless it batches).
+    devices: Vec<Device>,
+    /// Workers each replica of the pool computes ([`tandem_strategy::sync::replicas_for`]): 1, or the replicas a
+    /// synchronous run has on each of its GPUs.
+    shards: usize,
     checkpoints: Option<Checkpoints>,
     resumed_from: Option<PathBuf>,
     /// The run's processes, when there are several.
@@ -534,9 +539,17 @@ impl<M: Model, O: RecordedOptimizer> Trainer<M, O> {
         ranks: Option<SharedTransport>,
     ) -> Result<Self, RunError> {
         let (batch, precision) = (config.batches.batch_size, config.precision);
-        let pool = WorkerPool::new(devices, |device| {
+        // Across processes every rank keeps a replica a worker (the collectives count them),
+        // and no replica's batch exceeds what a run may record (a product's rows are bounded).
+        let merged = tandem_strategy::sync::replicas_for(&config.strategy(), &devices);
+        let fits = (batch as u64).saturating_mul(merged.1 as u64) <= Setup::MAX_BATCH;
+        let (replicas, shards) = match ranks.is_none() && fits {
+            true => merged,
+            false => (devices.clone(), 1),
+        };
+        let pool = WorkerPool::new(replicas, |device| {
             model
-                .open(device, batch, precision)
+                .open(device, batch.saturating_mul(shards), precision)
                 .map_err(|source| RunError::Replica {
                     device: device.to_string(),
                     source,
@@ -547,6 +560,8 @@ impl<M: Model, O: RecordedOptimizer> Trainer<M, O> {
             config,
             state,
             pool,
+            devices,
+            shards,
             checkpoints,
             resumed_from,
             ranks,
@@ -558,12 +573,9 @@ impl<M: Model, O: RecordedOptimizer> Trainer<M, O> {
         self.pool.devices()
     }
 
-    /// The devices, one replica each, as `cpu:0`, `cuda:1`...
+    /// The run's devices in this process, one a worker, as `cpu:0`, `cuda:1`...
     pub fn device_names(&self) -> Vec<String> {
-        self.replica_devices()
-            .iter()
-            .map(Device::to_string)
-            .collect()
+        self.devices.iter().map(Device::to_string).collect()
     }
 
     /// The checkpoint the run resumed from, if it did.
@@ -661,7 +673,7 @@ impl<M: Model, O: RecordedOptimizer> Trainer<M, O> {
             let sent_before = self.ranks.as_ref().map(|r| r.sent_bytes());
             let report = advance(
                 self.ranks.as_ref(),
-                &mut self.pool,
+                (&mut self.pool, self.shards),
                 &mut self.state,
                 &self.config,
                 to,
@@ -798,16 +810,22 @@ fn resume_from<M: Model, O: RecordedOptimizer>(
     Ok((path, config, saved.state))
 }
 
-/// Trains until global step `to` (or until `observer` stops it) in the run's mode.
+/// Trains until global step `to` (or until `observer` stops it) in the run's mode, on `pool`,
+/// whose replicas compute `shards` workers' batches each
+/// ([`tandem_strategy::sync::replicas_for`]).
 fn advance<R: Replica, O: RecordedOptimizer>(
     ranks: Option<&SharedTransport>,
-    pool: &mut WorkerPool<R>,
+    (pool, shards): (&mut WorkerPool<R>, usize),
     state: &mut TrainState,
     config: &RunConfig<O>,
     to: u64,
     observer: &dyn Observer,
 ) -> Result<TrainReport, RunError> {
-    let (optimizer, batches) = (&config.optimizer, &config.batches);
+    let optimizer = &config.optimizer;
+    let batches = &Batches {
+        batch_size: config.batches.batch_size * shards,
+        ..config.batches
+    };
     if let Some(ranks) = ranks {
         return Ok(tandem_strategy::train_across(
             ranks.transport(),
