@@ -401,8 +401,8 @@ pub struct Trainer<M: Model, O> {
     pool: WorkerPool<M::Replica>,
     /// The run's devices in this process, one per worker (the pool's, unless it batches).
     devices: Vec<Device>,
-    /// Workers each replica of the pool computes ([`tandem_strategy::sync::replicas_for`]): 1, or the replicas a
-    /// synchronous run has on each of its GPUs.
+    /// Workers each replica of the pool computes ([`tandem_strategy::sync::replicas_for`]):
+    /// 1, or the replicas a synchronous run has on each of its GPUs.
     shards: usize,
     checkpoints: Option<Checkpoints>,
     resumed_from: Option<PathBuf>,
