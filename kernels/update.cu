@@ -13,9 +13,11 @@
 // never contracts those into fused multiply-adds, so the result matches the CPU's separate
 // f32 operations exactly and a GPU run can be checked against a CPU run bitwise.
 //
-// Where a replica computes in bf16 or f16 (values held in f32 slots), the update of its f32
-// master weights also writes their rounded copy (copy non-null; bf16 != 0 picks the type) in
-// the same pass: copy[i] = round_narrow(p[i]), the replica's parameters for its next step.
+// Where a replica reads a copy of the parameters (copy non-null), the update writes it in the
+// same pass, rounded as round.cuh's round_stored says (narrow): copy[i] = round_stored(p[i]), the
+// replica's parameters for its next step. A replica that computes in bf16 or f16 (values held in
+// f32 slots) reads its f32 master weights rounded; one that shares the parameters of record with
+// others (asynchronous replicas on one GPU) reads them as they are (NARROW_NONE).
 // Where the replicas exchange their gradients in bf16 (grads_bf16 != 0: compress_bf16 wrote
 // them), g is their f32 sum instead (see mean_gradient).
 //
@@ -86,7 +88,7 @@ __device__ const float *span_values(const Spans &spans, unsigned count, size_t i
 extern "C" __global__ void sgd_ema_update(float *__restrict__ p, float *__restrict__ e,
                                           const __grid_constant__ Grads grads, unsigned n,
                                           const __grid_constant__ Spans spans, unsigned count,
-                                          float *__restrict__ copy, int bf16, int grads_bf16) {
+                                          float *__restrict__ copy, int narrow, int grads_bf16) {
     const size_t len = spans.end[count - 1];
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < len;
          i += (size_t)gridDim.x * blockDim.x) {
@@ -97,7 +99,7 @@ extern "C" __global__ void sgd_ema_update(float *__restrict__ p, float *__restri
         p[i] = pi;
         e[i] = __fadd_rn(__fmul_rn(d, e[i]), __fmul_rn(__fsub_rn(1.0f, d), pi));
         if (copy != nullptr) {
-            copy[i] = round_narrow(pi, bf16);
+            copy[i] = round_stored(pi, narrow);
         }
     }
 }
@@ -116,7 +118,7 @@ extern "C" __global__ void adam_update(float *__restrict__ p, float *__restrict_
                                        float *__restrict__ v, float *__restrict__ e,
                                        const __grid_constant__ Grads grads, unsigned n,
                                        const __grid_constant__ Spans spans, unsigned count,
-                                       float *__restrict__ copy, int bf16, int grads_bf16) {
+                                       float *__restrict__ copy, int narrow, int grads_bf16) {
     const size_t len = spans.end[count - 1];
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < len;
          i += (size_t)gridDim.x * blockDim.x) {
@@ -136,7 +138,7 @@ extern "C" __global__ void adam_update(float *__restrict__ p, float *__restrict_
             e[i] = __fadd_rn(__fmul_rn(d, e[i]), __fmul_rn(__fsub_rn(1.0f, d), pi));
         }
         if (copy != nullptr) {
-            copy[i] = round_narrow(pi, bf16);
+            copy[i] = round_stored(pi, narrow);
         }
     }
 }

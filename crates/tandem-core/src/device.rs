@@ -153,7 +153,8 @@ pub fn slots_of_f64(value: f64) -> [f32; 2] {
 
 /// Where a [`DeviceOp::Update`] also writes the parameters it updates, each rounded to
 /// nearest (ties to even) to `dtype` and held in an `f32`: the parameters of a replica whose
-/// [`Residence::precision`] is `dtype`, beside the `f32` master weights that the update keeps.
+/// [`Residence::precision`] is `dtype`, beside the `f32` master weights that the update keeps
+/// (`f32`: a plain copy, for a replica that reads parameters of record kept elsewhere).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RoundedCopy {
     /// Where the copy of the update's first parameter goes (`f32` slots, `len` of them).
@@ -169,7 +170,7 @@ pub struct RoundedCopy {
 /// The operations that take addresses are `unsafe`: the caller promises that each names live
 /// memory of the length given, on a device this queue can reach, and that nothing else writes
 /// it while the queued operation runs (ordering with other queues is the caller's, through
-/// [events](Self::record)).
+/// [events](Self::record) or a [shared order](Self::share_order)).
 pub trait DeviceQueue: Send + Sync {
     /// Which memory the queue's device has: a kernel on this queue may read only memory of
     /// queues with the same answer; a [`DeviceOp::Copy`] reaches any.
@@ -194,6 +195,19 @@ pub trait DeviceQueue: Send + Sync {
     /// keeps the master weights of replicas computing in `dtype` on the device only where it
     /// does.
     fn rounds_to(&self, dtype: DType) -> bool;
+
+    /// The queue as [`Any`](std::any::Any), for [`share_order`](Self::share_order) to see
+    /// whether another queue is of its own kind.
+    fn as_any(&self) -> &dyn std::any::Any;
+
+    /// Makes this queue's later work, and its replica's, run in one order with `other`'s (a
+    /// queue of the same device): each runs after everything queued on either before it, with
+    /// no [events](Self::record) between them (a CUDA queue moves to `other`'s stream, after
+    /// waiting for its own work). `false` (the default) where it cannot: nothing changed.
+    fn share_order(&self, other: &dyn DeviceQueue) -> Result<bool, ReplicaError> {
+        let _ = other;
+        Ok(false)
+    }
 
     /// Whether [`DeviceOp::Compress`] writes `dtype` here and [`DeviceOp::Update`] reads
     /// gradients of that type: a store exchanges gradients in `dtype` between replicas only

@@ -3,7 +3,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use tandem_core::{DType, DeviceOp, Helpers, RoundedCopy};
 use tandem_tensor::check::{self, Operand};
@@ -401,14 +401,21 @@ pub struct CudaBackend {
     /// [`Backend::repeat_after_step`].
     last_after: RefCell<Vec<DeviceOp>>,
     kernels: Arc<Kernels>,
-    stream: Arc<Stream>,
+    /// The stream its work runs on: its own, or one it shares with other backends of its device
+    /// ([`DeviceQueue::share_order`](tandem_core::DeviceQueue::share_order)).
+    runs_on: Arc<RunsOn>,
+    /// A stream of its own where its steps are captured as graphs, and nothing runs: work that
+    /// another thread queues on a stream being captured would join the capture (or, waiting
+    /// for it, fail).
+    capture: Arc<Stream>,
     // Everything above holds the context too: it is released after the last of them.
     context: Arc<Context>,
 }
 
 impl CudaBackend {
     /// Opens device `ordinal`: retains its primary context (making it current on this thread),
-    /// creates the backend's stream and loads every kernel module the device runs. Computes in `f32`.
+    /// creates the backend's streams (one to run on, one to capture graphs on) and loads every
+    /// kernel module the device runs. Computes in `f32`.
     ///
     /// Fails with [`KernelError::DriverTooOld`] when the driver predates the committed PTX, and
     /// with an error for which [`KernelError::is_no_device`] holds where there is no device.
@@ -437,6 +444,9 @@ impl CudaBackend {
         // Non-blocking: the legacy default stream, which other replicas' libraries may use,
         // never serialises with this one. Nothing here uses the default stream.
         let stream = Arc::new(Stream::new(&context).map_err(cuda("creating a stream"))?);
+        // Never run on, so that no work of another thread on the stream it runs on (its own
+        // or, shared, another backend's) can join a capture under way.
+        let capture = Arc::new(Stream::new(&context).map_err(cuda("creating a stream"))?);
         let capability = context
             .capability()
             .map_err(cuda("reading the compute capability"))?;
@@ -472,7 +482,8 @@ impl CudaBackend {
             step_ops: Arc::default(),
             last_after: RefCell::default(),
             kernels,
-            stream,
+            runs_on: Arc::new(RunsOn::new(stream)),
+            capture,
             context,
         };
         // Unscaled until told otherwise (bf16 never is): the kernels read the scale always.
@@ -494,10 +505,19 @@ impl CudaBackend {
             .map_err(cuda("making the context current"))
     }
 
+    /// The stream the backend's work goes to now: [`capture`](Self::capture)'s while a step is
+    /// captured ([`Pass::Kernels`]), else the one it runs on.
+    fn stream(&self) -> Arc<Stream> {
+        match self.pass.get() {
+            Pass::Kernels => Arc::clone(&self.capture),
+            _ => self.runs_on.get(),
+        }
+    }
+
     /// Waits until everything issued on this backend's stream has finished: needed before
     /// another backend (another stream) reads what this one wrote.
     pub fn synchronize(&self) -> Result<(), KernelError> {
-        self.stream
+        self.stream()
             .synchronize()
             .map_err(cuda("waiting for the stream"))
     }
@@ -576,7 +596,7 @@ impl CudaBackend {
     pub fn queue(&self) -> crate::CudaQueue {
         crate::CudaQueue::new(
             self.ordinal,
-            Arc::clone(&self.stream),
+            Arc::clone(&self.runs_on),
             Arc::clone(&self.kernels),
             Arc::clone(&self.context),
             Arc::clone(&self.step_ops),
@@ -779,7 +799,7 @@ impl CudaBackend {
         // SAFETY: the buffer holds the indices (reserved above); the kernel queued after the
         // copy on the same stream reads them after it.
         unsafe {
-            self.stream
+            self.stream()
                 .copy_in(span_mut((&mut scratch.indices, 0)), indices)
         }
         .map_err(cuda("copying the batch's indices to the device"))?;
@@ -808,7 +828,7 @@ impl CudaBackend {
         // SAFETY: the buffer holds as many values (checked above); the graph launched after it
         // on the same stream reads them after the copy.
         unsafe {
-            self.stream
+            self.stream()
                 .copy_in(span_mut((&mut scratch.inputs, 0)), &inputs.host)
         }
         .map_err(cuda("copying a step's inputs to the device"))
@@ -856,7 +876,7 @@ impl CudaBackend {
     /// This backend's stream and kernels, to launch on.
     fn launcher(&self) -> Launcher<'_> {
         Launcher {
-            stream: &self.stream,
+            stream: self.stream(),
             kernels: &self.kernels,
         }
     }
@@ -1132,7 +1152,7 @@ impl CudaBackend {
             // SAFETY: `transfer` runs this once it has checked that `dst` holds `src.len()`
             // values from `offset` on, and keeps `src` borrowed until the copy is through, even
             // where it is pinned memory that the driver would read later.
-            unsafe { self.stream.copy_in(span_mut((dst, offset)), src) }
+            unsafe { self.stream().copy_in(span_mut((dst, offset)), src) }
         })
     }
 
@@ -1149,7 +1169,7 @@ impl CudaBackend {
             // SAFETY: `transfer` runs this once it has checked that `src` holds `dst.len()`
             // values from `offset` on, and keeps `dst` borrowed until the copy has landed (the
             // driver may return early when `dst` is pinned).
-            unsafe { self.stream.copy_out(dst, span((src, offset))) }
+            unsafe { self.stream().copy_out(dst, span((src, offset))) }
         })
     }
 
@@ -1199,8 +1219,11 @@ impl CudaBackend {
         // SAFETY: the memset covers exactly `buf`, and runs on the stream before anything
         // issued after it, so nothing reads the memory before it is set. `buf` outlives it:
         // its owner synchronises the stream before freeing it (see `reserve` and `Drop`).
-        unsafe { self.stream.fill_bytes(buf.as_device_ptr(), buf.len(), byte) }
-            .map_err(cuda(during))
+        unsafe {
+            self.stream()
+                .fill_bytes(buf.as_device_ptr(), buf.len(), byte)
+        }
+        .map_err(cuda(during))
     }
 
     /// Grows a scratch buffer to at least `len` values (its contents are not kept).
@@ -1232,12 +1255,12 @@ impl CudaBackend {
         // SAFETY: `first` holds N values (checked above) and `second`, when given, M (checked
         // below); the synchronize keeps the arrays borrowed until the copies have landed.
         unsafe {
-            self.stream
+            self.stream()
                 .copy_out(&mut counts, first.as_device_ptr())
                 .map_err(cuda("copying to the host"))?;
             if let Some(second) = second {
                 ShapeError::check("read_results", "values", M, second.len())?;
-                self.stream
+                self.stream()
                     .copy_out(&mut values, second.as_device_ptr())
                     .map_err(cuda("copying to the host"))?;
             }
@@ -1274,7 +1297,7 @@ impl Drop for CudaBackend {
         // (each in the backend's context, whatever thread this is). Nothing can be done about
         // a failure here.
         let _ = self.make_current();
-        let _ = self.stream.synchronize();
+        let _ = self.stream().synchronize();
     }
 }
 
@@ -1397,7 +1420,7 @@ fn grad_addresses(
 /// A stream and the kernels loaded in its context: what launches a kernel, for the backend and
 /// for its [`CudaQueue`](crate::CudaQueue).
 pub(crate) struct Launcher<'a> {
-    pub(crate) stream: &'a Stream,
+    pub(crate) stream: Arc<Stream>,
     pub(crate) kernels: &'a Kernels,
 }
 
@@ -1447,7 +1470,7 @@ impl Launcher<'_> {
         (grads_dtype, copy): (DType, Option<RoundedCopy>),
     ) -> Result<(), KernelError> {
         let (span_table, count) = update_spans(spans)?;
-        let (copy, bf16) = copy_args(copy);
+        let (copy, narrow) = copy_args(copy);
         let grads_bf16 = i32::from(grads_dtype == DType::BF16);
         let grid = stride_grid(spans.iter().map(|&(len, _)| len).sum::<usize>());
         if kernel == Kernel::SgdEmaUpdate.entry() {
@@ -1460,7 +1483,7 @@ impl Launcher<'_> {
                     Kernel::SgdEmaUpdate,
                     grid,
                     BLOCK,
-                    args![p, e, table, n, span_table, count, copy, bf16, grads_bf16],
+                    args![p, e, table, n, span_table, count, copy, narrow, grads_bf16],
                 )
             }
         } else if kernel == Kernel::AdamUpdate.entry() {
@@ -1473,7 +1496,7 @@ impl Launcher<'_> {
                     Kernel::AdamUpdate,
                     grid,
                     BLOCK,
-                    args![p, m, v, e, table, n, span_table, count, copy, bf16, grads_bf16],
+                    args![p, m, v, e, table, n, span_table, count, copy, narrow, grads_bf16],
                 )
             }
         } else {
@@ -1557,9 +1580,6 @@ impl Launcher<'_> {
                     copy,
                     ..
                 } if pass != Pass::Inputs => {
-                    if let Some(copy) = copy.filter(|c| !rounds_to(c.dtype)) {
-                        return Err(KernelError::NoRoundedCopy(copy.dtype));
-                    }
                     if !runs_update(kernel, state.len(), *grads_dtype) {
                         return Err(KernelError::NoUpdateKernel {
                             kernel: kernel.to_string(),
@@ -1610,11 +1630,11 @@ pub(crate) fn runs_update(kernel: &str, states: usize, grads: DType) -> bool {
             || (kernel == Kernel::AdamUpdate.entry() && (2..=3).contains(&states)))
 }
 
-/// The update kernels' `copy` and `bf16` parameters for `copy` (a null pointer: none).
+/// The update kernels' `copy` and `narrow` parameters for `copy` (a null pointer: none).
 fn copy_args(copy: Option<RoundedCopy>) -> (u64, i32) {
     match copy {
         None => (0, 0),
-        Some(RoundedCopy { params, dtype }) => (params, i32::from(dtype == DType::BF16)),
+        Some(RoundedCopy { params, dtype }) => (params, narrow(dtype)),
     }
 }
 
@@ -1626,11 +1646,6 @@ fn narrow(dtype: DType) -> i32 {
         DType::BF16 => 1,
         DType::F16 => 2,
     }
-}
-
-/// Whether the update kernels write a [`RoundedCopy`] of type `dtype`.
-pub(crate) fn rounds_to(dtype: DType) -> bool {
-    matches!(dtype, DType::BF16 | DType::F16)
 }
 
 fn no_update_kernel(kernel: &str, state: &[u64]) -> KernelError {
@@ -1735,6 +1750,27 @@ struct ReplayKey {
     key: u64,
     before: Vec<OpShape>,
     after: Vec<OpShape>,
+}
+
+/// The stream a backend and its queues run their work on, which a queue may switch to another
+/// backend's ([`DeviceQueue::share_order`](tandem_core::DeviceQueue::share_order)).
+pub(crate) struct RunsOn(RwLock<Arc<Stream>>);
+
+impl RunsOn {
+    fn new(stream: Arc<Stream>) -> Self {
+        Self(RwLock::new(stream))
+    }
+
+    /// The stream now.
+    pub(crate) fn get(&self) -> Arc<Stream> {
+        // Nothing panics while holding it.
+        Arc::clone(&self.0.read().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Runs later work on `stream`.
+    pub(crate) fn set(&self, stream: Arc<Stream>) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = stream;
+    }
 }
 
 /// Operations a store put around a replica's next step
@@ -2093,7 +2129,7 @@ impl Backend for CudaBackend {
         }
         let (from, to) = (span(src).as_raw(), span_mut(dst).as_raw());
         // SAFETY: both spans hold `len` values (checked above) of this device's memory.
-        unsafe { self.stream.copy_device(to, from, DType::F32.bytes(len)) }
+        unsafe { self.stream().copy_device(to, from, DType::F32.bytes(len)) }
             .map_err(cuda("copying on the device"))
     }
 
@@ -2133,10 +2169,10 @@ impl Backend for CudaBackend {
                 self.in_pass(Pass::Inputs, || step(self))?;
                 self.send_inputs(true)?;
                 let (recorded, graph) = self
-                    .in_pass(Pass::Kernels, || self.stream.capture(|| step(self)))
+                    .in_pass(Pass::Kernels, || self.capture.capture(|| step(self)))
                     .map_err(cuda("capturing a graph"))?;
                 recorded?;
-                self.stream
+                self.stream()
                     .launch_graph(&graph)
                     .map_err(cuda("launching a graph"))?;
                 Replay::Captured(graph)
@@ -2144,7 +2180,7 @@ impl Backend for CudaBackend {
             Some(Replay::Captured(graph)) => {
                 self.in_pass(Pass::Inputs, || step(self))?;
                 self.send_inputs(false)?;
-                self.stream
+                self.stream()
                     .launch_graph(&graph)
                     .map_err(cuda("launching a graph"))?;
                 Replay::Captured(graph)

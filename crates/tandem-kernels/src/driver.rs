@@ -309,6 +309,12 @@ impl Context {
             previous: Some(previous),
         })
     }
+
+    /// Whether `other` is the same driver context (each retain of a device's primary context
+    /// is a `Context` of its own, of the same handle).
+    pub(crate) fn is(&self, other: &Context) -> bool {
+        self.raw == other.raw
+    }
 }
 
 impl Drop for Context {

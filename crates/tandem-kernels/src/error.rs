@@ -73,10 +73,6 @@ pub enum KernelError {
         /// The gradients' type.
         grads: tandem_core::DType,
     },
-    /// An update asked for its parameters' copy rounded to a type that the update kernels do
-    /// not round to (they write bf16 and f16 copies).
-    #[error("no update kernel writes a parameter copy rounded to {0}")]
-    NoRoundedCopy(tandem_core::DType),
     /// A gradient compression asked for a type that no kernel writes (they write bf16).
     #[error("no kernel compresses gradients to {0}")]
     NoCompression(tandem_core::DType),

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use tandem_core::{DType, DeviceAlloc, DeviceEvent, DeviceOp, DeviceQueue, ReplicaError};
 
-use crate::backend::{Kernels, Launcher, Pass, StepOps};
-use crate::driver::{Context, DeviceBuffer, DevicePointer, Event, Stream};
+use crate::backend::{Kernels, Launcher, Pass, RunsOn, StepOps};
+use crate::driver::{Context, DeviceBuffer, DevicePointer, Event};
 use crate::error::cuda;
 use crate::ptx::MAX_GRADIENT_BUFFERS;
 
@@ -17,7 +17,7 @@ use crate::ptx::MAX_GRADIENT_BUFFERS;
 /// `Backend::replay` takes into it.
 pub struct CudaQueue {
     ordinal: usize,
-    stream: Arc<Stream>,
+    runs_on: Arc<RunsOn>,
     kernels: Arc<Kernels>,
     context: Arc<Context>,
     step_ops: Arc<StepOps>,
@@ -26,23 +26,31 @@ pub struct CudaQueue {
 impl CudaQueue {
     pub(crate) fn new(
         ordinal: usize,
-        stream: Arc<Stream>,
+        runs_on: Arc<RunsOn>,
         kernels: Arc<Kernels>,
         context: Arc<Context>,
         step_ops: Arc<StepOps>,
     ) -> Self {
         Self {
             ordinal,
-            stream,
+            runs_on,
             kernels,
             context,
             step_ops,
         }
     }
 
+    fn launcher(&self) -> Launcher<'_> {
+        Launcher {
+            stream: self.runs_on.get(),
+            kernels: &self.kernels,
+        }
+    }
+
     fn synchronize(&self) -> Result<(), ReplicaError> {
         Ok(self
-            .stream
+            .runs_on
+            .get()
             .synchronize()
             .map_err(cuda("waiting for the stream"))?)
     }
@@ -95,8 +103,28 @@ impl DeviceQueue for CudaQueue {
         crate::backend::runs_update(kernel, states, grads)
     }
 
-    fn rounds_to(&self, dtype: DType) -> bool {
-        crate::backend::rounds_to(dtype)
+    /// Every type: the update kernels round to bf16 and f16 and copy f32 as it is.
+    fn rounds_to(&self, _: DType) -> bool {
+        true
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    /// Where `other` is a CUDA queue of the same context: this one waits for its own work,
+    /// then runs everything (its backend's too) on `other`'s stream.
+    fn share_order(&self, other: &dyn DeviceQueue) -> Result<bool, ReplicaError> {
+        let Some(other) = other.as_any().downcast_ref::<CudaQueue>() else {
+            return Ok(false);
+        };
+        if !self.context.is(&other.context) {
+            return Ok(false);
+        }
+        self.bind()?;
+        self.synchronize()?;
+        self.runs_on.set(other.runs_on.get());
+        Ok(true)
     }
 
     fn compresses_to(&self, dtype: DType) -> bool {
@@ -117,12 +145,8 @@ impl DeviceQueue for CudaQueue {
     }
 
     unsafe fn run(&self, ops: &[DeviceOp]) -> Result<(), ReplicaError> {
-        let launcher = Launcher {
-            stream: &self.stream,
-            kernels: &self.kernels,
-        };
         // SAFETY: the caller's promises (the trait's).
-        Ok(unsafe { launcher.run(Pass::Direct, ops) }?)
+        Ok(unsafe { self.launcher().run(Pass::Direct, ops) }?)
     }
 
     unsafe fn around_next_step(
@@ -140,22 +164,34 @@ impl DeviceQueue for CudaQueue {
 
     unsafe fn write(&self, dst: u64, src: &[f32]) -> Result<(), ReplicaError> {
         // SAFETY: the caller's promises; `src` stays borrowed until the copy has landed.
-        unsafe { self.stream.copy_in(DevicePointer::from_raw(dst), src) }
-            .map_err(cuda("copying to the device"))?;
+        unsafe {
+            self.runs_on
+                .get()
+                .copy_in(DevicePointer::from_raw(dst), src)
+        }
+        .map_err(cuda("copying to the device"))?;
         self.synchronize()
     }
 
     unsafe fn read(&self, src: u64, dst: &mut [f32]) -> Result<(), ReplicaError> {
         // SAFETY: the caller's promises; `dst` stays borrowed until the copy has landed.
-        unsafe { self.stream.copy_out(dst, DevicePointer::from_raw(src)) }
-            .map_err(cuda("copying to the host"))?;
+        unsafe {
+            self.runs_on
+                .get()
+                .copy_out(dst, DevicePointer::from_raw(src))
+        }
+        .map_err(cuda("copying to the host"))?;
         self.synchronize()
     }
 
     unsafe fn read_bits16(&self, src: u64, dst: &mut [u16]) -> Result<(), ReplicaError> {
         // SAFETY: the caller's promises; `dst` stays borrowed until the copy has landed.
-        unsafe { self.stream.copy_out(dst, DevicePointer::from_raw(src)) }
-            .map_err(cuda("copying to the host"))?;
+        unsafe {
+            self.runs_on
+                .get()
+                .copy_out(dst, DevicePointer::from_raw(src))
+        }
+        .map_err(cuda("copying to the host"))?;
         self.synchronize()
     }
 
@@ -166,14 +202,16 @@ impl DeviceQueue for CudaQueue {
 
     fn record(&self, event: &dyn DeviceEvent) -> Result<(), ReplicaError> {
         Ok(self
-            .stream
+            .runs_on
+            .get()
             .record(event_of(event)?)
             .map_err(cuda("recording an event"))?)
     }
 
     fn wait(&self, event: &dyn DeviceEvent) -> Result<(), ReplicaError> {
         Ok(self
-            .stream
+            .runs_on
+            .get()
             .wait(event_of(event)?)
             .map_err(cuda("waiting for an event"))?)
     }

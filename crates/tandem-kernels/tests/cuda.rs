@@ -862,20 +862,6 @@ fn consecutive_updates_are_each_spans_cpu_update() {
     // SAFETY: as above; the update is refused, not run.
     let refused = unsafe { queue.run(&[narrow]) }.expect_err("f16 gradients");
     assert!(refused.to_string().contains("f16 gradients"), "{refused}");
-    // So is a copy rounded to a type the kernels do not round to (f32 is no rounding).
-    assert!(queue.rounds_to(DType::BF16) && queue.rounds_to(DType::F16));
-    assert!(!queue.rounds_to(DType::F32));
-    let mut unrounded = ops[0].clone();
-    if let DeviceOp::Update { copy, .. } = &mut unrounded {
-        *copy = copy.map(|c| RoundedCopy {
-            dtype: DType::F32,
-            ..c
-        });
-    }
-    // SAFETY: as above; the update is refused, not run.
-    let refused = unsafe { queue.run(&[unrounded]) }.expect_err("an f32 copy");
-    assert!(refused.to_string().contains("rounded to f32"), "{refused}");
-
     let (mut want_p, mut want_e) = (host[0].clone(), host[1].clone());
     let mut offset = 0;
     for &(span, on) in &spans {
@@ -910,6 +896,22 @@ fn consecutive_updates_are_each_spans_cpu_update() {
     assert_exact("the other update", &read(4, 100), &want_other);
     assert_bitwise("the bf16 copy", &read(5, len), &want_copy);
     assert_ne!(want_copy, want_p, "the copy is rounded");
+
+    // An f32 copy (of parameters that replicas share) is the updated parameters themselves.
+    assert!([DType::F32, DType::BF16, DType::F16].map(|t| queue.rounds_to(t)) == [true; 3]);
+    let mut plain = ops[0].clone();
+    if let DeviceOp::Update { copy, .. } = &mut plain {
+        *copy = copy.map(|c| RoundedCopy {
+            dtype: DType::F32,
+            ..c
+        });
+    }
+    // SAFETY: as above.
+    unsafe { queue.run(&[plain]) }.expect("an update with an f32 copy");
+    let first = spans[0].0;
+    let updated = read(0, first);
+    assert_ne!(updated, want_p[..first], "updated again");
+    assert_bitwise("the f32 copy", &read(5, first), &updated);
 }
 
 /// Adam's kernel over two spans (one regularised) is exactly its host arithmetic
@@ -1556,4 +1558,60 @@ fn buffers_are_freed_in_their_own_context_on_any_thread() {
     drop(sums);
     drop(second);
     assert_eq!(tandem_kernels::release_failures(), failures);
+}
+
+/// Two backends of one GPU whose queues share an order (`DeviceQueue::share_order`): work
+/// queued on the second runs after what the first queued before it, with no event between
+/// them (the stand-in runs each stream on a thread of its own, so an update of 400,000 values
+/// on one stream would still be running when a copy on another reads them). A queue of another
+/// GPU does not join.
+#[test]
+fn queues_of_one_gpu_share_an_order_and_no_other_gpus() {
+    use tandem_core::{DType, DeviceOp, DeviceQueue};
+    let (Some(first), Some(second)) = (gpu(), gpu()) else {
+        return;
+    };
+    let (queue, joining) = (first.queue(), second.queue());
+    assert!(joining.share_order(&queue).expect("sharing an order"));
+    let len = 400_000;
+    let mut rng = rng(12);
+    let host: Vec<Vec<f32>> = (0..4).map(|_| random(&mut rng, len, 0.5)).collect();
+    let buffers = written(&queue, &host);
+    let hyper = queue.alloc(3, DType::F32).expect("alloc");
+    let step = [STEP.learning_rate, STEP.weight_decay, STEP.ema_decay];
+    // SAFETY: three values.
+    unsafe { queue.write(hyper.address(), &step) }.expect("write");
+    let update = DeviceOp::Update {
+        kernel: "sgd_ema_update",
+        params: buffer_at(&buffers, 0, 0),
+        state: vec![buffer_at(&buffers, 1, 0)],
+        grads: vec![buffer_at(&buffers, 2, 0)],
+        grads_dtype: DType::F32,
+        len,
+        hyper: hyper.address(),
+        copy: None,
+    };
+    let copy = DeviceOp::Copy {
+        dst: buffer_at(&buffers, 3, 0),
+        src: buffer_at(&buffers, 0, 0),
+        len,
+        dtype: DType::F32,
+    };
+    // SAFETY: every buffer holds `len` values and outlives the reads below, which wait.
+    unsafe {
+        queue.run(&[update]).expect("the update");
+        joining.run(&[copy]).expect("the copy");
+    }
+    let (mut want_p, mut want_e) = (host[0].clone(), host[1].clone());
+    cpu::sgd_ema_update(&mut want_p, &mut want_e, &[&host[2]], STEP);
+    let mut got = vec![0.0; len];
+    // SAFETY: the buffer holds `len` values; the read waits for the shared stream.
+    unsafe { joining.read(buffers[3].address(), &mut got) }.expect("read");
+    assert_bitwise("the copy of the updated parameters", &got, &want_p);
+
+    let Some(other) = tandem_testkit::or_skip(CudaBackend::new(1), KernelError::is_no_device)
+    else {
+        return;
+    };
+    assert!(!other.queue().share_order(&queue).expect("asking"));
 }

@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
-use tandem_core::{Optimizer, Replica, ReplicaError};
+use tandem_core::{Optimizer, Replica};
 use tandem_pool::{FailurePolicy, RunWatch, WorkerContext};
 
 use crate::common::{check_loss, watchdog, Job, StepLosses};
@@ -56,14 +56,16 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: AsyncStore<R> + ?Sized>(
 
     let snapshot = |_: &RunWatch<'_>| store.consistent_copy(&|| schedule.version());
     let work = |ctx: &WorkerContext<'_>, replica: &mut R| {
-        // However the worker ends, the schedule stops counting on it.
-        let _leaves = Leaves(schedule, ctx.worker());
+        // However the worker ends, the schedule stops counting on it and the store waits for
+        // nothing of its.
+        let _leaves = OnDrop(|| {
+            schedule.leave(ctx.worker());
+            store.leave(ctx.worker());
+        });
         replica.bind_thread()?;
         let mut order = EpochOrder::new(job.batches.seed, job.examples);
         let mut batch = vec![0u32; job.batches.batch_size];
-        // A store that measures staleness where updates land hands it over when the losses are
-        // taken; otherwise it is the updates begun between this worker's load and its own.
-        let measured = store.measures_staleness();
+        // The updates begun between this worker's load and its own.
         let mut tally = Tally::default();
         let mut step_losses = StepLosses::new(log_every);
         let lane = ctx.worker();
@@ -116,9 +118,7 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: AsyncStore<R> + ?Sized>(
             schedule.complete();
             // It holds every update begun up to its own.
             holds = refreshed.then_some(step + 1);
-            if !measured {
-                tally.add(step - read_version);
-            }
+            tally.add(step - read_version);
             stop = job.observer.should_stop();
             let logs = reports(log_every, step + 1);
             if !(logs || step_losses.due()) {
@@ -127,9 +127,6 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: AsyncStore<R> + ?Sized>(
             // A loss left on the device is checked after its update: that update may already
             // have reached the store, but no checkpoint will hold it.
             let loss = step_losses.settle(replica, ctx)?;
-            if measured {
-                tally.take(store, ctx.worker())?;
-            }
             if let (true, Some(loss)) = (logs, loss) {
                 job.observer.on_log(&StepReport {
                     step: step + 1,
@@ -145,9 +142,6 @@ pub(crate) fn run<R: Replica, O: Optimizer + ?Sized, S: AsyncStore<R> + ?Sized>(
             }
         }
         step_losses.settle(replica, ctx)?;
-        if measured {
-            tally.take(store, ctx.worker())?;
-        }
         Ok((tally.sum, tally.max, tally.updates, tally.dropped))
     };
     // Across ranks, this rank's service answers the others' workers for as long as any works.
@@ -231,13 +225,13 @@ pub(crate) trait Schedule: Sync {
     }
 }
 
-/// Tells the schedule that a worker has ended, when it goes out of scope (also when the worker
-/// fails or panics).
-struct Leaves<'s>(&'s dyn Schedule, usize);
+/// Runs its closure when it goes out of scope (also when the worker fails or panics): what a
+/// worker's end tells the schedule and the store.
+struct OnDrop<F: FnMut()>(F);
 
-impl Drop for Leaves<'_> {
+impl<F: FnMut()> Drop for OnDrop<F> {
     fn drop(&mut self) {
-        self.0.leave(self.1);
+        (self.0)();
     }
 }
 
@@ -613,17 +607,5 @@ impl Tally {
         self.max = self.max.max(staleness);
         self.updates += 1;
         self.last = Some(staleness);
-    }
-
-    /// Counts what `store` measured of `worker`'s updates since the last call.
-    fn take<R: Replica, S: AsyncStore<R> + ?Sized>(
-        &mut self,
-        store: &S,
-        worker: usize,
-    ) -> Result<(), ReplicaError> {
-        let mut taken = Vec::new();
-        store.take_staleness(worker, &mut taken)?;
-        taken.into_iter().for_each(|s| self.add(s));
-        Ok(())
     }
 }

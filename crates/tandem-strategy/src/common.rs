@@ -208,7 +208,7 @@ impl StepLosses {
     }
 
     /// Whether enough steps have passed since the last [`settle`](Self::settle) that what they
-    /// left on the device (losses, a store's staleness records) should be taken now.
+    /// left on the device (their losses) should be taken now.
     pub fn due(&self) -> bool {
         self.unsettled >= self.every
     }

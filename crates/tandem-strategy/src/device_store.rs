@@ -1,10 +1,10 @@
 //! The parameters of record in device memory, beside replicas that compute on devices:
 //! [`DeviceSyncStore`] (replicas on any devices; also a lone asynchronous replica's, whose
-//! updates have nobody else's to be ordered against) and [`DeviceAsyncStore`] (all on one). A step
-//! then moves no parameters or gradients over the host bus: the store queues device copies, the
-//! optimiser's update kernel and events on the workers' own queues (sync: inside each
-//! replica's step, one graph with it), and the host waits for the device only when it reads
-//! the store (a log line's L2 term, a save).
+//! updates have nobody else's to be ordered against) and [`DeviceAsyncStore`] (all on one, their
+//! queues in one order). A step then moves no parameters or gradients over the host bus: the
+//! store queues the optimiser's update kernel (and, sync, device copies and events) on the
+//! workers' own queues, inside each replica's next step, one graph with it, and the host waits
+//! for the device only when it reads the store (a log line's L2 term, a save).
 //!
 //! Both are opened only where they can serve the replicas (`None` otherwise, and the host
 //! store serves them): every replica is [resident](Replica::residence), and the optimiser has a
@@ -12,8 +12,8 @@
 //! ([`DeviceQueue::has_update`]); for replicas that compute in a narrower type than their f32
 //! buffers hold (bf16, f16: [`Residence::precision`]), one that also writes the rounded copy
 //! of the f32 master weights that they read ([`DeviceQueue::rounds_to`]). The host is never
-//! waited on within a step: ordering between
-//! workers is events on their queues, and the host's barriers only ensure that an event is
+//! waited on within a step: ordering between workers is events on their queues (sync) or
+//! their queues' one order (async), and the host's barriers only ensure that an event is
 //! recorded before it is waited on.
 
 use std::ops::Range;
@@ -191,12 +191,12 @@ impl<'o, O: Optimizer + ?Sized> Devices<'o, O> {
 
     /// The update kernels, on `worker`'s queue, of `range` of the parameters at `params` and
     /// their state at `state`, with the gradients at `grads` and the values of
-    /// [`hyper_upload`](Self::hyper_upload); writing the parameters' rounded copy at `copy`
-    /// where the replicas compute in a narrower type.
+    /// [`hyper_upload`](Self::hyper_upload); writing the parameters' copy too where given (its
+    /// address that of the first parameter's).
     fn update_ops(
         &self,
         worker: usize,
-        (params, state, copy): (u64, &[u64], u64),
+        (params, state, copy): (u64, &[u64], Option<RoundedCopy>),
         grads: &[u64],
         range: Range<usize>,
     ) -> Vec<DeviceOp> {
@@ -217,9 +217,9 @@ impl<'o, O: Optimizer + ?Sized> Devices<'o, O> {
                     grads_dtype: self.grads_dtype,
                     len: piece.len(),
                     hyper: DType::F32.at(hyper, if *decayed { 0 } else { self.hyper_len }),
-                    copy: self.copy.map(|dtype| RoundedCopy {
-                        params: DType::F32.at(copy, piece.start),
-                        dtype,
+                    copy: copy.map(|copy| RoundedCopy {
+                        params: DType::F32.at(copy.params, piece.start),
+                        ..copy
                     }),
                 })
             })

@@ -125,7 +125,9 @@ pub trait AsyncStore<R: Replica>: ParamStore<R> {
     /// for this worker (`worker_of`: the worker and how many there are), while others may
     /// update too (each piece under its own lock, each worker starting at its own piece so
     /// that workers rarely queue). `begin` is called once, just before the first piece is
-    /// written, and returns which update it is.
+    /// written, and returns which update it is. A store may also leave the writing to the
+    /// worker's next step, if everything it hands out before then holds the update (a device
+    /// store's next [`load`](ParamStore::load) puts it first in that step).
     ///
     /// Returns whether it also gave `replica` the parameters as it left them, each piece read
     /// just after this update wrote it (while it is still in cache): the worker's next step,
@@ -139,19 +141,11 @@ pub trait AsyncStore<R: Replica>: ParamStore<R> {
         begin: &mut dyn FnMut() -> UpdateAt,
     ) -> Result<bool, ReplicaError>;
 
-    /// Whether the store measures staleness itself, where the updates land
-    /// ([`take_staleness`](Self::take_staleness)); otherwise (the default) the strategy counts
-    /// the updates begun between a worker's load and its own.
-    fn measures_staleness(&self) -> bool {
-        false
-    }
-
-    /// Where [`measures_staleness`](Self::measures_staleness): appends to `out`
-    /// the staleness of `worker`'s updates since the last call, oldest first (waiting for the
-    /// device): how many other updates landed between its load and its update.
-    fn take_staleness(&self, worker: usize, out: &mut Vec<u64>) -> Result<(), ReplicaError> {
-        let _ = (worker, out);
-        Ok(())
+    /// `worker` has stopped, done or failed: nothing of its is under way any more (a device
+    /// store no longer waits for a step of its that took an update; one that failed may have
+    /// lost it). The default: nothing to do.
+    fn leave(&self, worker: usize) {
+        let _ = worker;
     }
 }
 

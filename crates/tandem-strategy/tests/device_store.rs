@@ -19,10 +19,17 @@ use tandem_strategy::{Batches, Mode, Observer, Staleness, StepReport, Strategy};
 
 /// Parameters pulled towards targets that depend on the batch: every gradient depends on the
 /// parameters and the examples, so a wrong buffer, span or order shows in the result.
-struct Pull;
+/// Fails its `fails`-th computation, where set (counted from 1), as a device fault would.
+#[derive(Default)]
+struct Pull {
+    fails: Option<u64>,
+}
 
 impl Model for Pull {
-    fn gradients(&mut self, _: u64, batch: &[u32], params: &[f32], grads: &mut [f32]) -> Loss {
+    fn gradients(&mut self, call: u64, batch: &[u32], params: &[f32], grads: &mut [f32]) -> Loss {
+        if self.fails == Some(call) {
+            return Err("a fault of the device".into());
+        }
         let mean = batch.iter().map(|&i| i as f32).sum::<f32>() / batch.len() as f32;
         let mut loss = 0.0;
         for (i, (g, p)) in grads.iter_mut().zip(params).enumerate() {
@@ -67,7 +74,7 @@ fn pool_with(
             false => Device::Cpu { worker },
         })
         .collect();
-    let mut pool = pool_on(devices, layout(), EXAMPLES, |_| Pull);
+    let mut pool = pool_on(devices, layout(), EXAMPLES, |_| Pull::default());
     for (worker, replica) in pool.replicas_mut().iter_mut().enumerate() {
         replica.dtype = kind.precision;
         replica.device = memory.map(|memory| Resident::new(memory(worker), len(), kind));
@@ -92,9 +99,8 @@ fn sgd() -> Sgd {
     }
 }
 
-/// What a run ends with: its state, asynchronous, the staleness it measured (a device store
-/// measures it on the device), and every step's logged loss by step (its L2 term read from the
-/// store).
+/// What a run ends with: its state, asynchronous, the staleness it measured, and every step's
+/// logged loss by step (its L2 term read from the store).
 type Trained = (TrainState, Option<Staleness>, Vec<(u64, u32)>);
 
 /// Logs the loss every `every` steps.
@@ -123,7 +129,7 @@ fn train(
 }
 
 /// [`train`] with `optimizer`, logging every `log_every` steps (an asynchronous device store
-/// keeps its staleness records on the device until a log or a loss check takes them).
+/// runs a worker's update inside its next step, or on its own before the worker's L2 term).
 fn train_with(
     strategy: impl Into<Strategy>,
     pool: &mut WorkerPool<TestReplica<Pull>>,
@@ -190,12 +196,50 @@ fn async_on_device_replicas_trains_as_in_host_memory_bitwise() {
     }
 }
 
-/// The staleness records of an asynchronous run on the device go round their ring (1,024
-/// records a worker), taken hundreds at a time (at each log): past its end, every record
-/// still lands inside it, is read back in order, and the run trains and measures as in host
-/// memory.
+/// A worker that fails in a step that took its update from the store ends; the others train
+/// on, and the run saves what they did, as in host memory (the failed step's update, which ran
+/// before the step's fault, is the record's in both).
 #[test]
-fn async_on_device_replicas_past_the_end_of_the_staleness_ring_trains_as_in_host_memory() {
+fn async_on_device_replicas_save_the_run_when_a_worker_fails_in_a_step() {
+    let one_device: fn(usize) -> usize = |_| 0;
+    let run = |memory| {
+        let mut pool = pool(3, true, memory);
+        pool.replicas_mut()[1].model.fails = Some(5);
+        let mut state = TrainState::new(vec![0.5; len()], &sgd());
+        let batches = Batches {
+            batch_size: 7,
+            seed: 3,
+        };
+        let report = tandem_strategy::train(
+            Mode::Async,
+            &mut pool,
+            &mut state,
+            &sgd(),
+            &batches,
+            41,
+            &Losses {
+                every: 100,
+                seen: Mutex::new(Vec::new()),
+            },
+        )
+        .expect("the others train on");
+        assert_eq!(report.failures.len(), 1, "{:?}", report.failures);
+        assert_eq!(report.failures[0].worker, 1);
+        (state, resident_store_used(&pool))
+    };
+    let (expected, _) = run(None);
+    let (state, resident) = run(Some(one_device));
+    assert!(resident);
+    assert_eq!(state, expected);
+    assert!(state.step >= 40, "{}", state.step);
+}
+
+/// Logging rarely, an asynchronous run on one device runs nearly every update inside its
+/// worker's next step (put there by the worker's load, the step then computing from what it
+/// left), not on its own before a log's L2 term: it trains, logs and measures staleness as in
+/// host memory all the same.
+#[test]
+fn async_on_device_replicas_logging_rarely_train_as_in_host_memory() {
     let one_device: fn(usize) -> usize = |_| 0;
     let (steps, log_every) = (2 * 2 * 1024 + 37, 700);
     let expected = train_with(

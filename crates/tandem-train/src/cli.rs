@@ -132,7 +132,8 @@ pub struct RunArgs {
     /// cuda:0,1 (GPUs 0 and 1), cuda:0x4 (four replicas on GPU 0) or sim:N (N simulated
     /// workers: exactly as N equally fast parallel workers would train, at one core's speed);
     /// at most 256 replicas. A sync run computes as many replicas on each GPU as one replica
-    /// of their shards (same examples and averaged gradient, one update).
+    /// of their shards (same examples and averaged gradient, one update); async replicas on
+    /// one GPU take turns on it (one stream), each update first in its worker's next step.
     #[arg(long, default_value = "auto", value_name = "SPEC")]
     pub devices: DeviceSpec,
 

@@ -1,73 +1,60 @@
 //! [`DeviceAsyncStore`]: asynchronous training's parameters of record in the device memory of
 //! replicas that all compute on one device.
 
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 use tandem_core::{
-    DType, DeviceAlloc, DeviceEvent, DeviceOp, DeviceQueue, Optimizer, ParamSpan, Replica,
-    ReplicaError, TrainState,
+    DType, DeviceAlloc, DeviceOp, Optimizer, ParamSpan, Replica, ReplicaError, RoundedCopy,
+    TrainState,
 };
 
 use super::{addresses, lock, upload_state, Devices};
 use crate::store::{AsyncStore, ParamStore, UpdateAt};
 
-/// Updates a worker may make before its staleness records are taken.
-const SEEN_RING: usize = 1024;
-
-/// One worker's staleness records on the device: for each update, `begun` as its load read it
-/// and as the update found it when it began (`2 x workers` values), in a ring of
-/// [`SEEN_RING`]. Copies on the worker's queue fill them, so measuring costs the step no wait:
-/// the staleness of an update is the other workers' updates begun between the two, as the
-/// host's store counts it, but counted where the work happens.
-struct Seen {
-    ring: Box<dyn DeviceAlloc>,
-    /// The record of the update under way (set by the load).
-    current: usize,
-    /// Records filled and not yet taken, ending at `current` exclusive once applied.
-    pending: usize,
-    /// This worker's updates so far: what it writes to its `begun` value as each begins.
-    own: u32,
+/// A worker's update between its [`AsyncStore::apply`] and the step that runs it.
+#[derive(Default)]
+struct Progress {
+    /// The update that the worker's next step runs first.
+    pending: Option<UpdateAt>,
+    /// From the load that hands `pending` to the next step until the worker's next apply: the
+    /// update is then neither in the store's hands nor surely queued, for a reader on another
+    /// thread.
+    in_step: bool,
 }
 
 /// The parameters of record and the optimiser's state of asynchronous training, in the device
-/// memory of replicas that all compute on one device (updates run on the updating worker's
-/// device, so the store must be there too).
+/// memory of replicas that all compute on one device, whose queues run in one order
+/// ([`tandem_core::DeviceQueue::share_order`]).
 ///
-/// The store keeps one copy, updated whole: on the device an update of every span is one
-/// kernel launch, short next to a step, so shards would only add launches and host calls (the
-/// host's store shards because its updates take long). A worker's load copies the store into
-/// its replica as it is when the copy runs, waiting for no update (as the host's store copies
-/// what is applied; an update running meanwhile gives each value old or new); its update waits
-/// for the previous update, then applies its own (never lost: updates run one after another).
-/// Staleness is counted on the device: the updates other workers began between a worker's
-/// load and its update, as copies of their counters into a ring that
-/// [`AsyncStore::take_staleness`] reads at the next boundary. (The strategies give a lone
-/// replica [`super::DeviceSyncStore`] instead, which queues each update inside
-/// the replica's next step; this store serves one as well.)
+/// **Each worker's update runs first in its next step, inside that step's graph**, as a lone
+/// replica's does ([`super::DeviceSyncStore`]): `apply` only notes the update, and the next
+/// `load` puts it around the step. The update writes the parameters of record, the optimiser's
+/// state, and the worker's own parameters in the same pass (a [`RoundedCopy`]: rounded where
+/// the replicas compute in a narrower type, else as they are), so the step then computes from
+/// the record as it is, with every update queued before it: a step is one launch, with no
+/// copies and no events. The order of updates is the order in which the workers' steps reach
+/// the one queue; as no two run at once, none is lost. What a worker's update waits for is its
+/// own next step: the others see it from then on (a push and the next pull in one, as a
+/// parameter server's "push-pull"). Staleness is what the strategy counts, the updates begun
+/// between a worker's load and its own, as with the host's store. A save runs the updates still
+/// waiting, on their workers' queues; a worker's L2 term runs its own first.
 pub struct DeviceAsyncStore<'o, O: Optimizer + ?Sized> {
     devices: Devices<'o, O>,
     params: Box<dyn DeviceAlloc>,
-    /// Where the replicas compute in a narrower type: the parameters' rounded copy, which
-    /// every update writes with them and the loads copy from.
-    rounded: Option<Box<dyn DeviceAlloc>>,
     /// The optimiser's state vectors.
     state: Vec<Box<dyn DeviceAlloc>>,
-    /// Marks the last update queued; its lock keeps waiting for it and queueing the next
-    /// update together.
-    last_update: Mutex<Box<dyn DeviceEvent>>,
-    /// `begun[w]`: how many updates worker `w` has begun on the device (a `u32` in each value's
-    /// bits), written by `w`'s queue as each begins: the device's count of the host's version
-    /// counter.
-    begun: Box<dyn DeviceAlloc>,
-    /// Each worker's staleness records, by worker.
-    seen: Vec<Mutex<Seen>>,
+    /// What each update writes beside the record: its worker's parameters, as it computes in.
+    copy: DType,
+    /// Each worker's, by worker.
+    progress: Vec<Mutex<Progress>>,
 }
 
 impl<'o, O: Optimizer + ?Sized> DeviceAsyncStore<'o, O> {
     /// A store for `replicas`, holding `state`, if they can have one (see the module): every
-    /// replica is resident, all in the same memory, and `optimizer` has a device update that
-    /// their queues run. `None` otherwise (the host store serves them). `state` must fit
-    /// `layout` and `optimizer` (the strategies check it first).
+    /// replica is resident, all in the same memory, their queues run in one order and copy the
+    /// parameters as their updates write them, and `optimizer` has a device update that their
+    /// queues run. `None` otherwise (the host store serves them). `state` must fit `layout` and
+    /// `optimizer` (the strategies check it first).
     pub fn open<R: Replica>(
         replicas: &[R],
         state: &TrainState,
@@ -84,134 +71,150 @@ impl<'o, O: Optimizer + ?Sized> DeviceAsyncStore<'o, O> {
         else {
             return Ok(None);
         };
-        let (len, workers) = (devices.len, devices.members.len());
+        let copy = devices.copy.unwrap_or(DType::F32);
         let queue = devices.members[0].queue();
-        queue.bind()?;
-        let params = queue.alloc(len, DType::F32)?;
-        // SAFETY: the buffer was just allocated with `len` values.
-        unsafe { queue.write(params.address(), &state.params)? };
-        let rounded = match devices.copy {
-            Some(_) => {
-                let rounded = queue.alloc(len, DType::F32)?;
-                // SAFETY: the buffer was just allocated with `len` values.
-                unsafe { devices.write_replica_params(queue, rounded.address(), &state.params)? };
-                Some(rounded)
+        if !devices.members.iter().all(|m| m.queue().rounds_to(copy)) {
+            return Ok(None);
+        }
+        for member in &devices.members[1..] {
+            if !member.queue().share_order(queue)? {
+                return Ok(None);
             }
-            None => None,
-        };
+        }
+        queue.bind()?;
+        let params = queue.alloc(devices.len, DType::F32)?;
+        // SAFETY: the buffer was just allocated with `len` values; each replica's holds as many
+        // (its layout's).
+        unsafe {
+            queue.write(params.address(), &state.params)?;
+            for member in &devices.members {
+                devices.write_replica_params(queue, member.residence.params, &state.params)?;
+            }
+        }
         let slots = upload_state(queue, state)?;
-        let last_update = queue.event()?;
-        // Recorded once, so that the first update has something to wait for.
-        queue.record(&*last_update)?;
-        // Counts, as the bits of 4-byte values.
-        let begun = queue.alloc(workers, DType::F32)?;
-        // SAFETY: `begun` holds a value per worker.
-        unsafe { queue.write(begun.address(), &vec![0.0; workers])? };
-        let seen = (0..workers)
-            .map(|_| {
-                Ok(Mutex::new(Seen {
-                    ring: queue.alloc(SEEN_RING * 2 * workers, DType::F32)?,
-                    current: 0,
-                    pending: 0,
-                    own: 0,
-                }))
-            })
-            .collect::<Result<Vec<_>, ReplicaError>>()?;
+        let progress = devices.members.iter().map(|_| Mutex::default()).collect();
         Ok(Some(Self {
             devices,
             params,
-            rounded,
             state: slots,
-            last_update: Mutex::new(last_update),
-            begun,
-            seen,
+            copy,
+            progress,
         }))
     }
 
-    /// What a replica's parameters are copied from: the record, or its rounded copy.
-    fn replica_params(&self) -> u64 {
-        self.rounded.as_ref().unwrap_or(&self.params).address()
+    /// `worker`'s update `at`: its values uploaded, then the update of the record from the
+    /// worker's gradients, writing its parameters too.
+    fn update(&self, worker: usize, at: UpdateAt) -> Result<Vec<DeviceOp>, ReplicaError> {
+        let devices = &self.devices;
+        let residence = &devices.members[worker].residence;
+        let copy = RoundedCopy {
+            params: residence.params,
+            dtype: self.copy,
+        };
+        let mut ops = vec![devices.hyper_upload(worker, at)?];
+        ops.extend(devices.update_ops(
+            worker,
+            (self.params.address(), &addresses(&self.state), Some(copy)),
+            &[residence.grads],
+            0..devices.len,
+        ));
+        Ok(ops)
     }
 
-    /// Copies every worker's `begun` count into a staleness record's half at `record`.
-    fn snapshot_begun(&self, record: u64) -> DeviceOp {
-        DeviceOp::Copy {
-            dst: record,
-            src: self.begun.address(),
-            len: self.devices.members.len(),
-            dtype: DType::F32,
+    /// Every worker's progress, locked in worker order (no worker holds its own while taking
+    /// another's), with the updates still waiting queued on their workers' queues: the record
+    /// then holds every update applied so far, for as long as the locks are held. An error
+    /// while a worker's step is taking its update (see [`Progress::in_step`]).
+    fn settled(&self) -> Result<Vec<MutexGuard<'_, Progress>>, ReplicaError> {
+        let mut all: Vec<_> = self.progress.iter().map(lock).collect();
+        if all.iter().any(|p| p.in_step) {
+            return Err("an update is being taken into a step".into());
         }
-    }
-
-    /// `worker`'s queue, bound, its next work ordered after every update queued so far.
-    fn after_updates(&self, worker: usize) -> Result<&dyn DeviceQueue, ReplicaError> {
-        let queue = self.devices.members[worker].queue();
-        queue.bind()?;
-        queue.wait(&**lock(&self.last_update))?;
-        Ok(queue)
-    }
-
-    /// The parameters of record and the optimiser's state (as many vectors as it has), read on
-    /// `worker`'s thread (or any, between runs), with the device bound to that worker's queue.
-    fn read_record(
-        &self,
-        worker: usize,
-        params: &mut [f32],
-        state: &mut [&mut [f32]],
-    ) -> Result<(), ReplicaError> {
-        let queue = self.after_updates(worker)?;
-        // SAFETY: both hold the `len` values; the waits above order every update first.
-        unsafe {
-            queue.read(self.params.address(), params)?;
-            for (slot, values) in self.state.iter().zip(state.iter_mut()) {
-                queue.read(slot.address(), values)?;
+        for (worker, progress) in all.iter_mut().enumerate() {
+            if let Some(at) = progress.pending {
+                let queue = self.devices.members[worker].queue();
+                queue.bind()?;
+                // SAFETY: the store's buffers and the worker's hold `len` values; the queues
+                // run in one order, so the worker's last step (which wrote the gradients) is
+                // before it.
+                unsafe { queue.run(&self.update(worker, at)?)? };
+                // Only once queued: a failure leaves it waiting.
+                progress.pending = None;
             }
         }
-        Ok(())
+        Ok(all)
     }
 }
 
 impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for DeviceAsyncStore<'_, O> {
-    /// Whatever the store holds when the copy runs, waiting for no update (the host's store
-    /// copies what is applied, too); an update running meanwhile gives each value old or new.
+    /// Puts the worker's update around its next step, which then computes from what that
+    /// update leaves; where it has none (its first step, or a step computed again), copies the
+    /// record as it is into the replica.
     fn load(&self, worker: usize, _: &mut R) -> Result<(), ReplicaError> {
         let member = &self.devices.members[worker];
-        let mut seen = lock(&self.seen[worker]);
-        if seen.pending == SEEN_RING {
-            return Err(format!(
-                "worker {worker}'s staleness records were not taken for {SEEN_RING} updates"
-            )
-            .into());
+        let queue = member.queue();
+        let mut progress = lock(&self.progress[worker]);
+        if let Some(at) = progress.pending {
+            let ops = self.update(worker, at)?;
+            // SAFETY: every address is the store's or the replica's, of the lengths given,
+            // alive as long as the store; the queues run in one order.
+            unsafe { queue.around_next_step(ops, Vec::new())? };
+            progress.pending = None;
+            progress.in_step = true;
+            return Ok(());
         }
-        seen.current = (seen.current + 1) % SEEN_RING;
-        let workers = self.devices.members.len();
-        let record = DType::F32.at(seen.ring.address(), seen.current * 2 * workers);
-        // SAFETY: the store and the replica hold the `len` parameters (the replica's previous
-        // step, which reads them, is earlier on the same queue); the record holds `2 x
-        // workers` values and `begun` `workers`.
+        let (params, len) = (member.residence.params, self.devices.len);
+        if self.copy == DType::F32 {
+            let copy = DeviceOp::Copy {
+                dst: params,
+                src: self.params.address(),
+                len,
+                dtype: DType::F32,
+            };
+            // SAFETY: both hold the `len` parameters; the queues run in one order.
+            return unsafe { queue.run(&[copy]) };
+        }
+        // Rounded on the host (rare: a step computed again after a dropping bound refused it).
+        let mut record = vec![0.0; len];
+        // SAFETY: both hold the `len` parameters; the read waits for the work queued before it.
         unsafe {
-            member.queue().run(&[
-                self.snapshot_begun(record),
-                DeviceOp::Copy {
-                    dst: member.residence.params,
-                    src: self.replica_params(),
-                    len: self.devices.len,
-                    dtype: DType::F32,
-                },
-            ])
+            queue.read(self.params.address(), &mut record)?;
+            self.devices.write_replica_params(queue, params, &record)
         }
     }
 
-    /// Computed on `worker`'s queue, after every update queued so far.
+    /// The record with `worker`'s update queued first, on its own (its next step then copies
+    /// the record instead): the others' may still wait for their next steps (at most one a
+    /// worker).
     fn l2_loss(&self, worker: usize, weight_decay: f32) -> Result<f32, ReplicaError> {
-        let queue = self.after_updates(worker)?;
-        // SAFETY: the record holds the `len` parameters in this device's memory (one for every
-        // worker), and the waits above order every update before the sums.
+        let queue = self.devices.members[worker].queue();
+        queue.bind()?;
+        let mut progress = lock(&self.progress[worker]);
+        if let Some(at) = progress.pending {
+            // SAFETY: as in a step: the store's buffers and the worker's hold `len` values, and
+            // the queues run in one order.
+            unsafe { queue.run(&self.update(worker, at)?)? };
+            progress.pending = None;
+        }
+        // SAFETY: the record holds the `len` parameters in this device's memory, and the queues
+        // run in one order.
         unsafe { (self.devices).l2_loss(queue, self.params.address(), weight_decay) }
     }
 
     fn save_into(&self, state: &mut TrainState) -> Result<(), ReplicaError> {
-        (self.devices).save_into(state, |params, slots| self.read_record(0, params, slots))
+        (self.devices).save_into(state, |params, slots| {
+            let _settled = self.settled()?;
+            let queue = self.devices.members[0].queue();
+            // SAFETY: both hold the `len` values; the reads wait for every queue's work (one
+            // order), the updates just queued among it.
+            unsafe {
+                queue.read(self.params.address(), params)?;
+                for (slot, values) in self.state.iter().zip(slots.iter_mut()) {
+                    queue.read(slot.address(), values)?;
+                }
+            }
+            Ok(())
+        })
     }
 
     fn empty_state(&self, step: u64) -> TrainState {
@@ -222,80 +225,27 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for DeviceAsyncStore<'_, O
 impl<R: Replica, O: Optimizer + ?Sized> AsyncStore<R> for DeviceAsyncStore<'_, O> {
     fn apply(
         &self,
-        (worker, workers): (usize, usize),
+        (worker, _): (usize, usize),
         _: &mut R,
         begin: &mut dyn FnMut() -> UpdateAt,
     ) -> Result<bool, ReplicaError> {
-        let devices = &self.devices;
-        let member = &devices.members[worker];
-        let queue = member.queue();
-        let update = begin();
-        let mut seen = lock(&self.seen[worker]);
-        // What others had begun when this update begins (the second half of its record), then
-        // this one counted as begun.
-        let record = DType::F32.at(seen.ring.address(), (2 * seen.current + 1) * workers);
-        seen.own = seen.own.wrapping_add(1);
-        seen.pending += 1;
-        // SAFETY: the record's second half holds `workers` values, as `begun` does; `hyper`
-        // the kernel's values twice (the update kernels of this worker's last update, which
-        // read it, are earlier on the same queue).
-        unsafe {
-            queue.run(&[
-                self.snapshot_begun(record),
-                DeviceOp::Upload {
-                    dst: DType::F32.at(self.begun.address(), worker),
-                    values: vec![f32::from_bits(seen.own)],
-                },
-                devices.hyper_upload(worker, update)?,
-            ])?;
+        let queue = self.devices.members[worker].queue();
+        if queue.step_ops_pending() {
+            return Err(
+                "the replica's step did not take the store's work around it (its backend \
+                 must run `DeviceQueue::around_next_step`'s operations)"
+                    .into(),
+            );
         }
-        let ops = devices.update_ops(
-            worker,
-            (
-                self.params.address(),
-                &addresses(&self.state),
-                self.replica_params(),
-            ),
-            &[member.residence.grads],
-            0..devices.len,
-        );
-        let last = lock(&self.last_update);
-        queue.wait(&**last)?;
-        // SAFETY: the store's buffers and the replica's gradients hold `len` values; the
-        // earlier updates run before this one (the wait, under the lock).
-        unsafe { queue.run(&ops)? };
-        queue.record(&**last)?;
-        // The replica loads from the record on the device before its next step.
+        let mut progress = lock(&self.progress[worker]);
+        progress.pending = Some(begin());
+        progress.in_step = false;
+        // Its next step loads, which puts the update first in it.
         Ok(false)
     }
 
-    fn measures_staleness(&self) -> bool {
-        true
-    }
-
-    fn take_staleness(&self, worker: usize, out: &mut Vec<u64>) -> Result<(), ReplicaError> {
-        let mut seen = lock(&self.seen[worker]);
-        let workers = self.devices.members.len();
-        let record_len = 2 * workers;
-        let mut records = vec![0.0f32; seen.pending * record_len];
-        // Oldest first: the `pending` records ending with `current`, in at most two pieces.
-        let first = (seen.current + 1 + SEEN_RING - seen.pending) % SEEN_RING;
-        let head = seen.pending.min(SEEN_RING - first);
-        let (early, late) = records.split_at_mut(head * record_len);
-        let queue = self.devices.members[worker].queue();
-        for (start, piece) in [(first, early), (0, late)] {
-            if !piece.is_empty() {
-                let oldest = DType::F32.at(seen.ring.address(), start * record_len);
-                // SAFETY: the piece lies in the ring of `SEEN_RING` records.
-                unsafe { queue.read(oldest, piece)? };
-            }
-        }
-        let count = |values: &[f32]| values.iter().map(|v| u64::from(v.to_bits())).sum::<u64>();
-        out.extend(records.chunks(record_len).map(|record| {
-            let (read, applied) = record.split_at(workers);
-            count(applied).saturating_sub(count(read))
-        }));
-        seen.pending = 0;
-        Ok(())
+    /// Its step that took an update has run or failed (the update then lost with it).
+    fn leave(&self, worker: usize) {
+        lock(&self.progress[worker]).in_step = false;
     }
 }

@@ -5,7 +5,7 @@ use std::sync::Mutex;
 
 use tandem_core::{
     DType, DeviceAlloc, DeviceEvent, DeviceOp, DeviceQueue, Optimizer, ParamSpan, Piece, Replica,
-    ReplicaError, TrainState,
+    ReplicaError, RoundedCopy, TrainState,
 };
 
 use super::{addresses, lock, upload_state, Devices, Fleet};
@@ -193,12 +193,11 @@ impl<'o, O: Optimizer + ?Sized> DeviceSyncStore<'o, O> {
         let replica_params = devices.members[worker].residence.params;
         let params = me.master.as_ref().map_or(replica_params, |m| m.address());
         let state = addresses(&me.state);
-        ops.extend(devices.update_ops(
-            worker,
-            (params, &state, replica_params),
-            &grads,
-            0..devices.len,
-        ));
+        let copy = (devices.copy).map(|dtype| RoundedCopy {
+            params: replica_params,
+            dtype,
+        });
+        ops.extend(devices.update_ops(worker, (params, &state, copy), &grads, 0..devices.len));
         Ok(ops)
     }
 
@@ -445,5 +444,10 @@ impl<R: Replica, O: Optimizer + ?Sized> AsyncStore<R> for DeviceSyncStore<'_, O>
         self.defer(worker, begin());
         // The replica's next step loads, which queues the update first.
         Ok(false)
+    }
+
+    /// Its step that took an update has run or failed (the update then lost with it).
+    fn leave(&self, worker: usize) {
+        lock(&self.replicas[worker].progress).in_step = false;
     }
 }

@@ -220,7 +220,7 @@ fn run(ops: &[DeviceOp], memory: usize) {
 /// ones make the store stage copies between them, as on several GPUs).
 pub struct FakeQueue {
     memory: usize,
-    /// Whether its updates write rounded copies ([`DeviceQueue::rounds_to`]).
+    /// Whether its updates write copies of the parameters ([`DeviceQueue::rounds_to`]).
     rounds: bool,
     /// How many replicas' gradients one update kernel may average.
     max_gradients: usize,
@@ -279,8 +279,17 @@ impl DeviceQueue for FakeQueue {
             ("sgd_ema_update", 1) | ("adam_update", 2 | 3)
         )
     }
-    fn rounds_to(&self, dtype: DType) -> bool {
-        self.rounds && matches!(dtype, DType::BF16 | DType::F16)
+    fn rounds_to(&self, _: DType) -> bool {
+        self.rounds
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    /// Another fake queue of the same memory: every queue runs its work at once, so any two
+    /// run in one order.
+    fn share_order(&self, other: &dyn DeviceQueue) -> Result<bool, ReplicaError> {
+        let other = other.as_any().downcast_ref::<FakeQueue>();
+        Ok(other.is_some_and(|other| other.memory == self.memory))
     }
     fn compresses_to(&self, dtype: DType) -> bool {
         dtype == DType::BF16
