@@ -76,6 +76,8 @@ impl<'o, O: Optimizer + ?Sized> DeviceAsyncStore<'o, O> {
         if !devices.members.iter().all(|m| m.queue().rounds_to(copy)) {
             return Ok(None);
         }
+        // A refusal after some joined leaves those in one order: harmless, as the host's store
+        // then serves them, and one order only serialises their work.
         for member in &devices.members[1..] {
             if !member.queue().share_order(queue)? {
                 return Ok(None);
@@ -121,6 +123,20 @@ impl<'o, O: Optimizer + ?Sized> DeviceAsyncStore<'o, O> {
         Ok(ops)
     }
 
+    /// Queues `worker`'s pending update on its own queue, on its own (outside a step).
+    fn run_pending(&self, worker: usize, progress: &mut Progress) -> Result<(), ReplicaError> {
+        if let Some(at) = progress.pending {
+            let queue = self.devices.members[worker].queue();
+            queue.bind()?;
+            // SAFETY: the store's buffers and the worker's hold `len` values; the queues run in
+            // one order, so the worker's last step (which wrote the gradients) is before it.
+            unsafe { queue.run(&self.update(worker, at)?)? };
+            // Only once queued: a failure leaves it waiting.
+            progress.pending = None;
+        }
+        Ok(())
+    }
+
     /// Every worker's progress, locked in worker order (no worker holds its own while taking
     /// another's), with the updates still waiting queued on their workers' queues: the record
     /// then holds every update applied so far, for as long as the locks are held. An error
@@ -131,16 +147,7 @@ impl<'o, O: Optimizer + ?Sized> DeviceAsyncStore<'o, O> {
             return Err("an update is being taken into a step".into());
         }
         for (worker, progress) in all.iter_mut().enumerate() {
-            if let Some(at) = progress.pending {
-                let queue = self.devices.members[worker].queue();
-                queue.bind()?;
-                // SAFETY: the store's buffers and the worker's hold `len` values; the queues
-                // run in one order, so the worker's last step (which wrote the gradients) is
-                // before it.
-                unsafe { queue.run(&self.update(worker, at)?)? };
-                // Only once queued: a failure leaves it waiting.
-                progress.pending = None;
-            }
+            self.run_pending(worker, progress)?;
         }
         Ok(all)
     }
@@ -187,15 +194,9 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for DeviceAsyncStore<'_, O
     /// the record instead): the others' may still wait for their next steps (at most one a
     /// worker).
     fn l2_loss(&self, worker: usize, weight_decay: f32) -> Result<f32, ReplicaError> {
+        self.run_pending(worker, &mut lock(&self.progress[worker]))?;
         let queue = self.devices.members[worker].queue();
         queue.bind()?;
-        let mut progress = lock(&self.progress[worker]);
-        if let Some(at) = progress.pending {
-            // SAFETY: as in a step: the store's buffers and the worker's hold `len` values, and
-            // the queues run in one order.
-            unsafe { queue.run(&self.update(worker, at)?)? };
-            progress.pending = None;
-        }
         // SAFETY: the record holds the `len` parameters in this device's memory, and the queues
         // run in one order.
         unsafe { (self.devices).l2_loss(queue, self.params.address(), weight_decay) }
