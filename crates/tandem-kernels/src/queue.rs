@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tandem_core::{DType, DeviceAlloc, DeviceEvent, DeviceOp, DeviceQueue, ReplicaError};
 
 use crate::backend::{Kernels, Launcher, Pass, RunsOn, StepOps};
-use crate::driver::{Context, DeviceBuffer, DevicePointer, Event};
+use crate::driver::{Context, DeviceBuffer, DeviceCopy, DevicePointer, Event};
 use crate::error::cuda;
 use crate::ptx::MAX_GRADIENT_BUFFERS;
 
@@ -45,6 +45,21 @@ impl CudaQueue {
             stream: self.runs_on.get(),
             kernels: &self.kernels,
         }
+    }
+
+    /// Copies `dst.len()` values from `src` to the host, once the work queued before is done.
+    ///
+    /// # Safety
+    /// `src` must hold `dst.len()` values of `T` in this queue's context.
+    unsafe fn copy_out<T: DeviceCopy>(&self, src: u64, dst: &mut [T]) -> Result<(), ReplicaError> {
+        // SAFETY: the caller's promises; `dst` stays borrowed until the copy has landed.
+        unsafe {
+            self.runs_on
+                .get()
+                .copy_out(dst, DevicePointer::from_raw(src))
+        }
+        .map_err(cuda("copying to the host"))?;
+        self.synchronize()
     }
 
     fn synchronize(&self) -> Result<(), ReplicaError> {
@@ -174,25 +189,13 @@ impl DeviceQueue for CudaQueue {
     }
 
     unsafe fn read(&self, src: u64, dst: &mut [f32]) -> Result<(), ReplicaError> {
-        // SAFETY: the caller's promises; `dst` stays borrowed until the copy has landed.
-        unsafe {
-            self.runs_on
-                .get()
-                .copy_out(dst, DevicePointer::from_raw(src))
-        }
-        .map_err(cuda("copying to the host"))?;
-        self.synchronize()
+        // SAFETY: the caller's promises.
+        unsafe { self.copy_out(src, dst) }
     }
 
     unsafe fn read_bits16(&self, src: u64, dst: &mut [u16]) -> Result<(), ReplicaError> {
-        // SAFETY: the caller's promises; `dst` stays borrowed until the copy has landed.
-        unsafe {
-            self.runs_on
-                .get()
-                .copy_out(dst, DevicePointer::from_raw(src))
-        }
-        .map_err(cuda("copying to the host"))?;
-        self.synchronize()
+        // SAFETY: the caller's promises.
+        unsafe { self.copy_out(src, dst) }
     }
 
     fn event(&self) -> Result<Box<dyn DeviceEvent>, ReplicaError> {
