@@ -41,19 +41,20 @@ enum MemErr {
     Failed(String),
 }
 
-/// A few resolved 4 KiB pages of global memory: (page address, host pointer, writable).
+/// Resolved 4 KiB pages of global memory, direct-mapped by page number: (page address, host
+/// pointer, writable). Enough of them that a block whose threads each read rows of their own
+/// (a product's operands) finds its pages again.
 struct PageCache {
-    entries: [(u64, usize, bool); 4],
-    next: usize,
+    entries: [(u64, usize, bool); PAGES_CACHED],
 }
 
 const PAGE: u64 = 4096;
+const PAGES_CACHED: usize = 64;
 
 impl PageCache {
     fn new() -> PageCache {
         PageCache {
-            entries: [(u64::MAX, 0, false); 4],
-            next: 0,
+            entries: [(u64::MAX, 0, false); PAGES_CACHED],
         }
     }
     fn resolve(
@@ -66,14 +67,13 @@ impl PageCache {
         let page = addr & !(PAGE - 1);
         let in_page = addr.wrapping_add(len as u64) <= page.wrapping_add(PAGE) && addr >= page;
         if in_page {
-            for &(p, ptr, w) in &self.entries {
-                if p == page && (w || !write) {
-                    return Ok((ptr + (addr - page) as usize) as *mut u8);
-                }
+            let entry = &mut self.entries[(page / PAGE) as usize % PAGES_CACHED];
+            let (p, ptr, w) = *entry;
+            if p == page && (w || !write) {
+                return Ok((ptr + (addr - page) as usize) as *mut u8);
             }
             if let Ok(ptr) = mem.resolve(page, PAGE as usize, write) {
-                self.entries[self.next] = (page, ptr as usize, write);
-                self.next = (self.next + 1) % self.entries.len();
+                *entry = (page, ptr as usize, write);
                 return Ok(ptr.wrapping_add((addr - page) as usize));
             }
         }
@@ -417,6 +417,16 @@ fn shared32(shared: &[u8], a: u64) -> Option<u32> {
     }
     let s = shared.get(usize::try_from(a).ok()?..)?;
     s.first_chunk::<4>().map(|b| u32::from_le_bytes(*b))
+}
+
+/// [`shared32`]'s bytes, to write.
+#[inline(always)]
+fn shared32_mut(shared: &mut [u8], a: u64) -> Option<&mut [u8; 4]> {
+    if a & 3 != 0 {
+        return None;
+    }
+    let s = shared.get_mut(usize::try_from(a).ok()?..)?;
+    s.first_chunk_mut::<4>()
 }
 
 /// # Safety
@@ -950,15 +960,21 @@ impl Ctx<'_> {
         block: usize,
         t: usize,
     ) -> Result<Stop, ExecError> {
-        if bm.race.is_some() || bm.profile.is_some() {
-            return self.run_thread_checked(r, th, bm, block, t);
-        }
+        let checked = bm.race.is_some() || bm.profile.is_some();
         #[cfg(target_arch = "x86_64")]
         if self.fma {
             // SAFETY: `self.fma` is set only when the CPU reports the FMA extension.
-            return unsafe { self.run_thread_fma(r, th, bm, block, t) };
+            return unsafe {
+                match checked {
+                    true => self.run_thread_fma::<true>(r, th, bm, block, t),
+                    false => self.run_thread_fma::<false>(r, th, bm, block, t),
+                }
+            };
         }
-        self.run_thread_body::<false>(r, th, bm, block, t)
+        match checked {
+            true => self.run_thread_checked(r, th, bm, block, t),
+            false => self.run_thread_body::<false>(r, th, bm, block, t),
+        }
     }
 
     /// The loop with the race check's recording and the profile's counting, kept out of line so
@@ -975,11 +991,13 @@ impl Ctx<'_> {
         self.run_thread_body::<true>(r, th, bm, block, t)
     }
 
+    /// The loop (checked with `RC`, as [`Self::run_thread_body`] says) on the host's FMA unit.
+    ///
     /// # Safety
     /// The CPU must support FMA (`is_x86_feature_detected!("fma")`).
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "fma")]
-    unsafe fn run_thread_fma(
+    unsafe fn run_thread_fma<const RC: bool>(
         &self,
         r: &mut [u64],
         th: &mut Thread,
@@ -987,12 +1005,12 @@ impl Ctx<'_> {
         block: usize,
         t: usize,
     ) -> Result<Stop, ExecError> {
-        self.run_thread_body::<false>(r, th, bm, block, t)
+        self.run_thread_body::<RC>(r, th, bm, block, t)
     }
 
     /// The interpreter loop; with `RC` (the race check or the profile on: `bm.race` or
-    /// `bm.profile` set) every shared access takes the general, recorded path, and each
-    /// instruction that runs is counted in the profile.
+    /// `bm.profile` set) each instruction that runs is counted in the profile, and under the
+    /// race check every shared access takes the general, recorded path.
     #[inline(always)]
     fn run_thread_body<const RC: bool>(
         &self,
@@ -1022,6 +1040,8 @@ impl Ctx<'_> {
                 }
             };
         }
+        // Shared accesses take the general path only to be recorded for the race check.
+        let recorded = RC && bm.race.is_some();
         loop {
             let Some(inst) = code.get(pc) else {
                 fail!(MemErr::Failed("ran off the end of the code".into()));
@@ -1064,7 +1084,11 @@ impl Ctx<'_> {
                 &Op::Mov { d, a, mask } => r[d as usize] = r[a as usize] & mask,
                 &Op::LdShared32 { d, addr } => {
                     let a = r[addr.base as usize].wrapping_add(addr.off as u64);
-                    let fast = if RC { None } else { shared32(&bm.shared, a) };
+                    let fast = if recorded {
+                        None
+                    } else {
+                        shared32(&bm.shared, a)
+                    };
                     r[d as usize] = match fast {
                         Some(v) => v as u64,
                         // Out of bounds or misaligned: the general path reports it.
@@ -1081,7 +1105,11 @@ impl Ctx<'_> {
                     fc,
                 } => {
                     let a = r[base as usize].wrapping_add(off as i64 as u64);
-                    let fast = if RC { None } else { shared32(&bm.shared, a) };
+                    let fast = if recorded {
+                        None
+                    } else {
+                        shared32(&bm.shared, a)
+                    };
                     r[d as usize] = match fast {
                         Some(v) => v as u64,
                         // Out of bounds or misaligned: the general path reports it.
@@ -1098,12 +1126,9 @@ impl Ctx<'_> {
                 &Op::StShared32 { s, addr } => {
                     let a = r[addr.base as usize].wrapping_add(addr.off as u64);
                     let v = r[s as usize];
-                    let fast = if !RC && a & 3 == 0 {
-                        bm.shared
-                            .get_mut(a as usize..)
-                            .and_then(|s| s.first_chunk_mut::<4>())
-                    } else {
-                        None
+                    let fast = match recorded {
+                        true => None,
+                        false => shared32_mut(&mut bm.shared, a),
                     };
                     match fast {
                         Some(b) => *b = (v as u32).to_le_bytes(),
@@ -1594,8 +1619,18 @@ impl Ctx<'_> {
                 }
                 Op::Ld { at, d } => {
                     let (ty, size) = (at.ty, at.ty.bytes());
+                    // 32-bit shared values (a vector's too) as `LdShared32` reads them.
+                    let shared = !recorded && at.space == Space::Shared && size == 4;
                     for (a, dst) in or_fail!(vector_addrs(r, at, "load")).zip(d) {
-                        let v = or_fail!(bm.load(self.mem, at.space, a, size, t));
+                        let fast = if shared {
+                            shared32(&bm.shared, a)
+                        } else {
+                            None
+                        };
+                        let v = match fast {
+                            Some(v) => v as u64,
+                            None => or_fail!(bm.load(self.mem, at.space, a, size, t)),
+                        };
                         r[*dst as usize] = if ty.signed() {
                             sx(v, ty.bits()) as u64
                         } else {
@@ -1605,8 +1640,18 @@ impl Ctx<'_> {
                 }
                 Op::St { at, s } => {
                     let size = at.ty.bytes();
+                    // As `StShared32` writes them.
+                    let shared = !recorded && at.space == Space::Shared && size == 4;
                     for (a, src) in or_fail!(vector_addrs(r, at, "store")).zip(s) {
-                        or_fail!(bm.store(self.mem, at.space, a, size, r[*src as usize], t));
+                        let v = r[*src as usize];
+                        let fast = match shared {
+                            true => shared32_mut(&mut bm.shared, a),
+                            false => None,
+                        };
+                        match fast {
+                            Some(b) => *b = (v as u32).to_le_bytes(),
+                            None => or_fail!(bm.store(self.mem, at.space, a, size, v, t)),
+                        }
                     }
                 }
                 &Op::Atom {
@@ -1784,7 +1829,9 @@ pub(crate) fn run(
                 ))
             }),
         };
-        let mut regs = vec![0u64; ctx.nslots * nthreads];
+        // Every thread's whole register file once; a block then starts afresh only the slots
+        // the kernel writes (`Kernel::written`): a module's other entries can hold most of it.
+        let mut regs = ctx.template.repeat(nthreads);
         let mut threads: Vec<Thread> = (0..nthreads)
             .map(|_| Thread {
                 pc: 0,
@@ -1883,7 +1930,9 @@ impl Ctx<'_> {
         let total_smem = bm.shared.len() as u64;
         for (t, th) in threads.iter_mut().enumerate() {
             let r = &mut regs[t * ns..(t + 1) * ns];
-            r.copy_from_slice(self.template);
+            for slots in &k.written {
+                r[slots.clone()].copy_from_slice(&self.template[slots.clone()]);
+            }
             let (tx, ty, tz) = dim_of(t, l.block);
             let lane = (t % 32) as u64;
             let specials = [

@@ -171,6 +171,10 @@ pub struct Kernel {
     dyn_offset: usize,
     /// The register file a thread starts with (constants and symbol addresses filled in).
     template: Vec<u64>,
+    /// The slots of [`Kernel::template`] that its threads may write: every thread's own
+    /// (special registers, the sink, the carry) and those of the functions it reaches. A block
+    /// starts these afresh; the rest (other entries' registers, and constants) nothing writes.
+    written: Vec<std::ops::Range<usize>>,
     /// First instruction.
     start: u32,
     /// Module variables (indices in [`Module::globals`]) the entry and its callees reference.
@@ -277,6 +281,13 @@ impl Kernel {
                 }
             };
         }
+        let mut written: Vec<std::ops::Range<usize>> = reach
+            .iter()
+            .map(|&r| &prog.funcs[r].slots)
+            .map(|slots| slots.start as usize..slots.end as usize)
+            .chain(std::iter::once(0..parse::FIRST_FREE as usize))
+            .collect();
+        written.sort_unstable_by_key(|r| r.start);
         let params: Vec<Param> = f
             .params
             .iter()
@@ -299,6 +310,7 @@ impl Kernel {
             static_shared: end,
             dyn_offset,
             template,
+            written,
             start: f.start,
             globals,
             global_slots,

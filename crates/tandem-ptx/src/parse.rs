@@ -38,7 +38,8 @@ pub(crate) const SPECIALS: &[&str] = &[
 pub(crate) const SINK: Slot = SPECIALS.len() as Slot;
 /// The carry flag of `add.cc`/`addc`.
 pub(crate) const CARRY: Slot = SINK + 1;
-const FIRST_FREE: Slot = CARRY + 1;
+/// The first slot a function's registers and constants take; those below are every thread's.
+pub(crate) const FIRST_FREE: Slot = CARRY + 1;
 
 /// Where a symbol lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +87,9 @@ pub(crate) struct Func {
     pub calls: Vec<usize>,
     /// Module variables (indices in [`Program::globals`]) it references.
     pub globals: Vec<usize>,
+    /// The register slots its body declared or made (its constants but those an earlier
+    /// function made first, which share their slot and are never written).
+    pub slots: std::ops::Range<Slot>,
 }
 
 /// A parsed module.
@@ -663,7 +667,9 @@ impl Parser {
         self.labels.clear();
         self.label_fixups.clear();
         self.expect('{')?;
+        let first = self.prog.nslots;
         self.body()?;
+        self.prog.funcs[idx].slots = first..self.prog.nslots;
         for (inst, label, line) in std::mem::take(&mut self.label_fixups) {
             let Some(&t) = self.labels.get(&label) else {
                 return err(line, format!("unknown label `{label}`"));

@@ -563,3 +563,56 @@ fn fused_shared_load_and_fma() {
         "{r:?}"
     );
 }
+
+#[test]
+fn shared_vector_accesses_and_their_faults() {
+    let decl = "\t.shared .align 8 .b8 s[16];";
+    let body = "\tadd.u32 %r4, %r1, 7;\n\tst.shared.v2.u32 [s+8], {%r4, %r1};\n\tld.shared.v2.u32 {%r5, %r6}, [s+8];\n\tst.global.v2.u32 [%rd1], {%r6, %r5};";
+    let (r, out) = run_src(&kernel_src(decl, body), 1, 1, 8);
+    r.expect("in bounds");
+    assert_eq!(out, [0, 7]);
+    for access in [
+        "ld.shared.v2.u32 {%r5, %r6}, [s+16];",
+        "st.shared.v2.u32 [s+16], {%r1, %r1};",
+    ] {
+        let (r, _) = run_src(&kernel_src(decl, &format!("\t{access}")), 1, 1, 8);
+        assert!(
+            matches!(&r, Err(ExecError::IllegalAddress(m)) if m.contains("line 16")),
+            "{access}: {r:?}"
+        );
+    }
+    let (r, _) = run_src(
+        &kernel_src(decl, "\tld.shared.v2.u32 {%r5, %r6}, [s+4];"),
+        1,
+        1,
+        8,
+    );
+    assert!(matches!(r, Err(ExecError::MisalignedAddress(_))), "{r:?}");
+}
+
+/// A register read before it is written holds 0 in every block, whatever an earlier block on
+/// the same host thread left in it: the entry's own registers and a callee's, in a module whose
+/// other entry declares registers after them.
+#[test]
+fn every_block_starts_from_zeroed_registers() {
+    let src = format!(
+        "{HEAD}.func (.param .b32 func_retval0) stale()\n{{\n\t.reg .b32 %s<3>;\n\tmov.u32 %s2, %s1;\n\tmov.u32 %s1, 55;\n\tst.param.b32 [func_retval0], %s2;\n\tret;\n}}\n\
+.visible .entry k(\n\t.param .u64 out\n)\n{{\n\t.reg .b32 %r<8>;\n\t.reg .b64 %rd<4>;\n\tld.param.u64 %rd1, [out];\n\tmov.u32 %r1, %ctaid.x;\n\tmov.u32 %r2, %r6;\n\tmov.u32 %r6, 77;\n\t{{\n\t.param .b32 retval0;\n\tcall.uni (retval0), stale, ();\n\tld.param.b32 %r3, [retval0];\n\t}}\n\tadd.u32 %r4, %r2, %r3;\n\tmul.wide.u32 %rd2, %r1, 4;\n\tadd.s64 %rd3, %rd1, %rd2;\n\tst.global.u32 [%rd3], %r4;\n\tret;\n}}\n\
+.visible .entry other()\n{{\n\t.reg .b32 %q<50>;\n\tmov.u32 %q1, 1;\n\tret;\n}}\n"
+    );
+    let m = module(&src);
+    let k = m.kernel("k").expect("k");
+    let mut mem = Mem::new();
+    let out = mem.alloc(4 * 8);
+    // One host thread: the eight blocks run one after another on the same register file.
+    launch(
+        &k,
+        dim(8, 1, 1),
+        dim(1, 1, 1),
+        &Args::new().u64(out),
+        &mem,
+        1,
+    )
+    .expect("launch");
+    assert_eq!(mem.u32s(out), [0; 8]);
+}
