@@ -121,6 +121,18 @@ pub enum DeviceOp {
         /// The type written.
         dtype: DType,
     },
+    /// Rounds the `len` `f32` values at `at` in place, each to nearest (ties to even) `dtype`
+    /// and held in its `f32` (`f32`: nothing), as a [`RoundedCopy`] is: the parameters of
+    /// record copied into a replica that computes in `dtype`, on a queue that
+    /// [rounds to](DeviceQueue::rounds_to) it.
+    Round {
+        /// The values.
+        at: u64,
+        /// How many.
+        len: usize,
+        /// The type they are rounded to.
+        dtype: DType,
+    },
     /// Writes the sum of the squares of the `len` `f32` values at `src`, computed in `f64` in
     /// an order of the queue's own (not the host's), as the `f64` at `dst` (8 bytes: two `f32`
     /// slots, read with [`f64_of_slots`]): the L2 term of parameters on the device, one value
@@ -191,9 +203,9 @@ pub trait DeviceQueue: Send + Sync {
     /// optimiser whose update does, for replicas computing in that type.
     fn has_update(&self, kernel: &str, states: usize, grads: DType) -> bool;
 
-    /// Whether a [`DeviceOp::Update`] here writes a [`RoundedCopy`] of type `dtype`: a store
-    /// keeps the master weights of replicas computing in `dtype` on the device only where it
-    /// does.
+    /// Whether a [`DeviceOp::Update`] here writes a [`RoundedCopy`] of type `dtype` and a
+    /// [`DeviceOp::Round`] rounds to it: a store keeps the master weights of replicas computing
+    /// in `dtype` on the device only where both do.
     fn rounds_to(&self, dtype: DType) -> bool;
 
     /// The queue as [`Any`](std::any::Any), for [`share_order`](Self::share_order) to see

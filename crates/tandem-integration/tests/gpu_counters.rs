@@ -293,11 +293,15 @@ fn first_run(run: usize, spec: (u64, bool), dir: &Path) -> Option<serde_json::Va
 /// counts when both runs launched as many kernels outside graphs and made as many allocations
 /// (every step then costs the same whichever replica made it, so those steps cancel out of the
 /// difference); otherwise both are run again, and any short run pairs with any long one (where
-/// a replica either captures early or waits out the run, e.g. behind a 16-bit worker's first
-/// load, which reads the record back to the host behind the other's queued steps, each run is
-/// one of a few kinds). A step that launches kernels outside its graph or allocates every time
-/// fails here.
+/// a replica either captures early or waits out the run behind the other's queued steps, each
+/// run is one of a few kinds). A step that launches kernels outside its graph or allocates
+/// every time fails here.
 fn runs(run: usize, dir: &Path) -> Option<(serde_json::Value, serde_json::Value)> {
+    let steady = |short: &serde_json::Value, long: &serde_json::Value| {
+        ["kernel_launches", "allocations"]
+            .iter()
+            .all(|key| short[key] == long[key])
+    };
     let (mut shorts, mut longs) = (Vec::new(), Vec::new());
     for tried in 0..TRIES {
         let Scale { short, long, .. } = RUNS[run].5;
@@ -305,11 +309,6 @@ fn runs(run: usize, dir: &Path) -> Option<(serde_json::Value, serde_json::Value)
         let run_now = if tried == 0 { first_run } else { run_once };
         shorts.push(run_now(run, (short, false), dir)?);
         longs.push(run_now(run, (long, false), dir)?);
-        let steady = |short: &serde_json::Value, long: &serde_json::Value| {
-            ["kernel_launches", "allocations"]
-                .iter()
-                .all(|key| short[key] == long[key])
-        };
         for short in &shorts {
             if let Some(long) = longs.iter().find(|long| steady(short, long)) {
                 return Some((short.clone(), long.clone()));

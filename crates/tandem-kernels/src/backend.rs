@@ -635,20 +635,12 @@ impl CudaBackend {
     /// [`tandem_tensor::CpuBackend`]; the step's other kernels round as they store (their
     /// `narrow` parameter).
     fn round(&self, x: DevicePointer<f32>, len: usize) -> Result<(), KernelError> {
-        if self.dtype == DType::F32 || len == 0 {
-            return Ok(());
+        if self.pass.get() == Pass::Inputs {
+            return Ok(()); // the captured graph launches it
         }
-        let bf16 = i32::from(self.dtype == DType::BF16);
-        // SAFETY: the arguments follow `round_to`'s parameters; x covers len values (the
-        // caller's operation checked it).
-        unsafe {
-            self.launch(
-                Kernel::RoundTo,
-                stride_grid(len),
-                BLOCK,
-                args![x, len, bf16],
-            )
-        }
+        // SAFETY: x covers len values (the caller's operation checked it); the thread has the
+        // context current.
+        unsafe { self.launcher().round(x.as_raw(), len, self.dtype) }
     }
 
     /// Queues softmax + cross-entropy over `rows` of logits (at least one), their mean into
@@ -1530,6 +1522,30 @@ impl Launcher<'_> {
         }
     }
 
+    /// Queues `round_to` of the `len` f32 values at `x` to `dtype`, in place (nothing for
+    /// `f32`).
+    ///
+    /// # Safety
+    ///
+    /// `x` holds `len` f32 values of live device memory of the stream's device until the
+    /// kernel has run; the stream's context is current.
+    unsafe fn round(&self, x: u64, len: usize, dtype: DType) -> Result<(), KernelError> {
+        if dtype == DType::F32 || len == 0 {
+            return Ok(());
+        }
+        let bf16 = i32::from(dtype == DType::BF16);
+        // SAFETY: the arguments follow `round_to`'s parameters; the caller's promises cover
+        // the memory.
+        unsafe {
+            self.launch(
+                Kernel::RoundTo,
+                stride_grid(len),
+                BLOCK,
+                args![x, len, bf16],
+            )
+        }
+    }
+
     /// Queues `sum_squares` of the `len` f32 values at `src` into the f64 at `dst`.
     ///
     /// # Safety
@@ -1608,6 +1624,10 @@ impl Launcher<'_> {
                     // SAFETY: the caller's promises: `src` holds `len` f32 values, `dst` as
                     // many bf16 ones.
                     unsafe { self.compress_bf16(*dst, *src, *len, *divisor) }?
+                }
+                DeviceOp::Round { at, len, dtype } if pass != Pass::Inputs => {
+                    // SAFETY: the caller's promises: `at` holds `len` f32 values.
+                    unsafe { self.round(*at, *len, *dtype) }?
                 }
                 DeviceOp::SumSquares { dst, src, len } if pass != Pass::Inputs => {
                     // SAFETY: the caller's promises: `src` holds `len` f32 values, `dst` 8
@@ -1691,6 +1711,7 @@ enum OpShape {
     Upload(u64, usize),
     Compress(u64, u64, usize, u32, DType),
     SumSquares(u64, u64, usize),
+    Round(u64, usize, DType),
     Update(
         &'static str,
         u64,
@@ -1721,6 +1742,7 @@ impl OpShape {
                 dtype,
             } => OpShape::Compress(*dst, *src, *len, divisor.to_bits(), *dtype),
             DeviceOp::SumSquares { dst, src, len } => OpShape::SumSquares(*dst, *src, *len),
+            DeviceOp::Round { at, len, dtype } => OpShape::Round(*at, *len, *dtype),
             DeviceOp::Update {
                 kernel,
                 params,

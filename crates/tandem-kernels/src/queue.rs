@@ -118,7 +118,8 @@ impl DeviceQueue for CudaQueue {
         crate::backend::runs_update(kernel, states, grads)
     }
 
-    /// Every type: the update kernels round to bf16 and f16 and copy f32 as it is.
+    /// Every type: the update kernels and `round_to` round to bf16 and f16, and f32 is
+    /// copied as it is.
     fn rounds_to(&self, _: DType) -> bool {
         true
     }

@@ -1060,6 +1060,61 @@ fn sums_of_squares_on_the_device_are_the_exact_sums_to_f64() {
     }
 }
 
+/// A rounding on the device (`DeviceOp::Round`: how an asynchronous store's copy of the record
+/// into a 16-bit replica ends) is exactly the host's `tandem_tensor::round_to` to bf16 and f16:
+/// ties to even both ways, values past each type's range, subnormals of each, zeros of both
+/// signs, infinities and NaN included; f32 leaves the values alone. Only the `len` values given
+/// change.
+#[test]
+fn a_device_rounding_is_the_hosts() {
+    use tandem_core::{DType, DeviceOp, DeviceQueue};
+    let Some(gpu) = gpu() else { return };
+    let queue = gpu.queue();
+    let mut values = random(&mut rng(17), 1_000, 3.0);
+    let specials = [
+        f32::from_bits(0x3f80_8000), // bf16 tie, to the even below
+        f32::from_bits(0x3f81_8000), // bf16 tie, to the even above
+        f32::from_bits(0x3f80_1000), // f16 tie, to the even below
+        f32::from_bits(0x3f80_3000), // f16 tie, to the even above
+        f32::MAX,
+        -65_520.0, // past f16's largest finite value once rounded
+        65_504.0,
+        1.0e-6,  // an f16 subnormal
+        3.0e-39, // an f32 (and bf16) subnormal
+        -0.0,
+        0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+    ];
+    values[..specials.len()].copy_from_slice(&specials);
+    let len = values.len() - 1;
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        let buffer = written(&queue, std::slice::from_ref(&values));
+        let at = buffer[0].address();
+        // SAFETY: the buffer holds `len` + 1 values and outlives the read (which waits).
+        unsafe { queue.run(&[DeviceOp::Round { at, len, dtype }]) }.expect("round");
+        let mut got = vec![0.0; values.len()];
+        // SAFETY: as above.
+        unsafe { queue.read(at, &mut got) }.expect("read");
+        let mut want = values.clone();
+        tandem_tensor::round_to(dtype, &mut want[..len]);
+        let changed = (want.iter().zip(&values))
+            .filter(|(w, v)| w.to_bits() != v.to_bits())
+            .count();
+        assert_eq!(
+            changed == 0,
+            dtype == DType::F32,
+            "{dtype}: {changed} rounded"
+        );
+        let nan = specials.len() - 1;
+        assert!(got[nan].is_nan(), "{dtype}: NaN rounds to {}", got[nan]);
+        (got[nan], want[nan]) = (0.0, 0.0);
+        assert_bitwise(&format!("rounded to {dtype}"), &got, &want);
+        assert!(queue.rounds_to(dtype));
+    }
+}
+
 /// A 16-bit exchange on the device: each replica's gradients divided by the worker count and
 /// rounded to bf16 (`DeviceOp::Compress`) are exactly the host's exchange's (an f32 division,
 /// then `encode_bf16`), and SGD and Adam's updates from them (`grads_dtype` bf16) sum them from

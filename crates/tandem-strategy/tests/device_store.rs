@@ -306,10 +306,19 @@ impl Optimizer for Unfused {
     }
 }
 
+/// How many values the stores wrote to `pool`'s replicas' queues from the host.
+fn host_writes(pool: &WorkerPool<TestReplica<Pull>>) -> usize {
+    let resident = pool.replicas().iter().filter_map(|r| r.device.as_ref());
+    resident.map(Resident::host_writes).sum()
+}
+
 /// Replicas that compute in bf16 or f16 (16-bit values in f32 buffers) train on the devices:
 /// the store keeps f32 master weights there, and each update writes them and the replicas'
 /// rounded copy in one pass. Bitwise as through the host store, where each replica rounds the
-/// f32 parameters of record it is given; and not as in f32 (the rounding shows).
+/// f32 parameters of record it is given; and not as in f32 (the rounding shows). An
+/// asynchronous store writes to the devices from the host only what it does for f32 replicas
+/// (the opening's copies): a copy of the record into a replica (a worker's first step) is
+/// rounded on the device.
 #[test]
 fn narrow_replicas_on_devices_keep_f32_master_weights_there_and_train_as_in_host_memory() {
     let one_device: fn(usize) -> usize = |_| 0;
@@ -320,6 +329,9 @@ fn narrow_replicas_on_devices_keep_f32_master_weights_there_and_train_as_in_host
         (Mode::Async, one_device, 3, 41),
     ] {
         let wide = train(mode, &mut pool(workers, true, None), steps);
+        let mut wide_resident = pool(workers, true, Some(memory));
+        train(mode, &mut wide_resident, steps);
+        let wide_writes = host_writes(&wide_resident);
         for dtype in [DType::BF16, DType::F16] {
             let expected = train(
                 mode,
@@ -334,6 +346,13 @@ fn narrow_replicas_on_devices_keep_f32_master_weights_there_and_train_as_in_host
             let state = train(mode, &mut resident, steps);
             assert!(resident_store_used(&resident), "{mode:?} {dtype}");
             assert_eq!(state, expected, "{mode:?} {dtype} {workers} workers");
+            if mode == Mode::Async {
+                assert_eq!(
+                    host_writes(&resident),
+                    wide_writes,
+                    "{dtype}: from the host"
+                );
+            }
         }
     }
 }

@@ -171,23 +171,24 @@ impl<R: Replica, O: Optimizer + ?Sized> ParamStore<R> for DeviceAsyncStore<'_, O
             return Ok(());
         }
         let (params, len) = (member.residence.params, self.devices.len);
-        if self.copy == DType::F32 {
-            let copy = DeviceOp::Copy {
+        // The record as it is, rounded to the replica's type on the device: nothing waits for
+        // the other workers' steps queued before it.
+        let copy = [
+            DeviceOp::Copy {
                 dst: params,
                 src: self.params.address(),
                 len,
                 dtype: DType::F32,
-            };
-            // SAFETY: both hold the `len` parameters; the queues run in one order.
-            return unsafe { queue.run(&[copy]) };
-        }
-        // Rounded on the host (rare: a step computed again after a dropping bound refused it).
-        let mut record = vec![0.0; len];
-        // SAFETY: both hold the `len` parameters; the read waits for the work queued before it.
-        unsafe {
-            queue.read(self.params.address(), &mut record)?;
-            self.devices.write_replica_params(queue, params, &record)
-        }
+            },
+            DeviceOp::Round {
+                at: params,
+                len,
+                dtype: self.copy,
+            },
+        ];
+        // SAFETY: both hold the `len` parameters; the queues run in one order and round to the
+        // replicas' type (`open` checked it).
+        unsafe { queue.run(&copy) }
     }
 
     /// The record with `worker`'s update queued first, on its own (its next step then copies

@@ -10,6 +10,7 @@
 
 use std::any::Any;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tandem_core::{
@@ -129,6 +130,9 @@ fn run(ops: &[DeviceOp], memory: usize) {
                 tandem_tensor::round_to(*dtype, &mut values);
                 arena.span(*dst, *len, *dtype).copy_from_slice(&values);
             }
+            DeviceOp::Round { at, len, dtype } => {
+                tandem_tensor::round_to(*dtype, arena.span(*at, *len, DType::F32));
+            }
             DeviceOp::SumSquares { dst, src, len } => {
                 // The host's sum, in its order: the stores' L2 terms then equal the host
                 // store's bit for bit here (a GPU sums in an order of its own).
@@ -225,6 +229,8 @@ pub struct FakeQueue {
     /// How many replicas' gradients one update kernel may average.
     max_gradients: usize,
     step_ops: Mutex<Option<(Vec<DeviceOp>, Vec<DeviceOp>)>>,
+    /// How many values [`DeviceQueue::write`] has copied from the host.
+    written: AtomicUsize,
 }
 
 impl FakeQueue {
@@ -234,6 +240,7 @@ impl FakeQueue {
             rounds,
             max_gradients,
             step_ops: Mutex::new(None),
+            written: AtomicUsize::new(0),
         }
     }
 
@@ -315,6 +322,7 @@ impl DeviceQueue for FakeQueue {
             .is_some()
     }
     unsafe fn write(&self, dst: u64, src: &[f32]) -> Result<(), ReplicaError> {
+        self.written.fetch_add(src.len(), Ordering::Relaxed);
         (arena().span(dst, src.len(), DType::F32)).copy_from_slice(src);
         Ok(())
     }
@@ -413,6 +421,11 @@ impl Resident {
             .copy_from_slice(grads);
         run(&after, self.queue.memory);
         out
+    }
+
+    /// How many values the store has written to the replica's queue from the host.
+    pub fn host_writes(&self) -> usize {
+        self.queue.written.load(Ordering::Relaxed)
     }
 
     /// Writes the replica's parameters to the device.
