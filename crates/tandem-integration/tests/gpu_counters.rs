@@ -375,6 +375,44 @@ fn a_logged_l2_term_reads_its_sums_not_the_parameters() {
     }
 }
 
+/// A 16-bit async worker's copy of the record into its replica (at its first step, or a step
+/// computed again) is rounded on the device: over a whole run, bf16 async replicas on one GPU
+/// read back exactly what f32 ones do (their losses and the checkpoint's f32 master weights
+/// and state), where that copy once read the record back to the host, 1.59 MB a worker.
+#[test]
+fn a_bf16_async_run_reads_back_what_an_f32_run_does() {
+    if tandem_testkit::or_skip(CudaBackend::new(0), KernelError::is_no_device).is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let read_back = |precision: DType| {
+        let run = RUNS
+            .iter()
+            .position(|&(mode, gpus, optimizer, dtype, exchange, scale)| {
+                (mode, gpus, optimizer, dtype, exchange, scale.batch)
+                    == (
+                        Mode::Async,
+                        &[0, 0],
+                        "sgd",
+                        precision,
+                        Exchange::F32,
+                        SMALL.batch,
+                    )
+            })
+            .expect("a run of the census");
+        let stats = first_run(run, (SMALL.short, false), dir.path())?;
+        stats["bytes_dtoh"].as_u64()
+    };
+    let (Some(wide), Some(narrow)) = (read_back(DType::F32), read_back(DType::BF16)) else {
+        eprintln!("SKIPPED: not the driver stand-in (no TANDEM_EMU_STATS file)");
+        return;
+    };
+    assert_eq!(
+        narrow, wide,
+        "bytes from the device over a run, bf16 against f32"
+    );
+}
+
 #[test]
 fn a_gpu_step_moves_only_its_batch_and_waits_only_for_f16_flags() {
     if tandem_testkit::or_skip(CudaBackend::new(0), KernelError::is_no_device).is_none() {
