@@ -316,9 +316,9 @@ fn host_writes(pool: &WorkerPool<TestReplica<Pull>>) -> usize {
 /// the store keeps f32 master weights there, and each update writes them and the replicas'
 /// rounded copy in one pass. Bitwise as through the host store, where each replica rounds the
 /// f32 parameters of record it is given; and not as in f32 (the rounding shows). An
-/// asynchronous store writes to the devices from the host only what it does for f32 replicas
-/// (the opening's copies): a copy of the record into a replica (a worker's first step) is
-/// rounded on the device.
+/// asynchronous store writes to the devices from the host only the record and the optimiser's
+/// state, once, whatever the replicas' type: a copy of the record into a replica (a worker's
+/// first step) is made, and rounded, on the device.
 #[test]
 fn narrow_replicas_on_devices_keep_f32_master_weights_there_and_train_as_in_host_memory() {
     let one_device: fn(usize) -> usize = |_| 0;
@@ -332,6 +332,12 @@ fn narrow_replicas_on_devices_keep_f32_master_weights_there_and_train_as_in_host
         let mut wide_resident = pool(workers, true, Some(memory));
         train(mode, &mut wide_resident, steps);
         let wide_writes = host_writes(&wide_resident);
+        if mode == Mode::Async {
+            // The record and the optimiser's state, once: each worker's first step copies the
+            // record into its replica on the device.
+            let slots = wide.0.slots.len();
+            assert_eq!(wide_writes, (1 + slots) * len(), "async f32: from the host");
+        }
         for dtype in [DType::BF16, DType::F16] {
             let expected = train(
                 mode,

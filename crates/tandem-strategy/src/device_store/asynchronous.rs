@@ -85,14 +85,10 @@ impl<'o, O: Optimizer + ?Sized> DeviceAsyncStore<'o, O> {
         }
         queue.bind()?;
         let params = queue.alloc(devices.len, DType::F32)?;
-        // SAFETY: the buffer was just allocated with `len` values; each replica's holds as many
-        // (its layout's).
-        unsafe {
-            queue.write(params.address(), &state.params)?;
-            for member in &devices.members {
-                devices.write_replica_params(queue, member.residence.params, &state.params)?;
-            }
-        }
+        // Only the record: each worker's first `load` copies it into the worker's replica on
+        // the device.
+        // SAFETY: the buffer was just allocated with `len` values.
+        unsafe { queue.write(params.address(), &state.params)? };
         let slots = upload_state(queue, state)?;
         let progress = devices.members.iter().map(|_| Mutex::default()).collect();
         Ok(Some(Self {
