@@ -227,7 +227,9 @@ pub struct RunArgs {
     /// with (mode, batch size, hyper-parameters, seed, length, checkpoint cadence); damaged
     /// checkpoints are skipped with a warning. New checkpoints go there too unless
     /// --checkpoint-dir says otherwise. --steps or --epochs extend the run; a flag that
-    /// disagrees with the checkpointed run (e.g. --async for a sync run) is an error.
+    /// disagrees with the checkpointed run (e.g. --async for a sync run) is an error. It
+    /// trains on --devices as given now (not recorded): a sync run continues bit for bit on
+    /// the devices it ran on.
     #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,
 
