@@ -39,7 +39,7 @@ echo "cuda.sh: GPU tests on the stand-in: $(grep -o '[0-9]* passed' target/cuda-
 
 # Models composed from the layer library, both modes, on two replicas of the stand-in's GPU
 # (README, "Training your own model").
-cargo run -p tandem-integration --features cuda --example composed_models -- cuda:0x2 12 16
+cargo run -p tandem-integration --features cuda --example composed_models -- cuda:0x2 24 16
 
 # A driver with no device (the stand-in configured with none): the trainer says so, without a
 # panic or some other error that happens to mention CUDA.

@@ -275,8 +275,9 @@ fn run_once(run: usize, (steps, logged): (u64, bool), dir: &Path) -> Option<serd
     stats.exists().then(|| totals(&stats))
 }
 
-/// A run's first statistics ([`run_once`]), run once for every test that asks: both tests read
-/// the census's unlogged `cuda:0` runs.
+/// A run's first statistics ([`run_once`]), run once for every test that asks: the other tests
+/// read the census's unlogged runs (the L2 term's test those on `cuda:0`, the bf16 test async
+/// `cuda:0x2` in f32 and bf16).
 fn first_run(run: usize, spec: (u64, bool), dir: &Path) -> Option<serde_json::Value> {
     type Runs = BTreeMap<(usize, u64, bool), Arc<OnceLock<Option<serde_json::Value>>>>;
     static FIRST: Mutex<Runs> = Mutex::new(BTreeMap::new());
@@ -322,8 +323,7 @@ fn runs(run: usize, dir: &Path) -> Option<(serde_json::Value, serde_json::Value)
 }
 
 /// Not a test of its own: the child process's training (`TANDEM_TEST_STEPS` steps of run
-/// `TANDEM_TEST_RUN`), which only [`a_gpu_step_moves_only_its_batch_and_waits_only_for_f16_flags`] asks
-/// for; otherwise it does nothing.
+/// `TANDEM_TEST_RUN`), which only [`run_once`] asks for; otherwise it does nothing.
 #[test]
 fn child() {
     if let (Ok(run), Ok(steps)) = (
