@@ -330,6 +330,15 @@ fn an_export_in_sixteen_bits_evaluates_and_predicts_as_its_checkpoint() {
             "{dtype}: {agree} of {}",
             f32_digits.len()
         );
+        // An export is no checkpoint to export (or train) from, and says so.
+        let again = tmp.path().join(format!("again-{dtype}.safetensors"));
+        let re_export = mnist_train(&["export", arg(&file), arg(&again)]);
+        assert!(!re_export.status.success() && !again.exists());
+        let message = stderr(&re_export);
+        assert!(
+            message.contains(&format!("a {dtype} export for inference")),
+            "{message}"
+        );
         // A damaged export names its file.
         let bytes = std::fs::read(&file).expect("the export");
         let damaged = tmp.path().join(format!("damaged-{dtype}.safetensors"));

@@ -18,7 +18,7 @@ use crate::{
 };
 
 /// The metadata key that marks an export and names its type.
-const EXPORT: &str = "export";
+pub(crate) const EXPORT: &str = "export";
 
 /// A loaded export.
 #[derive(Debug, Clone, PartialEq)]
@@ -238,6 +238,12 @@ mod tests {
             let back = load_export(&path, &layout()).unwrap();
             assert_eq!((back.dtype, back.step), (dtype, 42));
             assert_eq!(back.metadata, meta);
+            // Read as a checkpoint, it is named for what it is.
+            let err = crate::load(&path, &layout()).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("a {dtype} export for inference")),
+                "{err}"
+            );
             for (b, p) in back.params.iter().zip(&params) {
                 let expected = match dtype {
                     DType::F16 => f16::from_f32(*p).to_f32(),

@@ -443,6 +443,15 @@ fn decode(
     layout: &[ParamSpan],
 ) -> Result<Checkpoint, CheckpointError> {
     let header = read_header_of(file, len, path)?;
+    if let Some(dtype) = header.metadata.get(export::EXPORT) {
+        return Err(corrupt(
+            path,
+            format!(
+                "a {dtype} export for inference, which holds no optimiser state and no \
+                 master weights: eval and predict read it; training and export need a checkpoint"
+            ),
+        ));
+    }
     let tensors = &header.tensors;
     let per_span = 1 + header.slots.len();
     let expected = per_span * layout.len();
