@@ -65,3 +65,36 @@ pub trait Optimizer: Sync {
         0.0
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An optimiser that states only what an optimiser must (and updates nothing).
+    struct Descent;
+
+    impl Optimizer for Descent {
+        fn state_names(&self) -> &[&'static str] {
+            &[]
+        }
+
+        fn initial_state(&self, _: &str, _: &[f32]) -> Vec<f32> {
+            Vec::new()
+        }
+
+        fn update(&self, _: Piece<'_, '_>, _: u64, _: f64) {}
+
+        fn learning_rate(&self, _: f64) -> f32 {
+            0.5
+        }
+    }
+
+    /// What an optimiser leaves out means: no device update (its parameters of record stay on
+    /// the host), evaluation of the parameters themselves, no L2 term in the reported loss.
+    #[test]
+    fn the_defaults_keep_to_the_host_the_parameters_and_no_l2() {
+        assert_eq!(Descent.device_update(3, 0.5, true, 1.0), None);
+        assert_eq!(Descent.evaluated_slot(), None);
+        assert_eq!(Descent.weight_decay(), 0.0);
+    }
+}

@@ -221,3 +221,35 @@ pub fn warmed_ema_decay(ema_decay: f32, step: u64) -> f32 {
 pub fn decayed_rate(learning_rate: f32, lr_decay: f32, epoch: f64) -> f32 {
     (f64::from(learning_rate) * f64::from(lr_decay).powf(epoch)) as f32
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each check refuses the edge of its range that is outside it, and takes the one inside.
+    #[test]
+    fn the_checks_draw_their_lines_where_they_say() {
+        assert!(check::learning_rate("0").is_err());
+        assert_eq!(check::learning_rate("1e-30"), Ok(1e-30));
+        assert!(check::lr_decay("0").is_err());
+        assert_eq!(check::lr_decay("1"), Ok(1.0));
+        assert!(check::lr_decay("1.0001").is_err());
+        assert_eq!(check::weight_decay("0"), Ok(0.0));
+        assert!(check::weight_decay("-1e-9").is_err());
+        assert_eq!(check::ema_decay("0"), Ok(0.0));
+        assert!(check::ema_decay("1").is_err());
+        assert_eq!(
+            check::learning_rate(" 0.5 "),
+            Ok(0.5),
+            "a value is read without the spaces around it"
+        );
+        assert_eq!(
+            check::learning_rate("fast"),
+            Err(ValueError::NotANumber("fast".into()))
+        );
+        assert_eq!(
+            check::learning_rate("inf"),
+            Err(ValueError::NotFinite("inf".into()))
+        );
+    }
+}

@@ -306,6 +306,93 @@ mod tests {
         assert_ne!(adam, Chosen::default());
     }
 
+    /// One update of a piece from `optimizer`'s initial state: the parameters and the state
+    /// after it.
+    fn one_update(optimizer: &dyn Optimizer) -> (Vec<f32>, Vec<Vec<f32>>) {
+        let mut params = vec![1.0f32, -0.5, 0.25];
+        let mut state: Vec<Vec<f32>> = optimizer
+            .state_names()
+            .iter()
+            .map(|name| optimizer.initial_state(name, &params))
+            .collect();
+        let mut slots: Vec<&mut [f32]> = state.iter_mut().map(|s| &mut s[..]).collect();
+        optimizer.update(
+            Piece {
+                params: &mut params,
+                state: &mut slots,
+                grads: &[&[0.5, -1.0, 2.0], &[0.25, 0.0, -1.0]],
+                weight_decay: true,
+                rate_scale: 0.5,
+            },
+            3,
+            1.25,
+        );
+        (params, state)
+    }
+
+    /// A choice answers every call as the optimiser it holds, whatever that is: the trainer
+    /// and the strategies see only the choice.
+    #[test]
+    fn a_choice_answers_as_the_optimiser_it_holds() {
+        let sgd = Sgd {
+            learning_rate: 0.5,
+            weight_decay: 0.25,
+            ..Sgd::DEFAULT
+        };
+        let adam = Adam {
+            weight_decay: 0.125,
+            ..Adam::DEFAULT
+        };
+        let adam_unaveraged = Adam {
+            ema_decay: None,
+            ..Adam::DEFAULT
+        };
+        let held: [(&str, Box<dyn Optimizer>, String, Chosen); 3] = [
+            (
+                "sgd",
+                Box::new(sgd),
+                format!("{sgd:?}"),
+                Chosen::of("sgd", sgd).unwrap(),
+            ),
+            (
+                "adam",
+                Box::new(adam),
+                format!("{adam:?}"),
+                Chosen::of("adam", adam).unwrap(),
+            ),
+            (
+                "adam",
+                Box::new(adam_unaveraged),
+                format!("{adam_unaveraged:?}"),
+                Chosen::of("adam", adam_unaveraged).unwrap(),
+            ),
+        ];
+        for (name, inner, shown, chosen) in &held {
+            assert_eq!(chosen.name(), *name);
+            assert_eq!(chosen.state_names(), inner.state_names());
+            for slot in inner.state_names() {
+                assert_eq!(
+                    chosen.initial_state(slot, &[1.5, -2.0]),
+                    inner.initial_state(slot, &[1.5, -2.0])
+                );
+            }
+            assert_eq!(one_update(chosen), one_update(&**inner));
+            assert_eq!(
+                chosen.device_update(7, 0.5, true, 0.5),
+                inner.device_update(7, 0.5, true, 0.5)
+            );
+            assert_eq!(chosen.evaluated_slot(), inner.evaluated_slot());
+            assert_eq!(chosen.learning_rate(2.5), inner.learning_rate(2.5));
+            assert_eq!(chosen.weight_decay(), inner.weight_decay());
+            // A copy is the same choice, and shows what it holds.
+            assert_eq!(&chosen.clone(), chosen);
+            assert_eq!(format!("{:?}", chosen.clone()), format!("{name}: {shown}"));
+        }
+        // `of` keeps the optimiser it is given, not its kind's defaults.
+        assert_ne!(held[1].3, Chosen::configure("adam", &[]).unwrap());
+        assert_eq!(held[1].3.weight_decay(), 0.125);
+    }
+
     #[test]
     fn settings_override_defaults_and_unknown_ones_are_refused() {
         let fast = Chosen::configure("sgd", &[("learning_rate", "0.1".into())]).unwrap();

@@ -169,6 +169,16 @@ mod tests {
         }
     }
 
+    /// Its one state vector is the moving average, which starts at the parameters and is
+    /// what evaluation reads.
+    #[test]
+    fn its_state_is_the_average_and_evaluation_reads_it() {
+        let sgd = Sgd::DEFAULT;
+        assert_eq!(sgd.state_names(), [Sgd::AVERAGE]);
+        assert_eq!(sgd.initial_state(Sgd::AVERAGE, &[0.5, -3.0]), [0.5, -3.0]);
+        assert_eq!(sgd.evaluated_slot(), Some(Sgd::AVERAGE));
+    }
+
     /// The device update carries the host update's values, the rate scaled.
     #[test]
     fn the_device_update_reads_the_host_updates_values() {
@@ -190,6 +200,8 @@ mod tests {
             learning_rate: 0.25,
             ..Sgd::DEFAULT
         };
+        // A resume compares what it is given with the record itself.
+        assert_eq!(sgd.settings(), sgd.record());
         crate::check_record(
             &sgd,
             &[
