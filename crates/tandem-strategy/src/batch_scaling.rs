@@ -170,6 +170,25 @@ mod tests {
         }
     }
 
+    /// Only the rate is scaled: the state, what evaluation reads and the L2 term are the
+    /// optimiser's own.
+    #[test]
+    fn everything_but_the_rate_is_the_optimisers_own() {
+        let adam = tandem_optim::Adam {
+            weight_decay: 0.25,
+            ..tandem_optim::Adam::DEFAULT
+        };
+        let scaled = BatchScaled {
+            inner: &adam,
+            factor: 2.0,
+        };
+        assert_eq!(scaled.state_names(), ["m", "v", "ema"]);
+        assert_eq!(scaled.initial_state("ema", &[0.5, -1.0]), [0.5, -1.0]);
+        assert_eq!(scaled.initial_state("m", &[0.5, -1.0]), [0.0, 0.0]);
+        assert_eq!(scaled.evaluated_slot(), Some("ema"));
+        assert_eq!(scaled.weight_decay(), 0.25);
+    }
+
     /// The scaled rate in f64: the optimiser's own, times 1 + (factor - 1) * min(1, epoch / 5).
     #[test]
     fn the_rate_grows_linearly_over_the_warmup_then_holds_on_every_path() {

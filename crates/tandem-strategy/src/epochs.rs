@@ -121,6 +121,7 @@ mod tests {
     #[test]
     fn a_non_dividing_batch_rounds_up_and_ends_epochs_where_the_data_order_does() {
         let e = Epochs::new(55_000, 192);
+        assert_eq!((e.examples(), e.examples_per_step()), (55_000, 192));
         assert_eq!(e.steps_per_epoch(), 287); // 286.46 rounded up, not down to 286
         assert_eq!(e.end_step(1), Some(287));
         assert_eq!(e.end_step(2), Some(573)); // not 2 x 287
@@ -160,6 +161,7 @@ mod tests {
     #[test]
     fn degenerate_sizes_never_divide_by_zero() {
         let e = Epochs::new(0, 0);
+        assert_eq!((e.examples(), e.examples_per_step()), (1, 1));
         assert_eq!(e.steps_per_epoch(), 1);
         assert_eq!(e.epoch_at(3), 3.0);
         // A global batch larger than the data set: one step is an epoch (and more).
