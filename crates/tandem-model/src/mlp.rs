@@ -295,42 +295,98 @@ mod tests {
     /// their gradient and the loss in its slot, against `logits` and `cpu`'s head.
     #[test]
     fn the_forward_pass_with_its_loss_is_the_logits_then_softmax_cross_entropy() {
-        let set = examples();
-        let indices = [4u32, 0, 2, 2];
-        let rows = indices.len();
         for name in ["4-8-3", "4-3", "4-8-5-3"] {
             let network = Mlp::from_name(name).unwrap();
             let params = network.init(0.5, &mut rand::rngs::StdRng::seed_from_u64(5));
-            let backend = CpuBackend;
-            let buffers = |_| crate::network::activation_buffers(&network, &backend, rows);
-            let (mut activations, mut deltas) = (buffers(0).unwrap(), buffers(1).unwrap());
-            let (mut x, mut labels, mut ring) =
-                (vec![0.0; rows * 4], vec![0; rows], vec![f32::NAN; 3]);
-            let batch = Batch {
-                examples: &set,
-                indices: &indices,
-                x: &mut x,
-                labels: &mut labels,
-            };
-            let buffers = (&mut activations[..], &mut deltas[..]);
-            (network.forward_loss_into(&backend, &params, batch, buffers, (&mut ring, 1))).unwrap();
-            let features: Vec<f32> = indices
-                .iter()
-                .flat_map(|&i| features(&set, i as usize))
-                .collect();
-            let want_logits = network.logits(&backend, &params, &features).unwrap();
-            let want_labels: Vec<u32> = indices
-                .iter()
-                .map(|&i| u32::from(set.labels()[i as usize]))
-                .collect();
-            let mut want_d = vec![0.0; want_logits.len()];
-            let want_loss = cpu::softmax_cross_entropy(&want_logits, &want_labels, 3, &mut want_d);
-            assert_eq!(activations.last().unwrap(), &want_logits, "{name}");
-            assert_eq!(deltas.last().unwrap(), &want_d, "{name}");
-            assert_eq!(labels, want_labels, "{name}");
-            assert!(ring[0].is_nan() && ring[2].is_nan(), "{name}: {ring:?}");
-            assert_eq!(ring[1], want_loss, "{name}");
+            forward_loss_is_logits_then_head(&network, &params, name);
+            // The trait's own passes, which fuse nothing.
+            forward_loss_is_logits_then_head(&Unfused(network), &params, name);
         }
+    }
+
+    /// An [`Mlp`] that says only what a network must: the gather, the forward pass and the
+    /// head are [`Network`]'s own, one operation after another.
+    #[derive(Clone)]
+    struct Unfused(Mlp);
+
+    impl Network for Unfused {
+        fn inputs(&self) -> usize {
+            self.0.inputs()
+        }
+
+        fn classes(&self) -> usize {
+            self.0.classes()
+        }
+
+        fn layout(&self) -> Vec<ParamSpan> {
+            self.0.layout()
+        }
+
+        fn activations(&self) -> Vec<usize> {
+            self.0.activations()
+        }
+
+        fn forward<B: Backend>(
+            &self,
+            b: &B,
+            params: &B::Buffer,
+            x: &B::Buffer,
+            rows: usize,
+            activations: &mut [B::Buffer],
+        ) -> Result<(), B::Error> {
+            self.0.forward(b, params, x, rows, activations)
+        }
+
+        fn backward<B: Backend>(
+            &self,
+            b: &B,
+            params: &B::Buffer,
+            x: &B::Buffer,
+            rows: usize,
+            activations: &[B::Buffer],
+            deltas: &mut [B::Buffer],
+            grads: &mut B::Buffer,
+            helpers: &dyn Helpers,
+        ) -> Result<(), B::Error> {
+            self.0
+                .backward(b, params, x, rows, activations, deltas, grads, helpers)
+        }
+    }
+
+    /// `network`'s forward pass with its loss from `params`, on a batch of the test set with an
+    /// example twice, against its logits of the same features and `cpu`'s head.
+    fn forward_loss_is_logits_then_head<N: Network>(network: &N, params: &[f32], name: &str) {
+        let set = examples();
+        let indices = [4u32, 0, 2, 2];
+        let rows = indices.len();
+        let (params, backend) = (params.to_vec(), CpuBackend);
+        let buffers = |_| crate::network::activation_buffers(network, &backend, rows);
+        let (mut activations, mut deltas) = (buffers(0).unwrap(), buffers(1).unwrap());
+        let (mut x, mut labels, mut ring) = (vec![0.0; rows * 4], vec![0; rows], vec![f32::NAN; 3]);
+        let batch = Batch {
+            examples: &set,
+            indices: &indices,
+            x: &mut x,
+            labels: &mut labels,
+        };
+        let buffers = (&mut activations[..], &mut deltas[..]);
+        (network.forward_loss_into(&backend, &params, batch, buffers, (&mut ring, 1))).unwrap();
+        let features: Vec<f32> = indices
+            .iter()
+            .flat_map(|&i| features(&set, i as usize))
+            .collect();
+        let want_logits = network.logits(&backend, &params, &features).unwrap();
+        let want_labels: Vec<u32> = indices
+            .iter()
+            .map(|&i| u32::from(set.labels()[i as usize]))
+            .collect();
+        let mut want_d = vec![0.0; want_logits.len()];
+        let want_loss = cpu::softmax_cross_entropy(&want_logits, &want_labels, 3, &mut want_d);
+        assert_eq!(activations.last().unwrap(), &want_logits, "{name}");
+        assert_eq!(deltas.last().unwrap(), &want_d, "{name}");
+        assert_eq!(labels, want_labels, "{name}");
+        assert!(ring[0].is_nan() && ring[2].is_nan(), "{name}: {ring:?}");
+        assert_eq!(ring[1], want_loss, "{name}");
     }
 
     #[test]
@@ -358,6 +414,14 @@ mod tests {
             .is_err());
         assert!(TINY.probabilities(&params[1..], &x).is_err());
         assert!(TINY.logits(&CpuBackend, &params, &x[..3]).is_err());
+        // A whole row and part of another: the error asks for the second row whole.
+        let ragged = [x.clone(), x[..3].to_vec()].concat();
+        assert_eq!(
+            TINY.logits(&CpuBackend, &params, &ragged)
+                .unwrap_err()
+                .to_string(),
+            "logits: x needs 8 elements from its offset but has 7"
+        );
         assert!(TINY
             .logits(&CpuBackend, &[params.clone(), vec![0.0]].concat(), &x)
             .is_err());
