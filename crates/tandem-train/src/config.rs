@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
 
-use tandem_core::{check_loss_scale, DType, LossScaler, Precision};
+use tandem_core::{check_loss_scale, DType, Precision};
 use tandem_optim::{MetadataError, RecordedOptimizer};
 use tandem_strategy::{
     AsyncRule, BatchScaling, Batches, Epochs, Exchange, StalenessBound, Strategy, Warmup,
@@ -286,11 +286,8 @@ impl<O: RecordedOptimizer> RunConfig<O> {
                 .map_err(|e| MetadataError::invalid(PRECISION, text, e))?,
         };
         let precision = match (precision.scaled(), meta.get(LOSS_SCALE)) {
-            (false, _) => precision,
-            (true, None) => Precision {
-                initial_loss_scale: LossScaler::DEFAULT_INITIAL,
-                ..precision
-            },
+            // Parsed, a scaled precision starts at the default scale.
+            (false, _) | (true, None) => precision,
             (true, Some(text)) => Precision {
                 initial_loss_scale: text
                     .parse::<f32>()
@@ -355,6 +352,14 @@ mod tests {
             precision: Precision::F32,
             exchange: Exchange::F32,
         }
+    }
+
+    /// A sync step draws every worker's batch, an async one a worker's.
+    #[test]
+    fn a_step_draws_the_batches_of_the_workers_it_waits_for() {
+        assert_eq!(config(Mode::Sync).examples_per_step(), 3 * 7);
+        assert_eq!(config(Mode::Async).examples_per_step(), 7);
+        assert_eq!(config(Mode::Sync).epochs(42).steps_per_epoch(), 2);
     }
 
     #[test]

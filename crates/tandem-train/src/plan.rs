@@ -93,6 +93,8 @@ mod tests {
         assert_eq!(stops(&plan, 0), [1_000]);
         assert!(plan.saves_at(1_000, false) && !plan.saves_at(999, false));
         assert!(!plan.evaluates_at(1_000));
+        // No cadence is no multiple of 0 either, step 0 included.
+        assert!(!plan.saves_at(0, false) && !plan.evaluates_at(0));
         let listed = Plan {
             evaluate_at: vec![700, 300, 5_000],
             ..Plan::to(1_000)
