@@ -380,3 +380,183 @@ pub fn open_replica<N: Network>(
         Device::Cuda { .. } => Err(format!("{device} needs a build with `--features cuda`").into()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use tandem_core::DType;
+
+    use super::*;
+
+    /// A ring of losses on the host, every slot at first NaN (never a loss a step records).
+    fn ring() -> DeviceLosses<CpuBackend> {
+        DeviceLosses {
+            ring: vec![f32::NAN; LOSS_RING],
+            next: 0,
+            pending: 0,
+            spilled: Vec::new(),
+        }
+    }
+
+    /// Records step `step`'s loss as the step's own number, so that what is taken names the
+    /// steps it came from; the slot it went to.
+    fn record(losses: &mut DeviceLosses<CpuBackend>, step: usize) -> usize {
+        let slot = losses.slot(&CpuBackend).unwrap();
+        losses.ring[slot] = step as f32;
+        slot
+    }
+
+    fn take(losses: &mut DeviceLosses<CpuBackend>) -> Vec<f32> {
+        let mut taken = Vec::new();
+        losses.take(&CpuBackend, &mut taken).unwrap();
+        taken
+    }
+
+    fn steps(steps: std::ops::Range<usize>) -> Vec<f32> {
+        steps.map(|step| step as f32).collect()
+    }
+
+    #[test]
+    fn device_losses_are_taken_oldest_first_and_once_across_the_rings_end() {
+        let mut losses = ring();
+        for step in 0..1000 {
+            assert_eq!(record(&mut losses, step), step);
+        }
+        assert_eq!(take(&mut losses), steps(0..1000));
+        assert_eq!(take(&mut losses), [], "taken twice");
+        // The next 500 wrap around the ring's end: 24 slots before it, 476 after.
+        for step in 1000..1500 {
+            assert_eq!(record(&mut losses, step), step % LOSS_RING);
+        }
+        let mut taken = vec![-1.0];
+        losses.take(&CpuBackend, &mut taken).unwrap();
+        assert_eq!(taken[0], -1.0, "appended to what was there");
+        assert_eq!(taken[1..], steps(1000..1500));
+    }
+
+    #[test]
+    fn a_full_ring_moves_to_the_host_and_no_loss_is_lost() {
+        let mut losses = ring();
+        let count = 2 * LOSS_RING + 5;
+        for step in 0..count {
+            record(&mut losses, step);
+        }
+        assert_eq!(losses.spilled.len(), 2 * LOSS_RING, "spilled when full");
+        assert_eq!(take(&mut losses), steps(0..count));
+        assert!(losses.spilled.is_empty());
+    }
+
+    #[test]
+    fn a_forgotten_loss_gives_its_slot_to_the_next_step() {
+        let mut losses = ring();
+        for step in 0..3 {
+            record(&mut losses, step);
+        }
+        losses.forget_last();
+        assert_eq!(record(&mut losses, 3), 2);
+        assert_eq!(take(&mut losses), [0.0, 1.0, 3.0]);
+        // Nothing pending: nothing to forget, and the next slot stays where it was.
+        losses.forget_last();
+        assert_eq!(record(&mut losses, 4), 3);
+        assert_eq!(take(&mut losses), [4.0]);
+        // Forgetting the ring's last slot goes back across its end.
+        for step in 5..5 + LOSS_RING - 4 {
+            record(&mut losses, step);
+        }
+        assert_eq!(losses.next, 0);
+        losses.forget_last();
+        assert_eq!(record(&mut losses, 0), LOSS_RING - 1);
+        assert_eq!(losses.pending, LOSS_RING - 4);
+    }
+
+    /// A network of 3 inputs, 4 hidden units and 2 classes, and 10 examples.
+    fn tiny() -> (Mlp, ExampleSet) {
+        let pixels = (0..30).map(|v| (v * 37 % 256) as u8).collect();
+        let labels = vec![0, 1, 0, 1, 1, 0, 0, 1, 1, 0];
+        let examples = ExampleSet::new(3, pixels, labels).unwrap();
+        (Mlp::new(3, &[4], 2).unwrap(), examples)
+    }
+
+    fn params(mlp: &Mlp) -> Vec<f32> {
+        (0..mlp.num_params())
+            .map(|i| (i as f32 * 0.37).sin() * 0.5)
+            .collect()
+    }
+
+    #[test]
+    fn a_replica_states_its_networks_layout_examples_and_type() {
+        let (mlp, examples) = tiny();
+        let layout = mlp.layout();
+        let mut f32_replica = NetworkReplica::new(mlp.clone(), CpuBackend, &examples, 4).unwrap();
+        assert_eq!(f32_replica.layout(), layout);
+        assert_eq!(f32_replica.training_examples(), 10);
+        assert_eq!(f32_replica.dtype(), DType::F32);
+        assert!(f32_replica.residence().is_none(), "on the host");
+        assert!(f32_replica.loss_scaling().is_none());
+        f32_replica.bind_thread().unwrap();
+        let params = params(&mlp);
+        f32_replica
+            .set_params(&mut |p| p.copy_from_slice(&params))
+            .unwrap();
+        let loss = f32_replica.compute_gradients(&[0, 1, 2]).unwrap();
+        assert!(
+            matches!(loss, StepLoss::Known(l) if l.is_finite()),
+            "{loss:?}"
+        );
+        let mut losses = Vec::new();
+        f32_replica.take_losses(&mut losses).unwrap();
+        assert_eq!(
+            losses,
+            [],
+            "a host replica's losses are known when computed"
+        );
+        for (dtype, scaled) in [(DType::BF16, false), (DType::F16, true)] {
+            let backend = NarrowCpuBackend::new(dtype).unwrap();
+            let replica = NetworkReplica::new(mlp.clone(), backend, &examples, 4)
+                .unwrap()
+                .with_initial_loss_scale(1024.0);
+            assert_eq!(replica.dtype(), dtype);
+            let scale = replica.loss_scaling().map(|s| s.scale());
+            assert_eq!(scale, scaled.then_some(1024.0), "{dtype}");
+        }
+    }
+
+    /// An f16 pass whose scaled gradients overflow halves the scale and computes the batch
+    /// again, until they fit: the gradients kept are those of the first scale that fits.
+    #[test]
+    fn an_f16_replica_whose_scale_overflows_halves_it_and_keeps_the_pass_that_fits() {
+        let (mlp, examples) = tiny();
+        let params = params(&mlp);
+        let replica = |scale: f32| {
+            let backend = NarrowCpuBackend::new(DType::F16).unwrap();
+            let mut replica = NetworkReplica::new(mlp.clone(), backend, &examples, 4)
+                .unwrap()
+                .with_initial_loss_scale(scale);
+            replica
+                .set_params(&mut |p| p.copy_from_slice(&params))
+                .unwrap();
+            replica
+        };
+        let too_high = 2f32.powi(40);
+        let mut overflowed = replica(too_high);
+        overflowed.compute_gradients(&[1, 4, 7]).unwrap();
+        let scaler = overflowed.loss_scaling().unwrap();
+        let kept = scaler.scale();
+        assert!(kept < too_high, "the scale was not halved");
+        assert_eq!(
+            scaler.overflows(),
+            u64::from((too_high / kept).log2() as u32)
+        );
+        let mut fitting = replica(kept);
+        fitting.compute_gradients(&[1, 4, 7]).unwrap();
+        assert_eq!(fitting.loss_scaling().unwrap().overflows(), 0);
+        let grads = |replica: &mut NetworkReplica<Mlp, NarrowCpuBackend>| {
+            let mut grads = Vec::new();
+            replica.read_gradients(&mut |g| grads = g.to_vec()).unwrap();
+            grads
+        };
+        let kept_grads = grads(&mut overflowed);
+        assert!(kept_grads.iter().all(|g| g.is_finite()));
+        assert!(kept_grads.iter().any(|&g| g != 0.0));
+        assert_eq!(kept_grads, grads(&mut fitting));
+    }
+}

@@ -87,4 +87,19 @@ mod tests {
         );
         assert_eq!(Exchange::default(), Exchange::F32);
     }
+
+    /// The sum is from zero, of the parts in their order: f32 addition is not associative, so
+    /// another order would give another mean (and break reproducibility).
+    #[test]
+    fn a_16_bit_exchange_sums_its_parts_from_zero_in_their_order() {
+        let parts: [&[f32]; 3] = [&[1e8, 0.5, 3.0], &[1.0, 0.25, -1.0], &[-1e8, 0.125, 0.0]];
+        let mut sum = vec![7.0; 5];
+        sum_in_order(parts, 3, &mut sum);
+        // 1e8 + 1 is 1e8 in f32.
+        assert_eq!(sum, [0.0, 0.875, 2.0]);
+        sum_in_order([parts[0], parts[2], parts[1]], 3, &mut sum);
+        assert_eq!(sum[0], 1.0, "1e8 - 1e8 + 1 in this order");
+        sum_in_order(Vec::<&[f32]>::new(), 2, &mut sum);
+        assert_eq!(sum, [0.0, 0.0], "no parts: zeros, as long as asked");
+    }
 }

@@ -207,6 +207,37 @@ mod tests {
         assert!(!board.help(0), "nothing left to help with");
     }
 
+    /// Waiting busy pays only where the workers share tasks out and none takes another's core.
+    #[test]
+    fn workers_wait_busy_only_once_tasks_are_shared_and_each_has_a_core() {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        for (workers, cores_enough) in [(1, true), (cores, true), (cores + 1, false)] {
+            let board = Board::new(workers);
+            assert!(
+                !board.worth_waiting_for(),
+                "{workers} workers: nothing shared yet"
+            );
+            board.helpers(0).share(1, &|_| {});
+            assert_eq!(board.worth_waiting_for(), cores_enough, "{workers} workers");
+        }
+    }
+
+    /// A worker helps the others, never itself (its own tasks it runs in `share`).
+    #[test]
+    fn a_worker_never_takes_its_own_tasks_as_help() {
+        let board = Board::new(3);
+        let helped = AtomicUsize::new(0);
+        let runs: Vec<AtomicUsize> = (0..3).map(|_| AtomicUsize::new(0)).collect();
+        board.helpers(0).share(3, &|i| {
+            runs[i].fetch_add(1, Ordering::Relaxed);
+            if i == 0 {
+                helped.fetch_add(usize::from(board.help(0)), Ordering::Relaxed);
+            }
+        });
+        assert_eq!(helped.load(Ordering::Relaxed), 0, "worker 0 helped itself");
+        assert!(runs.iter().all(|r| r.load(Ordering::Relaxed) == 1));
+    }
+
     /// A task that panics on the helper's thread is counted out, so the owner returns.
     #[test]
     fn a_helper_that_panics_in_a_task_does_not_hang_the_owner() {

@@ -227,3 +227,121 @@ impl DerefMut for ShardWrite<'_> {
         &mut self.guard
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use tandem_core::Optimizer;
+
+    use super::*;
+    use crate::store::UpdateAt;
+
+    /// Writes into each parameter what its update was given: the sum of its gradients, plus
+    /// its state, plus the rate's factor, plus 1000 where L2 applies; and records the step and
+    /// epoch.
+    struct Recording(Mutex<Vec<(u64, f64)>>);
+
+    impl Optimizer for Recording {
+        fn state_names(&self) -> &[&'static str] {
+            &["s"]
+        }
+        fn initial_state(&self, _: &str, params: &[f32]) -> Vec<f32> {
+            params.to_vec()
+        }
+        fn update(&self, piece: Piece<'_, '_>, step: u64, epoch: f64) {
+            self.0.lock().unwrap().push((step, epoch));
+            for (i, p) in piece.params.iter_mut().enumerate() {
+                let grads: f32 = piece.grads.iter().map(|g| g[i]).sum();
+                let l2 = if piece.weight_decay { 1000.0 } else { 0.0 };
+                *p = grads + piece.state[0][i] + piece.rate_scale + l2;
+            }
+        }
+        fn learning_rate(&self, _: f64) -> f32 {
+            1.0
+        }
+    }
+
+    /// Six parameters in pieces of 2, 3 and 1, L2 on the middle one; a state slot of tens.
+    fn shards() -> Shards {
+        let params = (0..6).map(|v| v as f32).collect();
+        let slot: Vec<f32> = (0..6).map(|v| 10.0 * v as f32).collect();
+        Shards::new(
+            params,
+            &[&slot],
+            vec![(0..2, false), (2..5, true), (5..6, false)],
+        )
+    }
+
+    #[test]
+    fn each_piece_is_its_own_range_of_the_parameters_and_the_state() {
+        let shards = shards();
+        assert_eq!(shards.len(), 3);
+        let expected = [(0..2, false), (2..5, true), (5..6, false)];
+        for (index, (range, decayed)) in expected.into_iter().enumerate() {
+            assert_eq!(shards.offset(index), range.start);
+            let values: Vec<f32> = range.clone().map(|v| v as f32).collect();
+            let tens: Vec<f32> = values.iter().map(|v| 10.0 * v).collect();
+            let read = shards.read(index);
+            assert_eq!(
+                (read.range(), read.weight_decay()),
+                (range.clone(), decayed)
+            );
+            assert_eq!(
+                (read.params(), &read.state[0][..]),
+                (&values[..], &tens[..])
+            );
+            drop(read);
+            let write = shards.write(index);
+            assert_eq!(write.range(), range);
+            assert_eq!(
+                (write.params(), &write.state[0][..]),
+                (&values[..], &tens[..])
+            );
+        }
+    }
+
+    #[test]
+    fn a_written_piece_is_what_the_lent_vector_and_later_reads_see() {
+        let shards = shards();
+        shards
+            .write(1)
+            .params_mut()
+            .copy_from_slice(&[-1.0, -2.0, -3.0]);
+        shards.write(2).state[0][0] = 99.0;
+        shards.lend(|params| assert_eq!(params, &[0.0, 1.0, -1.0, -2.0, -3.0, 5.0]));
+        assert_eq!(shards.read(1).params(), [-1.0, -2.0, -3.0]);
+        assert_eq!(shards.read(2).state[0], [99.0]);
+    }
+
+    /// An update reads each replica's gradients at the piece's place in them (from `base`),
+    /// with the piece's state, L2 flag and the update's step, epoch and rate.
+    #[test]
+    fn an_update_gives_the_optimiser_the_pieces_gradients_state_and_schedule() {
+        let shards = shards();
+        let optimizer = Recording(Mutex::new(Vec::new()));
+        // Gradients of parameters 1.. (base 1): the piece 2..5 is at 1..4 in them.
+        let first = [0.5, 1.0, 2.0, 3.0, 0.5];
+        let second = [0.5, 10.0, 20.0, 30.0, 0.5];
+        let at = UpdateAt {
+            step: 7,
+            epoch: 1.5,
+            rate_scale: 0.25,
+        };
+        shards
+            .write(1)
+            .update(&optimizer, &[&first, &second], 1, at);
+        assert_eq!(optimizer.0.lock().unwrap()[..], [(7, 1.5)]);
+        let state = [20.0, 30.0, 40.0];
+        let updated: Vec<f32> = (0..3)
+            .map(|i| first[i + 1] + second[i + 1] + state[i] + 0.25 + 1000.0)
+            .collect();
+        assert_eq!(shards.read(1).params(), updated);
+        assert_eq!(
+            shards.read(0).params(),
+            [0.0, 1.0],
+            "other pieces untouched"
+        );
+        assert_eq!(shards.read(2).params(), [5.0]);
+    }
+}
