@@ -182,10 +182,7 @@ impl<N: Network, B: Backend> NetworkReplica<N, B> {
             false => None,
         };
         let mut known = None;
-        // The sequence is the same for a row count and the buffers of one capacity (growing
-        // them replaces the buffers a captured sequence names).
-        let key = (*capacity as u64) << 32 | rows as u64;
-        let outcome = backend.replay(key, &mut |b| {
+        let outcome = backend.replay(replay_key(*capacity, rows), &mut |b| {
             let BatchBuffers {
                 x,
                 labels,
@@ -227,6 +224,13 @@ impl<N: Network, B: Backend> NetworkReplica<N, B> {
         }
         Ok(known.map_or(StepLoss::OnDevice, StepLoss::Known))
     }
+}
+
+/// The key under which a backend replays a step ([`Backend::replay`]): the sequence is the same
+/// for a row count and the buffers of one capacity (growing them replaces the buffers a
+/// captured sequence names). Batches have fewer than 2^32 rows.
+fn replay_key(capacity: usize, rows: usize) -> u64 {
+    (capacity as u64) << 32 | rows as u64
 }
 
 /// Losses a device replica keeps: at least as many as a strategy lets wait on the device
@@ -466,6 +470,28 @@ mod tests {
         losses.forget_last();
         assert_eq!(record(&mut losses, 0), LOSS_RING - 1);
         assert_eq!(losses.pending, LOSS_RING - 4);
+    }
+
+    #[test]
+    fn a_step_is_replayed_under_a_key_of_its_row_count_and_its_buffers_capacity() {
+        let keys = [
+            (100, 100),
+            (100, 50),
+            (200, 100),
+            (200, 50),
+            (1, 1),
+            (60_000, 60_000),
+        ];
+        for (i, &(capacity, rows)) in keys.iter().enumerate() {
+            let key = replay_key(capacity, rows);
+            assert_eq!(
+                (key >> 32, key & 0xffff_ffff),
+                (capacity as u64, rows as u64)
+            );
+            for &(other_capacity, other_rows) in &keys[i + 1..] {
+                assert_ne!(key, replay_key(other_capacity, other_rows));
+            }
+        }
     }
 
     /// A network of 3 inputs, 4 hidden units and 2 classes, and 10 examples.

@@ -108,4 +108,13 @@ mod tests {
         assert!(Tensor::from_vec(&[2, 3], vec![0.0; 6]).is_some());
         assert!(Tensor::from_vec(&[2, 3], vec![0.0; 5]).is_none());
     }
+
+    #[test]
+    fn a_tensor_is_written_in_place_and_gives_its_storage_up() {
+        let mut t = Tensor::zeros(&[2, 2]);
+        assert!(!t.is_empty());
+        t.data_mut()[3] = 5.0;
+        assert_eq!(t.into_vec(), [0.0, 0.0, 0.0, 5.0]);
+        assert!(Tensor::zeros(&[3, 0]).is_empty());
+    }
 }

@@ -2,9 +2,13 @@
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use tandem_core::DType;
 use tandem_core::{Alone, Helpers};
 use tandem_tensor::cpu::{self, UpdateStep};
-use tandem_tensor::{Activation, Backend, CpuBackend, ExampleSet, Gemm, ShapeError};
+use tandem_tensor::{
+    Activation, Backend, CpuBackend, ExampleSet, Gemm, NarrowCpuBackend, ResidentExamples,
+    ShapeError,
+};
 
 fn random(len: usize, rng: &mut ChaCha8Rng) -> Vec<f32> {
     (0..len).map(|_| rng.random_range(-1.0..1.0)).collect()
@@ -385,5 +389,151 @@ fn the_cpu_backend_holds_values_in_the_type_it_names() {
         std::mem::size_of_val(buffer.as_slice()),
         CpuBackend.dtype().bytes(3)
     );
-    assert_eq!(CpuBackend.dtype(), tandem_core::DType::F32);
+    assert_eq!(CpuBackend.dtype(), DType::F32);
+}
+
+/// What the host backends say of their memory: the f32 backend lends the caller's vectors
+/// and swaps buffers (it does not scale the loss); the 16-bit one rounds, so it lends nothing.
+#[test]
+fn host_backends_lend_and_swap_only_what_holds_their_values_as_they_are() {
+    let values = vec![1.0, 2.0, 3.0];
+    let lent = CpuBackend.host_view(&values).expect("a host view");
+    assert!(std::ptr::eq(lent, &values), "lent without a copy");
+    let narrow = NarrowCpuBackend::new(DType::BF16).expect("bf16");
+    assert!(narrow.host_view(&values).is_none(), "unrounded values lent");
+
+    let (mut buffer, mut host) = (vec![1.0, 2.0], vec![3.0, 4.0]);
+    assert!(CpuBackend.exchange(&mut buffer, &mut host));
+    assert_eq!((&buffer[..], &host[..]), (&[3.0, 4.0][..], &[1.0, 2.0][..]));
+    let mut longer = vec![5.0; 3];
+    assert!(
+        !CpuBackend.exchange(&mut buffer, &mut longer),
+        "lengths differ"
+    );
+    assert_eq!((&buffer[..], &longer[..]), (&[3.0, 4.0][..], &[5.0; 3][..]));
+
+    assert_eq!(
+        CpuBackend.set_loss_scale(1024.0),
+        Ok(false),
+        "f32 does not scale"
+    );
+    let mut grads = vec![f32::INFINITY, 2.0];
+    CpuBackend.unscale((&mut grads, 0), 2).expect("unscale");
+    assert_eq!(grads, [f32::INFINITY, 2.0], "nothing to take off");
+    assert_eq!(CpuBackend.unscaled_finite(), Ok(true));
+}
+
+/// Reading and writing through the backend's callbacks sees the whole buffer; a download
+/// starts where it is told.
+#[test]
+fn the_cpu_backend_reads_and_writes_whole_buffers_and_downloads_from_an_offset() {
+    let mut buffer = CpuBackend.zeros(4).expect("zeros");
+    CpuBackend
+        .write_with(&mut buffer, &mut |b| {
+            b.iter_mut().zip(1..).for_each(|(v, i)| *v = i as f32)
+        })
+        .expect("write");
+    let mut seen = Vec::new();
+    CpuBackend
+        .read_with(&buffer, &mut |b| seen = b.to_vec())
+        .expect("read");
+    assert_eq!(seen, [1.0, 2.0, 3.0, 4.0]);
+    let mut two = [0.0; 2];
+    CpuBackend.download(&buffer, 2, &mut two).expect("download");
+    assert_eq!(two, [3.0, 4.0]);
+    assert!(
+        CpuBackend.download(&buffer, 3, &mut two).is_err(),
+        "past the end"
+    );
+    assert_eq!(CpuBackend.zero_labels(3), Ok(vec![0, 0, 0]));
+}
+
+#[test]
+fn an_example_set_tells_its_size_features_and_values() {
+    let set = ExampleSet::new(2, vec![1, 2, 3, 4, 5, 6], vec![7, 8, 9]).expect("three examples");
+    assert_eq!((set.len(), set.features(), set.is_empty()), (3, 2, false));
+    assert_eq!(set.values(), [1, 2, 3, 4, 5, 6]);
+    assert_eq!((set.features_of(1), set.label(2)), (&[3, 4][..], 9));
+    let resident: &dyn ResidentExamples = &set;
+    assert_eq!((resident.len(), resident.features()), (3, 2));
+    assert!(!resident.is_empty());
+    let empty = ExampleSet::new(2, vec![], vec![]).expect("no examples");
+    assert!(empty.is_empty() && ResidentExamples::is_empty(&empty));
+    assert!(ExampleSet::new(0, vec![], vec![]).is_none(), "no features");
+    assert!(
+        ExampleSet::new(2, vec![1, 2, 3], vec![1]).is_none(),
+        "values of 1.5 examples"
+    );
+}
+
+/// Operands from offsets, in buffers longer than the operation needs: it reads and writes only
+/// its own values, and refuses operands that end too soon.
+#[test]
+fn copies_and_bias_adds_touch_only_their_span_from_their_offsets() {
+    let src = vec![1.0, 2.0, 3.0, 4.0];
+    let mut dst = vec![-1.0; 5];
+    CpuBackend.copy((&src, 1), (&mut dst, 2), 2).expect("copy");
+    assert_eq!(dst, [-1.0, -1.0, 2.0, 3.0, -1.0]);
+    assert!(
+        CpuBackend.copy((&src, 3), (&mut dst, 0), 2).is_err(),
+        "src too short"
+    );
+    assert!(
+        CpuBackend.copy((&src, 0), (&mut dst, 4), 2).is_err(),
+        "dst too short"
+    );
+
+    // Two rows of three and a seventh value past them; the bias from offset 1.
+    let mut x = vec![1.0, -2.0, 3.0, -4.0, 5.0, -6.0, 100.0];
+    let bias = vec![9.0, 0.5, 1.0, 2.0];
+    let mut relu = x.clone();
+    CpuBackend
+        .bias_add(&mut x, (&bias, 1), 2, 3, Activation::Identity)
+        .expect("bias");
+    assert_eq!(x, [1.5, -1.0, 5.0, -3.5, 6.0, -4.0, 100.0]);
+    CpuBackend
+        .bias_add(&mut relu, (&bias, 1), 2, 3, Activation::Relu)
+        .expect("bias and ReLU");
+    assert_eq!(relu, [1.5, 0.0, 5.0, 0.0, 6.0, 0.0, 100.0]);
+    assert!(CpuBackend
+        .bias_add(&mut x, (&bias, 2), 2, 3, Activation::Identity)
+        .is_err());
+}
+
+/// The checks that only some operations make: a 16-bit backend's unscaling span, and a fused
+/// gather and product whose shape must be the batch's.
+#[test]
+fn unscaling_and_gathered_products_refuse_shapes_that_do_not_fit() {
+    let narrow = NarrowCpuBackend::new(DType::F16).expect("f16");
+    let mut x = vec![1.0; 4];
+    assert!(narrow.unscale((&mut x, 2), 3).is_err(), "past the end");
+    assert!(narrow.unscale((&mut x, 1), 3).is_ok());
+
+    let examples = ExampleSet::new(2, vec![0, 255, 255, 0], vec![0, 1]).expect("two examples");
+    let (mut batch, mut labels) = (vec![0.0; 4], vec![0; 2]);
+    let (weights, bias, mut out) = (vec![1.0; 6], vec![0.0; 3], vec![0.0; 6]);
+    let indices = [1, 0];
+    let mut product = |spec: Gemm| {
+        CpuBackend.gather_matmul_bias(
+            (&examples, &indices),
+            (&mut batch, &mut labels),
+            spec,
+            (&weights, 0),
+            (&bias, 0),
+            (&mut out, 0),
+            Activation::Identity,
+        )
+    };
+    assert!(product(Gemm::new(1, 3, 2, false, false)).is_err(), "rows");
+    assert!(
+        product(Gemm::new(2, 3, 1, false, false)).is_err(),
+        "features"
+    );
+    assert!(
+        product(Gemm::new(2, 3, 2, true, false)).is_err(),
+        "a transposed batch"
+    );
+    product(Gemm::new(2, 3, 2, false, false)).expect("the batch's shape");
+    assert_eq!(out, [1.0; 6]);
+    assert_eq!(labels, [1, 0]);
 }
