@@ -472,8 +472,8 @@ fn an_example_set_tells_its_size_features_and_values() {
 fn copies_and_bias_adds_touch_only_their_span_from_their_offsets() {
     let src = vec![1.0, 2.0, 3.0, 4.0];
     let mut dst = vec![-1.0; 5];
-    CpuBackend.copy((&src, 1), (&mut dst, 2), 2).expect("copy");
-    assert_eq!(dst, [-1.0, -1.0, 2.0, 3.0, -1.0]);
+    CpuBackend.copy((&src, 1), (&mut dst, 1), 3).expect("copy");
+    assert_eq!(dst, [-1.0, 2.0, 3.0, 4.0, -1.0]);
     assert!(
         CpuBackend.copy((&src, 3), (&mut dst, 0), 2).is_err(),
         "src too short"
