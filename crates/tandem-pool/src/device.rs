@@ -364,6 +364,22 @@ mod tests {
         DriverError::new(std::io::Error::other(why.to_owned()))
     }
 
+    /// The most replicas a specification may ask for, asked for every way.
+    #[test]
+    fn exactly_the_most_replicas_is_accepted() {
+        assert_eq!("cpu:256".parse(), Ok(DeviceSpec::Cpu(MAX_REPLICAS)));
+        assert_eq!("sim:256".parse(), Ok(DeviceSpec::Sim(MAX_REPLICAS)));
+        let split = DeviceSpec::Cuda(vec![(0, 128), (1, 128)]);
+        assert_eq!("cuda:0x128,1x128".parse(), Ok(split));
+        assert_eq!("cuda:0x256".parse(), Ok(DeviceSpec::Cuda(vec![(0, 256)])));
+    }
+
+    #[test]
+    fn driver_errors_are_equal_when_their_messages_are() {
+        assert_eq!(broken("no context"), broken("no context"));
+        assert_ne!(broken("no context"), broken("out of memory"));
+    }
+
     #[test]
     fn auto_says_why_it_falls_back_to_the_cpu_only_when_the_driver_is_broken() {
         let cuda = |ordinal| Device::Cuda { ordinal };
