@@ -587,3 +587,28 @@ pub struct NonFiniteLoss {
     /// The loss.
     pub loss: f32,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The run's examples over its seconds; a run too short to time counts as a nanosecond
+    /// long rather than dividing by zero.
+    #[test]
+    fn examples_per_sec_divides_the_examples_by_the_run_s_seconds() {
+        let report = |examples, elapsed| TrainReport {
+            steps: 1,
+            examples,
+            elapsed,
+            staleness: None,
+            failures: Vec::new(),
+            stopped: false,
+        };
+        assert_eq!(
+            report(3000, Duration::from_millis(1500)).examples_per_sec(),
+            2000.0
+        );
+        let instant = report(5, Duration::ZERO).examples_per_sec();
+        assert!((instant / 5e9 - 1.0).abs() < 1e-12, "{instant}");
+    }
+}

@@ -387,14 +387,51 @@ fn bounded_async_on_parallel_workers_keeps_its_bound_and_loses_no_update() {
     }
 }
 
+/// One rank is one process: on a cluster of one, `train_across` trains as `train` does, with
+/// what is refused across ranks (a warm-up on one worker, a staleness bound), and applies every
+/// update exactly once.
+#[test]
+fn across_one_rank_trains_as_one_process_with_a_warmup_and_a_bound() {
+    const UPDATES: u64 = 20;
+    let strategy = Strategy {
+        warmup: tandem_strategy::Warmup::Epochs(1),
+        bound: StalenessBound::Wait(1),
+        ..PLAIN_ASYNC
+    };
+    let mut trained = within("async on a cluster of one rank", move || {
+        across(1, |rank| {
+            let mut state = initial_state();
+            let report = train_across(
+                Transport::Ranks(rank),
+                strategy,
+                &mut pool(2, None),
+                &mut state,
+                &sgd(),
+                &batches(),
+                UPDATES,
+                &NoObserver,
+            );
+            (report.map(|r| r.steps).map_err(|e| e.to_string()), state)
+        })
+    });
+    let (steps, state) = trained.remove(0);
+    assert_eq!(steps, Ok(UPDATES));
+    assert_moved_by("one rank", &state, UPDATES);
+}
+
 /// What the turns of one process do is not built across ranks: a warm-up on one worker and a
 /// staleness bound are refused there, on every rank, before any update; so is an asynchronous
-/// run over a transport with collectives only (its parameter service needs messages).
+/// run over a transport with collectives only (its parameter service needs messages). The
+/// automatic warm-up counts every rank's workers: 2 ranks of 2 are the 4 it warms up.
 #[test]
 fn across_ranks_a_warmup_a_bound_or_no_messages_is_refused_before_training() {
     let refused = [
         Strategy {
             warmup: tandem_strategy::Warmup::Epochs(1),
+            ..PLAIN_ASYNC
+        },
+        Strategy {
+            warmup: tandem_strategy::Warmup::Auto,
             ..PLAIN_ASYNC
         },
         Strategy {

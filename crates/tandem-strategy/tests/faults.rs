@@ -9,11 +9,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{batches, sgd, LeastSquares, Quirks};
+use common::{batches, sgd, within, LeastSquares, Quirks, PLAIN_ASYNC};
 use tandem_core::{ReplicaError, Slot, TrainState};
 use tandem_optim::Sgd;
 use tandem_pool::WorkerPool;
-use tandem_strategy::{ConfigError, NoObserver, Observer, StepReport, TrainError};
+use tandem_strategy::{
+    train, ConfigError, NoObserver, Observer, StepReport, Strategy, TrainError, Warmup,
+};
 
 #[derive(Clone, Copy)]
 enum Fault {
@@ -252,6 +254,46 @@ fn an_async_worker_that_failed_stays_out_of_later_segments() {
     assert_eq!(pool.retired(), reported.as_slice());
     // Every update but the faulty worker's first two was the healthy worker's.
     assert_eq!(pool.replicas()[1].calls, 300 - 2);
+    assert_fitted(&state);
+}
+
+/// A warm-up on one worker falls to the first worker still in the pool: here worker 1, since
+/// worker 0 failed in an earlier segment (the warm-up waiting for worker 0 would never end).
+#[test]
+fn an_async_warmup_is_led_by_the_first_worker_not_retired() {
+    let (pool, state) = within("async training, then a warm-up", || {
+        let mut pool = pool(2, 0, Fault::Error, 1);
+        let gate = Arc::new(AtomicBool::new(false));
+        for replica in pool.replicas_mut() {
+            replica.model.quirks.gate = Some(gate.clone());
+        }
+        let mut state = TrainState::new(vec![0.0; 2], &sgd());
+        async_train(&mut pool, &mut state, &sgd(), &batches(), 3, &NoObserver).unwrap();
+        assert_eq!(pool.retired().len(), 1);
+        // 5 epochs of the fit's 70 examples in batches of 10: on one worker until step 35.
+        let warmup = Strategy {
+            warmup: Warmup::Epochs(5),
+            ..PLAIN_ASYNC
+        };
+        train(
+            warmup,
+            &mut pool,
+            &mut state,
+            &sgd(),
+            &batches(),
+            300,
+            &NoObserver,
+        )
+        .unwrap();
+        (pool, state)
+    });
+    assert_eq!(state.step, 300);
+    assert_eq!(
+        pool.replicas()[0].calls,
+        1,
+        "the retired worker was called again"
+    );
+    assert_eq!(pool.replicas()[1].calls, 300);
     assert_fitted(&state);
 }
 

@@ -9,10 +9,14 @@ use common::{async_train, sync_train};
 use std::sync::{Arc, Barrier, Condvar, Mutex};
 use std::time::Duration;
 
+use tandem_collectives::{Collectives, Transport};
 use tandem_core::{ReplicaError, TrainState};
-use tandem_strategy::{Observer, StepReport, TrainReport};
+use tandem_strategy::{
+    train, train_across, BatchScaling, Batches, Mode, NoObserver, Observer, StepReport, Strategy,
+    TrainReport,
+};
 
-use common::{batches, pool, sgd, within, Quirks};
+use common::{across, batches, pool, sgd, within, Quirks};
 
 /// Asks for a report every `.0` steps and keeps every report the run logs.
 struct Log(u64, Mutex<Vec<StepReport>>);
@@ -187,4 +191,116 @@ fn sync_logs_every_nth_step_of_a_resumed_run_with_the_global_batchs_examples() {
     }
     assert_eq!((report.steps, report.examples), (30, 600));
     assert_eq!(report.staleness, None);
+}
+
+/// The learning rates a synchronous run of `ranks` x `local` workers of `batch` examples each
+/// reports at its first 6 steps, its rate scaled by `scaling` (rank 0's reports).
+fn sync_rates(ranks: usize, local: usize, batch: usize, scaling: BatchScaling) -> Vec<f32> {
+    let strategy = Strategy {
+        batch_scaling: scaling,
+        ..Strategy::from(Mode::Sync)
+    };
+    let batches = Batches {
+        batch_size: batch,
+        ..batches()
+    };
+    let run = move |transport: Option<Transport<'_>>, log: &dyn Observer| {
+        let mut state = TrainState::new(vec![0.0, 0.0], &sgd());
+        let mut pool = pool(local, |_| Plain);
+        let (optimizer, end) = (sgd(), 6);
+        let report = match transport {
+            None => train(
+                strategy, &mut pool, &mut state, &optimizer, &batches, end, log,
+            ),
+            Some(t) => train_across(
+                t, strategy, &mut pool, &mut state, &optimizer, &batches, end, log,
+            ),
+        };
+        report.unwrap();
+    };
+    let logged = within("sync training", move || {
+        let log = Log::every(1);
+        match ranks {
+            1 => run(None, &log),
+            _ => {
+                across(ranks, |rank| {
+                    let watching: &dyn Observer = match rank.rank() {
+                        0 => &log,
+                        _ => &NoObserver,
+                    };
+                    run(Some(Transport::Collectives(rank)), watching)
+                });
+            }
+        }
+        log.1.into_inner().unwrap()
+    });
+    logged.iter().map(|r| r.learning_rate).collect()
+}
+
+/// `--lr-scaling auto` follows the global batch of every worker on every rank: 4 workers of 300
+/// examples (1,200 in all, 1.5 times the 800 that auto keeps the rate at) train at the rates of
+/// a factor of 1.5, in one process or as 2 ranks of 2 (each step is 17 epochs of the fit's 70
+/// examples: the scaled rate's warm-up is over by the second step).
+#[test]
+fn a_sync_rate_scales_with_the_global_batch_of_every_worker_on_every_rank() {
+    let scaled = sync_rates(1, 4, 300, BatchScaling::Factor(1.5));
+    let unscaled = sync_rates(1, 4, 300, BatchScaling::Factor(1.0));
+    assert_eq!(scaled.len(), 6);
+    assert!(scaled[1..].iter().zip(&unscaled[1..]).all(|(s, u)| s > u));
+    for (ranks, local) in [(1, 4), (2, 2)] {
+        let auto = sync_rates(ranks, local, 300, BatchScaling::Auto);
+        assert_eq!(auto, scaled, "{ranks} rank(s) x {local} workers");
+    }
+    // 2 workers of 300: 600 examples, under 800, keep the rate.
+    let two = sync_rates(1, 2, 300, BatchScaling::Factor(1.0));
+    assert_eq!(sync_rates(1, 2, 300, BatchScaling::Auto), two);
+}
+
+/// Counts the reports and stalls it is given; names no cadence and no stall timeout (the
+/// defaults: never).
+#[derive(Default)]
+struct Unasked {
+    reports: Mutex<u64>,
+    stalls: Mutex<u64>,
+}
+
+impl Observer for Unasked {
+    fn on_log(&self, _: &StepReport) {
+        *self.reports.lock().unwrap() += 1;
+    }
+    fn on_stall(&self, _: &tandem_strategy::Stall) {
+        *self.stalls.lock().unwrap() += 1;
+    }
+}
+
+/// Steps of 100 ms: long enough for the watchdog to see a worker at work.
+struct Slow;
+
+impl Quirks for Slow {
+    fn before_gradients(&mut self, _call: u64) -> Result<Option<f32>, ReplicaError> {
+        std::thread::sleep(Duration::from_millis(100));
+        Ok(None)
+    }
+}
+
+/// An observer that asks for no reports and watches for no stalls is given neither, however
+/// long the steps take.
+#[test]
+fn an_observer_that_asks_for_no_reports_or_stalls_is_given_none() {
+    let observer = within("sync training", || {
+        let observer = Unasked::default();
+        let mut state = TrainState::new(vec![0.0, 0.0], &sgd());
+        sync_train(
+            &mut pool(2, |_| Slow),
+            &mut state,
+            &sgd(),
+            &batches(),
+            3,
+            &observer,
+        )
+        .unwrap();
+        observer
+    });
+    assert_eq!(*observer.reports.lock().unwrap(), 0);
+    assert_eq!(*observer.stalls.lock().unwrap(), 0);
 }

@@ -499,3 +499,44 @@ fn rank_0_names_the_rank_that_gives_no_sign_of_life_in_its_stall_report() {
     assert_eq!(silent[0].step, stalls[0].step, "{stalls:?}");
     assert!(silent[0].silence >= Duration::from_secs(3), "{silent:?}");
 }
+
+/// Asks to stop from the start and counts the times it is asked to abandon the run; keeps the
+/// default grace, as `mnist-train`'s observer does.
+#[derive(Default)]
+struct StopsAtOnce {
+    abandons: Mutex<usize>,
+}
+
+impl Observer for StopsAtOnce {
+    fn should_stop(&self) -> bool {
+        true
+    }
+    fn on_abandon(&self, _: &[Stall], _: Option<&TrainState>) {
+        *self.abandons.lock().unwrap() += 1;
+    }
+}
+
+/// A stop waits for a step that takes a while: a step of 300 ms is well within the default
+/// grace (10 s), so a run asked to stop ends after the step it is in, and is never abandoned
+/// (which, in `mnist-train`, would end the process).
+#[test]
+fn a_stop_waits_out_a_slow_step_within_the_default_grace() {
+    let (report, abandons) = common::within("a stopped run", || {
+        let (mut pool, _release, _) = hanging_pool(1, None, Duration::from_millis(300));
+        let observer = StopsAtOnce::default();
+        let mut state = TrainState::new(vec![0.0; 2], &sgd());
+        let report = sync_train(&mut pool, &mut state, &sgd(), &batches(), 100, &observer);
+        (
+            report
+                .map(|r| (r.stopped, r.steps))
+                .map_err(|e| e.to_string()),
+            observer.abandons,
+        )
+    });
+    assert_eq!(report, Ok((true, 1)));
+    assert_eq!(
+        abandons.into_inner().unwrap(),
+        0,
+        "abandoned within the default grace"
+    );
+}

@@ -232,8 +232,6 @@ impl DerefMut for ShardWrite<'_> {
 mod tests {
     use std::sync::Mutex;
 
-    use tandem_core::Optimizer;
-
     use super::*;
     use crate::store::UpdateAt;
 
