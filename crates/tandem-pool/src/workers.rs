@@ -568,6 +568,8 @@ impl<R: Send> WorkerPool<R> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::AtomicBool;
+
     use super::*;
 
     fn cpu_pool(n: usize) -> WorkerPool<usize> {
@@ -794,6 +796,61 @@ mod tests {
                 ended: true
             }
         );
+    }
+
+    /// A worker that never reaches a barrier still learns, by asking, that another has failed
+    /// under `StopAll`: not before the failure, and soon after it.
+    #[test]
+    fn a_worker_asking_sees_another_fail() {
+        let mut pool = cpu_pool(2);
+        let asked_before = AtomicBool::new(false);
+        let outcome = pool.run(FailurePolicy::StopAll, |ctx, id| {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            if *id == 0 {
+                // Fails once worker 1 has asked before any failure.
+                while !asked_before.load(Ordering::SeqCst) && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                return Err("injected fault".into());
+            }
+            let before = ctx.is_aborted();
+            asked_before.store(true, Ordering::SeqCst);
+            while !ctx.is_aborted() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Ok((before, ctx.is_aborted()))
+        });
+        assert_eq!(outcome.failures.len(), 1);
+        assert_eq!(outcome.failures[0].worker, 0);
+        assert_eq!(outcome.results[1], Some((false, true)));
+    }
+
+    /// A watcher waiting for the end is woken when the last worker returns, not when its wait
+    /// runs out (a day here): the run, which returns only after its watcher, ends at once.
+    #[test]
+    fn the_end_wakes_a_watcher_waiting_for_it() {
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut pool = cpu_pool(2);
+            let ended = Mutex::new(None);
+            let outcome = pool.run_watched(
+                FailurePolicy::StopAll,
+                |_, id| {
+                    // Time for the watcher to be waiting before the end comes, and for it to
+                    // wait again between the first worker's return and the last's.
+                    std::thread::sleep(Duration::from_millis(200 * (*id as u64 + 1)));
+                    Ok(*id)
+                },
+                |watch| *ended.lock().unwrap() = Some(watch.wait_end(Duration::from_secs(86_400))),
+            );
+            let _ = done.send((outcome.into_results(), ended.into_inner().unwrap()));
+        });
+        // Far longer than the workers' 400 ms, far shorter than the watcher's day.
+        let (results, ended) = finished
+            .recv_timeout(Duration::from_secs(120))
+            .expect("the run did not end: its watcher was not woken");
+        assert_eq!(results.unwrap(), vec![0, 1]);
+        assert_eq!(ended, Some(true));
     }
 
     #[test]
