@@ -699,6 +699,7 @@ mod tests {
         assert_eq!(pool.retired(), first.failures.as_slice());
         assert!(pool.is_retired(1) && !pool.is_retired(0));
         assert_eq!(pool.active(), 2);
+        assert!(!pool.is_empty(), "a retired worker is still the pool's");
 
         let second = pool.run(FailurePolicy::Continue, work);
         assert_eq!(second.results, vec![Some(0), None, Some(2)]);
@@ -823,6 +824,15 @@ mod tests {
         assert_eq!(outcome.failures.len(), 1);
         assert_eq!(outcome.failures[0].worker, 0);
         assert_eq!(outcome.results[1], Some((false, true)));
+    }
+
+    /// A pool of no devices is empty and its runs return at once, with nothing.
+    #[test]
+    fn a_pool_without_devices_is_empty_and_runs_nothing() {
+        let mut pool = WorkerPool::new(Vec::new(), |_| Ok::<_, ReplicaError>(0)).unwrap();
+        assert!(pool.is_empty());
+        let outcome = pool.run(FailurePolicy::StopAll, |_, id| Ok(*id));
+        assert!(outcome.results.is_empty() && outcome.failures.is_empty());
     }
 
     /// A watcher waiting for the end is woken when the last worker returns, not when its wait
