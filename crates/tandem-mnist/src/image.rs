@@ -118,12 +118,6 @@ pub enum ImageError {
         /// The most pixels accepted of this file's pixel type.
         max_pixels: u64,
     },
-    /// The image declares no pixels (a width or height of zero).
-    #[error("{}: the image is empty", path.display())]
-    NoPixels {
-        /// The image file.
-        path: PathBuf,
-    },
     /// The decoder refused the file. Its error is part of the message rather than a source:
     /// its text already includes its own cause, which a chain of sources would repeat.
     #[error("{}: {}: {error}", path.display(), decode_fault(error))]
@@ -168,7 +162,8 @@ pub fn digit_from_file(path: &Path) -> Result<Option<Vec<f32>>, ImageError> {
 /// # Errors
 ///
 /// [`ImageError`], naming the file: it cannot be opened or read, it is empty, too large, not a
-/// PNG or JPEG, cut short or damaged, or declares more pixels than accepted or none.
+/// PNG or JPEG, cut short or damaged (a side of zero pixels is damage to both decoders), or
+/// declares more pixels than accepted.
 pub fn read_image(path: &Path) -> Result<GrayImage, ImageError> {
     let file = File::open(path).map_err(|source| ImageError::Open {
         path: path.to_owned(),
@@ -225,9 +220,6 @@ pub fn read_image(path: &Path) -> Result<GrayImage, ImageError> {
             height,
             max_pixels,
         });
-    }
-    if width == 0 || height == 0 {
-        return Err(ImageError::NoPixels { path: named() });
     }
     // What is left of the allocation budget once the picture itself is counted, as
     // `ImageReader::decode` does.
@@ -286,14 +278,16 @@ fn png_is_complete(bytes: &[u8]) -> bool {
 /// 3736-byte digit were classified with p = 0.92), so the structure is checked here. Markers
 /// are `FF` and a code, possibly after more `FF` fill bytes; every segment but the standalone
 /// markers carries its length. In the entropy-coded data after a start-of-scan, an `FF` byte
-/// is always followed by `00` (a stuffed byte) or a restart marker, so any other `FF xx` there
-/// is the next marker: an `FF D9` found that way really ends the image.
+/// is always followed by `00` (a stuffed byte) or a restart marker, which are passed over as
+/// markers without a length (and the data between them as stray bytes), so any other `FF xx`
+/// there is the next marker: an `FF D9` found that way really ends the image.
 fn jpeg_is_complete(bytes: &[u8]) -> bool {
     // Past the start-of-image marker the caller recognised the file by.
     let mut at = 2;
     let mut scanned = false;
     loop {
-        // Stray bytes between segments are skipped, as libjpeg does.
+        // Stray bytes between segments are skipped, as libjpeg does, and so is entropy-coded
+        // data.
         let Some(ff) = bytes
             .get(at..)
             .and_then(|rest| rest.iter().position(|&b| b == 0xFF))
@@ -311,7 +305,7 @@ fn jpeg_is_complete(bytes: &[u8]) -> bool {
         match code {
             // End of image: complete if there was image data before it.
             0xD9 => return scanned,
-            // Markers without a length: TEM, restarts, start of image; 00 is a stray byte.
+            // Markers without a length: TEM, restarts, start of image; 00 is a stuffed byte.
             0x00 | 0x01 | 0xD0..=0xD8 => {}
             _ => {
                 let Some(&[hi, lo]) = bytes.get(at..at + 2) else {
@@ -323,26 +317,8 @@ fn jpeg_is_complete(bytes: &[u8]) -> bool {
                     return false;
                 }
                 at += length;
-                if code == 0xDA {
-                    scanned = true;
-                    let Some(end) = entropy_coded_end(bytes, at) else {
-                        return false;
-                    };
-                    at = end;
-                }
+                scanned |= code == 0xDA;
             }
-        }
-    }
-}
-
-/// Where the entropy-coded data starting at `at` ends (the `FF` of the next marker), or
-/// `None` when the file ends first.
-fn entropy_coded_end(bytes: &[u8], mut at: usize) -> Option<usize> {
-    loop {
-        at += bytes.get(at..)?.iter().position(|&b| b == 0xFF)?;
-        match bytes.get(at + 1)? {
-            0x00 | 0xD0..=0xD7 => at += 2,
-            _ => return Some(at),
         }
     }
 }
@@ -414,11 +390,8 @@ pub fn normalise(grey: GrayImage) -> Option<Vec<f32>> {
             _ => Luma([0.0]),
         }
     });
-    let small = if frame as usize == COLS && COLS == ROWS {
-        square
-    } else {
-        imageops::resize(&square, COLS as u32, ROWS as u32, FilterType::Triangle)
-    };
+    // A copy where the frame is already 28 pixels.
+    let small = imageops::resize(&square, COLS as u32, ROWS as u32, FilterType::Triangle);
     Some(centre_mass(&small))
 }
 
@@ -698,6 +671,8 @@ mod tests {
             ((1, 5000), (1, 512)),
             ((5000, 3), (512, 1)),
             ((4096, 4096), (512, 512)),
+            // 5 x 512 / 1000 = 2.56: rounded, not cut.
+            ((1000, 5), (512, 3)),
         ] {
             let shrunk = shrink(GrayImage::new(w, h));
             assert_eq!(shrunk.dimensions(), expected, "{w} x {h}");
@@ -777,6 +752,12 @@ mod tests {
         assert!(jpeg_is_complete(
             &[SOI, DQT, SOS, DATA, &[0xFF, 0xFF], EOI].concat()
         ));
+        // Stray bytes between segments, a marker without a length (TEM) and a comment
+        // segment with no data (a length of 2 counts only itself).
+        const COM: &[u8] = &[0xFF, 0xFE, 0x00, 0x02];
+        assert!(jpeg_is_complete(
+            &[SOI, &[0x12, 0x34], &[0xFF, 0x01], DQT, COM, SOS, DATA, EOI].concat()
+        ));
         // No image data before the end.
         assert!(!jpeg_is_complete(&[SOI, DQT, EOI].concat()));
         // An end-of-image inside a segment (an Exif thumbnail's) does not end the file.
@@ -789,6 +770,301 @@ mod tests {
         assert!(!jpeg_is_complete(
             &[SOI, &[0xFF, 0xDB, 0x00, 0x01], SOS, DATA, EOI].concat()
         ));
+    }
+
+    /// `bytes` as the file `name` in `dir`.
+    fn file(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).unwrap();
+        path
+    }
+
+    #[test]
+    fn files_are_read_by_their_content_not_their_name() {
+        let dir = tempfile::tempdir().unwrap();
+        for (format, name) in [
+            (ImageFormat::Png, "digit.jpg"),
+            (ImageFormat::Jpeg, "digit.png"),
+        ] {
+            let bytes = encoded(format);
+            let path = file(dir.path(), name, &bytes);
+            let decoded = ::image::load_from_memory_with_format(&bytes, format).unwrap();
+            assert_eq!(read_image(&path).unwrap(), decoded.to_luma8(), "{format:?}");
+            let digit = digit_from_file(&path).unwrap();
+            assert_eq!(digit, to_mnist(decoded), "{format:?}");
+            assert_eq!(digit.map(|x| x.len()), Some(COLS * ROWS));
+        }
+    }
+
+    /// What `read_image` says about the file `name` holding `bytes`.
+    fn refusal(name: &str, bytes: &[u8]) -> ImageError {
+        let dir = tempfile::tempdir().unwrap();
+        read_image(&file(dir.path(), name, bytes)).unwrap_err()
+    }
+
+    #[test]
+    fn each_unreadable_file_is_refused_for_its_own_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = read_image(&dir.path().join("missing.png")).unwrap_err();
+        assert!(matches!(missing, ImageError::Open { .. }), "{missing:?}");
+        let folder = read_image(dir.path()).unwrap_err();
+        assert!(matches!(folder, ImageError::Read { .. }), "{folder:?}");
+        let empty = refusal("empty.png", b"");
+        assert!(matches!(empty, ImageError::EmptyFile { .. }), "{empty:?}");
+        let text = refusal("text.png", b"a digit");
+        assert!(matches!(text, ImageError::NotPngOrJpeg { .. }), "{text:?}");
+        for format in [ImageFormat::Png, ImageFormat::Jpeg] {
+            let bytes = encoded(format);
+            let cut = refusal("cut", &bytes[..bytes.len() - 1]);
+            assert!(matches!(cut, ImageError::Incomplete { .. }), "{cut:?}");
+        }
+        // Complete, but a flipped bit in the pixel data no longer matches its chunk's CRC.
+        let mut png = encoded(ImageFormat::Png);
+        let middle = png.len() / 2;
+        png[middle] ^= 0x10;
+        let flipped = refusal("flipped.png", &png);
+        assert!(matches!(flipped, ImageError::Decode { .. }), "{flipped:?}");
+        assert!(
+            flipped
+                .to_string()
+                .contains(": truncated or damaged image: "),
+            "{flipped}"
+        );
+    }
+
+    #[test]
+    fn a_side_of_zero_pixels_is_damage_and_an_empty_picture_has_no_digit() {
+        // A JPEG's frame header: FF C0, its length, the sample precision, then the height and
+        // the width, two bytes each.
+        let jpeg = encoded(ImageFormat::Jpeg);
+        let frame = jpeg.windows(2).position(|m| m == [0xFF, 0xC0]).unwrap();
+        for side in [frame + 5, frame + 7] {
+            let mut zero = jpeg.clone();
+            zero[side..side + 2].fill(0);
+            let error = refusal("zero.jpg", &zero);
+            assert!(matches!(error, ImageError::Decode { .. }), "{error:?}");
+        }
+        // A PNG's header chunk: its length, "IHDR", the width and the height, four bytes each,
+        // ..., and a CRC of the type and the data.
+        let png = encoded(ImageFormat::Png);
+        for side in [16, 20] {
+            let mut zero = png.clone();
+            zero[side..side + 4].fill(0);
+            let mut crc = flate2::Crc::new();
+            crc.update(&zero[12..29]);
+            zero[29..33].copy_from_slice(&crc.sum().to_be_bytes());
+            let error = refusal("zero.png", &zero);
+            assert!(matches!(error, ImageError::Decode { .. }), "{error:?}");
+        }
+        // Were a decoder ever to let one through, it would be blank.
+        for (w, h) in [(0, 0), (0, 9), (9, 0)] {
+            assert_eq!(normalise(GrayImage::new(w, h)), None);
+        }
+    }
+
+    #[test]
+    fn a_file_of_the_largest_size_is_read_and_one_byte_more_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        for (size, too_large) in [(MAX_FILE_BYTES, false), (MAX_FILE_BYTES + 1, true)] {
+            // A PNG signature and zeros (sparse), so no IEND: incomplete, once read whole.
+            let path = file(dir.path(), "large.png", PNG_SIGNATURE);
+            File::options()
+                .write(true)
+                .open(&path)
+                .and_then(|f| f.set_len(size))
+                .unwrap();
+            let error = read_image(&path).unwrap_err();
+            if too_large {
+                assert!(
+                    matches!(error, ImageError::FileTooLarge { .. }),
+                    "{error:?}"
+                );
+                assert!(error.to_string().contains("at most 32 MiB"), "{error}");
+            } else {
+                assert!(matches!(error, ImageError::Incomplete { .. }), "{error:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn declared_sizes_are_checked_against_each_limit() {
+        use png::BitDepth::{Eight, Sixteen};
+        use png::ColorType::{Grayscale, Rgba};
+        let grey_pixels = u64::from(MAX_SIDE) * u64::from(MAX_SIDE);
+        // 8 bytes a pixel: 64 MiB hold 8 Mi of them.
+        let deep_pixels = MAX_DECODED_BYTES / 8;
+        for (width, height, color, depth, max_pixels) in [
+            (MAX_SIDE + 1, 1, Grayscale, Eight, grey_pixels),
+            (1, MAX_SIDE + 1, Grayscale, Eight, grey_pixels),
+            // 2897 x 2897 x 8 bytes is just over 64 MiB; 2897 < 4096.
+            (2897, 2897, Rgba, Sixteen, deep_pixels),
+        ] {
+            let error = refusal("huge.png", &header_only_png(width, height, color, depth));
+            let ImageError::TooManyPixels {
+                width: w,
+                height: h,
+                max_pixels: most,
+                ..
+            } = error
+            else {
+                panic!("{width} x {height}: {error:?}");
+            };
+            assert_eq!((w, h, most), (width, height, max_pixels));
+        }
+        // At the limits: 4096 pixels a side, 64 MiB decoded. Accepted, then the missing pixel
+        // data is damage.
+        for (width, height, color, depth) in [
+            (MAX_SIDE, MAX_SIDE, Grayscale, Eight),
+            (MAX_SIDE, MAX_SIDE / 2, Rgba, Sixteen),
+        ] {
+            let error = refusal("limit.png", &header_only_png(width, height, color, depth));
+            assert!(matches!(error, ImageError::Decode { .. }), "{error:?}");
+            assert!(
+                error.to_string().contains("truncated or damaged"),
+                "{error}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_background_is_the_mean_of_the_outer_ring() {
+        for (w, h) in [(40, 40), (100, 60), (60, 100), (7, 3), (1, 1), (45, 21)] {
+            let grey = GrayImage::from_fn(w, h, |x, y| Luma([((x * 37 + y * 101) % 256) as u8]));
+            // The ring: less than a twentieth of the smaller side (at least one pixel) from
+            // the nearest edge.
+            let ring = (w.min(h) / 20).max(1);
+            let (mut sum, mut count) = (0.0f64, 0.0f64);
+            for (x, y, p) in grey.enumerate_pixels() {
+                if x.min(y).min(w - 1 - x).min(h - 1 - y) < ring {
+                    sum += f64::from(p.0[0]);
+                    count += 1.0;
+                }
+            }
+            let expected = (sum / count) as f32;
+            assert_eq!(border_mean(&grey), expected, "{w} x {h}");
+        }
+    }
+
+    /// A 28 x 28 picture of `background` with a 10 x 10 square of `ink` in it.
+    fn square_on(background: u8, ink: u8) -> GrayImage {
+        GrayImage::from_fn(28, 28, |x, y| {
+            let inside = (9..19).contains(&x) && (9..19).contains(&y);
+            Luma([if inside { ink } else { background }])
+        })
+    }
+
+    #[test]
+    fn the_thresholds_are_where_they_say() {
+        // A border of exactly half grey (127 and 128 in turn) is dark: not inverted, so the
+        // white inside is a digit (inverted, it would be black on the border's grey: blank).
+        let half = GrayImage::from_fn(28, 28, |x, y| {
+            let border = x == 0 || y == 0 || x == 27 || y == 27;
+            Luma([if border {
+                127 + ((x + y) % 2) as u8
+            } else {
+                255
+            }])
+        });
+        assert_eq!(border_mean(&half), 127.5);
+        assert!(normalise(half).is_some());
+        // A contrast of MIN_CONTRAST grey levels is a digit, one level less is blank.
+        assert!(normalise(square_on(100, 100 + MIN_CONTRAST as u8)).is_some());
+        assert_eq!(normalise(square_on(100, 99 + MIN_CONTRAST as u8)), None);
+    }
+
+    #[test]
+    fn ink_is_what_is_brighter_than_a_tenth_of_the_contrast() {
+        // A 10 x 10 square of 250 in the middle of a black 100 x 100 picture, and one faint
+        // pixel far from it: at 25 (a tenth of the contrast) it is not ink and does not
+        // change the frame around the square; at 26 it is.
+        let square = GrayImage::from_fn(100, 100, |x, y| {
+            let inside = (45..55).contains(&x) && (45..55).contains(&y);
+            Luma([if inside { 250 } else { 0 }])
+        });
+        let alone = normalise(square.clone()).unwrap();
+        let with_faint = |level| {
+            let mut picture = square.clone();
+            picture.put_pixel(10, 10, Luma([level]));
+            normalise(picture).unwrap()
+        };
+        assert_eq!(with_faint(25), alone);
+        assert_ne!(with_faint(26), alone);
+    }
+
+    #[test]
+    fn the_frame_is_centred_on_the_digit() {
+        // A 25 x 25 square (in a frame of 35 pixels, resampled to 28) comes out symmetric,
+        // about its centre of mass, both ways: the frame has as much background on each side.
+        let picture = GrayImage::from_fn(60, 50, |x, y| {
+            let inside = (12..37).contains(&x) && (20..45).contains(&y);
+            Luma([if inside { 255 } else { 0 }])
+        });
+        let x = normalise(picture).unwrap();
+        let at = |c: usize, r: usize| x[r * COLS + c];
+        let columns: Vec<f32> = (0..COLS)
+            .map(|c| (0..ROWS).map(|r| at(c, r)).sum())
+            .collect();
+        let rows: Vec<f32> = (0..ROWS)
+            .map(|r| (0..COLS).map(|c| at(c, r)).sum())
+            .collect();
+        for profile in [columns, rows] {
+            // The square is centred at 13.5, and moved a whole pixel to MNIST's centre.
+            let centre = profile
+                .iter()
+                .enumerate()
+                .map(|(i, v)| i as f32 * v)
+                .sum::<f32>()
+                / profile.iter().sum::<f32>();
+            assert!((centre - MNIST_CENTRE - 0.5).abs() < 1e-3, "{centre}");
+            // So each value is mirrored about 14.5.
+            for i in 2..COLS {
+                let mirror = profile[COLS + 1 - i];
+                assert!((profile[i] - mirror).abs() < 1e-4, "{i}: {profile:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn partial_transparency_is_blended_with_white() {
+        let levels = [
+            (0u8, 128u8),
+            (0, 1),
+            (200, 77),
+            (90, 254),
+            (255, 0),
+            (10, 255),
+        ];
+        let pixels: Vec<u8> = levels.iter().flat_map(|&(l, a)| [l, a]).collect();
+        let image = ::image::GrayAlphaImage::from_raw(levels.len() as u32, 1, pixels).unwrap();
+        let grey = greyscale(DynamicImage::ImageLumaA8(image));
+        for (i, &(l, a)) in levels.iter().enumerate() {
+            // l a / 255 + 255 (255 - a) / 255, to the nearest level, in integers.
+            let (l, a) = (u32::from(l), u32::from(a));
+            let expected = (2 * (l * a + 255 * (255 - a)) + 255) / 510;
+            assert_eq!(
+                u32::from(grey.get_pixel(i as u32, 0).0[0]),
+                expected,
+                "{l}, {a}"
+            );
+        }
+    }
+
+    /// A PNG declaring `width` x `height` pixels of `color` and `depth`, with almost no image
+    /// data: enough for everything that is decided from the header, never decoded.
+    fn header_only_png(
+        width: u32,
+        height: u32,
+        color: png::ColorType,
+        depth: png::BitDepth,
+    ) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        let mut encoder = png::Encoder::new(&mut bytes, width, height);
+        encoder.set_color(color);
+        encoder.set_depth(depth);
+        let mut writer = encoder.write_header().unwrap();
+        writer.write_chunk(png::chunk::IDAT, &[0x78, 0x01]).unwrap();
+        writer.finish().unwrap();
+        bytes
     }
 
     #[test]
