@@ -36,6 +36,23 @@ mod tests {
     use super::*;
     use std::sync::Mutex;
 
+    /// Runs the tasks itself, and says nothing about helping.
+    struct Unsaid;
+
+    impl Helpers for Unsaid {
+        fn share(&self, count: usize, task: &(dyn Fn(usize) + Sync)) {
+            (0..count).for_each(task);
+        }
+    }
+
+    #[test]
+    fn helpers_may_help_unless_they_say_they_never_do() {
+        // The strategies' helpers keep the default: without it, a product is never cut into
+        // tasks for them.
+        assert!(Unsaid.may_help());
+        assert!(!Alone.may_help());
+    }
+
     #[test]
     fn alone_runs_every_task_once_in_order_on_the_calling_thread() {
         assert!(!Alone.may_help());

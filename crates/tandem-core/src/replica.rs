@@ -178,3 +178,146 @@ impl<R: Replica + ?Sized> Replica for Box<R> {
         (**self).dtype()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Alone;
+
+    /// Answers every call in a way of its own, unlike the trait's defaults.
+    struct Marked {
+        layout: Vec<ParamSpan>,
+        params: Vec<f32>,
+        grads: Vec<f32>,
+    }
+
+    impl Replica for Marked {
+        fn layout(&self) -> &[ParamSpan] {
+            &self.layout
+        }
+        fn bind_thread(&mut self) -> Result<(), ReplicaError> {
+            Err("no device here".into())
+        }
+        fn set_params(&mut self, fill: &mut dyn FnMut(&mut [f32])) -> Result<(), ReplicaError> {
+            fill(&mut self.params);
+            Ok(())
+        }
+        fn compute_gradients(&mut self, batch: &[u32]) -> Result<StepLoss, ReplicaError> {
+            Ok(StepLoss::Known(batch.len() as f32))
+        }
+        fn compute_gradients_from(
+            &mut self,
+            params: &Vec<f32>,
+            batch: &[u32],
+            _: &dyn Helpers,
+        ) -> Result<Option<StepLoss>, ReplicaError> {
+            Ok(Some(StepLoss::Known(params[0] + batch.len() as f32)))
+        }
+        fn take_losses(&mut self, losses: &mut Vec<f32>) -> Result<(), ReplicaError> {
+            losses.push(7.0);
+            Ok(())
+        }
+        fn read_gradients(&mut self, read: &mut dyn FnMut(&[f32])) -> Result<(), ReplicaError> {
+            read(&self.grads);
+            Ok(())
+        }
+        fn exchange_gradients(&mut self, buffer: &mut Vec<f32>) -> Result<bool, ReplicaError> {
+            std::mem::swap(buffer, &mut self.grads);
+            Ok(true)
+        }
+        fn training_examples(&self) -> usize {
+            60_000
+        }
+        fn loss_scaling(&self) -> Option<LossScaler> {
+            Some(LossScaler::new(1024.0))
+        }
+        fn dtype(&self) -> DType {
+            DType::BF16
+        }
+    }
+
+    /// Calls every method of `replica` and checks the answers are `Marked`'s.
+    fn assert_marked(replica: &mut impl Replica) {
+        assert_eq!(replica.layout()[0].name, "w");
+        assert!(replica.bind_thread().is_err());
+        replica.set_params(&mut |p| p.fill(3.0)).unwrap();
+        assert_eq!(
+            replica.compute_gradients(&[1, 2]).unwrap(),
+            StepLoss::Known(2.0)
+        );
+        let from = replica.compute_gradients_from(&vec![0.5], &[1, 2, 3], &Alone);
+        assert_eq!(from.unwrap(), Some(StepLoss::Known(3.5)));
+        let mut losses = Vec::new();
+        replica.take_losses(&mut losses).unwrap();
+        assert_eq!(losses, [7.0]);
+        let mut read = Vec::new();
+        replica.read_gradients(&mut |g| read = g.to_vec()).unwrap();
+        assert_eq!(read, [1.0, 2.0]);
+        let mut buffer = vec![0.0; 2];
+        assert!(replica.exchange_gradients(&mut buffer).unwrap());
+        assert_eq!(buffer, [1.0, 2.0]);
+        assert_eq!(replica.training_examples(), 60_000);
+        assert_eq!(replica.loss_scaling().map(|s| s.scale()), Some(1024.0));
+        assert_eq!(replica.dtype(), DType::BF16);
+    }
+
+    #[test]
+    fn a_boxed_replica_is_the_replica() {
+        let marked = || Marked {
+            layout: vec![ParamSpan::new("w", [2, 3], true)],
+            params: vec![0.0; 6],
+            grads: vec![1.0, 2.0],
+        };
+        let mut boxed = Box::new(marked());
+        assert_marked(&mut boxed);
+        assert_eq!(boxed.params, [3.0; 6]);
+        assert_marked(&mut marked());
+    }
+
+    /// Implements only what a replica must.
+    struct Plain;
+
+    impl Replica for Plain {
+        fn layout(&self) -> &[ParamSpan] {
+            &[]
+        }
+        fn set_params(&mut self, _: &mut dyn FnMut(&mut [f32])) -> Result<(), ReplicaError> {
+            Ok(())
+        }
+        fn compute_gradients(&mut self, _: &[u32]) -> Result<StepLoss, ReplicaError> {
+            Ok(StepLoss::OnDevice)
+        }
+        fn read_gradients(&mut self, _: &mut dyn FnMut(&[f32])) -> Result<(), ReplicaError> {
+            Ok(())
+        }
+        fn training_examples(&self) -> usize {
+            0
+        }
+    }
+
+    #[test]
+    fn the_defaults_are_a_host_replica_that_offers_nothing_more() {
+        let mut plain = Plain;
+        assert_eq!(
+            plain
+                .compute_gradients_from(&vec![1.0], &[0], &Alone)
+                .unwrap(),
+            None
+        );
+        assert!(plain.residence().is_none());
+        let mut buffer = vec![4.0];
+        assert!(!plain.exchange_gradients(&mut buffer).unwrap());
+        assert_eq!(buffer, [4.0]);
+        assert!(plain.loss_scaling().is_none());
+        assert_eq!(plain.dtype(), DType::F32);
+    }
+
+    #[test]
+    fn a_span_has_the_product_of_its_shape() {
+        let span = ParamSpan::new("w", [784, 500], true);
+        assert_eq!((span.len(), span.is_empty()), (392_000, false));
+        let scalar = ParamSpan::new("s", [], false);
+        assert_eq!((scalar.len(), scalar.is_empty()), (1, false));
+        assert!(ParamSpan::new("none", [3, 0], false).is_empty());
+    }
+}

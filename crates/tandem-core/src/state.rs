@@ -95,6 +95,53 @@ mod tests {
         }
     }
 
+    /// A velocity and an average of the parameters, which evaluation reads.
+    struct Averaging;
+    impl Optimizer for Averaging {
+        fn state_names(&self) -> &[&'static str] {
+            &["velocity", "average"]
+        }
+        fn initial_state(&self, name: &str, params: &[f32]) -> Vec<f32> {
+            match name {
+                "average" => params.to_vec(),
+                _ => vec![0.0; params.len()],
+            }
+        }
+        fn update(&self, _: Piece<'_, '_>, _: u64, _: f64) {}
+        fn learning_rate(&self, _: f64) -> f32 {
+            1.0
+        }
+        fn evaluated_slot(&self) -> Option<&'static str> {
+            Some("average")
+        }
+    }
+
+    #[test]
+    fn evaluation_reads_the_slot_the_optimiser_names_or_else_the_parameters() {
+        let mut state = TrainState::new(vec![1.0, 2.0], &Averaging);
+        state.slots[1].values = vec![3.0, 4.0];
+        assert_eq!(state.evaluated(&Averaging), Some(&[3.0, 4.0][..]));
+        assert_eq!(state.evaluated(&Summing), Some(&[1.0, 2.0][..]));
+        // A state of another optimiser has no average to evaluate.
+        let summed = TrainState::new(vec![1.0, 2.0], &Summing);
+        assert_eq!(summed.evaluated(&Averaging), None);
+    }
+
+    #[test]
+    fn a_state_with_fewer_or_more_slots_does_not_fit() {
+        let state = TrainState::new(vec![1.0, 2.0], &Averaging);
+        assert!(state.fits(&Averaging));
+        let mut fewer = state.clone();
+        fewer.slots.pop();
+        assert!(!fewer.fits(&Averaging));
+        let mut more = state;
+        more.slots.push(Slot {
+            name: "extra".into(),
+            values: vec![0.0; 2],
+        });
+        assert!(!more.fits(&Averaging));
+    }
+
     #[test]
     fn a_fresh_state_holds_the_optimisers_initial_state_by_name() {
         let state = TrainState::new(vec![1.0, -2.0], &Summing);
