@@ -199,7 +199,7 @@ fn logged(stdout: &str, metrics: &Path) -> (Vec<String>, Vec<String>) {
         .lines()
         .map(|line| {
             let mut record: serde_json::Value = serde_json::from_str(line).unwrap();
-            for timing in ["wall_time", "examples_per_sec"] {
+            for timing in ["wall_time", "examples_per_sec", "sec_per_batch"] {
                 record.as_object_mut().unwrap().remove(timing);
             }
             record.to_string()

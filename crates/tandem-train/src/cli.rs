@@ -413,3 +413,236 @@ fn given(
         value: value.to_string(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::*;
+
+    /// A binary's parser with nothing but the run's flags.
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<RunArgs, clap::Error> {
+        let args = std::iter::once("train").chain(args.iter().copied());
+        Flags::try_parse_from(args).map(|flags| flags.run)
+    }
+
+    /// The start the flags ask for, with a model that has no rate of its own and whose
+    /// initial parameter is its seed.
+    fn start(args: &[&str]) -> Result<Start<Chosen>, StartError> {
+        parse(args)
+            .unwrap()
+            .start(|_| None, |seed| vec![seed as f32])
+    }
+
+    fn fresh(args: &[&str]) -> Fresh<Chosen> {
+        match start(args).unwrap() {
+            Start::Fresh(fresh) => fresh,
+            Start::Resume(resume) => panic!("{resume:?}"),
+        }
+    }
+
+    #[test]
+    fn a_fresh_run_without_flags_takes_the_defaults() {
+        let run = fresh(&[]);
+        assert_eq!(run.mode, Mode::Sync);
+        assert_eq!(run.async_rule, AsyncRule::default());
+        assert_eq!(run.async_warmup, Warmup::Auto);
+        assert_eq!(run.async_bound, StalenessBound::default());
+        assert_eq!(run.lr_scaling, BatchScaling::default());
+        assert_eq!(
+            run.optimizer,
+            Chosen::configure(OPTIMIZERS[0].name, &[]).unwrap()
+        );
+        assert_eq!(run.batches, Batches::DEFAULT);
+        assert_eq!(run.params, [Batches::DEFAULT.seed as f32]);
+        assert_eq!(run.length, Length::Epochs(DEFAULT_EPOCHS));
+        assert_eq!(run.save_every, None);
+        assert_eq!(run.precision, Precision::new(DType::F32));
+        assert_eq!(run.exchange, Exchange::default());
+    }
+
+    #[test]
+    fn a_fresh_run_takes_every_flag_given() {
+        let run = fresh(&[
+            "--async",
+            "--async-rule",
+            "plain",
+            "--async-warmup",
+            "2",
+            "--async-bound",
+            "wait:3",
+            "--lr-scaling",
+            "4",
+            "--batch-size",
+            "50",
+            "--seed",
+            "7",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "0.01",
+            "--weight-decay",
+            "0",
+            "--steps",
+            "500",
+            "--save-every",
+            "100",
+            "--checkpoint-dir",
+            "checkpoints",
+            "--precision",
+            "f16",
+            "--loss-scale",
+            "1024",
+            "--exchange",
+            "bf16",
+        ]);
+        assert_eq!(run.mode, Mode::Async);
+        assert_eq!(run.async_rule, "plain".parse().unwrap());
+        assert_eq!(run.async_warmup, "2".parse().unwrap());
+        assert_eq!(run.async_bound, "wait:3".parse().unwrap());
+        assert_eq!(run.lr_scaling, "4".parse().unwrap());
+        assert_eq!((run.batches.batch_size, run.batches.seed), (50, 7));
+        assert_eq!(run.params, [7.0]);
+        let given = [
+            ("learning_rate", "0.01".into()),
+            ("weight_decay", "0".into()),
+        ];
+        assert_eq!(run.optimizer, Chosen::configure("adam", &given).unwrap());
+        assert_eq!(run.length, Length::Steps(500));
+        assert_eq!(run.save_every, Some(100));
+        assert_eq!(run.precision.compute, DType::F16);
+        assert_eq!(run.precision.initial_loss_scale, 1024.0);
+        assert_eq!(run.exchange, "bf16".parse().unwrap());
+        assert_eq!(
+            fresh(&["--sync", "--epochs", "3"]).length,
+            Length::Epochs(3)
+        );
+    }
+
+    #[test]
+    fn the_models_rate_stands_where_lr_is_not_given() {
+        let sgd_rate = |args: &[&str]| {
+            let start = parse(args)
+                .unwrap()
+                .start(|name| (name == "sgd").then_some(0.25), |_| Vec::new());
+            let Ok(Start::Fresh(run)) = start else {
+                panic!("{start:?}")
+            };
+            run.optimizer
+        };
+        let with = |rate: &str| Chosen::configure("sgd", &[("learning_rate", rate.into())]);
+        assert_eq!(sgd_rate(&[]), with("0.25").unwrap());
+        assert_eq!(sgd_rate(&["--lr", "0.5"]), with("0.5").unwrap());
+    }
+
+    #[test]
+    fn a_loss_scale_without_f16_is_refused() {
+        for args in [
+            &["--loss-scale", "1024"][..],
+            &["--precision", "bf16", "--loss-scale", "1024"],
+        ] {
+            let refusal = start(args).unwrap_err();
+            assert!(
+                matches!(refusal, StartError::LossScaleUnused(_)),
+                "{refusal}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_resumed_run_takes_the_flags_given_as_requests() {
+        let args = [
+            "--resume",
+            "checkpoints",
+            "--sync",
+            "--batch-size",
+            "50",
+            "--lr",
+            "0.5",
+            "--precision",
+            "bf16",
+            "--exchange",
+            "bf16",
+            "--epochs",
+            "4",
+            "--save-every",
+            "9",
+        ];
+        let Start::Resume(resume) = start(&args).unwrap() else {
+            panic!("not a resume");
+        };
+        assert_eq!(resume.dir, PathBuf::from("checkpoints"));
+        let requested: Vec<(&str, &str, &str)> = (resume.requested.iter())
+            .map(|r| (r.key, r.label, r.value.as_str()))
+            .collect();
+        assert_eq!(
+            requested,
+            [
+                ("mode", "--sync/--async", "sync"),
+                ("batch_size", "--batch-size", "50"),
+                ("learning_rate", "--lr", "0.5"),
+                (PRECISION, "--precision", "bf16"),
+            ]
+        );
+        assert_eq!(resume.length, Some(Length::Epochs(4)));
+        assert_eq!(resume.save_every, Some(9));
+        assert_eq!(resume.exchange, Some("bf16".parse().unwrap()));
+    }
+
+    #[test]
+    fn values_are_checked_as_they_are_parsed() {
+        for args in [
+            &["--optimizer", "rmsprop"][..],
+            &["--loss-scale", "3"],
+            &["--loss-scale", "many"],
+            &["--precision", "fp8"],
+            &["--exchange", "f16"],
+            &["--async-rule", "fast"],
+            &["--async-warmup", "-1"],
+            &["--async-bound", "wait"],
+            &["--lr-scaling", "0"],
+            &["--sync", "--async"],
+        ] {
+            assert!(parse(args).is_err(), "{args:?}");
+        }
+        assert_eq!(loss_scale("1024"), Ok(1024.0));
+        assert_eq!(optimizer("adam").unwrap(), "adam");
+    }
+
+    #[test]
+    fn how_the_run_is_shown_is_the_flags() {
+        let args = parse(&[
+            "--log-every",
+            "5",
+            "--log-format",
+            "plain",
+            "--metrics",
+            "metrics.jsonl",
+            "--stall-timeout",
+            "9",
+        ])
+        .unwrap();
+        let shown = args.shown();
+        assert_eq!(shown.display, Display::Plain);
+        assert_eq!(shown.log_every, 5);
+        assert_eq!(shown.metrics, Some(std::path::Path::new("metrics.jsonl")));
+        assert_eq!(shown.stall_timeout, Duration::from_secs(9));
+        assert_eq!(parse(&[]).unwrap().shown().display, Display::Auto);
+    }
+
+    #[test]
+    fn the_help_gives_each_optimisers_defaults() {
+        let help = Flags::command().render_long_help().to_string();
+        assert!(
+            help.contains("[default: 0.8 with sgd, 0.001 with adam]"),
+            "{help}"
+        );
+        assert!(help.contains("sgd: SGD with L2"), "{help}");
+    }
+}

@@ -63,3 +63,99 @@ macro_rules! out {
         $crate::output::line(format_args!($($arg)*))
     };
 }
+
+#[cfg(all(test, unix))]
+mod tests {
+    use std::fs::File;
+    use std::os::fd::AsRawFd;
+    use std::process::{Command, Output};
+
+    use super::*;
+
+    /// Runs [`child`] in a process of its own (stdout's state is the process's) with its
+    /// writes going to `target`: `open` (the pipe this test reads), `full` (`/dev/full`, where
+    /// every write fails for want of space) or `closed` (a pipe nobody reads).
+    fn run_child(target: &str) -> Output {
+        let output = Command::new(std::env::current_exe().expect("the test binary"))
+            .args(["--exact", "output::tests::child", "--nocapture"])
+            .args(["--test-threads", "1"])
+            .env("TANDEM_TEST_STDOUT", target)
+            .output()
+            .expect("running the child");
+        assert!(output.status.success(), "{output:?}");
+        output
+    }
+
+    fn text(bytes: &[u8]) -> String {
+        String::from_utf8_lossy(bytes).into_owned()
+    }
+
+    /// Not a test of its own: what [`run_child`] runs; otherwise it does nothing. It points
+    /// file descriptor 1 at the target for its two lines only, so that the test harness's own
+    /// output still reaches the pipe.
+    #[test]
+    fn child() {
+        let Ok(target) = std::env::var("TANDEM_TEST_STDOUT") else {
+            return;
+        };
+        // SAFETY: plain calls on descriptors this test opens and closes itself; fd 1 is put back
+        // before anything else writes to it.
+        let saved = unsafe { libc::dup(1) };
+        assert!(saved >= 0);
+        match target.as_str() {
+            "full" => {
+                let full = File::options().write(true).open("/dev/full").unwrap();
+                assert_eq!(unsafe { libc::dup2(full.as_raw_fd(), 1) }, 1);
+            }
+            "closed" => {
+                let mut ends = [0; 2];
+                assert_eq!(unsafe { libc::pipe(ends.as_mut_ptr()) }, 0);
+                unsafe {
+                    libc::close(ends[0]);
+                    assert_eq!(libc::dup2(ends[1], 1), 1);
+                    libc::close(ends[1]);
+                }
+            }
+            _ => {}
+        }
+        crate::out!("first {}", 1);
+        line("second");
+        let closed_then = closed();
+        unsafe {
+            assert_eq!(libc::dup2(saved, 1), 1);
+            libc::close(saved);
+        }
+        warn(format!(
+            "closed {closed_then}, status {:?}",
+            failure_status()
+        ));
+    }
+
+    #[test]
+    fn lines_reach_an_open_stdout() {
+        let output = run_child("open");
+        assert!(
+            text(&output.stdout).contains("first 1\nsecond\n"),
+            "{output:?}"
+        );
+        assert!(text(&output.stderr).contains("closed false, status None"));
+    }
+
+    #[test]
+    fn a_failing_stdout_is_one_warning_and_an_error_status() {
+        let stderr = text(&run_child("full").stderr);
+        assert_eq!(
+            stderr.matches("cannot write to stdout").count(),
+            1,
+            "{stderr}"
+        );
+        assert!(stderr.contains("closed true, status Some(1)"), "{stderr}");
+    }
+
+    #[test]
+    fn a_closed_stdout_ends_quietly_as_a_broken_pipe() {
+        let stderr = text(&run_child("closed").stderr);
+        assert!(!stderr.contains("cannot write"), "{stderr}");
+        assert!(stderr.contains("closed true, status Some(141)"), "{stderr}");
+    }
+}

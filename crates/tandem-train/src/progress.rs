@@ -77,7 +77,19 @@ impl Progress {
             std::io::stdout().is_terminal(),
             std::io::stderr().is_terminal(),
         ];
-        let bar = shows_bar(display, terminals).then(|| {
+        let bar = shows_bar(display, terminals);
+        Self::with_bar(bar, log_every, first_step, end_step, metrics)
+    }
+
+    /// [`new`](Self::new), with a bar or without.
+    fn with_bar(
+        bar: bool,
+        log_every: u64,
+        first_step: u64,
+        end_step: u64,
+        metrics: Option<&Path>,
+    ) -> Result<Self, RunError> {
+        let bar = bar.then(|| {
             let bar = ProgressBar::new(end_step).with_position(first_step);
             bar.set_style(
                 ProgressStyle::with_template(
@@ -225,6 +237,7 @@ impl Progress {
             "loss": r.loss,
             "learning_rate": r.learning_rate,
             "examples_per_sec": rate,
+            "sec_per_batch": per_batch,
             "staleness": r.staleness,
         });
         self.record(record);
@@ -243,5 +256,114 @@ mod tests {
             assert!(!shows_bar(Display::Auto, streams), "{streams:?}");
         }
         assert!(!shows_bar(Display::Plain, [true, true]));
+    }
+
+    #[test]
+    fn the_strategy_reports_often_enough_for_the_bar() {
+        let every = |bar, log_every| {
+            let progress = Progress::with_bar(bar, log_every, 0, 100, None).unwrap();
+            progress.report_every()
+        };
+        assert_eq!(every(false, 7), 7);
+        assert_eq!(every(false, 0), 0);
+        // With a bar: at least every 10 steps, and on every logged step.
+        assert_eq!(every(true, 0), 10);
+        assert_eq!(every(true, 1000), 10);
+        assert_eq!(every(true, 25), 5);
+        assert_eq!(every(true, 3), 1);
+    }
+
+    /// A report of step `step`, `examples` and `millis` into its segment.
+    fn report(step: u64, examples: u64, millis: u64) -> StepReport {
+        StepReport {
+            step,
+            loss: 0.25,
+            learning_rate: 0.5,
+            examples,
+            elapsed: Duration::from_millis(millis),
+            staleness: None,
+        }
+    }
+
+    fn read_records(path: &Path) -> Vec<serde_json::Value> {
+        let text = std::fs::read_to_string(path).unwrap();
+        text.lines()
+            .map(|line| serde_json::from_str(line).unwrap())
+            .collect()
+    }
+
+    #[track_caller]
+    fn assert_near(value: &serde_json::Value, expected: f64) {
+        let value = value.as_f64().unwrap();
+        assert!(
+            (value - expected).abs() <= 1e-9 * expected.abs(),
+            "{value} != {expected}"
+        );
+    }
+
+    #[test]
+    fn rates_and_times_run_on_across_segments_in_the_metrics() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.jsonl");
+        let progress = Progress::with_bar(true, 2, 0, 100, Some(&path)).unwrap();
+        // The first segment: 100 examples a step, 10 ms each.
+        progress.on_log(&report(1, 100, 10));
+        progress.on_log(&report(2, 200, 20));
+        // A step reported again (a worker late to report) changes nothing.
+        progress.on_log(&report(2, 250, 25));
+        let segment = TrainReport {
+            steps: 2,
+            examples: 200,
+            elapsed: Duration::from_millis(20),
+            staleness: None,
+            failures: Vec::new(),
+            stopped: false,
+        };
+        progress.end_segment(&segment);
+        assert_eq!(progress.training_time(), Duration::from_millis(20));
+        // The second counts from zero again: 300 examples in 10 ms (over two steps), then 600
+        // in 30 ms.
+        progress.on_log(&report(4, 300, 10));
+        progress.on_log(&report(5, 900, 40));
+        progress.on_log(&report(6, 1000, 50));
+        let bar = progress.bar.as_ref().unwrap();
+        assert_eq!(bar.position(), 6);
+        assert_eq!(bar.message(), "loss 0.2500, 10000 examples/sec");
+        progress.finish();
+        assert!(bar.is_finished());
+
+        let records = read_records(&path);
+        let steps: Vec<u64> = records
+            .iter()
+            .map(|r| r["step"].as_u64().unwrap())
+            .collect();
+        assert_eq!(steps, [2, 4, 6]);
+        assert_near(&records[0]["wall_time"], 0.020);
+        assert_near(&records[0]["examples_per_sec"], 100.0 / 0.010);
+        assert_near(&records[0]["sec_per_batch"], 0.010);
+        assert_near(&records[1]["wall_time"], 0.030);
+        assert_near(&records[1]["examples_per_sec"], 300.0 / 0.010);
+        assert_near(&records[1]["sec_per_batch"], 0.005);
+        assert_near(&records[2]["wall_time"], 0.070);
+        assert_near(&records[2]["examples_per_sec"], 100.0 / 0.010);
+        assert_near(&records[2]["sec_per_batch"], 0.010);
+        assert_eq!(records[2]["loss"], 0.25);
+        assert_eq!(records[2]["learning_rate"], 0.5);
+        assert_eq!(records[2]["kind"], "step");
+        // Two steps later: 600 examples over 40 ms.
+        progress.on_log(&report(8, 1600, 90));
+        let last = read_records(&path).pop().unwrap();
+        assert_near(&last["examples_per_sec"], 600.0 / 0.040);
+        assert_near(&last["sec_per_batch"], 0.020);
+    }
+
+    #[test]
+    fn a_metrics_file_that_fails_stops_metrics_not_the_run() {
+        // Every write to /dev/full fails with "no space left on the device".
+        let full = Path::new("/dev/full");
+        let progress = Progress::with_bar(false, 1, 0, 10, Some(full)).unwrap();
+        progress.record(json!({"kind": "step"}));
+        let metrics = progress.metrics.as_ref().unwrap().lock().unwrap();
+        assert!(metrics.out.is_none());
     }
 }
