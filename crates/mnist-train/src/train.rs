@@ -7,7 +7,9 @@ use anyhow::{bail, Result};
 use serde_json::json;
 use tandem_model::Mlp;
 use tandem_optim::{Chosen, OPTIMIZERS};
-use tandem_train::{drive, print_summary, Checkpoints, Ended, Launch, Setup, Start, Trainer};
+use tandem_train::{
+    drive, print_summary, Checkpoints, Ended, Interrupt, Launch, Setup, Start, Trainer,
+};
 
 use crate::cli::{hidden_flag, TrainArgs, DEFAULT_INIT_STDDEV};
 use crate::data::{self, Evaluator};
@@ -92,19 +94,26 @@ pub fn run(args: &TrainArgs, launch: &Launch) -> Result<Option<i32>> {
         true => Evaluator::for_run(args.eval_on, trainer.replica_devices()),
         false => Evaluator::Host, // never used: only the lead evaluates
     };
-    let ended = drive(&mut trainer, &args.run.shown(), &mut |segment, progress| {
-        let validation = evaluator.accuracy(&mlp, segment.state, &optimizer, &data.validation)?;
-        progress.record(json!({
-            "kind": "eval",
-            "step": segment.state.step,
-            "wall_time": segment.totals.seconds,
-            "validation_accuracy_averaged": validation.averaged,
-            "validation_accuracy_raw": validation.raw,
-            "loss_scale_overflows": segment.totals.loss_scaling.map(|s| s.overflows),
-            "loss_scale": segment.totals.loss_scaling.map(|s| s.smallest),
-        }));
-        Ok(())
-    })?;
+    let interrupt = Interrupt::on_ctrl_c()?;
+    let ended = drive(
+        &mut trainer,
+        &args.run.shown(),
+        &interrupt,
+        &mut |segment, progress| {
+            let validation =
+                evaluator.accuracy(&mlp, segment.state, &optimizer, &data.validation)?;
+            progress.record(json!({
+                "kind": "eval",
+                "step": segment.state.step,
+                "wall_time": segment.totals.seconds,
+                "validation_accuracy_averaged": validation.averaged,
+                "validation_accuracy_raw": validation.raw,
+                "loss_scale_overflows": segment.totals.loss_scaling.map(|s| s.overflows),
+                "loss_scale": segment.totals.loss_scaling.map(|s| s.smallest),
+            }));
+            Ok(())
+        },
+    )?;
     let summary = match ended {
         Ended::Done(summary) => summary,
         Ended::Followed => return Ok(None),

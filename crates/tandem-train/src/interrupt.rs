@@ -63,4 +63,48 @@ mod tests {
         assert!(b.requested());
         assert!(!Interrupt::new().requested());
     }
+
+    /// Not a test of its own: what [`ctrl_c_asks_once_then_ends_the_process`] runs in a
+    /// process of its own (a process has one signal handler); otherwise it does nothing.
+    #[cfg(unix)]
+    #[test]
+    fn ctrl_c_child() {
+        if std::env::var_os("TANDEM_TEST_CTRL_C").is_none() {
+            return;
+        }
+        let interrupt = Interrupt::on_ctrl_c().unwrap();
+        assert!(matches!(Interrupt::on_ctrl_c(), Err(RunError::CtrlC(_))));
+        assert!(!interrupt.requested());
+        // ctrlc runs the handler on a thread of its own: wait for it, a bounded while.
+        let requested_after_one = |signal| {
+            // SAFETY: raising a signal this process handles.
+            assert_eq!(unsafe { libc::raise(signal) }, 0);
+            (0..1000).any(|_| {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                interrupt.requested()
+            })
+        };
+        eprintln!("requested {}", requested_after_one(libc::SIGTERM));
+        // The second signal ends the process; a handler that does not leaves it to return 0.
+        unsafe { libc::raise(libc::SIGINT) };
+        std::thread::sleep(std::time::Duration::from_secs(10));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn ctrl_c_asks_once_then_ends_the_process() {
+        let output = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+            .args(["--exact", "interrupt::tests::ctrl_c_child", "--nocapture"])
+            .env("TANDEM_TEST_CTRL_C", "1")
+            .output()
+            .expect("running the child");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(130), "{stderr}");
+        assert!(stderr.contains("requested true"), "{stderr}");
+        assert_eq!(
+            stderr.matches("interrupted: finishing").count(),
+            1,
+            "{stderr}"
+        );
+    }
 }

@@ -168,12 +168,13 @@ pub enum Ended {
 }
 
 /// Trains `trainer` to its end: a checkpoint at its cadence, `evaluate` once an epoch when
-/// there is a metrics file, Ctrl-C stops it with a checkpoint, stalled workers are reported and
-/// a run given up on them ends the process. The lead shows the run (a header line, the
-/// progress); the other ranks train silently.
+/// there is a metrics file, `interrupt` (Ctrl-C's, from [`Interrupt::on_ctrl_c`]) stops it with
+/// a checkpoint, stalled workers are reported and a run given up on them ends the process. The
+/// lead shows the run (a header line, the progress); the other ranks train silently.
 pub fn drive<M: Model, O: RecordedOptimizer>(
     trainer: &mut Trainer<M, O>,
     shown: &Shown<'_>,
+    interrupt: &Interrupt,
     evaluate: &mut dyn FnMut(&Segment<'_>, &Progress) -> Result<(), EvaluateError>,
 ) -> Result<Ended, RunError> {
     let config = trainer.config.clone();
@@ -186,11 +187,10 @@ pub fn drive<M: Model, O: RecordedOptimizer>(
             end: plan.end_step,
         });
     }
-    let interrupt = Interrupt::on_ctrl_c()?;
     let mut watch = Watch {
         progress: None,
         log_every: 0,
-        interrupt: &interrupt,
+        interrupt,
         stall_timeout: Some(shown.stall_timeout),
         on_abandon: Some(exit_abandoned),
     };
@@ -258,16 +258,27 @@ pub fn print_summary<M: Model, O: RecordedOptimizer>(
     results: &[String],
     wall: Instant,
 ) {
+    for line in summary_lines(trainer, summary, results, wall.elapsed()) {
+        out!("{line}");
+    }
+}
+
+/// The lines [`print_summary`] prints, `wall` the command's time so far.
+fn summary_lines<M: Model, O: RecordedOptimizer>(
+    trainer: &Trainer<M, O>,
+    summary: &Summary,
+    results: &[String],
+    wall: Duration,
+) -> Vec<String> {
     let (config, totals) = (&trainer.config, &summary.totals);
-    out!("== summary ==");
-    // Every rank's.
+    let mut lines = vec!["== summary ==".to_owned()];
     let workers = config.workers;
-    match config.mode {
+    lines.push(match config.mode {
         Mode::Sync => {
             let examples = config.batches.batch_size as u64 * workers as u64;
             match config.lr_scaling.factor(examples) {
-                1.0 => out!("mode:                sync"),
-                factor => out!(
+                1.0 => "mode:                sync".to_owned(),
+                factor => format!(
                     "mode:                sync, learning rate x{factor} for a global batch of \
                      {examples} (scaling {}, reached over the first {} epochs)",
                     config.lr_scaling,
@@ -275,38 +286,43 @@ pub fn print_summary<M: Model, O: RecordedOptimizer>(
                 ),
             }
         }
-        Mode::Async => out!(
+        Mode::Async => format!(
             "mode:                async, rule {}, warm-up {} epoch(s) on one worker, bound {}",
             config.async_rule,
             config.async_warmup.epochs(workers),
             config.async_bound
         ),
-    }
-    out!("devices:             {workers} [{}]", trainer.devices());
+    });
+    lines.push(format!(
+        "devices:             {workers} [{}]",
+        trainer.devices()
+    ));
     if config.precision != Precision::F32 {
-        out!(
+        lines.push(format!(
             "precision:           {}",
             precision_summary(config.precision, totals)
-        );
+        ));
     }
-    out!(
+    lines.push(format!(
         "steps:               {} ({} examples this run)",
-        trainer.state.step,
-        totals.examples
-    );
-    out!("examples/sec:        {:.0}", totals.examples_per_sec());
+        trainer.state.step, totals.examples
+    ));
+    lines.push(format!(
+        "examples/sec:        {:.0}",
+        totals.examples_per_sec()
+    ));
     match (totals.sent_per_step(), config.exchange) {
-        (Some(bytes), exchange) => out!(
+        (Some(bytes), exchange) => lines.push(format!(
             "exchanged:           {bytes:.0} bytes sent per step by this rank (gradients in \
              {exchange})"
-        ),
+        )),
         (None, Exchange::F32) => {}
-        (None, exchange) => {
-            out!("exchanged:           gradients in {exchange} between GPU replicas")
-        }
+        (None, exchange) => lines.push(format!(
+            "exchanged:           gradients in {exchange} between GPU replicas"
+        )),
     }
     if let Some(staleness) = totals.staleness() {
-        out!(
+        lines.push(format!(
             "staleness:           mean {:.2}, max {}{}",
             staleness.mean,
             staleness.max,
@@ -314,19 +330,20 @@ pub fn print_summary<M: Model, O: RecordedOptimizer>(
                 0 => String::new(),
                 n => format!(", {n} too stale dropped"),
             }
-        );
+        ));
     }
     for failure in &totals.failures {
-        out!("worker failure:      {failure} (out for the rest of the run)");
+        lines.push(format!(
+            "worker failure:      {failure} (out for the rest of the run)"
+        ));
     }
-    for line in results {
-        out!("{line}");
-    }
+    lines.extend(results.iter().cloned());
     if let Some(path) = &summary.last_checkpoint {
-        out!("checkpoint:          {}", path.display());
+        lines.push(format!("checkpoint:          {}", path.display()));
     }
-    out!("training time:       {:.1} s", totals.seconds);
-    out!("wall time:           {:.1} s", wall.elapsed().as_secs_f64());
+    lines.push(format!("training time:       {:.1} s", totals.seconds));
+    lines.push(format!("wall time:           {:.1} s", wall.as_secs_f64()));
+    lines
 }
 
 /// The summary's precision: the type, and where the loss is scaled, this process's overflows
@@ -348,7 +365,252 @@ fn precision_summary(precision: Precision, totals: &Totals) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use tandem_collectives::threads::cluster;
+    use tandem_optim::Sgd;
+    use tandem_pool::DeviceSpec;
+
     use super::*;
+    use crate::scalar::{fresh, ScalarModel, SCALAR};
+    use crate::{Checkpoints, DType, Fresh, LossScaling, Setup, Start};
+
+    /// A trainer of [`SCALAR`] replicas on `workers` CPU workers for `steps` steps, `adjust`ed
+    /// from the test model's fresh start, checkpoints in `dir` when given.
+    fn open_trainer(
+        steps: u64,
+        workers: usize,
+        ranks: Option<SharedTransport>,
+        dir: Option<&Path>,
+        adjust: impl FnOnce(&mut Fresh<Sgd>),
+    ) -> Trainer<ScalarModel, Sgd> {
+        let Start::Fresh(mut fresh) = fresh(Mode::Sync, steps) else {
+            unreachable!("a fresh start")
+        };
+        adjust(&mut fresh);
+        let checkpoints = dir.map(|dir| Checkpoints::take(Some(dir), None, 0).unwrap());
+        let setup = Setup {
+            ranks,
+            ..Setup::new(DeviceSpec::Cpu(workers))
+        };
+        Trainer::open(SCALAR, Start::Fresh(fresh), &setup, checkpoints.flatten()).unwrap()
+    }
+
+    const SHOWN: Shown<'static> = Shown {
+        display: Display::Plain,
+        log_every: 0,
+        metrics: None,
+        stall_timeout: Duration::from_secs(600),
+    };
+
+    fn no_evaluation(_: &Segment<'_>, _: &Progress) -> Result<(), EvaluateError> {
+        Ok(())
+    }
+
+    #[test]
+    fn drive_trains_to_the_end_then_has_nothing_to_train() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut trainer = open_trainer(6, 2, None, Some(tmp.path()), |_| {});
+        let interrupt = Interrupt::new();
+        let ended = drive(&mut trainer, &SHOWN, &interrupt, &mut no_evaluation).unwrap();
+        let Ended::Done(summary) = ended else {
+            panic!("{ended:?}")
+        };
+        assert_eq!(trainer.state.step, 6);
+        assert!(!summary.stopped);
+        assert_eq!(summary.totals.steps, 6);
+        let again = drive(&mut trainer, &SHOWN, &interrupt, &mut no_evaluation);
+        assert!(
+            matches!(again, Err(RunError::NothingToTrain { step: 6, end: 6 })),
+            "{again:?}"
+        );
+    }
+
+    #[test]
+    fn an_interrupted_drive_stops_after_one_step_with_status_130() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut trainer = open_trainer(6, 1, None, Some(tmp.path()), |_| {});
+        let interrupt = Interrupt::new();
+        interrupt.request();
+        let ended = drive(&mut trainer, &SHOWN, &interrupt, &mut no_evaluation).unwrap();
+        assert!(matches!(ended, Ended::Stopped(130)), "{ended:?}");
+        assert_eq!(trainer.state.step, 1);
+    }
+
+    #[test]
+    fn the_lead_is_done_and_the_other_ranks_follow() {
+        let ended: Vec<Ended> = std::thread::scope(|scope| {
+            let threads: Vec<_> = cluster(2)
+                .into_iter()
+                .map(|rank| {
+                    scope.spawn(move || {
+                        let ranks = SharedTransport::Ranks(Arc::new(rank));
+                        let launch = Launch {
+                            ranks: Some(ranks.clone()),
+                        };
+                        let mut trainer = open_trainer(4, 1, launch.ranks(), None, |_| {});
+                        let ended =
+                            drive(&mut trainer, &SHOWN, &Interrupt::new(), &mut no_evaluation)
+                                .unwrap();
+                        assert_eq!(launch.leads(), ranks.rank() == 0);
+                        ended
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        assert!(matches!(ended[0], Ended::Done(_)), "{ended:?}");
+        assert!(matches!(ended[1], Ended::Followed), "{ended:?}");
+    }
+
+    #[test]
+    fn an_error_across_ranks_aborts_them_all() {
+        let mut ranks = cluster(2).into_iter();
+        let launch = Launch {
+            ranks: Some(SharedTransport::Ranks(Arc::new(ranks.nth(1).unwrap()))),
+        };
+        let ok: Result<u8, Box<dyn std::error::Error + Send + Sync>> = Ok(3);
+        assert_eq!(launch.or_abort(ok).unwrap(), 3);
+        let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let err: Result<u8, Box<dyn std::error::Error + Send + Sync>> = Err("no disk".into());
+            launch.or_abort(err)
+        }));
+        let message = failed.unwrap_err();
+        assert_eq!(
+            message.downcast_ref::<String>().map(String::as_str),
+            Some("rank 1 aborted the cluster with status 1")
+        );
+        // Alone, an error is the caller's to report.
+        let err: Result<u8, Box<dyn std::error::Error + Send + Sync>> = Err("no disk".into());
+        assert!(Launch::alone().or_abort(err).is_err());
+    }
+
+    #[test]
+    fn the_summary_says_how_the_run_went() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut trainer = open_trainer(4, 2, None, Some(tmp.path()), |fresh| {
+            fresh.lr_scaling = BatchScaling::Factor(2.0);
+            fresh.precision = Precision::new(DType::BF16);
+        });
+        let ended = drive(&mut trainer, &SHOWN, &Interrupt::new(), &mut no_evaluation).unwrap();
+        let Ended::Done(summary) = ended else {
+            panic!("{ended:?}")
+        };
+        let results = ["accuracy:            0.5".to_owned()];
+        let lines = summary_lines(&trainer, &summary, &results, Duration::from_millis(2500));
+        let text = lines.join("\n");
+        let checkpoint = tmp.path().join("step-0000000004.safetensors");
+        for expected in [
+            "== summary ==".to_owned(),
+            "mode:                sync, learning rate x2 for a global batch of 10 (scaling 2, \
+             reached over the first 5 epochs)"
+                .to_owned(),
+            "devices:             2 [cpu:0, cpu:1]".to_owned(),
+            "precision:           bf16 (f32 master weights)".to_owned(),
+            "steps:               4 (40 examples this run)".to_owned(),
+            results[0].clone(),
+            format!("checkpoint:          {}", checkpoint.display()),
+            "wall time:           2.5 s".to_owned(),
+        ] {
+            assert!(lines.contains(&expected), "no {expected:?} in\n{text}");
+        }
+        assert!(
+            !text.contains("exchanged") && !text.contains("staleness"),
+            "{text}"
+        );
+
+        // f32 at the configured rate: no factor and no precision line.
+        let mut trainer = open_trainer(2, 1, None, None, |_| {});
+        let ended = drive(&mut trainer, &SHOWN, &Interrupt::new(), &mut no_evaluation).unwrap();
+        let Ended::Done(summary) = ended else {
+            panic!("{ended:?}")
+        };
+        let lines = summary_lines(&trainer, &summary, &[], Duration::ZERO);
+        assert_eq!(lines[1], "mode:                sync");
+        assert!(
+            !lines.iter().any(|l| l.starts_with("precision")),
+            "{lines:?}"
+        );
+    }
+
+    #[test]
+    fn the_precision_line_names_the_loss_scales() {
+        let mut totals = Totals::default();
+        assert_eq!(
+            precision_summary(Precision::new(DType::BF16), &totals),
+            "bf16 (f32 master weights)"
+        );
+        totals.loss_scaling = Some(LossScaling {
+            overflows: 3,
+            smallest: 8192.0,
+            largest: 8192.0,
+        });
+        let one_scale = precision_summary(Precision::new(DType::F16), &totals);
+        assert!(
+            one_scale.contains("loss scale now 8192, 3 overflowed"),
+            "{one_scale}"
+        );
+        totals.loss_scaling = Some(LossScaling {
+            overflows: 0,
+            smallest: 4096.0,
+            largest: 65536.0,
+        });
+        let scales = precision_summary(Precision::new(DType::F16), &totals);
+        assert!(
+            scales.contains("loss scale now 4096 to 65536, 0 overflowed"),
+            "{scales}"
+        );
+    }
+
+    /// Not a test of its own: what [`ranks_from_the_launcher`] runs in a process started as
+    /// `mpirun` would start it (the environment is the process's); otherwise it does nothing.
+    #[test]
+    fn under_mpirun_child() {
+        let Some(expected) = std::env::var_os("TANDEM_TEST_RANKS") else {
+            return;
+        };
+        let expected: usize = expected.to_str().unwrap().parse().unwrap();
+        assert_eq!(launched_ranks(), expected);
+        match Launch::init(Some("eval")) {
+            Err(LaunchError::OneProcess { what, ranks }) => {
+                assert_eq!((what.as_str(), ranks), ("eval", expected));
+            }
+            Ok(launch) => assert!(expected == 1 && launch.ranks().is_none()),
+            Err(other) => panic!("{other}"),
+        }
+        // With the transport, init would join the job these variables only pretend exists.
+        if cfg!(not(feature = "mpi")) {
+            match Launch::init(None) {
+                Err(LaunchError::NoTransport { ranks }) => assert_eq!(ranks, expected),
+                Ok(launch) => assert!(expected == 1 && launch.leads()),
+                Err(other) => panic!("{other}"),
+            }
+        }
+    }
+
+    #[test]
+    fn ranks_from_the_launcher() {
+        for (variables, expected) in [
+            (&[("OMPI_COMM_WORLD_SIZE", "3")][..], 3),
+            (&[("PMI_SIZE", "2")], 2),
+            (&[("OMPI_COMM_WORLD_SIZE", "many"), ("PMI_SIZE", "4")], 4),
+            (&[("OMPI_COMM_WORLD_SIZE", "1")], 1),
+        ] {
+            let output = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "launch::tests::under_mpirun_child",
+                    "--nocapture",
+                ])
+                .env_remove("OMPI_COMM_WORLD_SIZE")
+                .env_remove("PMI_SIZE")
+                .envs(variables.iter().copied())
+                .env("TANDEM_TEST_RANKS", expected.to_string())
+                .output()
+                .unwrap();
+            assert!(output.status.success(), "{variables:?}: {output:?}");
+        }
+    }
 
     #[derive(Debug, thiserror::Error)]
     #[error("{0}")]
@@ -367,5 +629,6 @@ mod tests {
         // The test runs without mpirun: nothing to refuse, no ranks.
         let launch = Launch::init(Some("eval")).unwrap();
         assert!(launch.leads() && launch.ranks().is_none());
+        assert_eq!(launched_ranks(), 1);
     }
 }

@@ -32,6 +32,8 @@ mod plan;
 mod progress;
 #[cfg(feature = "report")]
 pub mod report;
+#[cfg(test)]
+mod scalar;
 mod trainer;
 
 pub use config::{
