@@ -12,16 +12,18 @@ fn adjust64(r: f64, err: f64, rnd: Rnd) -> f64 {
         return r;
     }
     match rnd {
-        Rnd::Rm if err < 0.0 => r.next_down(),
-        Rnd::Rp if err > 0.0 => r.next_up(),
-        Rnd::Rz if err < 0.0 && r > 0.0 => r.next_down(),
-        Rnd::Rz if err > 0.0 && r < 0.0 => r.next_up(),
+        Rnd::Rm | Rnd::Rmi if err < 0.0 => r.next_down(),
+        Rnd::Rp | Rnd::Rpi if err > 0.0 => r.next_up(),
+        Rnd::Rz | Rnd::Rzi if err < 0.0 && r > 0.0 => r.next_down(),
+        Rnd::Rz | Rnd::Rzi if err > 0.0 && r < 0.0 => r.next_up(),
         _ => r,
     }
 }
 
 /// Rounds the exact value `hi + lo` (|lo| tiny next to hi, or an f64 pair from an error-free
-/// transformation) to f32 with `rnd`.
+/// transformation) to f32 with `rnd`. To nearest, `hi` alone decides: the callers' `hi` is the
+/// nearest double to a basic operation's exact result on floats, which rounds to the right
+/// float (a double has more than twice a float's bits and 2 more).
 pub(crate) fn round32(hi: f64, lo: f64, rnd: Rnd) -> f32 {
     let f = hi as f32;
     if hi.is_nan() || matches!(rnd, Rnd::Rn | Rnd::Default | Rnd::Rni) {
@@ -49,10 +51,13 @@ pub(crate) fn round32(hi: f64, lo: f64, rnd: Rnd) -> f32 {
     }
 }
 
+/// `a + b` and its rounding error, exactly while the sum is finite: Dekker's Fast2Sum on the
+/// operands ordered by magnitude, whose intermediate differences cannot overflow (Knuth's
+/// branch-free TwoSum can, near the largest double).
 fn two_sum(a: f64, b: f64) -> (f64, f64) {
+    let (a, b) = if a.abs() >= b.abs() { (a, b) } else { (b, a) };
     let s = a + b;
-    let bb = s - a;
-    (s, (a - (s - bb)) + (b - bb))
+    (s, b - (s - a))
 }
 
 /// The sign of a zero sum under `rnd`: IEEE gives -0 only when rounding down (or both -0).
@@ -136,7 +141,11 @@ pub(crate) fn add64(a: f64, b: f64, rnd: Rnd) -> f64 {
         return zero_sum_sign(a, b, rnd);
     }
     if !s.is_finite() {
-        return overflow64(s, rnd);
+        // An infinite operand gives its infinity (or NaN) whatever the direction.
+        return match a.is_finite() && b.is_finite() {
+            true => overflow64(s, rnd),
+            false => s,
+        };
     }
     adjust64(s, e, rnd)
 }
@@ -146,9 +155,9 @@ fn overflow64(s: f64, rnd: Rnd) -> f64 {
         return s;
     }
     match rnd {
-        Rnd::Rz => f64::MAX.copysign(s),
-        Rnd::Rm if s > 0.0 => f64::MAX,
-        Rnd::Rp if s < 0.0 => f64::MIN,
+        Rnd::Rz | Rnd::Rzi => f64::MAX.copysign(s),
+        Rnd::Rm | Rnd::Rmi if s > 0.0 => f64::MAX,
+        Rnd::Rp | Rnd::Rpi if s < 0.0 => f64::MIN,
         _ => s,
     }
 }
@@ -156,7 +165,7 @@ fn overflow64(s: f64, rnd: Rnd) -> f64 {
 /// f64 `a * b` with `rnd`.
 pub(crate) fn mul64(a: f64, b: f64, rnd: Rnd) -> f64 {
     let p = a * b;
-    if matches!(rnd, Rnd::Rn | Rnd::Default) || p == 0.0 {
+    if matches!(rnd, Rnd::Rn | Rnd::Default) || a == 0.0 || b == 0.0 {
         return p;
     }
     if !p.is_finite() {
@@ -166,11 +175,22 @@ pub(crate) fn mul64(a: f64, b: f64, rnd: Rnd) -> f64 {
             p
         };
     }
+    if p.abs() < TINY {
+        // The product's error may lie below the smallest double (all of it when `p` is 0):
+        // its sign is that of the error of both factors and `p` 2^1074 larger, where it is
+        // exact (each factor is below 2^109 here, so nothing overflows).
+        let up = |x: f64| x * 2f64.powi(537);
+        return adjust64(p, up(a).mul_add(up(b), -up(up(p))), rnd);
+    }
     adjust64(p, a.mul_add(b, -p), rnd)
 }
 
+/// Below this, the rounding error of a product (or the residual of a quotient of a dividend
+/// this small) may lie below the smallest double: 2^-966, where 2^-106 of it is still one.
+const TINY: f64 = f64::from_bits((1023 - 966) << 52);
+
 /// f64 fused `a * b + c` with `rnd`. The error's sign comes from a TwoProduct + TwoSum
-/// expansion; exact except when the partial terms themselves lose bits (far out of range).
+/// expansion, scaled where a product's error or its size would leave the doubles.
 pub(crate) fn fma64(a: f64, b: f64, c: f64, rnd: Rnd) -> f64 {
     let r = a.mul_add(b, c);
     if matches!(rnd, Rnd::Rn | Rnd::Default) || !r.is_finite() {
@@ -180,22 +200,83 @@ pub(crate) fn fma64(a: f64, b: f64, c: f64, rnd: Rnd) -> f64 {
             overflow64(r, rnd)
         };
     }
+    if !(a * b).is_finite() {
+        // The product overflows where the result does not: the same expansion at half the
+        // scale. Halving the larger factor and `r` is exact; `c` may lose a subnormal's last
+        // bit, but the product and `r` differ by a multiple of 2^900 here, so that bit
+        // cannot decide the sign.
+        let (a, b) = if a.abs() >= b.abs() {
+            (a / 2.0, b)
+        } else {
+            (a, b / 2.0)
+        };
+        return adjust64(r, fma_error(a, b, c / 2.0, r / 2.0), rnd);
+    }
+    let p = a * b;
+    let err = if a != 0.0 && b != 0.0 && p.abs() < TINY {
+        tiny_product_error(a, b, c, r)
+    } else {
+        fma_error(a, b, c, r)
+    };
+    if err == 0.0 && r == 0.0 {
+        return zero_sum_sign(p, c, rnd);
+    }
+    adjust64(r, err, rnd)
+}
+
+/// [`fma_error`] for a nonzero product below [`TINY`], whose own error may lie below the
+/// smallest double.
+fn tiny_product_error(a: f64, b: f64, c: f64, r: f64) -> f64 {
+    let small = 2f64.powi(-51);
+    if c.abs() < small && r.abs() < small {
+        // Everything 2^1074 larger, where the product's error is a double and nothing
+        // overflows (the product is below 2^108 there, `c` and `r` below 2^1023).
+        let up = |x: f64| x * 2f64.powi(537);
+        return fma_error(up(a), up(b), up(up(c)), up(up(r)));
+    }
+    // `c` and `r` are close multiples of 2^-104 or more, so c - r is exact and, unless 0,
+    // far larger than the product: its sign decides, or the product's.
+    match c - r {
+        0.0 => a.signum() * b.signum(),
+        d => d,
+    }
+}
+
+/// `a * b + c - r`, with the sign of the exact value (while `a * b` is finite): the exact
+/// terms of a TwoProduct and two TwoSums, summed without rounding (Shewchuk's expansion sum,
+/// whose largest term has the sign of the whole; a plain sum of the terms can round to the
+/// other side of 0).
+fn fma_error(a: f64, b: f64, c: f64, r: f64) -> f64 {
     let p = a * b;
     let pe = a.mul_add(b, -p);
     let (s, se) = two_sum(p, c);
-    if r == 0.0 && s == 0.0 && se == 0.0 && pe == 0.0 {
-        return zero_sum_sign(p, c, rnd);
-    }
-    // exact - r = (s - r) + se + pe.
     let (t, te) = two_sum(s, -r);
-    let err = t + (te + se + pe);
-    adjust64(r, err, rnd)
+    // The expansion, smallest term first, none overlapping the next.
+    let mut expansion: Vec<f64> = Vec::with_capacity(4);
+    for term in [pe, se, te, t] {
+        let mut sum = term;
+        let mut grown = Vec::with_capacity(expansion.len() + 1);
+        for &e in &expansion {
+            let (s, err) = two_sum(sum, e);
+            if err != 0.0 {
+                grown.push(err);
+            }
+            sum = s;
+        }
+        grown.push(sum);
+        expansion = grown;
+    }
+    expansion
+        .into_iter()
+        .rev()
+        .find(|&e| e != 0.0)
+        .unwrap_or(0.0)
 }
 
 /// f64 `a / b` with `rnd`.
 pub(crate) fn div64(a: f64, b: f64, rnd: Rnd) -> f64 {
     let q = a / b;
-    if matches!(rnd, Rnd::Rn | Rnd::Default) || q == 0.0 {
+    if matches!(rnd, Rnd::Rn | Rnd::Default) || a == 0.0 || b.is_infinite() {
         return q;
     }
     if !q.is_finite() {
@@ -204,6 +285,13 @@ pub(crate) fn div64(a: f64, b: f64, rnd: Rnd) -> f64 {
         } else {
             q
         };
+    }
+    if a.abs() < TINY {
+        // The residual a - q * b, about 2^-53 of `a`, may lie below the smallest double: its
+        // sign is that of the residual 2^900 larger, which is exact (|q| is below 2^108 here,
+        // as |b| is at least the smallest double, so nothing overflows).
+        let up = |x: f64| x * 2f64.powi(900);
+        return adjust64(q, (-up(q)).mul_add(b, up(a)) * b.signum(), rnd);
     }
     let r = (-q).mul_add(b, a);
     adjust64(q, r * b.signum(), rnd)
@@ -214,6 +302,11 @@ pub(crate) fn sqrt64(a: f64, rnd: Rnd) -> f64 {
     let r = a.sqrt();
     if matches!(rnd, Rnd::Rn | Rnd::Default) || !r.is_finite() || r == 0.0 {
         return r;
+    }
+    // The residual a - r * r is exact only where its last bit is a double's: for a tiny `a`
+    // (subnormal, say), the root of a * 2^200 is the root 2^100 larger, rounded alike.
+    if a < 2f64.powi(-900) {
+        return sqrt64(a * 2f64.powi(200), rnd) * 2f64.powi(-100);
     }
     adjust64(r, (-r).mul_add(r, a), rnd)
 }
@@ -376,13 +469,16 @@ pub(crate) fn round_half(hi: f64, lo: f64, fmt: Half, rnd: Rnd) -> u16 {
         let up = frac > 0.5 || (frac == 0.5 && (rest > 0.0 || (rest == 0.0 && n % 2.0 == 1.0)));
         n + f64::from(u8::from(up))
     } else {
-        // The exact magnitude lies in [floor, floor + 1), strictly above floor when `above`.
-        let (floor, above) = if frac == 0.0 && rest < 0.0 {
-            (n - 1.0, true)
-        } else {
-            (n, frac > 0.0 || rest > 0.0)
-        };
-        floor + f64::from(u8::from(away && above))
+        if frac == 0.0 && rest < 0.0 && qexp + man <= fmt.emax() {
+            // Just below `a`, which the format holds: away from zero that is `a`, toward zero
+            // the value before it, one down in the bits (in the binade below when `a` is a
+            // power of two, whose quantum is half `a`'s).
+            let at = finite_bits(n, qexp, fmt);
+            return sign | if away { at } else { at - 1 };
+        }
+        // Otherwise the exact magnitude lies in [n, n + 1): n toward zero, n + 1 away when
+        // anything lies above n.
+        n + f64::from(u8::from(away && (frac > 0.0 || rest > 0.0)))
     };
     let one = 2f64.powi(man);
     let (m, qexp) = if m >= 2.0 * one {
@@ -390,15 +486,21 @@ pub(crate) fn round_half(hi: f64, lo: f64, fmt: Half, rnd: Rnd) -> u16 {
     } else {
         (m, qexp)
     };
-    if m < one {
-        // Subnormal (or zero): the quantum is the smallest one.
-        return sign | m as u16;
-    }
-    let exponent = qexp + man;
-    if exponent > fmt.emax() {
+    if qexp + man > fmt.emax() {
         return sign | if nearest || away { inf } else { max_finite };
     }
-    sign | (((exponent + fmt.emax()) << man) as u16) | (m - one) as u16
+    sign | finite_bits(m, qexp, fmt)
+}
+
+/// The bits of `m * 2^qexp`, for a significand `m` (an integer) in `fmt`'s normal range at
+/// that quantum, or below it at the smallest quantum (a subnormal).
+fn finite_bits(m: f64, qexp: i32, fmt: Half) -> u16 {
+    let man = fmt.man_bits();
+    let one = 2f64.powi(man);
+    if m < one {
+        return m as u16;
+    }
+    (((qexp + man + fmt.emax()) << man) as u16) | (m - one) as u16
 }
 
 /// `x op y` in `fmt`, both given as their bits, rounded once with `rnd`: what PTX's `add`,
@@ -531,5 +633,361 @@ mod half_tests {
         assert_eq!(half_op(HalfOp::Mul, fmt, Rnd::Rn, minus, a, 0), minus);
         let inf = bits(f64::INFINITY);
         assert_eq!(half_op(HalfOp::Sub, fmt, Rnd::Rn, inf, inf, 0), HALF_NAN);
+    }
+}
+
+/// Every function above against rustc_apfloat (LLVM's APFloat in Rust: a second, independent
+/// implementation of IEEE 754 arithmetic in every rounding direction), bit for bit, on special
+/// values, random bit patterns and operands drawn to make ties and near-ties.
+#[cfg(test)]
+mod against_apfloat {
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+    use rustc_apfloat::ieee::{BFloat, Double, Half as ApHalf, Quad, Single};
+    use rustc_apfloat::{Float, FloatConvert, Round};
+
+    use super::*;
+
+    /// PTX's rounding modifiers and IEEE's directions, both spellings of the integer ones.
+    const MODES: [(Rnd, Round); 8] = [
+        (Rnd::Rn, Round::NearestTiesToEven),
+        (Rnd::Rz, Round::TowardZero),
+        (Rnd::Rm, Round::TowardNegative),
+        (Rnd::Rp, Round::TowardPositive),
+        (Rnd::Rni, Round::NearestTiesToEven),
+        (Rnd::Rzi, Round::TowardZero),
+        (Rnd::Rmi, Round::TowardNegative),
+        (Rnd::Rpi, Round::TowardPositive),
+    ];
+    /// The modes the arithmetic instructions take.
+    const ARITHMETIC: &[(Rnd, Round)] = MODES.split_at(4).0;
+    const CASES: usize = 100_000;
+
+    fn rng() -> ChaCha8Rng {
+        ChaCha8Rng::seed_from_u64(0x7a4d_e301)
+    }
+
+    /// Equal bits, or both NaN (PTX's NaN is canonical; which NaN IEEE gives is not fixed).
+    fn same(ours: u128, ours_nan: bool, theirs: impl Float) -> bool {
+        match ours_nan {
+            true => theirs.is_nan(),
+            false => ours == theirs.to_bits(),
+        }
+    }
+
+    fn single(x: f32) -> Single {
+        Single::from_bits(x.to_bits().into())
+    }
+
+    fn double(x: f64) -> Double {
+        Double::from_bits(x.to_bits().into())
+    }
+
+    /// A float of `bits` bits, `exponent_bits` of them the exponent: special values, random
+    /// patterns, and values whose biased exponent lies within `spread` below `top` (a pair
+    /// drawn with one `top` is close enough to round, and often tie) with a mantissa whose
+    /// low bits are often zero.
+    fn draw(rng: &mut impl Rng, bits: u32, exponent_bits: u32, top: u64, spread: u64) -> u64 {
+        let mantissa_bits = bits - 1 - exponent_bits;
+        let max_exponent = (1u64 << exponent_bits) - 1;
+        let sign = u64::from(rng.random::<bool>()) << (bits - 1);
+        let full = if bits == 64 {
+            u64::MAX
+        } else {
+            (1 << bits) - 1
+        };
+        match rng.random_range(0..8) {
+            0 => {
+                let special = [
+                    0,
+                    1,
+                    (1 << mantissa_bits) - 1,
+                    1 << mantissa_bits,
+                    (max_exponent << mantissa_bits) - 1,
+                    max_exponent << mantissa_bits,
+                    (max_exponent << mantissa_bits) | 1,
+                    (max_exponent - 1) << (mantissa_bits - 1), // 1.0's neighbourhood: 0.5
+                ];
+                sign | special[rng.random_range(0..special.len())]
+            }
+            1 => rng.random::<u64>() & full,
+            _ => {
+                let exponent = top
+                    .saturating_sub(rng.random_range(0..=spread))
+                    .min(max_exponent - 1);
+                let zeros = rng.random_range(0..=mantissa_bits);
+                let mantissa = (rng.random::<u64>() & ((1 << mantissa_bits) - 1)) >> zeros << zeros;
+                sign | exponent << mantissa_bits | mantissa
+            }
+        }
+    }
+
+    fn draw32(rng: &mut impl Rng, top: u64, spread: u64) -> f32 {
+        f32::from_bits(draw(rng, 32, 8, top, spread) as u32)
+    }
+
+    fn draw64(rng: &mut impl Rng, top: u64, spread: u64) -> f64 {
+        f64::from_bits(draw(rng, 64, 11, top, spread))
+    }
+
+    #[test]
+    fn f32_arithmetic_in_every_direction() {
+        let mut rng = rng();
+        for _ in 0..CASES {
+            let top = rng.random_range(0..=255);
+            let (a, b, c) = (
+                draw32(&mut rng, top, 30),
+                draw32(&mut rng, top, 30),
+                draw32(&mut rng, top, 30),
+            );
+            // An addend near the product's size: the sums that cancel or tie.
+            let near_product = draw32(&mut rng, (top * 2).saturating_sub(127), 30);
+            for &(rnd, round) in ARITHMETIC {
+                let (x, y, z) = (single(a), single(b), single(c));
+                for (what, ours, theirs) in [
+                    ("add", add32(a, b, rnd), x.add_r(y, round).value),
+                    ("mul", mul32(a, b, rnd), x.mul_r(y, round).value),
+                    ("div", div32(a, b, rnd), x.div_r(y, round).value),
+                    ("fma", fma32(a, b, c, rnd), x.mul_add_r(y, z, round).value),
+                    (
+                        "fma near the product",
+                        fma32(a, b, near_product, rnd),
+                        x.mul_add_r(y, single(near_product), round).value,
+                    ),
+                ] {
+                    assert!(
+                        same(ours.to_bits().into(), ours.is_nan(), theirs),
+                        "{what} {rnd:?} {a:e} {b:e} {c:e} {near_product:e}: {ours:e}, IEEE {}",
+                        theirs
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn f64_arithmetic_in_every_direction() {
+        let mut rng = rng();
+        for _ in 0..CASES {
+            let top = rng.random_range(0..=2047);
+            let (a, b, c) = (
+                draw64(&mut rng, top, 60),
+                draw64(&mut rng, top, 60),
+                draw64(&mut rng, top, 60),
+            );
+            let near_product = draw64(&mut rng, (top * 2).saturating_sub(1023), 60);
+            for &(rnd, round) in ARITHMETIC {
+                let (x, y, z) = (double(a), double(b), double(c));
+                for (what, ours, theirs) in [
+                    ("add", add64(a, b, rnd), x.add_r(y, round).value),
+                    ("mul", mul64(a, b, rnd), x.mul_r(y, round).value),
+                    ("div", div64(a, b, rnd), x.div_r(y, round).value),
+                    ("fma", fma64(a, b, c, rnd), x.mul_add_r(y, z, round).value),
+                    (
+                        "fma near the product",
+                        fma64(a, b, near_product, rnd),
+                        x.mul_add_r(y, double(near_product), round).value,
+                    ),
+                ] {
+                    assert!(
+                        same(ours.to_bits().into(), ours.is_nan(), theirs),
+                        "{what} {rnd:?} {a:e} {b:e} {c:e} {near_product:e}: {ours:e}, IEEE {}",
+                        theirs
+                    );
+                }
+            }
+        }
+    }
+
+    /// APFloat has no square root: a root is checked by squaring, exactly (an f32's or an
+    /// f64's square, and their midpoints', fit binary128): the nearest lies between the
+    /// squares of its midpoints with its neighbours, a directed one on the right side of `a`
+    /// with its neighbour on the other.
+    fn check_root(a: f64, rnd: Rnd, r: f64, up: fn(f64) -> f64, down: fn(f64) -> f64) {
+        let quad = |x: f64| -> Quad { double(x).convert(&mut false).value };
+        let square = |q: Quad| (q * q).value;
+        let half = quad(0.5);
+        let mid_square = |x: f64, y: f64| square(((quad(x) + quad(y)).value * half).value);
+        if a.is_nan() || a < 0.0 {
+            assert!(r.is_nan(), "sqrt {rnd:?} {a:e}: {r:e}");
+            return;
+        }
+        if a == 0.0 || a.is_infinite() {
+            assert_eq!(r.to_bits(), a.to_bits(), "sqrt {rnd:?} {a:e}");
+            return;
+        }
+        let (r2, a) = (square(quad(r)), quad(a));
+        let holds = match rnd {
+            Rnd::Rn => mid_square(down(r), r) <= a && a <= mid_square(r, up(r)),
+            Rnd::Rz | Rnd::Rm => r2 <= a && a < square(quad(up(r))),
+            _ => square(quad(down(r))) < a && a <= r2,
+        };
+        assert!(holds, "sqrt {rnd:?} {a}: {r:e}");
+    }
+
+    #[test]
+    fn square_roots_in_every_direction() {
+        let mut rng = rng();
+        for _ in 0..CASES {
+            let top = rng.random_range(0..=2047);
+            let (a32, a64) = (draw32(&mut rng, top / 8, 255), draw64(&mut rng, top, 2047));
+            for &(rnd, _) in ARITHMETIC {
+                check_root(
+                    a32.into(),
+                    rnd,
+                    sqrt32(a32, rnd).into(),
+                    |r| f64::from((r as f32).next_up()),
+                    |r| f64::from((r as f32).next_down()),
+                );
+                check_root(a64, rnd, sqrt64(a64, rnd), f64::next_up, f64::next_down);
+            }
+        }
+    }
+
+    /// Integers to floats, and floats to integral values.
+    #[test]
+    fn conversions_in_every_direction() {
+        let mut rng = rng();
+        for _ in 0..CASES {
+            let width = rng.random_range(1..=127);
+            let v = rng.random::<i128>() >> (128 - width);
+            let x = draw64(&mut rng, 1023 + 60, 70);
+            for (rnd, round) in MODES {
+                let ours = int_to_f32(v, rnd);
+                let theirs = Single::from_i128_r(v, round).value;
+                assert!(
+                    same(ours.to_bits().into(), false, theirs),
+                    "{v} {rnd:?}: {ours:e}"
+                );
+                let ours = int_to_f64(v, rnd);
+                let theirs = Double::from_i128_r(v, round).value;
+                assert!(
+                    same(ours.to_bits().into(), false, theirs),
+                    "{v} {rnd:?}: {ours:e}"
+                );
+                let ours = round_int(x, rnd);
+                let theirs = double(x).round_to_integral(round).value;
+                assert!(
+                    same(ours.to_bits().into(), ours.is_nan(), theirs),
+                    "{x:e} {rnd:?}"
+                );
+            }
+        }
+        for h in 0..=u16::MAX {
+            let ours = f16_to_f32(h);
+            let theirs: Single = ApHalf::from_bits(h.into()).convert(&mut false).value;
+            assert!(
+                same(ours.to_bits().into(), ours.is_nan(), theirs),
+                "{h:#x}: {ours:e}"
+            );
+        }
+    }
+
+    /// `hi + lo` as one binary128 (exact: `lo` lies within 100 bits of `hi` here), rounded by
+    /// APFloat into `F`.
+    fn pair<F: Float>(hi: f64, lo: f64, round: Round) -> F
+    where
+        Quad: FloatConvert<F>,
+    {
+        let quad = |x: f64| -> Quad { double(x).convert(&mut false).value };
+        // No error term: `hi` itself, a negative zero included (IEEE's -0 + 0 is +0).
+        let exact = match lo {
+            0.0 => quad(hi),
+            _ => (quad(hi) + quad(lo)).value,
+        };
+        exact.convert_r(round, &mut false).value
+    }
+
+    /// A value with its error term: a random double, or the midpoint of two neighbouring
+    /// values of a format `shift` bits shorter, then an error term a few bits long, up to 40
+    /// bits below `hi`'s last, or none.
+    fn draw_pair(rng: &mut impl Rng, top: u64, shift: u32) -> (f64, f64) {
+        let mut hi = draw64(rng, top, 40);
+        if rng.random::<bool>() && hi.is_finite() {
+            let bits = hi.to_bits() >> shift << shift | 1 << (shift - 1);
+            hi = f64::from_bits(bits);
+        }
+        let lo = match rng.random_range(0..3) {
+            0 => 0.0,
+            _ if !hi.is_normal() || hi.abs() == f64::MAX => 0.0,
+            _ => {
+                let ulp = hi.abs().next_up() - hi.abs();
+                let scale = 2f64.powi(-rng.random_range(1..=40));
+                (rng.random_range(-31..=31) as f64) * ulp * scale / 32.0
+            }
+        };
+        (hi, lo)
+    }
+
+    /// The rounding of a value with its error term: to f32 (`cvt.f32.f64` and the basic
+    /// operations), to f16 and to bf16.
+    #[test]
+    fn pairs_round_to_each_format_in_every_direction() {
+        let mut rng = rng();
+        for _ in 0..CASES {
+            let top = rng.random_range(1023 - 160..=1023 + 160);
+            let (hi, lo) = draw_pair(&mut rng, top, 29);
+            let top = rng.random_range(1023 - 140..=1023 + 130);
+            let (hi16, lo16) = draw_pair(&mut rng, top, 42);
+            for (rnd, round) in MODES {
+                // To nearest, round32 takes `hi` as the nearest double to the exact value.
+                let lo = if matches!(rnd, Rnd::Rn | Rnd::Rni) {
+                    0.0
+                } else {
+                    lo
+                };
+                let ours = round32(hi, lo, rnd);
+                let theirs: Single = pair(hi, lo, round);
+                assert!(
+                    same(ours.to_bits().into(), ours.is_nan(), theirs),
+                    "{hi:e} + {lo:e} {rnd:?}: {ours:e}, IEEE {theirs}"
+                );
+                for (fmt, theirs) in [
+                    (Half::F16, pair::<ApHalf>(hi16, lo16, round).to_bits()),
+                    (Half::Bf16, pair::<BFloat>(hi16, lo16, round).to_bits()),
+                ] {
+                    let ours = round_half(hi16, lo16, fmt, rnd);
+                    let nan = hi16.is_nan();
+                    assert!(
+                        (nan && ours == HALF_NAN) || (!nan && u128::from(ours) == theirs),
+                        "{fmt:?} {hi16:e} + {lo16:e} {rnd:?}: {ours:#x}, IEEE {theirs:#x}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Lanes' arithmetic in both 16-bit formats.
+    #[test]
+    fn half_arithmetic_in_every_direction() {
+        fn check<F: Float>(fmt: Half, rng: &mut impl Rng) {
+            let (exponent_bits, max) = match fmt {
+                Half::F16 => (5, 31),
+                Half::Bf16 => (8, 255),
+            };
+            for _ in 0..CASES {
+                let top = rng.random_range(0..=max);
+                let [x, y, z] = [(); 3].map(|()| draw(rng, 16, exponent_bits, top, 12) as u16);
+                let [a, b, c] = [x, y, z].map(|h| F::from_bits(h.into()));
+                for &(rnd, round) in ARITHMETIC {
+                    for (op, theirs) in [
+                        (HalfOp::Add, a.add_r(b, round).value),
+                        (HalfOp::Sub, a.sub_r(b, round).value),
+                        (HalfOp::Mul, a.mul_r(b, round).value),
+                        (HalfOp::Fma, a.mul_add_r(b, c, round).value),
+                    ] {
+                        let ours = half_op(op, fmt, rnd, x, y, z);
+                        assert!(
+                            (theirs.is_nan() && ours == HALF_NAN)
+                                || u128::from(ours) == theirs.to_bits(),
+                            "{fmt:?} {op:?} {rnd:?} {x:#x} {y:#x} {z:#x}: {ours:#x}, IEEE {:#x}",
+                            theirs.to_bits()
+                        );
+                    }
+                }
+            }
+        }
+        check::<ApHalf>(Half::F16, &mut rng());
+        check::<BFloat>(Half::Bf16, &mut rng());
     }
 }
