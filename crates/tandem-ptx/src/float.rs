@@ -6,11 +6,9 @@
 
 use crate::ir::Rnd;
 
-/// Adjusts nearest result `r` whose exact value is above it (`err > 0`) or below (`err < 0`).
+/// Adjusts nearest result `r` whose exact value is above it (`err > 0`) or below (`err < 0`);
+/// an exact `r` (`err` 0) and NaN stay.
 fn adjust64(r: f64, err: f64, rnd: Rnd) -> f64 {
-    if r.is_nan() || err == 0.0 || err.is_nan() {
-        return r;
-    }
     match rnd {
         Rnd::Rm | Rnd::Rmi if err < 0.0 => r.next_down(),
         Rnd::Rp | Rnd::Rpi if err > 0.0 => r.next_up(),

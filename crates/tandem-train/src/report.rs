@@ -653,6 +653,23 @@ fn short(v: f64) -> String {
     }
 }
 
+/// The loss axis (a log scale: losses span decades, and it keeps the late, small differences
+/// visible): the runs' losses with a margin, or 0.01 to 10 where there are none to scale by.
+fn loss_range(report: &Report) -> (f64, f64) {
+    let losses = report
+        .runs
+        .iter()
+        .flat_map(|r| r.points.iter().filter_map(|p| p.loss));
+    let (min, max) = losses.fold((f64::INFINITY, 0.0f64), |(lo, hi), l| {
+        (lo.min(l), hi.max(l))
+    });
+    if min.is_finite() && min > 0.0 {
+        (min / 1.25, max * 1.25)
+    } else {
+        (0.01, 10.0)
+    }
+}
+
 fn loss_panel<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     report: &Report,
@@ -662,19 +679,7 @@ fn loss_panel<DB: DrawingBackend>(
         Axis::Seconds => "Training loss vs wall time",
         Axis::Examples => "Training loss vs examples seen",
     };
-    let losses = report
-        .runs
-        .iter()
-        .flat_map(|r| r.points.iter().filter_map(|p| p.loss));
-    let (min, max) = losses.fold((f64::INFINITY, 0.0f64), |(lo, hi), l| {
-        (lo.min(l), hi.max(l))
-    });
-    // Losses span decades: a log axis keeps the late, small differences visible.
-    let (min, max) = if min.is_finite() && min > 0.0 {
-        (min / 1.25, max * 1.25)
-    } else {
-        (0.01, 10.0)
-    };
+    let (min, max) = loss_range(report);
     let mut chart = panel(area, caption).build_cartesian_2d(
         0.0..axis.max(report),
         (min..max).log_scale().with_key_points(log_ticks(min, max)),
@@ -704,6 +709,77 @@ fn loss_panel<DB: DrawingBackend>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn clipping_cuts_where_the_line_crosses_and_nowhere_else() {
+        // A crossing away from x = 0 and over a run longer than 1: at x = 3.
+        let pieces = clip_below(&[(2.0, 0.8), (4.0, 1.0)], 0.9);
+        assert_eq!(pieces.len(), 1);
+        assert!((pieces[0][0].0 - 3.0).abs() < 1e-9, "{pieces:?}");
+        assert_eq!(pieces[0][1], (4.0, 1.0));
+        // Two points below in a row: one gap, not two.
+        let dip = [(0.0, 0.95), (1.0, 0.5), (2.0, 0.6), (3.0, 0.95)];
+        let pieces = clip_below(&dip, 0.9);
+        assert_eq!(pieces.iter().map(Vec::len).collect::<Vec<_>>(), [2, 2]);
+        // A point on the axis is kept once.
+        assert_eq!(
+            clip_below(&[(0.0, 0.9), (1.0, 0.95)], 0.9),
+            [vec![(0.0, 0.9), (1.0, 0.95)]]
+        );
+    }
+
+    #[test]
+    fn axes_read_their_quantity_and_leave_room_on_the_right() {
+        let mut report = report();
+        let point = &report.runs[0].points[3];
+        assert_eq!(Axis::Seconds.value(point), 1.5);
+        assert_eq!(Axis::Examples.value(point), 33_000.0);
+        assert_eq!(Axis::Seconds.max(&report), 2.5 * 1.03);
+        assert_eq!(Axis::Examples.max(&report), 55_000.0 * 1.03);
+        assert_eq!(Axis::Examples.label(0.0), "0");
+        for run in &mut report.runs {
+            run.points.clear();
+        }
+        assert_eq!(Axis::Seconds.max(&report), 1e-3);
+        assert_eq!(Axis::Examples.max(&report), 1.0);
+    }
+
+    #[test]
+    fn the_loss_axis_spans_the_losses_with_a_margin() {
+        let mut report = report();
+        // Losses 1/i for i = 1..=5.
+        assert_eq!(loss_range(&report), (1.0 / 5.0 / 1.25, 1.25));
+        report.runs[0].points[2].loss = Some(0.0);
+        assert_eq!(loss_range(&report), (0.01, 10.0));
+        for run in &mut report.runs {
+            run.points.iter_mut().for_each(|p| p.loss = None);
+        }
+        assert_eq!(loss_range(&report), (0.01, 10.0));
+    }
+
+    /// The charts as drawn: every panel's axis description, a legend entry per run and panel,
+    /// and a marker for every point each panel shows (accuracies above its floor, losses).
+    #[test]
+    fn every_panel_shows_each_runs_points_and_legend() {
+        let tmp = tempfile::tempdir().unwrap();
+        let svg = fs::read_to_string(write(&report(), tmp.path()).unwrap().svg).unwrap();
+        for desc in [Axis::Seconds.desc(), Axis::Examples.desc()] {
+            assert_eq!(svg.matches(desc).count(), 2, "{desc}");
+        }
+        for mode in ["sync", "async"] {
+            assert_eq!(
+                svg.matches(&format!(">\n{mode}\n</text>")).count(),
+                4,
+                "{mode}"
+            );
+        }
+        // 5 of each run's 6 accuracies are above 0.9, in two panels; 5 losses, in two.
+        assert_eq!(
+            svg.matches("r=\"4\"").count(),
+            2 * 2 * 5 + 2 * 2 * 5,
+            "{svg:.3000}"
+        );
+    }
 
     #[test]
     fn clipping_keeps_what_is_above_and_cuts_at_the_axis() {
@@ -854,6 +930,8 @@ mod tests {
         assert_eq!(accuracy_floor(&report), 0.9);
         report.runs[1] = run(Mode::Async, &[0.1, -3.0]);
         assert_eq!(accuracy_floor(&report), 0.0);
+        report.runs[1] = run(Mode::Async, &[0.1, 0.5]);
+        assert_eq!(accuracy_floor(&report), 0.4);
         report.runs.clear();
         assert_eq!(accuracy_floor(&report), 0.9);
     }
@@ -863,6 +941,12 @@ mod tests {
         assert_eq!(log_ticks(0.11, 3.5), [0.2, 0.3, 0.5, 1.0, 2.0, 3.0]);
         assert_eq!(log_ticks(0.001, 50.0), [0.001, 0.01, 0.1, 1.0, 10.0]);
         assert!(log_ticks(0.0, 1.0).is_empty());
+        assert!(log_ticks(2.0, 2.0).is_empty());
+        // Three decades still get their 2, 3 and 5.
+        assert_eq!(
+            log_ticks(0.01, 10.0),
+            [0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0]
+        );
         assert_eq!(short(0.05), "0.05");
         assert_eq!(short(0.3), "0.3");
         assert_eq!(short(2.0), "2");

@@ -179,28 +179,12 @@ fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, sweep: &Sweep) -> Dra
     let root = root.titled(&settings, ("sans-serif", 18))?;
     let panels = root.split_evenly((2, 1));
     let counts: Vec<usize> = sweep.points.iter().map(|p| p.workers).collect();
+    // The counts at 0, 1, 2...: a margin of 0.3 on each side (and room for one count).
     let x_range = -0.3..(counts.len() as f64 - 0.7).max(0.3);
-    let label = move |v: &f64| {
-        let i = v.round();
-        match counts.get(i as usize) {
-            Some(n) if (v - i).abs() < 1e-6 && i >= 0.0 => n.to_string(),
-            _ => String::new(),
-        }
-    };
-    let series = |mode: Mode, value: &Measure| -> Vec<(f64, f64)> {
-        sweep
-            .points
-            .iter()
-            .enumerate()
-            .filter_map(|(i, p)| {
-                let run = p.runs.iter().find(|r| r.mode == mode)?;
-                value(run).map(|v| (i as f64, v))
-            })
-            .collect()
-    };
+    let label = |v: &f64| worker_label(&counts, *v);
     let final_accuracy = |r: &Run| r.points.last().map(|p| p.accuracy);
     let target = sweep.target();
-    let examples_to = |r: &Run| r.reached(target).map(|p| p.examples as f64 / 1e6);
+    let examples_to = |r: &Run| examples_to(r, target);
     let panels_of: [(&str, &str, &Measure); 2] = [
         (
             "Final test accuracy",
@@ -216,19 +200,9 @@ fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, sweep: &Sweep) -> Dra
     for (area, (caption, y_desc, value)) in panels.iter().zip(panels_of) {
         let lines: Vec<(Mode, Vec<(f64, f64)>)> = [Mode::Sync, Mode::Async]
             .into_iter()
-            .map(|mode| (mode, series(mode, value)))
+            .map(|mode| (mode, series(sweep, mode, value)))
             .collect();
-        let values = lines.iter().flat_map(|(_, l)| l.iter().map(|p| p.1));
-        let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
-            (lo.min(v), hi.max(v))
-        });
-        let (lo, hi) = match lo.is_finite() {
-            true => {
-                let pad = ((hi - lo) * 0.1).max(1e-3);
-                (lo - pad, hi + pad)
-            }
-            false => (0.0, 1.0),
-        };
+        let (lo, hi) = padded(lines.iter().flat_map(|(_, l)| l.iter().map(|p| p.1)));
         let mut chart = ChartBuilder::on(area)
             .caption(caption, ("sans-serif", 24))
             .margin(16)
@@ -262,6 +236,46 @@ fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, sweep: &Sweep) -> Dra
         draw_legend(&mut chart, SeriesLabelPosition::UpperRight)?;
     }
     Ok(())
+}
+
+/// The x axis's label at `v`: the worker count drawn there (at 0, 1, 2...), none between.
+fn worker_label(counts: &[usize], v: f64) -> String {
+    let i = v.round();
+    match counts.get(i as usize) {
+        Some(n) if (v - i).abs() < 1e-6 && i >= 0.0 => n.to_string(),
+        _ => String::new(),
+    }
+}
+
+/// A mode's line: `value` of its run at each worker count that has one, at the count's place.
+fn series(sweep: &Sweep, mode: Mode, value: &Measure) -> Vec<(f64, f64)> {
+    sweep
+        .points
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| {
+            let run = p.runs.iter().find(|r| r.mode == mode)?;
+            value(run).map(|v| (i as f64, v))
+        })
+        .collect()
+}
+
+/// The examples (in millions) `run` took to reach `target`, if it did.
+fn examples_to(run: &Run, target: f64) -> Option<f64> {
+    run.reached(target).map(|p| p.examples as f64 / 1e6)
+}
+
+/// A y axis over `values` with a tenth of their spread (at least 0.001) on each side; 0 to 1
+/// for none.
+fn padded(values: impl Iterator<Item = f64>) -> (f64, f64) {
+    let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+        (lo.min(v), hi.max(v))
+    });
+    if !lo.is_finite() {
+        return (0.0, 1.0);
+    }
+    let pad = ((hi - lo) * 0.1).max(1e-3);
+    (lo - pad, hi + pad)
 }
 
 #[cfg(test)]
@@ -330,6 +344,31 @@ mod tests {
             async4.contains("not reached") && async4.contains("3.00 / 3"),
             "{async4}"
         );
+    }
+
+    #[test]
+    fn the_chart_places_each_count_and_its_values() {
+        let mut sweep = sweep();
+        assert_eq!(sweep.target(), 0.9);
+        let labels: Vec<String> = [-0.25, 0.0, 0.5, 1.0, 1.0 + 1e-3, 2.0]
+            .map(|v| worker_label(&[1, 4], v))
+            .into();
+        assert_eq!(labels, ["", "1", "", "4", "", ""]);
+        sweep.points[0].runs.retain(|r| r.mode == Mode::Async);
+        let to_half = |r: &Run| examples_to(r, 0.5);
+        assert_eq!(series(&sweep, Mode::Sync, &to_half), [(1.0, 0.001)]);
+        assert_eq!(
+            series(&sweep, Mode::Async, &to_half),
+            [(0.0, 0.002), (1.0, 0.002)]
+        );
+        assert_eq!(examples_to(&sweep.points[1].runs[1], 0.9), None);
+        let (lo, hi) = padded([0.5, 0.9, 0.7].into_iter());
+        assert!(
+            (lo - 0.46).abs() < 1e-12 && (hi - 0.94).abs() < 1e-12,
+            "{lo} {hi}"
+        );
+        assert_eq!(padded([0.5].into_iter()), (0.5 - 1e-3, 0.5 + 1e-3));
+        assert_eq!(padded(std::iter::empty()), (0.0, 1.0));
     }
 
     #[test]
