@@ -60,10 +60,11 @@ enum Task {
         #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..))]
         epochs: u64,
     },
-    /// Mutation testing with cargo-mutants of the strategies and their stores, the run driver,
-    /// the layer library, the optimiser update, the CPU operations, checkpoints, the worker
-    /// pool, the core contracts, the IDX reader and the image reader (the list is in
-    /// .cargo/mutants.toml); the report goes to mutants.out/. Takes hours on 2 cores.
+    /// Mutation testing with cargo-mutants of the strategies and their stores, the run driver
+    /// and its report, the layer library, the optimiser update, the CPU operations,
+    /// checkpoints, the worker pool, the core contracts, the IDX reader and the image reader
+    /// (the list is in .cargo/mutants.toml); the report goes to mutants.out/. Takes hours on 2
+    /// cores.
     Mutants {
         /// Passed to cargo mutants, e.g. `--iterate` (only what was missed last time) or
         /// `--file crates/tandem-strategy/src/sync.rs`.

@@ -24,27 +24,22 @@ fn adjust64(r: f64, err: f64, rnd: Rnd) -> f64 {
 /// float (a double has more than twice a float's bits and 2 more).
 pub(crate) fn round32(hi: f64, lo: f64, rnd: Rnd) -> f32 {
     let f = hi as f32;
-    if hi.is_nan() || matches!(rnd, Rnd::Rn | Rnd::Default | Rnd::Rni) {
-        // hi is the f64 rounding of the exact value; rounding again to f32 is innocuous for
-        // the basic operations (f64 has more than 2p+2 bits).
-        return f;
-    }
-    if hi.is_infinite() {
+    if matches!(rnd, Rnd::Rn | Rnd::Default | Rnd::Rni) || hi.is_infinite() {
+        // To nearest, hi is the f64 rounding of the exact value; rounding again to f32 is
+        // innocuous for the basic operations (f64 has more than 2p+2 bits). An infinite
+        // value is exact.
         return f;
     }
     // The sign of (exact - f): hi - f is exact (both within an f32 ulp), then lo breaks ties.
+    // A value past the largest float rounds to infinity, then one step back where the
+    // direction must stay finite; NaN, an exact value (err 0) and the rest stay.
     let d = hi - f as f64;
     let err = if d != 0.0 { d } else { lo };
-    if err == 0.0 {
-        return f;
-    }
     match rnd {
         Rnd::Rm | Rnd::Rmi if err < 0.0 => f.next_down(),
         Rnd::Rp | Rnd::Rpi if err > 0.0 => f.next_up(),
         Rnd::Rz | Rnd::Rzi if err < 0.0 && f > 0.0 => f.next_down(),
         Rnd::Rz | Rnd::Rzi if err > 0.0 && f < 0.0 => f.next_up(),
-        // Overflowed to infinity under a direction that must stay finite.
-        Rnd::Rz | Rnd::Rzi if f.is_infinite() => f32::MAX.copysign(f),
         _ => f,
     }
 }
@@ -109,11 +104,10 @@ pub(crate) fn div32(a: f32, b: f32, rnd: Rnd) -> f32 {
     }
     let (a64, b64) = (a as f64, b as f64);
     let q = a64 / b64;
-    if !q.is_finite() || q == 0.0 {
-        return round32(q, 0.0, rnd);
-    }
-    let r = (-q).mul_add(b64, a64); // exact remainder: a - q*b
-    round32(q, r * b64.signum(), rnd)
+    // The exact remainder a - q * b (NaN beside an infinite or NaN q, which stays): the
+    // quotient's error has its sign, turned by a negative divisor.
+    let r = (-q).mul_add(b64, a64);
+    round32(q, if b64 < 0.0 { -r } else { r }, rnd)
 }
 
 /// f32 square root with `rnd`.
@@ -123,9 +117,7 @@ pub(crate) fn sqrt32(a: f32, rnd: Rnd) -> f32 {
     }
     let x = a as f64;
     let r = x.sqrt();
-    if !r.is_finite() || r == 0.0 {
-        return r as f32;
-    }
+    // A zero, infinite or NaN root is exact (its residual 0 or NaN leaves it).
     round32(r, (-r).mul_add(r, x), rnd)
 }
 
@@ -154,8 +146,8 @@ fn overflow64(s: f64, rnd: Rnd) -> f64 {
     }
     match rnd {
         Rnd::Rz | Rnd::Rzi => f64::MAX.copysign(s),
-        Rnd::Rm | Rnd::Rmi if s > 0.0 => f64::MAX,
-        Rnd::Rp | Rnd::Rpi if s < 0.0 => f64::MIN,
+        Rnd::Rm | Rnd::Rmi if s.is_sign_positive() => f64::MAX,
+        Rnd::Rp | Rnd::Rpi if s.is_sign_negative() => f64::MIN,
         _ => s,
     }
 }
@@ -163,7 +155,7 @@ fn overflow64(s: f64, rnd: Rnd) -> f64 {
 /// f64 `a * b` with `rnd`.
 pub(crate) fn mul64(a: f64, b: f64, rnd: Rnd) -> f64 {
     let p = a * b;
-    if matches!(rnd, Rnd::Rn | Rnd::Default) || a == 0.0 || b == 0.0 {
+    if matches!(rnd, Rnd::Rn | Rnd::Default) {
         return p;
     }
     if !p.is_finite() {
@@ -176,7 +168,8 @@ pub(crate) fn mul64(a: f64, b: f64, rnd: Rnd) -> f64 {
     if p.abs() < TINY {
         // The product's error may lie below the smallest double (all of it when `p` is 0):
         // its sign is that of the error of both factors and `p` 2^1074 larger, where it is
-        // exact (each factor is below 2^109 here, so nothing overflows).
+        // exact (each factor is below 2^109 here, so nothing overflows; with a zero factor
+        // the error is 0 or NaN, and `p` stays).
         let up = |x: f64| x * 2f64.powi(537);
         return adjust64(p, up(a).mul_add(up(b), -up(up(p))), rnd);
     }
@@ -200,19 +193,14 @@ pub(crate) fn fma64(a: f64, b: f64, c: f64, rnd: Rnd) -> f64 {
     }
     if !(a * b).is_finite() {
         // The product overflows where the result does not: the same expansion at half the
-        // scale. Halving the larger factor and `r` is exact; `c` may lose a subnormal's last
-        // bit, but the product and `r` differ by a multiple of 2^900 here, so that bit
-        // cannot decide the sign.
-        let (a, b) = if a.abs() >= b.abs() {
-            (a / 2.0, b)
-        } else {
-            (a, b / 2.0)
-        };
-        return adjust64(r, fma_error(a, b, c / 2.0, r / 2.0), rnd);
+        // scale. Halving `a` (above 1, as |b| is below 2^1024) and `r` is exact; `c` may lose
+        // a subnormal's last bit, but the product and `r` differ by a multiple of 2^900 here,
+        // so that bit cannot decide the sign.
+        return adjust64(r, fma_error(a / 2.0, b, c / 2.0, r / 2.0), rnd);
     }
     let p = a * b;
     let err = if a != 0.0 && b != 0.0 && p.abs() < TINY {
-        tiny_product_error(a, b, c, r)
+        tiny_product_error(a, b, c, r, p)
     } else {
         fma_error(a, b, c, r)
     };
@@ -222,36 +210,42 @@ pub(crate) fn fma64(a: f64, b: f64, c: f64, rnd: Rnd) -> f64 {
     adjust64(r, err, rnd)
 }
 
-/// [`fma_error`] for a nonzero product below [`TINY`], whose own error may lie below the
-/// smallest double.
-fn tiny_product_error(a: f64, b: f64, c: f64, r: f64) -> f64 {
-    let small = 2f64.powi(-51);
-    if c.abs() < small && r.abs() < small {
+/// [`fma_error`] for a nonzero product below [`TINY`] (`p`, its rounding, perhaps a signed
+/// zero), whose own error may lie below the smallest double.
+fn tiny_product_error(a: f64, b: f64, c: f64, r: f64, p: f64) -> f64 {
+    if c.abs() < 2f64.powi(-51) {
         // Everything 2^1074 larger, where the product's error is a double and nothing
-        // overflows (the product is below 2^108 there, `c` and `r` below 2^1023).
+        // overflows (the product is below 2^108 there, `c` and `r`, within the product of
+        // `c`, at most 2^1023).
         let up = |x: f64| x * 2f64.powi(537);
         return fma_error(up(a), up(b), up(up(c)), up(up(r)));
     }
     // `c` and `r` are close multiples of 2^-104 or more, so c - r is exact and, unless 0,
     // far larger than the product: its sign decides, or the product's.
     match c - r {
-        0.0 => a.signum() * b.signum(),
+        0.0 => p.signum(),
         d => d,
     }
 }
 
 /// `a * b + c - r`, with the sign of the exact value (while `a * b` is finite): the exact
-/// terms of a TwoProduct and two TwoSums, summed without rounding (Shewchuk's expansion sum,
-/// whose largest term has the sign of the whole; a plain sum of the terms can round to the
-/// other side of 0).
+/// terms of a TwoProduct and two TwoSums, summed without rounding (a plain sum of them can
+/// round to the other side of 0).
 fn fma_error(a: f64, b: f64, c: f64, r: f64) -> f64 {
     let p = a * b;
     let pe = a.mul_add(b, -p);
     let (s, se) = two_sum(p, c);
     let (t, te) = two_sum(s, -r);
-    // The expansion, smallest term first, none overlapping the next.
-    let mut expansion: Vec<f64> = Vec::with_capacity(4);
-    for term in [pe, se, te, t] {
+    exact_sum(&[pe, se, te, t])
+}
+
+/// A double with the sign of the exact sum of `terms` (0 for 0): the largest term of their
+/// expansion (Shewchuk's, each term a double, none overlapping the next), whose sign is the
+/// whole's, while no partial sum overflows.
+fn exact_sum(terms: &[f64]) -> f64 {
+    // The expansion, smallest term first.
+    let mut expansion: Vec<f64> = Vec::with_capacity(terms.len());
+    for &term in terms {
         let mut sum = term;
         let mut grown = Vec::with_capacity(expansion.len() + 1);
         for &e in &expansion {
@@ -274,7 +268,7 @@ fn fma_error(a: f64, b: f64, c: f64, r: f64) -> f64 {
 /// f64 `a / b` with `rnd`.
 pub(crate) fn div64(a: f64, b: f64, rnd: Rnd) -> f64 {
     let q = a / b;
-    if matches!(rnd, Rnd::Rn | Rnd::Default) || a == 0.0 || b.is_infinite() {
+    if matches!(rnd, Rnd::Rn | Rnd::Default) {
         return q;
     }
     if !q.is_finite() {
@@ -287,12 +281,16 @@ pub(crate) fn div64(a: f64, b: f64, rnd: Rnd) -> f64 {
     if a.abs() < TINY {
         // The residual a - q * b, about 2^-53 of `a`, may lie below the smallest double: its
         // sign is that of the residual 2^900 larger, which is exact (|q| is below 2^108 here,
-        // as |b| is at least the smallest double, so nothing overflows).
+        // as |b| is at least the smallest double, so nothing overflows; a zero `a` or an
+        // infinite `b` leaves a zero `q` exact, with a residual of 0 or NaN).
         let up = |x: f64| x * 2f64.powi(900);
-        return adjust64(q, (-up(q)).mul_add(b, up(a)) * b.signum(), rnd);
+        let r = (-up(q)).mul_add(b, up(a));
+        return adjust64(q, if b < 0.0 { -r } else { r }, rnd);
     }
+    // The quotient's error has the residual's sign, turned by a negative divisor (NaN beside
+    // an infinite `b`, which leaves the zero `q`).
     let r = (-q).mul_add(b, a);
-    adjust64(q, r * b.signum(), rnd)
+    adjust64(q, if b < 0.0 { -r } else { r }, rnd)
 }
 
 /// f64 square root with `rnd`.
@@ -462,12 +460,12 @@ pub(crate) fn round_half(hi: f64, lo: f64, fmt: Half, rnd: Rnd) -> u16 {
     let q = a / quantum;
     let n = q.floor();
     let frac = q - n;
-    let rest = l / quantum;
+    // Only the error term's sign matters: it is far below the quantum.
     let m = if nearest {
-        let up = frac > 0.5 || (frac == 0.5 && (rest > 0.0 || (rest == 0.0 && n % 2.0 == 1.0)));
+        let up = frac > 0.5 || (frac == 0.5 && (l > 0.0 || (l == 0.0 && n % 2.0 == 1.0)));
         n + f64::from(u8::from(up))
     } else {
-        if frac == 0.0 && rest < 0.0 && qexp + man <= fmt.emax() {
+        if frac == 0.0 && l < 0.0 && qexp + man <= fmt.emax() {
             // Just below `a`, which the format holds: away from zero that is `a`, toward zero
             // the value before it, one down in the bits (in the binade below when `a` is a
             // power of two, whose quantum is half `a`'s).
@@ -476,7 +474,7 @@ pub(crate) fn round_half(hi: f64, lo: f64, fmt: Half, rnd: Rnd) -> u16 {
         }
         // Otherwise the exact magnitude lies in [n, n + 1): n toward zero, n + 1 away when
         // anything lies above n.
-        n + f64::from(u8::from(away && (frac > 0.0 || rest > 0.0)))
+        n + f64::from(u8::from(away && (frac > 0.0 || l > 0.0)))
     };
     let one = 2f64.powi(man);
     let (m, qexp) = if m >= 2.0 * one {
@@ -774,6 +772,9 @@ mod against_apfloat {
                 draw64(&mut rng, top, 60),
             );
             let near_product = draw64(&mut rng, (top * 2).saturating_sub(1023), 60);
+            // A product past the largest double, brought back by an addend of the other sign.
+            let (big_a, big_b) = (draw64(&mut rng, 1535, 0), draw64(&mut rng, 1535, 0));
+            let back = draw64(&mut rng, 2046, 0).abs().copysign(-big_a * big_b);
             for &(rnd, round) in ARITHMETIC {
                 let (x, y, z) = (double(a), double(b), double(c));
                 for (what, ours, theirs) in [
@@ -786,6 +787,13 @@ mod against_apfloat {
                         fma64(a, b, near_product, rnd),
                         x.mul_add_r(y, double(near_product), round).value,
                     ),
+                    (
+                        "fma past the largest double",
+                        fma64(big_a, big_b, back, rnd),
+                        double(big_a)
+                            .mul_add_r(double(big_b), double(back), round)
+                            .value,
+                    ),
                 ] {
                     assert!(
                         same(ours.to_bits().into(), ours.is_nan(), theirs),
@@ -795,6 +803,37 @@ mod against_apfloat {
                 }
             }
         }
+    }
+
+    /// `.ftz` flushes exactly the subnormals (APFloat's), keeping the sign; `.sat` clamps to
+    /// [0, 1] and takes NaN to 0.
+    #[test]
+    fn flushing_and_saturation() {
+        let mut rng = rng();
+        for _ in 0..CASES {
+            let x = draw32(&mut rng, 1, 2);
+            let flushed = ftz32(x);
+            match single(x).is_denormal() {
+                true => assert_eq!(flushed.to_bits(), x.to_bits() & 0x8000_0000, "{x:e}"),
+                false => assert_eq!(flushed.to_bits(), x.to_bits(), "{x:e}"),
+            }
+        }
+        for (x, saturated) in [(-0.5, 0.0), (0.25, 0.25), (1.5, 1.0), (f64::NAN, 0.0)] {
+            assert_eq!(sat64(x), saturated);
+            assert_eq!(sat32(x as f32), saturated as f32);
+        }
+        assert_eq!(sat64(f64::NEG_INFINITY), 0.0);
+        assert_eq!(sat32(f32::INFINITY), 1.0);
+    }
+
+    /// A sum whose plain evaluation loses both small terms (1 + 2^-80 is 1, and 1 + 2^-53 a
+    /// tie to 1) and ends at 0.
+    #[test]
+    fn sums_of_terms_are_exact() {
+        let (tiny, half_ulp) = (2f64.powi(-80), 2f64.powi(-53));
+        assert!(exact_sum(&[tiny, 1.0, half_ulp, -1.0]) > 0.0);
+        assert!(exact_sum(&[-tiny, 1.0, -half_ulp, -1.0]) < 0.0);
+        assert_eq!(exact_sum(&[1.0, tiny, -1.0, -tiny]), 0.0);
     }
 
     /// APFloat has no square root: a root is checked by squaring, exactly (an f32's or an
