@@ -179,8 +179,7 @@ fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, sweep: &Sweep) -> Dra
     let root = root.titled(&settings, ("sans-serif", 18))?;
     let panels = root.split_evenly((2, 1));
     let counts: Vec<usize> = sweep.points.iter().map(|p| p.workers).collect();
-    // The counts at 0, 1, 2...: a margin of 0.3 on each side (and room for one count).
-    let x_range = -0.3..(counts.len() as f64 - 0.7).max(0.3);
+    let x_range = x_range(counts.len());
     let label = |v: &f64| worker_label(&counts, *v);
     let final_accuracy = |r: &Run| r.points.last().map(|p| p.accuracy);
     let target = sweep.target();
@@ -236,6 +235,12 @@ fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, sweep: &Sweep) -> Dra
         draw_legend(&mut chart, SeriesLabelPosition::UpperRight)?;
     }
     Ok(())
+}
+
+/// The x axis of `n` worker counts drawn at 0, 1, 2...: a margin of 0.3 on each side (and
+/// room for one count).
+fn x_range(n: usize) -> std::ops::Range<f64> {
+    -0.3..(n as f64 - 0.7).max(0.3)
 }
 
 /// The x axis's label at `v`: the worker count drawn there (at 0, 1, 2...), none between.
@@ -354,6 +359,8 @@ mod tests {
             .map(|v| worker_label(&[1, 4], v))
             .into();
         assert_eq!(labels, ["", "1", "", "4", "", ""]);
+        assert_eq!(x_range(3), -0.3..2.3);
+        assert_eq!(x_range(0), -0.3..0.3);
         sweep.points[0].runs.retain(|r| r.mode == Mode::Async);
         let to_half = |r: &Run| examples_to(r, 0.5);
         assert_eq!(series(&sweep, Mode::Sync, &to_half), [(1.0, 0.001)]);
@@ -380,6 +387,15 @@ mod tests {
                 fs::metadata(path).unwrap().len() > 100,
                 "{}",
                 path.display()
+            );
+        }
+        // Each worker count labels its place on both panels' x axes.
+        let svg = fs::read_to_string(&written.svg).unwrap();
+        for count in ["1", "4"] {
+            assert_eq!(
+                svg.matches(&format!(">\n{count}\n</text>")).count(),
+                2,
+                "{count}"
             );
         }
         let png = fs::read(&written.png).unwrap();
