@@ -24,15 +24,15 @@ fn adjust64(r: f64, err: f64, rnd: Rnd) -> f64 {
 /// float (a double has more than twice a float's bits and 2 more).
 pub(crate) fn round32(hi: f64, lo: f64, rnd: Rnd) -> f32 {
     let f = hi as f32;
-    if matches!(rnd, Rnd::Rn | Rnd::Default | Rnd::Rni) || hi.is_infinite() {
-        // To nearest, hi is the f64 rounding of the exact value; rounding again to f32 is
-        // innocuous for the basic operations (f64 has more than 2p+2 bits). An infinite
-        // value is exact.
+    if matches!(rnd, Rnd::Rn | Rnd::Default | Rnd::Rni) {
+        // hi is the f64 rounding of the exact value; rounding again to f32 is innocuous for
+        // the basic operations (f64 has more than 2p+2 bits).
         return f;
     }
     // The sign of (exact - f): hi - f is exact (both within an f32 ulp), then lo breaks ties.
     // A value past the largest float rounds to infinity, then one step back where the
-    // direction must stay finite; NaN, an exact value (err 0) and the rest stay.
+    // direction must stay finite; NaN, an infinity (err NaN), an exact value (err 0) and the
+    // rest stay.
     let d = hi - f as f64;
     let err = if d != 0.0 { d } else { lo };
     match rnd {
@@ -102,12 +102,10 @@ pub(crate) fn div32(a: f32, b: f32, rnd: Rnd) -> f32 {
     if matches!(rnd, Rnd::Rn | Rnd::Default) {
         return a / b;
     }
-    let (a64, b64) = (a as f64, b as f64);
-    let q = a64 / b64;
-    // The exact remainder a - q * b (NaN beside an infinite or NaN q, which stays): the
-    // quotient's error has its sign, turned by a negative divisor.
-    let r = (-q).mul_add(b64, a64);
-    round32(q, if b64 < 0.0 { -r } else { r }, rnd)
+    // The double nearest the quotient of two floats is a float only when it is the exact
+    // quotient (an inexact one is at least 2^-48 of itself from every float), so it alone
+    // says on which side of its float the quotient lies.
+    round32(a as f64 / b as f64, 0.0, rnd)
 }
 
 /// f32 square root with `rnd`.
@@ -115,10 +113,8 @@ pub(crate) fn sqrt32(a: f32, rnd: Rnd) -> f32 {
     if matches!(rnd, Rnd::Rn | Rnd::Default) {
         return a.sqrt();
     }
-    let x = a as f64;
-    let r = x.sqrt();
-    // A zero, infinite or NaN root is exact (its residual 0 or NaN leaves it).
-    round32(r, (-r).mul_add(r, x), rnd)
+    // As for a quotient: the double nearest an inexact root of a float is no float.
+    round32((a as f64).sqrt(), 0.0, rnd)
 }
 
 /// f64 `a + b` with `rnd`.
