@@ -44,12 +44,13 @@ fn line_of(src: &str, needle: &str) -> usize {
     hits[0]
 }
 
-/// The launch failed with a shared-memory race message naming everything it should.
+/// The launch failed with a shared-memory race message naming everything it should: the
+/// offset, and each access's kind (`load`, `store`, `atomic`), thread and line.
 fn assert_race(
     r: Result<(), ExecError>,
     offset: u32,
-    earlier: (&str, usize),
-    later: (&str, usize),
+    earlier: (&str, &str, usize),
+    later: (&str, &str, usize),
 ) {
     let msg = match r {
         Err(ExecError::LaunchFailed(msg)) => msg,
@@ -60,8 +61,11 @@ fn assert_race(
         "kernel `k`".to_string(),
         "block (0,0,0)".to_string(),
         format!("shared offset {offset:#x}"),
-        format!("by thread {} at line {}", earlier.0, earlier.1),
-        format!("by thread {} at line {}", later.0, later.1),
+        format!(
+            "{} by thread {} at line {}",
+            earlier.0, earlier.1, earlier.2
+        ),
+        format!("{} by thread {} at line {}", later.0, later.1, later.2),
     ] {
         assert!(msg.contains(&want), "`{want}` not in: {msg}");
     }
@@ -121,8 +125,8 @@ fn reduction_without_step_barrier_races() {
     assert_race(
         r,
         4,
-        ("(0,0,0)", line_of(&src, "partner load")),
-        ("(1,0,0)", line_of(&src, "step store")),
+        ("load", "(0,0,0)", line_of(&src, "partner load")),
+        ("store", "(1,0,0)", line_of(&src, "step store")),
     );
 }
 
@@ -217,8 +221,8 @@ fn warp_exchange_without_warp_sync_races() {
         assert_race(
             r,
             4,
-            ("(0,0,0)", line_of(&src, "exchange load")),
-            ("(1,0,0)", line_of(&src, "exchange store")),
+            ("load", "(0,0,0)", line_of(&src, "exchange load")),
+            ("store", "(1,0,0)", line_of(&src, "exchange store")),
         );
     }
 }
@@ -246,8 +250,8 @@ fn warp_sync_orders_only_its_own_warp() {
     assert_race(
         r,
         4,
-        ("(32,0,0)", line_of(&src, "lane 0 store")),
-        ("(0,0,0)", line_of(&src, "lane 0 load")),
+        ("store", "(32,0,0)", line_of(&src, "lane 0 store")),
+        ("load", "(0,0,0)", line_of(&src, "lane 0 load")),
     );
 }
 
@@ -288,7 +292,101 @@ fn atomic_after_plain_store_races() {
     assert_race(
         r,
         0,
-        ("(0,0,0)", line_of(&src, "plain store")),
-        ("(1,0,0)", line_of(&src, "atomic add")),
+        ("store", "(0,0,0)", line_of(&src, "plain store")),
+        ("atomic", "(1,0,0)", line_of(&src, "atomic add")),
     );
+}
+
+/// Threads 35 and 40 (lanes 3 and 8 of the second warp) synchronise with `bar.warp.sync` of
+/// their two lanes, then 35 stores a word that 40 loads, with a second synchronisation between
+/// them or none.
+fn second_warp_pair(second_sync: bool) -> String {
+    let sync = if second_sync {
+        "bar.warp.sync 264;"
+    } else {
+        ""
+    };
+    kernel_src(&format!(
+        "
+	setp.eq.u32 %p1, %r1, 35;
+	setp.eq.u32 %p2, %r1, 40;
+	or.pred %p3, %p1, %p2;
+	@!%p3 bra DONE;
+	bar.warp.sync 264;
+	@%p1 st.shared.u32 [buf+1020], %r1; // pair store
+	{sync}
+	@%p2 ld.shared.u32 %r6, [buf+1020]; // pair load
+	@%p2 st.global.u32 [%rd1], %r6;
+DONE:"
+    ))
+}
+
+#[test]
+fn warp_sync_of_some_lanes_orders_them_in_a_later_warp() {
+    // Each thread's knowledge is of the lanes of its own warp: lane 3's store is ordered
+    // before lane 8's load by the sync of those two lanes alone (lane 1, thread 33, took part
+    // in none).
+    let (r, out) = run(&second_warp_pair(true), 64, 1, true);
+    r.expect("no race");
+    assert_eq!(out[0], 35);
+}
+
+#[test]
+fn a_store_after_the_last_warp_sync_races_with_the_partners_load() {
+    // A store made after a synchronisation is not ordered by it: the check must record the
+    // storing thread's clock as it is then, not as some other lane's. The word is shared
+    // memory's last.
+    let src = second_warp_pair(false);
+    let (r, _) = run(&src, 64, 1, true);
+    assert_race(
+        r,
+        1020,
+        ("store", "(35,0,0)", line_of(&src, "pair store")),
+        ("load", "(40,0,0)", line_of(&src, "pair load")),
+    );
+}
+
+#[test]
+fn a_threads_repeated_loads_do_not_hide_another_threads() {
+    // Thread 0 loads a word, thread 1 loads it twice and synchronises with thread 2, which then
+    // stores it: thread 1's loads are ordered before the store, thread 0's is not. The check
+    // keeps the last two readers that are distinct threads, not thread 1 twice.
+    let src = kernel_src(
+        "
+	setp.eq.u32 %p1, %r1, 0;
+	setp.eq.u32 %p2, %r1, 2;
+	@%p2 bra SYNC;
+	ld.shared.u32 %r6, [buf]; // first load
+	@%p1 bra DONE;
+	ld.shared.u32 %r7, [buf];
+SYNC:
+	bar.warp.sync 6;
+	@%p2 st.shared.u32 [buf], %r1; // ordered store
+DONE:",
+    );
+    let (r, _) = run(&src, 3, 1, true);
+    assert_race(
+        r,
+        0,
+        ("load", "(0,0,0)", line_of(&src, "first load")),
+        ("store", "(2,0,0)", line_of(&src, "ordered store")),
+    );
+}
+
+#[test]
+fn a_shared_access_past_the_end_is_an_error_with_the_check_on() {
+    // The check ignores what lies outside shared memory; the access itself is refused.
+    let src = kernel_src("\tst.shared.u32 [buf+1024], %r1;");
+    for check in [false, true] {
+        let (r, _) = run(&src, 1, 1, check);
+        match r {
+            Err(ExecError::IllegalAddress(msg)) => {
+                assert!(
+                    msg.contains("shared address 0x400 (4 bytes) outside"),
+                    "{msg}"
+                )
+            }
+            other => panic!("check {check}: expected a refused access, got {other:?}"),
+        }
+    }
 }
