@@ -259,13 +259,24 @@ fn shared_bounds_and_alignment() {
     let (r, out) = run_src(&kernel_src(decl, body), 1, 1, 4);
     r.expect("generic shared");
     assert_eq!(out, [5]);
+    // A generic address just past each window is a global one (and none is allocated there).
+    for end in ["0x7FFF010000000000", "0x7FFE010000000000"] {
+        let body = format!("\tmov.u64 %rd2, {end};\n\tld.u32 %r3, [%rd2];");
+        let (r, _) = run_src(&kernel_src(decl, &body), 1, 1, 4);
+        let global = format!("global address {}", end.to_lowercase());
+        assert!(
+            matches!(&r, Err(ExecError::IllegalAddress(m)) if m.contains(&global)),
+            "{r:?}"
+        );
+    }
 }
 
 #[test]
 fn local_bounds_and_alignment() {
     let decl = "\t.local .align 8 .b8 frame[16];";
-    // Each thread's frame is its own: thread 1's store does not show in thread 0's.
-    let body = "\tst.local.u32 [frame+12], %r1;\n\tld.local.u32 %r3, [frame+12];\n\tmul.wide.u32 %rd2, %r1, 4;\n\tadd.s64 %rd3, %rd1, %rd2;\n\tst.global.u32 [%rd3], %r3;";
+    // Each thread's frame is its own: thread 1's store does not show in thread 0's (the
+    // barrier lets every thread store before any loads).
+    let body = "\tst.local.u32 [frame+12], %r1;\n\tbar.sync 0;\n\tld.local.u32 %r3, [frame+12];\n\tmul.wide.u32 %rd2, %r1, 4;\n\tadd.s64 %rd3, %rd1, %rd2;\n\tst.global.u32 [%rd3], %r3;";
     let (r, out) = run_src(&kernel_src(decl, body), 1, 2, 8);
     r.expect("in bounds");
     assert_eq!(out, [0, 1]);
@@ -286,7 +297,11 @@ fn local_bounds_and_alignment() {
         4,
     );
     assert!(matches!(r, Err(ExecError::MisalignedAddress(_))), "{r:?}");
-    // Through a generic address (cvta.local), past the end.
+    // Through a generic address (cvta.local): each thread's own frame, then past its end.
+    let body = "\tmov.u64 %rd2, frame;\n\tcvta.local.u64 %rd3, %rd2;\n\tadd.u32 %r2, %r1, 7;\n\tst.u32 [%rd3+8], %r2;\n\tld.local.u32 %r3, [frame+8];\n\tmul.wide.u32 %rd4, %r1, 4;\n\tadd.s64 %rd5, %rd1, %rd4;\n\tst.global.u32 [%rd5], %r3;";
+    let (r, out) = run_src(&kernel_src(decl, body), 1, 2, 8);
+    r.expect("generic local");
+    assert_eq!(out, [7, 8]);
     let body = "\tmov.u64 %rd2, frame;\n\tcvta.local.u64 %rd3, %rd2;\n\tld.u32 %r3, [%rd3+20];";
     let (r, _) = run_src(&kernel_src(decl, body), 1, 1, 4);
     assert!(matches!(r, Err(ExecError::IllegalAddress(_))), "{r:?}");
@@ -487,13 +502,35 @@ fn f64_arithmetic_and_directed_rounding() {
 
 #[test]
 fn func_calls_pass_params_and_return_values() {
-    let src = format!(
-        "{HEAD}.func (.param .b32 func_retval0) twice(\n\t.param .b32 twice_param_0\n)\n{{\n\t.reg .b32 %r<3>;\n\tld.param.b32 %r1, [twice_param_0];\n\tshl.b32 %r2, %r1, 1;\n\tst.param.b32 [func_retval0], %r2;\n\tret;\n}}\n\
-.visible .entry k(\n\t.param .u64 out\n)\n{{\n\t.reg .b32 %r<5>;\n\t.reg .b64 %rd<4>;\n\tld.param.u64 %rd1, [out];\n\tmov.u32 %r1, %tid.x;\n\t{{\n\t.reg .b32 temp_param_reg;\n\t.param .b32 param0;\n\tst.param.b32 [param0], %r1;\n\t.param .b32 retval0;\n\tcall.uni (retval0),\n\ttwice,\n\t(\n\tparam0\n\t);\n\tld.param.b32 %r2, [retval0];\n\t}}\n\tmul.wide.u32 %rd2, %r1, 4;\n\tadd.s64 %rd3, %rd1, %rd2;\n\tst.global.u32 [%rd3], %r2;\n\tret;\n}}\n"
+    // With a barrier between a thread's parameter store and its call, every thread stores its
+    // parameter before any calls: each must still find its own.
+    for barrier in ["", "\n\tbar.sync 0;"] {
+        let (r, out) = run_src(&minus_for_each_thread(barrier), 1, 8, 32);
+        r.expect("launch");
+        assert_eq!(
+            out,
+            (0..8).map(|t| 2 * t).collect::<Vec<u32>>(),
+            "{barrier}"
+        );
+    }
+}
+
+#[test]
+fn a_store_to_a_kernel_parameter_is_refused() {
+    let (r, _) = run_src(&kernel_src("", "\tst.param.u64 [out], %rd1;"), 1, 1, 4);
+    assert!(
+        matches!(&r, Err(ExecError::IllegalAddress(m)) if m.contains("store to kernel parameter")),
+        "{r:?}"
     );
-    let (r, out) = run_src(&src, 1, 8, 32);
-    r.expect("launch");
-    assert_eq!(out, (0..8).map(|t| 2 * t).collect::<Vec<u32>>());
+}
+
+/// A kernel whose every thread calls `minus(3 * %tid.x, %tid.x)` through two parameters
+/// (`barrier` follows their stores) and writes the result to `out[%tid.x]`.
+fn minus_for_each_thread(barrier: &str) -> String {
+    format!(
+        "{HEAD}.func (.param .b32 func_retval0) minus(\n\t.param .b32 minus_param_0,\n\t.param .b32 minus_param_1\n)\n{{\n\t.reg .b32 %r<4>;\n\tld.param.b32 %r1, [minus_param_0];\n\tld.param.b32 %r2, [minus_param_1];\n\tsub.s32 %r3, %r1, %r2;\n\tst.param.b32 [func_retval0], %r3;\n\tret;\n}}\n\
+.visible .entry k(\n\t.param .u64 out\n)\n{{\n\t.reg .b32 %r<5>;\n\t.reg .b64 %rd<4>;\n\tld.param.u64 %rd1, [out];\n\tmov.u32 %r1, %tid.x;\n\tmul.lo.u32 %r4, %r1, 3;\n\t{{\n\t.reg .b32 temp_param_reg;\n\t.param .b32 param0;\n\tst.param.b32 [param0], %r4;\n\t.param .b32 param1;\n\tst.param.b32 [param1], %r1;{barrier}\n\t.param .b32 retval0;\n\tcall.uni (retval0),\n\tminus,\n\t(\n\tparam0,\n\tparam1\n\t);\n\tld.param.b32 %r2, [retval0];\n\t}}\n\tmul.wide.u32 %rd2, %r1, 4;\n\tadd.s64 %rd3, %rd1, %rd2;\n\tst.global.u32 [%rd3], %r2;\n\tret;\n}}\n"
+    )
 }
 
 #[test]
