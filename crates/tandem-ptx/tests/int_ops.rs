@@ -1,5 +1,5 @@
 //! Integer and bit instructions: bfind, fns, szext, bmsk, dp4a/dp2a, prmt modes, sad,
-//! min/max.relu, mul.hi.u64/s64, mad.cc/madc chains, min/max.NaN; each against a Rust
+//! min/max.relu, mul.hi.u64/s64, mad.cc/madc and sub.cc/subc chains, min/max.NaN; each against a Rust
 //! reference over edge-case inputs.
 mod common;
 
@@ -441,6 +441,58 @@ fn wide_multiply_hi_and_carry_chains() {
         let v25 = (r20 & 0xffff_ffff) | (r21 & 0xffff_ffff) << 32;
         let v26 = r21 >> 32;
         let want = mix(hu ^ lo, &[hs, hi, v25, v26], 5);
+        assert_eq!(o, want, "a {a:#x} b {b:#x}");
+    }
+}
+
+#[test]
+fn borrow_chains() {
+    let vals = [
+        0u64,
+        1,
+        2,
+        u64::MAX,
+        u64::MAX - 1,
+        1 << 63,
+        0x1_0000_0000,
+        0xffff_ffff,
+    ];
+    let inputs: Vec<(u64, u64)> = vals
+        .iter()
+        .flat_map(|&a| vals.iter().map(move |&b| (a, b)))
+        .collect();
+    // (b:a) - (a:b) in 128 bits through sub.cc/subc.cc, its borrow out as 0 - 0 - borrow; the
+    // same in 32 bits with the low halves, the borrow out as 1 - 0 - borrow.
+    let body = "
+	sub.cc.u64 %rd21, %rd10, %rd11;
+	subc.cc.u64 %rd22, %rd11, %rd10;
+	subc.u64 %rd23, 0, 0;
+	sub.cc.u32 %r20, %r10, %r11;
+	subc.cc.u32 %r21, %r11, %r10;
+	subc.u32 %r22, 1, 0;
+	mov.b64 %rd25, {%r20, %r21};
+	cvt.u64.u32 %rd26, %r22;
+	xor.b64 %rd20, %rd21, %rd22;"
+        .to_string()
+        + &mix_ptx(&[23, 25, 26], 7);
+    let out = run_pairs(&body, &inputs);
+    for (&(a, b), &o) in inputs.iter().zip(&out) {
+        let (m, s) = (
+            u128::from(b) << 64 | u128::from(a),
+            u128::from(a) << 64 | u128::from(b),
+        );
+        let d = m.wrapping_sub(s);
+        let (a32, b32) = (a & 0xffff_ffff, b & 0xffff_ffff);
+        let (m32, s32) = (b32 << 32 | a32, a32 << 32 | b32);
+        let want = mix(
+            d as u64 ^ (d >> 64) as u64,
+            &[
+                0u64.wrapping_sub(u64::from(m < s)),
+                m32.wrapping_sub(s32),
+                1 - u64::from(m32 < s32),
+            ],
+            7,
+        );
         assert_eq!(o, want, "a {a:#x} b {b:#x}");
     }
 }
