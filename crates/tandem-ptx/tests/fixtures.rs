@@ -250,6 +250,11 @@ fn shared_bounds_and_alignment() {
         matches!(&r, Err(ExecError::MisalignedAddress(m)) if m.contains("4-byte store at Shared address 0x2")),
         "{r:?}"
     );
+    let (r, _) = run_src(&kernel_src("", "\tst.global.u32 [%rd1+2], %r1;"), 1, 1, 4);
+    assert!(
+        matches!(&r, Err(ExecError::MisalignedAddress(m)) if m.contains("4-byte store at Global address 0x200000000002")),
+        "{r:?}"
+    );
     let (r, _) = run_src(&kernel_src(decl, "\tst.shared.u32 [s+12], %r1;\n\tld.shared.u32 %r3, [s+12];\n\tst.global.u32 [%rd1], %r3;"), 1, 1, 4);
     r.expect("in bounds");
     // Global: one past the allocation, and a generic access through cvta.
