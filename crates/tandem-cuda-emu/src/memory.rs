@@ -204,7 +204,7 @@ pub struct LaunchMemory {
 }
 
 impl GlobalMemory for LaunchMemory {
-    fn resolve(&self, addr: u64, len: usize, _write: bool) -> Result<*mut u8, Fault> {
+    fn resolve(&self, addr: u64, len: usize) -> Result<*mut u8, Fault> {
         let index = self.allocations.partition_point(|a| a.base <= addr);
         let allocation = index
             .checked_sub(1)

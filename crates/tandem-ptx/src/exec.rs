@@ -42,10 +42,10 @@ enum MemErr {
 }
 
 /// Resolved 4 KiB pages of global memory, direct-mapped by page number: (page address, host
-/// pointer, writable). Enough of them that a block whose threads each read rows of their own
+/// pointer). Enough of them that a block whose threads each read rows of their own
 /// (a product's operands) finds its pages again.
 struct PageCache {
-    entries: [(u64, usize, bool); PAGES_CACHED],
+    entries: [(u64, usize); PAGES_CACHED],
 }
 
 const PAGE: u64 = 4096;
@@ -54,7 +54,7 @@ const PAGES_CACHED: usize = 64;
 impl PageCache {
     fn new() -> PageCache {
         PageCache {
-            entries: [(u64::MAX, 0, false); PAGES_CACHED],
+            entries: [(u64::MAX, 0); PAGES_CACHED],
         }
     }
     fn resolve(
@@ -62,22 +62,20 @@ impl PageCache {
         mem: &dyn GlobalMemory,
         addr: u64,
         len: usize,
-        write: bool,
     ) -> Result<*mut u8, MemErr> {
         let page = addr & !(PAGE - 1);
-        let in_page = addr.wrapping_add(len as u64) <= page.wrapping_add(PAGE) && addr >= page;
-        if in_page {
+        if addr - page + len as u64 <= PAGE {
             let entry = &mut self.entries[(page / PAGE) as usize % PAGES_CACHED];
-            let (p, ptr, w) = *entry;
-            if p == page && (w || !write) {
+            let (p, ptr) = *entry;
+            if p == page {
                 return Ok((ptr + (addr - page) as usize) as *mut u8);
             }
-            if let Ok(ptr) = mem.resolve(page, PAGE as usize, write) {
-                *entry = (page, ptr as usize, write);
+            if let Ok(ptr) = mem.resolve(page, PAGE as usize) {
+                *entry = (page, ptr as usize);
                 return Ok(ptr.wrapping_add((addr - page) as usize));
             }
         }
-        mem.resolve(addr, len, write)
+        mem.resolve(addr, len)
             .map_err(|_| MemErr::Illegal(format!("global address {addr:#x} ({len} bytes)")))
     }
 }
@@ -222,9 +220,7 @@ impl BlockMem<'_> {
     ) -> Result<Place, MemErr> {
         let (space, addr) = classify_aligned(space, addr, size, kind.name())?;
         Ok(match space {
-            Space::Global => {
-                Place::Global(self.cache.resolve(mem, addr, size, kind != Kind::Load)?)
-            }
+            Space::Global => Place::Global(self.cache.resolve(mem, addr, size)?),
             _ => Place::Block(space, addr),
         })
     }

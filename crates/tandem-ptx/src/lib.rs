@@ -409,9 +409,9 @@ pub enum Fault {
 /// interpreter calls it for every `.global` (and generic-to-global) access.
 pub trait GlobalMemory: Sync {
     /// A pointer to `len` bytes at device address `addr`, all inside one live allocation this
-    /// launch may access, or why not. The pointer stays valid for the whole launch.
-    /// `write` says whether the access stores.
-    fn resolve(&self, addr: u64, len: usize, write: bool) -> Result<*mut u8, Fault>;
+    /// launch may access, or why not. The pointer stays valid for the whole launch. Loads and
+    /// stores alike: the one read-only space, `.const`, has no store instruction.
+    fn resolve(&self, addr: u64, len: usize) -> Result<*mut u8, Fault>;
 }
 
 /// What a launch is asked to do.

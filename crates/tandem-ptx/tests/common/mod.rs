@@ -82,7 +82,7 @@ impl Mem {
 }
 
 impl GlobalMemory for Mem {
-    fn resolve(&self, addr: u64, len: usize, _write: bool) -> Result<*mut u8, Fault> {
+    fn resolve(&self, addr: u64, len: usize) -> Result<*mut u8, Fault> {
         if addr < BASE {
             return Err(Fault::IllegalAddress);
         }
