@@ -547,7 +547,8 @@ fn ibin(op: IOp, ty: Ty, a: u64, b: u64) -> u64 {
         IOp::Shr => {
             let s = (b as u32).min(bits);
             if ty.signed() {
-                ((ia() >> s.min(bits - 1)) as u64 & m) | if s >= bits && ia() < 0 { m } else { 0 }
+                // Widened to 128 bits, a shift by the whole width leaves the sign in every bit.
+                (ia() >> s) as u64 & m
             } else if s >= bits {
                 0
             } else {

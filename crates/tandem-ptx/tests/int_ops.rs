@@ -1,5 +1,6 @@
 //! Integer and bit instructions: bfind, fns, szext, bmsk, dp4a/dp2a, prmt modes, sad,
-//! min/max.relu, mul.hi.u64/s64, mad.cc/madc and sub.cc/subc chains, min/max.NaN; each against a Rust
+//! min/max.relu, mul.hi.u64/s64, mad.cc/madc and sub.cc/subc chains,
+//! add/sub.sat, mul24, shifts past the width, division by zero, min/max.NaN; each against a Rust
 //! reference over edge-case inputs.
 mod common;
 
@@ -493,6 +494,89 @@ fn borrow_chains() {
             ],
             7,
         );
+        assert_eq!(o, want, "a {a:#x} b {b:#x}");
+    }
+}
+
+#[test]
+fn saturating_24_bit_shift_and_division_by_zero() {
+    let firsts = [
+        0u64,
+        1,
+        0x7fff_ffff,
+        0x8000_0000,
+        0xffff_ffff,
+        0x00ff_ffff,
+        0x0080_0000,
+        0x1234_5678,
+        0xfedc_ba98,
+        u64::MAX,
+        1 << 63,
+        0x1234_5678_9abc_def0,
+    ];
+    let seconds = [
+        0u64,
+        1,
+        5,
+        16,
+        23,
+        31,
+        32,
+        33,
+        63,
+        64,
+        65,
+        0xffff_ffff,
+        0x0080_0001,
+        0x7fff_ffff,
+        0x8000_0000,
+        0x00ff_fffe,
+    ];
+    let inputs: Vec<(u64, u64)> = firsts
+        .iter()
+        .flat_map(|&a| seconds.iter().map(move |&b| (a, b)))
+        .collect();
+    let body = "
+	add.sat.s32 %r20, %r10, %r11;
+	sub.sat.s32 %r21, %r10, %r11;
+	mul24.lo.u32 %r22, %r10, %r11;
+	mul24.hi.u32 %r23, %r10, %r11;
+	mul24.lo.s32 %r24, %r10, %r11;
+	mul24.hi.s32 %r25, %r10, %r11;
+	shr.s32 %r26, %r10, %r11;
+	shr.u32 %r27, %r10, %r11;
+	shl.b32 %r28, %r10, %r11;
+	rem.u32 %r29, %r10, %r11;
+	div.u32 %r30, %r10, %r11;
+	shr.s64 %rd20, %rd10, %r11;"
+        .to_string()
+        + &(20..31)
+            .map(|r| format!("\n\tcvt.u64.u32 %rd{}, %r{r};", r + 1))
+            .collect::<String>()
+        + &mix_ptx(&(21..32).collect::<Vec<u32>>(), 3);
+    let out = run_pairs(&body, &inputs);
+    for (&(a, b), &o) in inputs.iter().zip(&out) {
+        let (a32, b32) = (a as u32, b as u32);
+        let (sa, sb) = (a32 as i32, b32 as i32);
+        let (ua24, ub24) = (u64::from(a32 & 0xff_ffff), u64::from(b32 & 0xff_ffff));
+        let signed24 = |x: u32| i64::from(((x << 8) as i32) >> 8);
+        let (p, sp) = (ua24 * ub24, signed24(a32) * signed24(b32));
+        let results32 = [
+            sa.saturating_add(sb) as u32,
+            sa.saturating_sub(sb) as u32,
+            p as u32,
+            (p >> 16) as u32,
+            sp as u32,
+            (sp >> 16) as u32,
+            (sa >> b32.min(31)) as u32,
+            a32.checked_shr(b32).unwrap_or(0),
+            a32.checked_shl(b32).unwrap_or(0),
+            a32.checked_rem(b32).unwrap_or(a32),
+            a32.checked_div(b32).unwrap_or(u32::MAX),
+        ];
+        let shr64 = ((a as i64) >> b32.min(63)) as u64;
+        let results32: Vec<u64> = results32.iter().map(|&v| u64::from(v)).collect();
+        let want = mix(shr64, &results32, 3);
         assert_eq!(o, want, "a {a:#x} b {b:#x}");
     }
 }
