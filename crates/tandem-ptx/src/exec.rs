@@ -572,7 +572,6 @@ fn iun(op: IUn, ty: Ty, a: u64) -> u64 {
     match op {
         IUn::Abs => (int_val(a, ty).unsigned_abs() as u64) & m,
         IUn::Neg => a.wrapping_neg() & m,
-        IUn::Not if ty == Ty::Pred => (a & 1) ^ 1,
         IUn::Not => !a & m,
         IUn::Cnot => ((a & m) == 0) as u64,
         IUn::Popc => (a & m).count_ones() as u64,

@@ -1,6 +1,6 @@
 //! Integer and bit instructions: bfind, fns, szext, bmsk, dp4a/dp2a, prmt modes, sad,
 //! min/max.relu, mul.hi.u64/s64, mad.cc/madc and sub.cc/subc chains,
-//! add/sub.sat, mul24, shifts past the width, division by zero, min/max.NaN; each against a Rust
+//! add/sub.sat, mul24, shifts past the width, division by zero, abs/neg/not/cnot, min/max.NaN; each against a Rust
 //! reference over edge-case inputs.
 mod common;
 
@@ -499,7 +499,7 @@ fn borrow_chains() {
 }
 
 #[test]
-fn saturating_24_bit_shift_and_division_by_zero() {
+fn saturating_24_bit_shift_unary_and_division_by_zero() {
     let firsts = [
         0u64,
         1,
@@ -548,12 +548,17 @@ fn saturating_24_bit_shift_and_division_by_zero() {
 	shl.b32 %r28, %r10, %r11;
 	rem.u32 %r29, %r10, %r11;
 	div.u32 %r30, %r10, %r11;
+	abs.s32 %r31, %r10;
+	neg.s32 %r32, %r10;
+	not.b32 %r33, %r10;
+	cnot.b32 %r34, %r10;
 	shr.s64 %rd20, %rd10, %r11;"
         .to_string()
-        + &(20..31)
+        + &(20..35)
             .map(|r| format!("\n\tcvt.u64.u32 %rd{}, %r{r};", r + 1))
             .collect::<String>()
-        + &mix_ptx(&(21..32).collect::<Vec<u32>>(), 3);
+        + "\n\tabs.s64 %rd36, %rd10;\n\tnot.b64 %rd37, %rd10;"
+        + &mix_ptx(&(21..38).collect::<Vec<u32>>(), 3);
     let out = run_pairs(&body, &inputs);
     for (&(a, b), &o) in inputs.iter().zip(&out) {
         let (a32, b32) = (a as u32, b as u32);
@@ -573,10 +578,15 @@ fn saturating_24_bit_shift_and_division_by_zero() {
             a32.checked_shl(b32).unwrap_or(0),
             a32.checked_rem(b32).unwrap_or(a32),
             a32.checked_div(b32).unwrap_or(u32::MAX),
+            sa.unsigned_abs(),
+            sa.wrapping_neg() as u32,
+            !a32,
+            u32::from(a32 == 0),
         ];
         let shr64 = ((a as i64) >> b32.min(63)) as u64;
-        let results32: Vec<u64> = results32.iter().map(|&v| u64::from(v)).collect();
-        let want = mix(shr64, &results32, 3);
+        let mut rest: Vec<u64> = results32.iter().map(|&v| u64::from(v)).collect();
+        rest.extend([(a as i64).unsigned_abs(), !a]);
+        let want = mix(shr64, &rest, 3);
         assert_eq!(o, want, "a {a:#x} b {b:#x}");
     }
 }
