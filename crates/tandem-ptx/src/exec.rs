@@ -621,10 +621,7 @@ macro_rules! fbin {
     }};
 }
 
-fn fbin32(op: FOp, rnd: Rnd, approx: bool, a: f32, b: f32) -> f32 {
-    if approx && op == FOp::Div {
-        return ((a as f64) / (b as f64)) as f32;
-    }
+fn fbin32(op: FOp, rnd: Rnd, a: f32, b: f32) -> f32 {
     fbin!(f32, add32, mul32, div32, op, rnd, a, b)
 }
 
@@ -647,13 +644,11 @@ fn fun64(op: FUn, rnd: Rnd, a: f64) -> f64 {
     }
 }
 
-fn fun32(op: FUn, rnd: Rnd, approx: bool, a: f32) -> f32 {
+fn fun32(op: FUn, rnd: Rnd, a: f32) -> f32 {
     match op {
         FUn::Abs => a.abs(),
         FUn::Neg => -a,
-        FUn::Sqrt if approx => a.sqrt(),
         FUn::Sqrt => sqrt32(a, rnd),
-        FUn::Rcp if approx => 1.0 / a,
         FUn::Rcp => div32(1.0, a, rnd),
         // The approximate functions: computed in f64 and rounded once (see the crate docs).
         _ => fun64(op, Rnd::Rn, a as f64) as f32,
@@ -1420,7 +1415,6 @@ impl Ctx<'_> {
                     op,
                     ty,
                     rnd,
-                    approx,
                     ftz,
                     sat,
                     d,
@@ -1430,7 +1424,7 @@ impl Ctx<'_> {
                     r[d as usize] = if ty == Ty::F32 {
                         let (x, y) = (f32v(r[a as usize]), f32v(r[b as usize]));
                         let (x, y) = if ftz { (ftz32(x), ftz32(y)) } else { (x, y) };
-                        let mut v = fbin32(op, rnd, approx, x, y);
+                        let mut v = fbin32(op, rnd, x, y);
                         if ftz {
                             v = ftz32(v);
                         }
@@ -1483,7 +1477,6 @@ impl Ctx<'_> {
                     op,
                     ty,
                     rnd,
-                    approx,
                     ftz,
                     d,
                     a,
@@ -1491,7 +1484,7 @@ impl Ctx<'_> {
                     r[d as usize] = if ty == Ty::F32 {
                         let x = f32v(r[a as usize]);
                         let x = if ftz { ftz32(x) } else { x };
-                        let v = fun32(op, rnd, approx, x);
+                        let v = fun32(op, rnd, x);
                         f32b(if ftz { ftz32(v) } else { v })
                     } else {
                         fun64(op, rnd, f64::from_bits(r[a as usize])).to_bits()

@@ -472,6 +472,41 @@ fn cvt_modes() {
 }
 
 #[test]
+fn reciprocals_in_every_rounding_and_approximate_square_roots() {
+    let body = "
+	rcp.rn.f32 %f1, 0f40400000;
+	rcp.rz.f32 %f2, 0f40400000;
+	rcp.rp.f32 %f3, 0f40400000;
+	rcp.rm.f32 %f4, 0fC0400000;
+	rcp.rz.f32 %f5, 0fC0400000;
+	rcp.approx.f32 %f6, 0f40400000;
+	sqrt.approx.f32 %f7, 0f40000000;
+	rsqrt.approx.f32 %f8, 0f40000000;
+	st.global.v4.f32 [%rd1], {%f1, %f2, %f3, %f4};
+	st.global.v4.f32 [%rd1+16], {%f5, %f6, %f7, %f8};
+	rsqrt.approx.f64 %fd1, 0d4000000000000000;
+	rsqrt.approx.f64 %fd2, 0d4008000000000000;
+	rcp.approx.ftz.f64 %fd3, 0d4008000000000000;
+	st.global.v2.f64 [%rd1+32], {%fd1, %fd2};
+	st.global.f64 [%rd1+48], %fd3;";
+    let o = f32_results(body, 14);
+    let third = 1.0f32 / 3.0; // rounded up: 1/3 to nearest lies above it
+    let below = f32::from_bits(third.to_bits() - 1);
+    let f: Vec<f32> = o[..8].iter().map(|&b| f32::from_bits(b)).collect();
+    assert_eq!(f[..6], [third, below, third, -third, -below, third]);
+    assert_eq!(f[6], 2f32.sqrt());
+    assert!((f[7] * f[7] * 2.0 - 1.0).abs() < 2f32.powi(-21), "{}", f[7]);
+    let d: Vec<f64> = o[8..]
+        .chunks(2)
+        .map(|c| f64::from_bits(c[0] as u64 | (c[1] as u64) << 32))
+        .collect();
+    for (r, x) in [(d[0], 2.0), (d[1], 3.0)] {
+        assert!((r * r * x - 1.0).abs() < 2f64.powi(-48), "rsqrt({x}) = {r}");
+    }
+    assert_eq!(d[2], 1.0 / 3.0);
+}
+
+#[test]
 fn f64_arithmetic_and_directed_rounding() {
     let body = "
 	div.rn.f64 %fd1, 0d3FF0000000000000, 0d4008000000000000;
