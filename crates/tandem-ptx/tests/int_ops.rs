@@ -592,6 +592,48 @@ fn saturating_24_bit_shift_unary_and_division_by_zero() {
 }
 
 #[test]
+fn unsigned_comparisons_of_signed_values() {
+    // lo/ls/hi/hs compare the bits as unsigned whatever the type says; lt/gt follow the type.
+    let inputs: Vec<(u64, u64)> = pairs32()
+        .into_iter()
+        .chain([
+            (0xffff_ffff, 1),
+            (1, 0xffff_ffff),
+            (0x8000_0000, 0x7fff_ffff),
+            (5, 5),
+        ])
+        .collect();
+    let body = "
+	setp.lo.s32 %p1, %r10, %r11;
+	selp.u32 %r20, 1, 0, %p1;
+	setp.ls.s32 %p1, %r10, %r11;
+	selp.u32 %r21, 2, 0, %p1;
+	setp.hi.s32 %p1, %r10, %r11;
+	selp.u32 %r22, 4, 0, %p1;
+	setp.hs.s32 %p1, %r10, %r11;
+	selp.u32 %r23, 8, 0, %p1;
+	setp.lt.s32 %p1, %r10, %r11;
+	selp.u32 %r24, 16, 0, %p1;
+	setp.gt.u32 %p1, %r10, %r11;
+	selp.u32 %r25, 32, 0, %p1;
+	or.b32 %r20, %r20, %r21;
+	or.b32 %r20, %r20, %r22;
+	or.b32 %r20, %r20, %r23;
+	or.b32 %r20, %r20, %r24;
+	or.b32 %r20, %r20, %r25;
+	cvt.u64.u32 %rd20, %r20;";
+    let out = run_pairs(body, &inputs);
+    for (&(a, b), &o) in inputs.iter().zip(&out) {
+        let (a, b) = (a as u32, b as u32);
+        let flags = [a < b, a <= b, a > b, a >= b, (a as i32) < (b as i32), a > b];
+        let want: u64 = (flags.iter().enumerate())
+            .map(|(i, &f)| u64::from(f) << i)
+            .sum();
+        assert_eq!(o, want, "a {a:#x} b {b:#x}");
+    }
+}
+
+#[test]
 fn min_max_nan() {
     let nan = f32::NAN.to_bits() as u64;
     let one = 1f32.to_bits() as u64;
