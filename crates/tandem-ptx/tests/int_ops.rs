@@ -1,6 +1,7 @@
 //! Integer and bit instructions: bfind, fns, szext, bmsk, dp4a/dp2a, prmt modes, sad,
 //! min/max.relu, mul.hi.u64/s64, mad.cc/madc and sub.cc/subc chains,
-//! add/sub.sat, mul24, shifts past the width, division by zero, abs/neg/not/cnot, min/max.NaN; each against a Rust
+//! add/sub.sat, mul24, shifts past the width, division by zero, abs/neg/not/cnot, unsigned
+//! comparisons of signed types, float comparisons beside NaN, min/max.NaN; each against a Rust
 //! reference over edge-case inputs.
 mod common;
 
@@ -630,6 +631,63 @@ fn unsigned_comparisons_of_signed_values() {
             .map(|(i, &f)| u64::from(f) << i)
             .sum();
         assert_eq!(o, want, "a {a:#x} b {b:#x}");
+    }
+}
+
+#[test]
+fn float_comparisons_ordered_and_unordered() {
+    let vals = [
+        0.0f32,
+        -0.0,
+        1.0,
+        -1.0,
+        2.5,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+    ];
+    let inputs: Vec<(u64, u64)> = (vals.iter())
+        .flat_map(|&a| {
+            vals.iter()
+                .map(move |&b| (a.to_bits().into(), b.to_bits().into()))
+        })
+        .collect();
+    let cmps = [
+        "eq", "ne", "lt", "le", "gt", "ge", "equ", "neu", "ltu", "leu", "gtu", "geu", "num", "nan",
+    ];
+    let mut body = "\tmov.b32 %f1, %r10;\n\tmov.b32 %f2, %r11;\n\tmov.u32 %r20, 0;".to_string();
+    for (i, c) in cmps.iter().enumerate() {
+        body += &format!(
+            "\n\tsetp.{c}.f32 %p1, %f1, %f2;\n\tselp.u32 %r21, {}, 0, %p1;\n\tor.b32 %r20, %r20, %r21;",
+            1u32 << i
+        );
+    }
+    body += "\n\tcvt.u64.u32 %rd20, %r20;";
+    let out = run_pairs(&body, &inputs);
+    for (&(a, b), &o) in inputs.iter().zip(&out) {
+        let (x, y) = (f32::from_bits(a as u32), f32::from_bits(b as u32));
+        let nan = x.is_nan() || y.is_nan();
+        // Ordered: false beside a NaN (ne too); unordered: true beside one.
+        let flags = [
+            x == y,
+            !nan && x != y,
+            x < y,
+            x <= y,
+            x > y,
+            x >= y,
+            nan || x == y,
+            nan || x != y,
+            nan || x < y,
+            nan || x <= y,
+            nan || x > y,
+            nan || x >= y,
+            !nan,
+            nan,
+        ];
+        let want: u64 = (flags.iter().enumerate())
+            .map(|(i, &f)| u64::from(f) << i)
+            .sum();
+        assert_eq!(o, want, "{x} {y}");
     }
 }
 
