@@ -507,6 +507,22 @@ fn reciprocals_in_every_rounding_and_approximate_square_roots() {
 }
 
 #[test]
+fn wide_integers_to_16_bit_floats_round_from_their_exact_value() {
+    // 2^63 - 1 is 2^63 in f64: only what that rounding lost (-1) sends it below 2^63 toward zero.
+    let body = "
+	mov.u64 %rd2, 9223372036854775807;
+	cvt.rz.bf16.u64 %rs1, %rd2;
+	cvt.rn.bf16.u64 %rs2, %rd2;
+	mov.b32 %r2, {%rs1, %rs2};
+	st.global.u32 [%rd1], %r2;";
+    let (r, out) = run_src(&kernel_src("\t.reg .b16 %rs<4>;", body), 1, 1, 4);
+    r.expect("launch");
+    let bf16 = |x: f32| x.to_bits() >> 16; // exact for these values
+    let below = bf16(2f32.powi(63) - 2f32.powi(55));
+    assert_eq!(out[0], below | bf16(2f32.powi(63)) << 16);
+}
+
+#[test]
 fn f64_arithmetic_and_directed_rounding() {
     let body = "
 	div.rn.f64 %fd1, 0d3FF0000000000000, 0d4008000000000000;

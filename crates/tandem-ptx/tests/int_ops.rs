@@ -645,6 +645,8 @@ fn float_comparisons_ordered_and_unordered() {
         f32::INFINITY,
         f32::NEG_INFINITY,
         f32::NAN,
+        f32::from_bits(1),
+        -f32::from_bits(0x7f_ffff),
     ];
     let inputs: Vec<(u64, u64)> = (vals.iter())
         .flat_map(|&a| {
@@ -656,7 +658,9 @@ fn float_comparisons_ordered_and_unordered() {
         "eq", "ne", "lt", "le", "gt", "ge", "equ", "neu", "ltu", "leu", "gtu", "geu", "num", "nan",
     ];
     let mut body = "\tmov.b32 %f1, %r10;\n\tmov.b32 %f2, %r11;\n\tmov.u32 %r20, 0;".to_string();
-    for (i, c) in cmps.iter().enumerate() {
+    // The plain comparisons in bits 0-13, with .ftz (subnormal operands as zeros) in 14-27.
+    let ftz = cmps.iter().map(|c| format!("{c}.ftz"));
+    for (i, c) in (cmps.iter().map(|c| c.to_string())).chain(ftz).enumerate() {
         body += &format!(
             "\n\tsetp.{c}.f32 %p1, %f1, %f2;\n\tselp.u32 %r21, {}, 0, %p1;\n\tor.b32 %r20, %r20, %r21;",
             1u32 << i
@@ -664,11 +668,17 @@ fn float_comparisons_ordered_and_unordered() {
     }
     body += "\n\tcvt.u64.u32 %rd20, %r20;";
     let out = run_pairs(&body, &inputs);
-    for (&(a, b), &o) in inputs.iter().zip(&out) {
-        let (x, y) = (f32::from_bits(a as u32), f32::from_bits(b as u32));
+    let flush = |x: f32| {
+        if x.is_subnormal() {
+            0.0 * x.signum()
+        } else {
+            x
+        }
+    };
+    let flags = |x: f32, y: f32| {
         let nan = x.is_nan() || y.is_nan();
         // Ordered: false beside a NaN (ne too); unordered: true beside one.
-        let flags = [
+        [
             x == y,
             !nan && x != y,
             x < y,
@@ -683,11 +693,15 @@ fn float_comparisons_ordered_and_unordered() {
             nan || x >= y,
             !nan,
             nan,
-        ];
-        let want: u64 = (flags.iter().enumerate())
+        ]
+    };
+    for (&(a, b), &o) in inputs.iter().zip(&out) {
+        let (x, y) = (f32::from_bits(a as u32), f32::from_bits(b as u32));
+        let all = [flags(x, y), flags(flush(x), flush(y))].concat();
+        let want: u64 = (all.iter().enumerate())
             .map(|(i, &f)| u64::from(f) << i)
             .sum();
-        assert_eq!(o, want, "{x} {y}");
+        assert_eq!(o, want, "{x:e} {y:e}");
     }
 }
 
