@@ -523,6 +523,22 @@ fn wide_integers_to_16_bit_floats_round_from_their_exact_value() {
 }
 
 #[test]
+fn saturating_conversions_to_16_bit_floats_clamp_to_0_1_and_zero_nan() {
+    let body = "
+	cvt.rn.sat.f16.f32 %rs1, 0f3F000000;
+	cvt.rn.sat.f16.f32 %rs2, 0f40000000;
+	cvt.rn.sat.f16.f32 %rs3, 0fBF800000;
+	cvt.rn.sat.f16.f32 %rs4, 0f7FC00000;
+	mov.b32 %r2, {%rs1, %rs2};
+	mov.b32 %r3, {%rs3, %rs4};
+	st.global.v2.u32 [%rd1], {%r2, %r3};";
+    let (r, out) = run_src(&kernel_src("\t.reg .b16 %rs<8>;", body), 1, 1, 8);
+    r.expect("launch");
+    let f16 = |x: f32| u32::from(half::f16::from_f32(x).to_bits());
+    assert_eq!(out, [f16(0.5) | f16(1.0) << 16, 0]);
+}
+
+#[test]
 fn f64_arithmetic_and_directed_rounding() {
     let body = "
 	div.rn.f64 %fd1, 0d3FF0000000000000, 0d4008000000000000;
