@@ -539,6 +539,32 @@ fn saturating_conversions_to_16_bit_floats_clamp_to_0_1_and_zero_nan() {
 }
 
 #[test]
+fn conversions_to_integers_saturate_at_the_types_ends() {
+    let body = "
+	cvt.rzi.s32.f32 %r2, 0f501502F9;
+	cvt.rzi.s32.f32 %r3, 0fD01502F9;
+	cvt.rzi.u32.f32 %r4, 0f501502F9;
+	cvt.sat.s8.s32 %r5, 1000;
+	cvt.sat.s8.s32 %r6, -1000;
+	cvt.sat.u8.s32 %r7, 1000;
+	cvt.rni.s64.f64 %rd2, 0d4415AF1D78B58C40;
+	st.global.v4.u32 [%rd1], {%r2, %r3, %r4, %r5};
+	st.global.v2.u32 [%rd1+16], {%r6, %r7};
+	st.global.u64 [%rd1+24], %rd2;";
+    // 0f501502F9 is 1e10; 0d4415AF1D78B58C40 is 1e20.
+    let (r, out) = run_src(&kernel_src("", body), 1, 1, 32);
+    r.expect("launch");
+    assert_eq!(out[..3], [i32::MAX as u32, i32::MIN as u32, u32::MAX]);
+    // The 8-bit results' own bits (what a wider register holds above them is not asked here).
+    let low = |i: usize| out[i] as u8;
+    assert_eq!(
+        [low(3), low(4), low(5)],
+        [i8::MAX as u8, i8::MIN as u8, u8::MAX]
+    );
+    assert_eq!(u64::from(out[6]) | u64::from(out[7]) << 32, i64::MAX as u64);
+}
+
+#[test]
 fn f64_arithmetic_and_directed_rounding() {
     let body = "
 	div.rn.f64 %fd1, 0d3FF0000000000000, 0d4008000000000000;
