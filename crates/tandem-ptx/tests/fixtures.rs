@@ -233,6 +233,50 @@ fn global_atomics_under_contention_are_exact() {
 }
 
 #[test]
+fn every_atomic_operation_returns_the_old_value_and_stores_the_ptx_result() {
+    // One thread, so the order is the program's; the old values, then the final words.
+    let body = "
+	mov.u32 %r20, 61680;
+	mov.u32 %r21, 5;
+	mov.u32 %r22, 9;
+	st.global.v4.u32 [%rd1], {%r1, %r20, %r21, %r22};
+	atom.global.inc.u32 %r2, [%rd1], 2;
+	atom.global.inc.u32 %r3, [%rd1], 2;
+	atom.global.inc.u32 %r4, [%rd1], 2;
+	atom.global.dec.u32 %r5, [%rd1], 5;
+	atom.global.dec.u32 %r6, [%rd1], 5;
+	atom.global.dec.u32 %r7, [%rd1], 3;
+	atom.global.and.b32 %r8, [%rd1+4], 65280;
+	atom.global.or.b32 %r9, [%rd1+4], 15;
+	atom.global.xor.b32 %r10, [%rd1+4], 65535;
+	atom.global.min.s32 %r11, [%rd1+8], -3;
+	atom.global.max.s32 %r12, [%rd1+8], -7;
+	atom.global.max.u32 %r13, [%rd1+8], 1;
+	atom.global.min.u32 %r14, [%rd1+8], 7;
+	atom.global.cas.b32 %r15, [%rd1+12], 9, 1;
+	atom.global.cas.b32 %r16, [%rd1+12], 9, 2;
+	atom.global.exch.b32 %r17, [%rd1+12], 4;
+	st.global.v4.u32 [%rd1+16], {%r2, %r3, %r4, %r5};
+	st.global.v4.u32 [%rd1+32], {%r6, %r7, %r8, %r9};
+	st.global.v4.u32 [%rd1+48], {%r10, %r11, %r12, %r13};
+	st.global.v4.u32 [%rd1+64], {%r14, %r15, %r16, %r17};";
+    let (r, out) = run_src(&kernel_src("", body), 1, 1, 80);
+    r.expect("launch");
+    let neg = |v: i32| v as u32;
+    #[rustfmt::skip]
+    let want = [
+        // inc wraps to 0 at its bound (0, 1, 2 -> 0); dec from 0, or above its bound, to it.
+        3, 0x0ff0, 7, 4,
+        0, 1, 2, 0,
+        5, 4, 0xf0f0, 0xf000,
+        0xf00f, 5, neg(-3), neg(-3),
+        // min.u32 sees -3 as 0xfffffffd; the second cas finds 1, not 9.
+        neg(-3), 9, 1, 1,
+    ];
+    assert_eq!(out, want);
+}
+
+#[test]
 fn shared_bounds_and_alignment() {
     let decl = "\t.shared .align 4 .b8 s[16];";
     let (r, _) = run_src(
