@@ -1,7 +1,7 @@
 //! Integer and bit instructions: bfind, fns, szext, bmsk, dp4a/dp2a, prmt modes, sad,
 //! min/max.relu, mul.hi.u64/s64, mad.cc/madc and sub.cc/subc chains,
 //! add/sub.sat, mul24, shifts past the width, division by zero, abs/neg/not/cnot, unsigned
-//! comparisons of signed types, float comparisons beside NaN, min/max.NaN; each against a Rust
+//! comparisons of signed types, float comparisons beside NaN, bfe/bfi, mad.hi.sat, min/max.NaN; each against a Rust
 //! reference over edge-case inputs.
 mod common;
 
@@ -702,6 +702,79 @@ fn float_comparisons_ordered_and_unordered() {
             .map(|(i, &f)| u64::from(f) << i)
             .sum();
         assert_eq!(o, want, "{x:e} {y:e}");
+    }
+}
+
+/// `bfe` as the PTX ISA defines it, from the field's width: the `len` bits at `pos` (those
+/// inside the word), then the sign (signed: the field's top bit, or bit 31 past the word) above.
+fn bfe_ref(a: u32, pos: u32, len: u32, signed: bool) -> u32 {
+    let (pos, len) = (pos & 0xff, len & 0xff);
+    let mask = |w: u32| if w >= 32 { u32::MAX } else { (1 << w) - 1 };
+    let width = (pos + len).min(32).saturating_sub(pos);
+    let field = if width == 0 {
+        0
+    } else {
+        (a >> pos) & mask(width)
+    };
+    let top = (pos + len).saturating_sub(1).min(31);
+    let negative = signed && len > 0 && (a >> top) & 1 == 1;
+    if negative {
+        field | !mask(width)
+    } else {
+        field
+    }
+}
+
+#[test]
+fn bit_fields_and_saturating_mad() {
+    let fields = [
+        (0u32, 0u32),
+        (0, 1),
+        (1, 4),
+        (4, 8),
+        (15, 16),
+        (31, 1),
+        (31, 2),
+        (24, 8),
+        (0, 32),
+    ]
+    .into_iter()
+    .chain([(0, 33), (32, 4), (40, 8), (255, 200), (3, 255)]);
+    let inputs: Vec<(u64, u64)> = EDGE32
+        .iter()
+        .flat_map(|&a| {
+            // pos in bits 0-7 and len in 8-15 of b; the bits above must be ignored.
+            fields
+                .clone()
+                .map(move |(pos, len)| (u64::from(a), u64::from(pos | len << 8 | 0xab_0000)))
+        })
+        .collect();
+    let body = "
+	shr.u32 %r12, %r11, 8;
+	bfe.u32 %r20, %r10, %r11, %r12;
+	bfe.s32 %r21, %r10, %r11, %r12;
+	bfi.b32 %r22, %r11, %r10, %r11, %r12;
+	mad.hi.sat.s32 %r23, %r10, %r11, %r11;
+	mov.b64 %rd20, {%r20, %r21};
+	mov.b64 %rd21, {%r22, %r23};"
+        .to_string()
+        + &mix_ptx(&[21], 11);
+    let out = run_pairs(&body, &inputs);
+    for (&(a, b), &o) in inputs.iter().zip(&out) {
+        let (a, b) = (a as u32, b as u32);
+        let (pos, len) = (b & 0xff, (b >> 8) & 0xff);
+        let inserted = if pos >= 32 {
+            a
+        } else {
+            let m = ((1u64 << len.min(32)) - 1) << pos & 0xffff_ffff;
+            (u64::from(a) & !m | u64::from(b) << pos & m) as u32
+        };
+        let mad = ((i64::from(a as i32) * i64::from(b as i32)) >> 32) + i64::from(b as i32);
+        let mad = mad.clamp(i32::MIN.into(), i32::MAX.into()) as u32;
+        let first =
+            u64::from(bfe_ref(a, pos, len, false)) | u64::from(bfe_ref(a, pos, len, true)) << 32;
+        let want = mix(first, &[u64::from(inserted) | u64::from(mad) << 32], 11);
+        assert_eq!(o, want, "a {a:#x} pos {pos} len {len}");
     }
 }
 
