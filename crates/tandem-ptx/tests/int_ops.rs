@@ -705,6 +705,38 @@ fn float_comparisons_ordered_and_unordered() {
     }
 }
 
+#[test]
+fn prmt_default_mode_picks_bytes_and_replicates_their_signs() {
+    // The selector is b itself: four nibbles, each a byte of {b, a} (0-7), bit 3 asking for
+    // that byte's sign bit in all eight bits.
+    let inputs: Vec<(u64, u64)> = pairs32()
+        .into_iter()
+        .chain([
+            (0x80ff_7f01, 0x0000_8c9a),
+            (0x0102_8384, 0xffff_fedc),
+            (0x7f80_0180, 0x1234_cdef),
+        ])
+        .collect();
+    let out = run_pairs(
+        "\tprmt.b32 %r20, %r10, %r11, %r11;\n\tcvt.u64.u32 %rd20, %r20;",
+        &inputs,
+    );
+    for (&(a, b), &o) in inputs.iter().zip(&out) {
+        let (a, b) = (a as u32, b as u32);
+        let x = [a.to_le_bytes(), b.to_le_bytes()].concat();
+        let pick = |i: u32| {
+            let s = (b >> (4 * i)) & 0xf;
+            let byte = x[(s & 7) as usize];
+            match s & 8 {
+                0 => byte,
+                _ => ((byte as i8) >> 7) as u8,
+            }
+        };
+        let want = u32::from_le_bytes([pick(0), pick(1), pick(2), pick(3)]);
+        assert_eq!(o, u64::from(want), "a {a:#x} b {b:#x}");
+    }
+}
+
 /// `bfe` as the PTX ISA defines it, from the field's width: the `len` bits at `pos` (those
 /// inside the word), then the sign (signed: the field's top bit, or bit 31 past the word) above.
 fn bfe_ref(a: u32, pos: u32, len: u32, signed: bool) -> u32 {
