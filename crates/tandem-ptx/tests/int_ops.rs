@@ -1,7 +1,7 @@
 //! Integer and bit instructions: bfind, fns, szext, bmsk, dp4a/dp2a, prmt modes, sad,
 //! min/max.relu, mul.hi.u64/s64, mad.cc/madc and sub.cc/subc chains,
 //! add/sub.sat, mul24, shifts past the width, division by zero, abs/neg/not/cnot, unsigned
-//! comparisons of signed types, float comparisons beside NaN, bfe/bfi, mad.hi.sat, min/max.NaN; each against a Rust
+//! comparisons of signed types, float comparisons beside NaN, bfe/bfi, mad.hi.sat, lop3, min/max.NaN; each against a Rust
 //! reference over edge-case inputs.
 mod common;
 
@@ -734,6 +734,34 @@ fn prmt_default_mode_picks_bytes_and_replicates_their_signs() {
         };
         let want = u32::from_le_bytes([pick(0), pick(1), pick(2), pick(3)]);
         assert_eq!(o, u64::from(want), "a {a:#x} b {b:#x}");
+    }
+}
+
+#[test]
+fn lop3_applies_its_truth_table_bit_by_bit() {
+    // xor of three, majority, and, or, a ? b : c, and a few without a name; c is a ^ b.
+    let luts = [
+        0x00u32, 0xff, 0x96, 0xe8, 0x80, 0xfe, 0xca, 0x5a, 0x3c, 0x01, 0x6b,
+    ];
+    let mut body = "\txor.b32 %r12, %r10, %r11;\n\tmov.u64 %rd20, 0;".to_string();
+    for lut in luts {
+        body += &format!("\n\tlop3.b32 %r20, %r10, %r11, %r12, {lut};\n\tcvt.u64.u32 %rd21, %r20;");
+        body += &mix_ptx(&[21], 5);
+    }
+    let inputs = pairs32();
+    let out = run_pairs(&body, &inputs);
+    for (&(a, b), &o) in inputs.iter().zip(&out) {
+        let (a, b) = (a as u32, b as u32);
+        let c = a ^ b;
+        // Each result bit is the table's entry at (a's bit, b's bit, c's bit) read as 3 bits.
+        let lop3 = |lut: u32| {
+            (0..32).fold(0u32, |out, i| {
+                let at = (a >> i & 1) << 2 | (b >> i & 1) << 1 | (c >> i & 1);
+                out | (lut >> at & 1) << i
+            })
+        };
+        let results: Vec<u64> = luts.iter().map(|&l| u64::from(lop3(l))).collect();
+        assert_eq!(o, mix(0, &results, 5), "a {a:#x} b {b:#x}");
     }
 }
 
