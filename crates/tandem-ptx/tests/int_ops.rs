@@ -1,7 +1,7 @@
 //! Integer and bit instructions: bfind, fns, szext, bmsk, dp4a/dp2a, prmt modes, sad,
 //! min/max.relu, mul.hi.u64/s64, mad.cc/madc and sub.cc/subc chains,
 //! add/sub.sat, mul24, shifts past the width, division by zero, abs/neg/not/cnot, unsigned
-//! comparisons of signed types, float comparisons beside NaN, bfe/bfi, mad.hi.sat, lop3, min/max.NaN; each against a Rust
+//! comparisons of signed types, float comparisons beside NaN, bfe/bfi, mad.hi.sat, lop3, shf, min/max.NaN; each against a Rust
 //! reference over edge-case inputs.
 mod common;
 
@@ -762,6 +762,47 @@ fn lop3_applies_its_truth_table_bit_by_bit() {
         };
         let results: Vec<u64> = luts.iter().map(|&l| u64::from(lop3(l))).collect();
         assert_eq!(o, mix(0, &results, 5), "a {a:#x} b {b:#x}");
+    }
+}
+
+#[test]
+fn funnel_shifts_wrap_and_clamp() {
+    let inputs: Vec<(u64, u64)> = pairs32()
+        .into_iter()
+        .chain([
+            (0x8000_0001, 0x1234_5678_0000_0000 | 31),
+            (0xffff_0000, 0xdead_beef_0000_0000 | 32),
+        ])
+        .chain([
+            (0x0f0f_0f0f, 0xa5a5_a5a5_0000_0000 | 33),
+            (1, 0x8000_0000_0000_0000 | 64),
+        ])
+        .collect();
+    // The funnel is (hi:lo) = (b's high word : a's low word); the amount is b's low word.
+    let body = "
+	mov.b64 {%r12, %r13}, %rd11;
+	shf.l.wrap.b32 %r20, %r10, %r13, %r12;
+	shf.r.wrap.b32 %r21, %r10, %r13, %r12;
+	shf.l.clamp.b32 %r22, %r10, %r13, %r12;
+	shf.r.clamp.b32 %r23, %r10, %r13, %r12;
+	mov.b64 %rd20, {%r20, %r21};
+	mov.b64 %rd21, {%r22, %r23};"
+        .to_string()
+        + &mix_ptx(&[21], 13);
+    let out = run_pairs(&body, &inputs);
+    for (&(a, b), &o) in inputs.iter().zip(&out) {
+        let (lo, hi, n) = (a as u32, (b >> 32) as u32, b as u32);
+        let funnel = u64::from(hi) << 32 | u64::from(lo);
+        let left = |n: u32| (funnel.checked_shl(n).unwrap_or(0) >> 32) as u32;
+        let right = |n: u32| funnel.checked_shr(n).unwrap_or(0) as u32;
+        let (wrap, clamp) = (n % 32, n.min(32));
+        let pair = |x: u32, y: u32| u64::from(x) | u64::from(y) << 32;
+        let want = mix(
+            pair(left(wrap), right(wrap)),
+            &[pair(left(clamp), right(clamp))],
+            13,
+        );
+        assert_eq!(o, want, "lo {lo:#x} hi {hi:#x} n {n}");
     }
 }
 
