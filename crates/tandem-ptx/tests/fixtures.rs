@@ -609,6 +609,42 @@ fn conversions_to_integers_saturate_at_the_types_ends() {
 }
 
 #[test]
+fn packed_16_bit_pairs_compute_lane_by_lane() {
+    // Each register holds two values, the first named in its high half.
+    let body = "
+	mov.b32 %r2, 0x3C004000;
+	mov.b32 %r3, 0x40003800;
+	add.rn.f16x2 %r4, %r2, %r3;
+	mul.rn.f16x2 %r5, %r2, %r3;
+	mov.b32 %r6, 0x3F804040;
+	mov.b32 %r7, 0x40003F00;
+	sub.rn.bf16x2 %r8, %r6, %r7;
+	cvt.rn.f16x2.f32 %r9, 0f40400000, 0f3F000000;
+	cvt.rn.bf16x2.f32 %r10, 0fC0800000, 0f3E800000;
+	st.global.v4.u32 [%rd1], {%r4, %r5, %r8, %r9};
+	st.global.u32 [%rd1+16], %r10;";
+    let (r, out) = run_src(&kernel_src("", body), 1, 1, 20);
+    r.expect("launch");
+    let f16 = |hi: f32, lo: f32| {
+        u32::from(half::f16::from_f32(hi).to_bits()) << 16
+            | u32::from(half::f16::from_f32(lo).to_bits())
+    };
+    let bf16 = |hi: f32, lo: f32| {
+        u32::from(half::bf16::from_f32(hi).to_bits()) << 16
+            | u32::from(half::bf16::from_f32(lo).to_bits())
+    };
+    // (1, 2) + (2, 0.5), (1, 2) * (2, 0.5); bf16 (1, 3) - (2, 0.5); then conversions.
+    let want = [
+        f16(3.0, 2.5),
+        f16(2.0, 1.0),
+        bf16(-1.0, 2.5),
+        f16(3.0, 0.5),
+        bf16(-4.0, 0.25),
+    ];
+    assert_eq!(out, want);
+}
+
+#[test]
 fn f64_arithmetic_and_directed_rounding() {
     let body = "
 	div.rn.f64 %fd1, 0d3FF0000000000000, 0d4008000000000000;
