@@ -1,7 +1,8 @@
 //! Integer and bit instructions: bfind, fns, szext, bmsk, dp4a/dp2a, prmt modes, sad,
 //! min/max.relu, mul.hi.u64/s64, mad.cc/madc and sub.cc/subc chains,
 //! add/sub.sat, mul24, shifts past the width, division by zero, abs/neg/not/cnot, unsigned
-//! comparisons of signed types, float comparisons beside NaN, bfe/bfi, mad.hi.sat, lop3, shf, min/max.NaN; each against a Rust
+//! comparisons of signed types, float comparisons beside NaN, bfe/bfi, mad.hi.sat, lop3, shf, testp, setp with a predicate
+//! combined into both results, slct, min/max.NaN; each against a Rust
 //! reference over edge-case inputs.
 mod common;
 
@@ -803,6 +804,80 @@ fn funnel_shifts_wrap_and_clamp() {
             13,
         );
         assert_eq!(o, want, "lo {lo:#x} hi {hi:#x} n {n}");
+    }
+}
+
+#[test]
+fn testp_combined_setp_and_slct() {
+    let inputs: Vec<(u64, u64)> = pairs32()
+        .into_iter()
+        .chain([
+            (0x7f80_0000, 3),
+            (0xff80_0000, 2),
+            (0x3f80_0000, 0x8000_0001),
+            (0x0040_0000, 7),
+        ])
+        .collect();
+    let body = "
+	mov.b32 %f1, %r10;
+	and.b32 %r12, %r11, 1;
+	setp.ne.u32 %p3, %r12, 0;
+	testp.finite.f32 %p1, %f1;
+	selp.u32 %r20, 1, 0, %p1;
+	testp.infinite.f32 %p1, %f1;
+	selp.u32 %r21, 2, 0, %p1;
+	testp.number.f32 %p1, %f1;
+	selp.u32 %r22, 4, 0, %p1;
+	testp.notanumber.f32 %p1, %f1;
+	selp.u32 %r23, 8, 0, %p1;
+	testp.normal.f32 %p1, %f1;
+	selp.u32 %r24, 16, 0, %p1;
+	testp.subnormal.f32 %p1, %f1;
+	selp.u32 %r25, 32, 0, %p1;
+	setp.lt.and.s32 %p1|%p2, %r10, %r11, %p3;
+	selp.u32 %r26, 64, 0, %p1;
+	selp.u32 %r27, 128, 0, %p2;
+	setp.lt.or.s32 %p1|%p2, %r10, %r11, !%p3;
+	selp.u32 %r28, 256, 0, %p1;
+	selp.u32 %r29, 512, 0, %p2;
+	setp.lt.xor.s32 %p1|%p2, %r10, %r11, %p3;
+	selp.u32 %r30, 1024, 0, %p1;
+	selp.u32 %r31, 2048, 0, %p2;
+	slct.s32.s32 %r32, %r10, %r11, %r11;
+	slct.u32.f32 %r33, %r10, %r11, %f1;
+	mov.u64 %rd20, 0;"
+        .to_string()
+        + &(20..32)
+            .map(|r| format!("\n\tcvt.u64.u32 %rd21, %r{r};\n\tor.b64 %rd20, %rd20, %rd21;"))
+            .collect::<String>()
+        + "\n\tmov.b64 %rd22, {%r32, %r33};"
+        + &mix_ptx(&[22], 17);
+    let out = run_pairs(&body, &inputs);
+    for (&(a, b), &o) in inputs.iter().zip(&out) {
+        let (a, b) = (a as u32, b as u32);
+        let (x, q) = (f32::from_bits(a), b & 1 == 1);
+        let lt = (a as i32) < (b as i32);
+        let flags = [
+            x.is_finite(),
+            x.is_infinite(),
+            !x.is_nan(),
+            x.is_nan(),
+            x.is_normal(),
+            x.is_subnormal(),
+            lt && q,
+            !lt && q,
+            lt || !q,
+            !lt || !q,
+            lt ^ q,
+            !lt ^ q,
+        ];
+        let bits: u64 = (flags.iter().enumerate())
+            .map(|(i, &f)| u64::from(f) << i)
+            .sum();
+        let slct_s = if b as i32 >= 0 { a } else { b };
+        let slct_f = if x >= 0.0 { a } else { b };
+        let want = mix(bits, &[u64::from(slct_s) | u64::from(slct_f) << 32], 17);
+        assert_eq!(o, want, "a {a:#x} b {b:#x}");
     }
 }
 
