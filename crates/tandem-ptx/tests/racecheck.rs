@@ -390,3 +390,26 @@ fn a_shared_access_past_the_end_is_an_error_with_the_check_on() {
         }
     }
 }
+
+#[test]
+fn vector_shared_accesses_are_checked_too() {
+    // Thread 0 stores two words with one vector store; thread 1 loads the second with one
+    // vector load of its own, with no barrier between them.
+    let src = kernel_src(
+        "
+	setp.ne.u32 %p1, %r1, 0;
+	@%p1 bra LOAD;
+	st.shared.v2.u32 [buf], {%r1, %r1}; // vector store
+	bra.uni DONE;
+LOAD:
+	ld.shared.v2.u32 {%r6, %r7}, [buf]; // vector load
+DONE:",
+    );
+    let (r, _) = run(&src, 2, 1, true);
+    assert_race(
+        r,
+        0,
+        ("store", "(0,0,0)", line_of(&src, "vector store")),
+        ("load", "(1,0,0)", line_of(&src, "vector load")),
+    );
+}
