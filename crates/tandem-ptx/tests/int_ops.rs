@@ -88,6 +88,13 @@ const EDGE32: &[u32] = &[
     0x4000_0001,
 ];
 
+/// Every pair of one of `firsts` and one of `seconds`, in that order.
+fn every_pair(firsts: &[u64], seconds: &[u64]) -> Vec<(u64, u64)> {
+    (firsts.iter())
+        .flat_map(|&a| seconds.iter().map(move |&b| (a, b)))
+        .collect()
+}
+
 fn pairs32() -> Vec<(u64, u64)> {
     let mut v = Vec::new();
     for (i, &a) in EDGE32.iter().enumerate() {
@@ -409,12 +416,7 @@ fn wide_multiply_hi_and_carry_chains() {
         0xfedc_ba98_7654_3210,
         (1 << 32) + 7,
     ];
-    let mut inputs = Vec::new();
-    for &a in &vals {
-        for &b in &vals {
-            inputs.push((a, b));
-        }
-    }
+    let inputs = every_pair(&vals, &vals);
     // hi(a*b) unsigned and signed, and the 128-bit a*b + (b:a) via mad.lo.cc/madc.hi: the high
     // half of that sum, xored with the others.
     let body = "
@@ -460,10 +462,7 @@ fn borrow_chains() {
         0x1_0000_0000,
         0xffff_ffff,
     ];
-    let inputs: Vec<(u64, u64)> = vals
-        .iter()
-        .flat_map(|&a| vals.iter().map(move |&b| (a, b)))
-        .collect();
+    let inputs = every_pair(&vals, &vals);
     // (b:a) - (a:b) in 128 bits through sub.cc/subc.cc, its borrow out as 0 - 0 - borrow; the
     // same in 32 bits with the low halves, the borrow out as 1 - 0 - borrow.
     let body = "
@@ -534,10 +533,7 @@ fn saturating_24_bit_shift_unary_and_division_by_zero() {
         0x8000_0000,
         0x00ff_fffe,
     ];
-    let inputs: Vec<(u64, u64)> = firsts
-        .iter()
-        .flat_map(|&a| seconds.iter().map(move |&b| (a, b)))
-        .collect();
+    let inputs = every_pair(&firsts, &seconds);
     let body = "
 	add.sat.s32 %r20, %r10, %r11;
 	sub.sat.s32 %r21, %r10, %r11;
@@ -649,12 +645,8 @@ fn float_comparisons_ordered_and_unordered() {
         f32::from_bits(1),
         -f32::from_bits(0x7f_ffff),
     ];
-    let inputs: Vec<(u64, u64)> = (vals.iter())
-        .flat_map(|&a| {
-            vals.iter()
-                .map(move |&b| (a.to_bits().into(), b.to_bits().into()))
-        })
-        .collect();
+    let bits: Vec<u64> = vals.iter().map(|v| v.to_bits().into()).collect();
+    let inputs = every_pair(&bits, &bits);
     let cmps = [
         "eq", "ne", "lt", "le", "gt", "ge", "equ", "neu", "ltu", "leu", "gtu", "geu", "num", "nan",
     ];
