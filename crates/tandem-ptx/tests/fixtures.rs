@@ -897,3 +897,136 @@ fn every_block_starts_from_zeroed_registers() {
     .expect("launch");
     assert_eq!(mem.u32s(out), [0; 8]);
 }
+
+/// Every special register, read by every thread of a 3-D grid of 3-D blocks whose last warp is
+/// partial, with static and dynamic shared memory, against the values the PTX ISA defines
+/// (computed here from each thread's coordinates); `%warpid`/`%nwarpid`/`%smid`/`%nsmid` as the
+/// stand-in defines them (one SM running the block's warps in order).
+#[test]
+fn special_registers_describe_each_thread() {
+    const NAMES: [&str; 26] = [
+        "%tid.x",
+        "%tid.y",
+        "%tid.z",
+        "%ntid.x",
+        "%ntid.y",
+        "%ntid.z",
+        "%ctaid.x",
+        "%ctaid.y",
+        "%ctaid.z",
+        "%nctaid.x",
+        "%nctaid.y",
+        "%nctaid.z",
+        "%laneid",
+        "%warpid",
+        "%nwarpid",
+        "%smid",
+        "%nsmid",
+        "%gridid",
+        "%lanemask_eq",
+        "%lanemask_lt",
+        "%lanemask_le",
+        "%lanemask_gt",
+        "%lanemask_ge",
+        "%dynamic_smem_size",
+        "%total_smem_size",
+        "activemask",
+    ];
+    let (grid, block) = ([2u32, 3, 2], [7u32, 5, 2]);
+    let per_block = (block[0] * block[1] * block[2]) as usize;
+    let blocks = (grid[0] * grid[1] * grid[2]) as usize;
+    let mut body = String::from(
+        "\tmov.u32 %r2, s;\n\
+         \tmov.u32 %r3, %ctaid.z;\n\tmov.u32 %r4, %nctaid.y;\n\tmov.u32 %r5, %ctaid.y;\n\
+         \tmad.lo.u32 %r6, %r3, %r4, %r5;\n\tmov.u32 %r4, %nctaid.x;\n\tmov.u32 %r5, %ctaid.x;\n\
+         \tmad.lo.u32 %r7, %r6, %r4, %r5;\n\
+         \tmov.u32 %r3, %tid.z;\n\tmov.u32 %r4, %ntid.y;\n\tmov.u32 %r5, %tid.y;\n\
+         \tmad.lo.u32 %r6, %r3, %r4, %r5;\n\tmov.u32 %r4, %ntid.x;\n\
+         \tmad.lo.u32 %r8, %r6, %r4, %r1;\n",
+    );
+    body += &format!("\tmad.lo.u32 %r9, %r7, {per_block}, %r8;\n");
+    body += &format!("\tmul.wide.u32 %rd2, %r9, {};\n", 4 * NAMES.len());
+    body += "\tadd.s64 %rd3, %rd1, %rd2;\n";
+    for (i, name) in NAMES.iter().enumerate() {
+        if *name == "activemask" {
+            body += "\tactivemask.b32 %r20;\n";
+        } else {
+            body += &format!("\tmov.u32 %r20, {name};\n");
+        }
+        body += &format!("\tst.global.u32 [%rd3+{}], %r20;\n", 4 * i);
+    }
+    let src = kernel_src("\t.shared .align 4 .b8 s[16];", &body);
+    let m = module(&src);
+    let k = m.kernel("k").expect("k");
+    for dynamic in [0usize, 12] {
+        let mut mem = Mem::new();
+        let out = mem.alloc(4 * NAMES.len() * per_block * blocks);
+        let args = Args::new().u64(out);
+        let launch = tandem_ptx::Launch {
+            dynamic_shared: dynamic,
+            ..launch_of(
+                dim(grid[0], grid[1], grid[2]),
+                dim(block[0], block[1], block[2]),
+                &args,
+                2,
+            )
+        };
+        tandem_ptx::run(&k, &launch, &mem).expect("launch");
+        let out = mem.u32s(out);
+        let (warps, last_warp) = (per_block.div_ceil(32), per_block % 32);
+        for b in 0..blocks {
+            let ctaid = [
+                b as u32 % grid[0],
+                b as u32 / grid[0] % grid[1],
+                b as u32 / (grid[0] * grid[1]),
+            ];
+            for t in 0..per_block {
+                let tid = [
+                    t as u32 % block[0],
+                    t as u32 / block[0] % block[1],
+                    t as u32 / (block[0] * block[1]),
+                ];
+                let lane = t as u32 % 32;
+                let lanes_below: u32 = (0..lane).map(|l| 1 << l).sum();
+                let lanes_above: u32 = (lane + 1..32).map(|l| 1 << l).sum();
+                let lanes_in_warp = if t / 32 == warps - 1 { last_warp } else { 32 };
+                let want = [
+                    tid[0],
+                    tid[1],
+                    tid[2],
+                    block[0],
+                    block[1],
+                    block[2],
+                    ctaid[0],
+                    ctaid[1],
+                    ctaid[2],
+                    grid[0],
+                    grid[1],
+                    grid[2],
+                    lane,
+                    (t / 32) as u32,
+                    warps as u32,
+                    0,
+                    1,
+                    0,
+                    1 << lane,
+                    lanes_below,
+                    lanes_below | 1 << lane,
+                    lanes_above,
+                    lanes_above | 1 << lane,
+                    dynamic as u32,
+                    16 + dynamic as u32,
+                    (0..lanes_in_warp as u32).map(|l| 1u32 << l).sum(),
+                ];
+                let at = (b * per_block + t) * NAMES.len();
+                for (i, name) in NAMES.iter().enumerate() {
+                    assert_eq!(
+                        out[at + i],
+                        want[i],
+                        "{name} in block {ctaid:?}, thread {tid:?}, dynamic shared {dynamic}"
+                    );
+                }
+            }
+        }
+    }
+}
