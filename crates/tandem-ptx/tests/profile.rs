@@ -115,3 +115,97 @@ fn an_unprofiled_launch_reports_no_profile() {
     assert_eq!(stats.profile, None);
     assert!(stats.instructions > 0);
 }
+
+/// The instructions every thread of one warp runs once, straight through: global loads and
+/// stores of several widths and vector shapes, vector shared accesses (not the fused pair),
+/// local and parameter accesses (counted as neither), f32 `fma` in a directed rounding and with
+/// `.ftz` (not the fused fast path), an f64 `fma` (not an f32 multiply-add) and one
+/// `mma.sync.m16n8k16` of f16 ones.
+const EVERY_KIND: &str = "	ld.param.u64 %rd1, [src];
+	ld.param.u64 %rd2, [dst];
+	mov.u32 %r1, %tid.x;
+	mul.wide.u32 %rd3, %r1, 8;
+	add.s64 %rd4, %rd1, %rd3;
+	ld.global.v2.u16 {%h1, %h2}, [%rd4];
+	ld.global.f32 %f1, [%rd4+4];
+	mov.u32 %r2, tile;
+	shl.b32 %r3, %r1, 3;
+	add.s32 %r4, %r2, %r3;
+	st.shared.v2.f32 [%r4], {%f1, %f1};
+	ld.shared.v2.f32 {%f2, %f3}, [%r4];
+	st.local.f32 [loc], %f2;
+	ld.local.f32 %f4, [loc];
+	fma.rz.f32 %f5, %f2, %f3, %f4;
+	fma.rn.ftz.f32 %f6, %f5, %f3, %f4;
+	cvt.f64.f32 %fd1, %f6;
+	fma.rn.f64 %fd2, %fd1, %fd1, %fd1;
+	mov.b32 %r5, 0x3c003c00;
+	mov.f32 %f7, 0f00000000;
+	mov.f32 %f8, 0f00000000;
+	mov.f32 %f9, 0f00000000;
+	mov.f32 %f10, 0f00000000;
+	mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%f7, %f8, %f9, %f10}, {%r5, %r5, %r5, %r5}, {%r5, %r5}, {%f7, %f8, %f9, %f10};
+	mul.wide.u32 %rd5, %r1, 24;
+	add.s64 %rd6, %rd2, %rd5;
+	st.global.u16 [%rd6], %h2;
+	st.global.v2.f32 [%rd6+8], {%f7, %f10};
+	st.global.f64 [%rd6+16], %fd2;
+	ret;";
+
+#[test]
+fn a_profile_counts_each_kind_of_access_and_multiply_add_as_defined() {
+    let src = format!(
+        ".version 9.0\n.target sm_80\n.address_size 64\n\n.visible .entry k(.param .u64 src, .param .u64 dst)\n{{\n\t.reg .b16 %h<3>;\n\t.reg .b32 %r<6>;\n\t.reg .b64 %rd<7>;\n\t.reg .f32 %f<11>;\n\t.reg .f64 %fd<3>;\n\t.shared .align 8 .b8 tile[256];\n\t.local .align 4 .b8 loc[4];\n{EVERY_KIND}\n}}\n"
+    );
+    let module = Module::parse(&src).expect("parse");
+    let k = module.kernel("k").expect("kernel");
+    let mut mem = Mem::new();
+    let lanes = 32u64;
+    let input: Vec<u32> = (0..lanes as u32)
+        .flat_map(|t| [t | (t + 1) << 16, (t as f32 * 0.5).to_bits()])
+        .collect();
+    let s = mem.upload_u32(&input);
+    let d = mem.alloc(24 * lanes as usize);
+    let args = Args::new().u64(s).u64(d);
+    let launch = Launch {
+        profile: true,
+        ..launch_of(dim(1, 1, 1), dim(lanes as u32, 1, 1), &args, 1)
+    };
+    let stats = tandem_ptx::run_counted(&k, &launch, &mem).expect("launch");
+    let p = stats
+        .profile
+        .expect("a profiled launch reports its profile");
+    let per_lane = EVERY_KIND.lines().count() as u64;
+    assert_eq!(p.instructions, lanes * per_lane);
+    assert_eq!(stats.instructions, lanes * per_lane, "nothing guarded off");
+    assert_eq!(
+        p.global_bytes_read,
+        lanes * (2 * 2 + 4),
+        "a u16 pair, an f32"
+    );
+    assert_eq!(
+        p.global_bytes_written,
+        lanes * (2 + 2 * 4 + 8),
+        "u16, f32 pair, f64"
+    );
+    assert_eq!(p.shared_loads, lanes, "one vector load each");
+    assert_eq!(p.shared_stores, lanes, "one vector store each");
+    assert_eq!(
+        p.fmas,
+        lanes * (2 + 16 * 8 * 16 / 32),
+        "two f32 fma and the mma's share"
+    );
+    // And the threads computed what the text says: the second u16, the mma's sums of sixteen
+    // ones, and the f64 fma of the f32 result.
+    let out = mem.u32s(d);
+    let f64s = mem.f64s(d);
+    for t in 0..lanes as usize {
+        assert_eq!(out[t * 6] & 0xffff, t as u32 + 1, "lane {t}: u16");
+        assert_eq!(out[t * 6 + 2], 16f32.to_bits(), "lane {t}: mma");
+        assert_eq!(out[t * 6 + 3], 16f32.to_bits(), "lane {t}: mma");
+        let x = t as f32 * 0.5;
+        let f5 = x * x + x; // exact for these x: no rounding mode can change it
+        let f6 = f5.mul_add(x, x) as f64;
+        assert_eq!(f64s[t * 3 + 2], f6.mul_add(f6, f6), "lane {t}: f64 fma");
+    }
+}
