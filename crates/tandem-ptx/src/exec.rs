@@ -1974,7 +1974,7 @@ impl Ctx<'_> {
                 released = self.barriers(blk, regs, threads, bm.race.as_deref_mut())?;
             }
             if !released {
-                return Err(self.deadlock(blk, regs, threads));
+                return Err(self.deadlock(blk, threads));
             }
         }
     }
@@ -2319,8 +2319,7 @@ impl Ctx<'_> {
         }
     }
 
-    fn deadlock(&self, blk: usize, regs: &[u64], threads: &[Thread]) -> ExecError {
-        let _ = regs;
+    fn deadlock(&self, blk: usize, threads: &[Thread]) -> ExecError {
         let waiting: Vec<usize> = (0..threads.len())
             .filter(|&t| threads[t].status != Status::Exited)
             .collect();
