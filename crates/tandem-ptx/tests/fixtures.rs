@@ -1030,3 +1030,46 @@ fn special_registers_describe_each_thread() {
         }
     }
 }
+
+/// Fences, prefetches, `nanosleep` and `pmevent` change nothing a thread computes, `ldu` loads
+/// like `ld`, `trap` fails the launch naming itself, and `brx.idx` (an indirect branch the
+/// stand-in does not model) is refused when the module is parsed, naming it.
+#[test]
+fn fences_and_hints_do_nothing_ldu_loads_and_trap_fails() {
+    let body = "
+	membar.gl;
+	membar.cta;
+	fence.sc.gpu;
+	fence.acq_rel.sys;
+	fence.proxy.alias;
+	prefetch.global.L2 [%rd1];
+	prefetchu.L1 [%rd1];
+	nanosleep.u32 100;
+	pmevent 1;
+	mul.wide.u32 %rd2, %r1, 4;
+	add.s64 %rd3, %rd1, %rd2;
+	st.global.u32 [%rd3], %r1;
+	membar.sys;
+	ldu.global.u32 %r2, [%rd1+4];
+	add.u32 %r3, %r2, %r1;
+	st.global.u32 [%rd3+128], %r3;";
+    let (r, out) = run_src(&kernel_src("", body), 1, 32, 64 * 4);
+    r.expect("launch");
+    // Thread 1's store of 1 at word 1 may or may not precede another thread's `ldu` of it (no
+    // barrier), so the second half is checked against the value the load could see.
+    assert_eq!(&out[..32], (0..32).collect::<Vec<u32>>());
+    for (t, &v) in out[32..].iter().enumerate() {
+        assert!(v == t as u32 + 1 || v == t as u32, "thread {t}: {v}");
+    }
+    let body = "
+	setp.eq.u32 %p1, %r1, 3;
+	@%p1 trap;";
+    let (r, _) = run_src(&kernel_src("", body), 1, 32, 4);
+    match r {
+        Err(ExecError::LaunchFailed(m)) => assert!(m.contains("trap"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    let src = kernel_src("", "\tbrx.idx %r1, $T;\n$T:");
+    let e = Module::parse(&src).expect_err("brx is not modelled");
+    assert!(e.message.contains("brx.idx"), "{}", e.message);
+}

@@ -1,6 +1,6 @@
 //! Integer and bit instructions: bfind, fns, szext, bmsk, dp4a/dp2a, prmt modes, sad,
 //! min/max.relu, mul.hi.u64/s64, mad.cc/madc and sub.cc/subc chains,
-//! add/sub.sat, mul24, shifts past the width, division by zero, abs/neg/not/cnot, unsigned
+//! add/sub.sat, mul24/mad24, shifts past the width, division by zero, abs/neg/not/cnot, unsigned
 //! comparisons of signed types, float comparisons beside NaN, bfe/bfi, mad.hi.sat, lop3, shf, testp, setp with a predicate
 //! combined into both results, slct, min/max.NaN; each against a Rust
 //! reference over edge-case inputs.
@@ -550,13 +550,15 @@ fn saturating_24_bit_shift_unary_and_division_by_zero() {
 	neg.s32 %r32, %r10;
 	not.b32 %r33, %r10;
 	cnot.b32 %r34, %r10;
+	mad24.lo.u32 %r35, %r10, %r11, %r11;
+	mad24.hi.s32 %r36, %r10, %r11, %r10;
 	shr.s64 %rd20, %rd10, %r11;"
         .to_string()
-        + &(20..35)
+        + &(20..37)
             .map(|r| format!("\n\tcvt.u64.u32 %rd{}, %r{r};", r + 1))
             .collect::<String>()
-        + "\n\tabs.s64 %rd36, %rd10;\n\tnot.b64 %rd37, %rd10;"
-        + &mix_ptx(&(21..38).collect::<Vec<u32>>(), 3);
+        + "\n\tabs.s64 %rd38, %rd10;\n\tnot.b64 %rd39, %rd10;"
+        + &mix_ptx(&(21..40).collect::<Vec<u32>>(), 3);
     let out = run_pairs(&body, &inputs);
     for (&(a, b), &o) in inputs.iter().zip(&out) {
         let (a32, b32) = (a as u32, b as u32);
@@ -580,6 +582,8 @@ fn saturating_24_bit_shift_unary_and_division_by_zero() {
             sa.wrapping_neg() as u32,
             !a32,
             u32::from(a32 == 0),
+            (p as u32).wrapping_add(b32),
+            ((sp >> 16) as u32).wrapping_add(a32),
         ];
         let shr64 = ((a as i64) >> b32.min(63)) as u64;
         let mut rest: Vec<u64> = results32.iter().map(|&v| u64::from(v)).collect();
