@@ -1073,3 +1073,118 @@ fn fences_and_hints_do_nothing_ldu_loads_and_trap_fails() {
     let e = Module::parse(&src).expect_err("brx is not modelled");
     assert!(e.message.contains("brx.idx"), "{}", e.message);
 }
+
+/// Votes over half-warp membermasks, each half on its own path: ballots of a predicate and of
+/// its negation, `uni` over mixed, all-true and all-false predicates, `any` and `all`.
+#[test]
+fn votes_over_partial_membermasks() {
+    let body = "
+	and.b32 %r2, %r1, 3;
+	setp.eq.u32 %p1, %r2, 0;
+	setp.lt.u32 %p5, %r1, 16;
+	@%p5 bra $LOW;
+	vote.sync.ballot.b32 %r3, !%p1, 0xffff0000;
+	vote.sync.uni.pred %p2, %p1, 0xffff0000;
+	setp.ge.u32 %p6, %r1, 8;
+	vote.sync.uni.pred %p3, %p6, 0xffff0000;
+	vote.sync.any.pred %p4, !%p6, 0xffff0000;
+	bra.uni $DONE;
+$LOW:
+	vote.sync.ballot.b32 %r3, %p1, 0xffff;
+	vote.sync.uni.pred %p2, %p1, 0xffff;
+	setp.lt.u32 %p6, %r1, 16;
+	vote.sync.uni.pred %p3, !%p6, 0xffff;
+	vote.sync.all.pred %p4, %p6, 0xffff;
+$DONE:
+	selp.u32 %r4, 1, 0, %p2;
+	selp.u32 %r5, 1, 0, %p3;
+	selp.u32 %r6, 1, 0, %p4;
+	mul.wide.u32 %rd2, %r1, 16;
+	add.s64 %rd3, %rd1, %rd2;
+	st.global.v4.u32 [%rd3], {%r3, %r4, %r5, %r6};";
+    let (r, out) = run_src(&kernel_src("", body), 1, 32, 32 * 16);
+    r.expect("launch");
+    let multiples_of_4 =
+        |lanes: std::ops::Range<u32>| -> u32 { lanes.filter(|l| l % 4 == 0).map(|l| 1 << l).sum() };
+    for t in 0..32 {
+        let want = if t < 16 {
+            // ballot(p1), uni(mixed), uni(all false), all(all true)
+            [multiples_of_4(0..16), 0, 1, 1]
+        } else {
+            // ballot(!p1), uni(mixed), uni(all true), any(all false)
+            [0xffff_0000 & !multiples_of_4(16..32), 0, 1, 0]
+        };
+        assert_eq!(&out[t * 4..t * 4 + 4], want, "lane {t}");
+    }
+}
+
+/// A warp-synchronous instruction whose membermask leaves out the lane executing it, or names
+/// a lane a partial warp does not have, fails the launch saying which; so does `bar.warp.sync`
+/// with a mask that leaves out its own lane.
+#[test]
+fn membermasks_that_cannot_be_met_fail_naming_the_lane() {
+    let cases = [
+        // (block, body, what the message must say)
+        (
+            32,
+            "\tshfl.sync.idx.b32 %r3, %r1, 0, 31, 1;",
+            "lane 1 executes a warp-synchronous instruction with membermask 0x00000001",
+        ),
+        (
+            40,
+            "\tvote.sync.ballot.b32 %r3, %p1, -1;",
+            "lane 8 of membermask 0xffffffff does not exist (partial warp)",
+        ),
+        (
+            32,
+            "\tbar.warp.sync 1;",
+            "lane 1 executes bar.warp.sync with membermask 0x00000001",
+        ),
+    ];
+    for (block, body, says) in cases {
+        let (r, _) = run_src(&kernel_src("", body), 1, block, 4);
+        match r {
+            Err(ExecError::LaunchFailed(m)) => assert!(m.contains(says), "{body}: {m}"),
+            other => panic!("{body}: {other:?}"),
+        }
+    }
+}
+
+/// Named barriers with thread counts: the first 64 threads meet at barrier 1 (count 64) while
+/// the last 32 meet at barrier 2 (count 32); each group then reads what the others of its group
+/// wrote to shared memory before the barrier.
+#[test]
+fn named_barriers_with_counts_release_their_own_group() {
+    let body = "
+	mov.u32 %r2, s;
+	shl.b32 %r3, %r1, 2;
+	add.s32 %r4, %r2, %r3;
+	add.u32 %r5, %r1, 1000;
+	st.shared.u32 [%r4], %r5;
+	setp.lt.u32 %p1, %r1, 64;
+	@%p1 bra $FIRST;
+	bar.sync 2, 32;
+	xor.b32 %r6, %r1, 31;
+	bra.uni $READ;
+$FIRST:
+	bar.sync 1, 64;
+	xor.b32 %r6, %r1, 63;
+$READ:
+	shl.b32 %r7, %r6, 2;
+	add.s32 %r8, %r2, %r7;
+	ld.shared.u32 %r9, [%r8];
+	mul.wide.u32 %rd2, %r1, 4;
+	add.s64 %rd3, %rd1, %rd2;
+	st.global.u32 [%rd3], %r9;";
+    let (r, out) = run_src(
+        &kernel_src("\t.shared .align 4 .b8 s[384];", body),
+        1,
+        96,
+        96 * 4,
+    );
+    r.expect("launch");
+    for (t, &v) in out.iter().enumerate() {
+        let partner = if t < 64 { t ^ 63 } else { t ^ 31 };
+        assert_eq!(v, partner as u32 + 1000, "thread {t}");
+    }
+}
