@@ -1188,3 +1188,63 @@ $READ:
         assert_eq!(v, partner as u32 + 1000, "thread {t}");
     }
 }
+
+/// `run` refuses a launch the hardware would refuse, naming the kernel and what is wrong: a zero
+/// grid or block dimension, more than 1024 threads a block (however the dimensions make them),
+/// and parameter bytes that are not the kernel's; 1024 threads and the right bytes run.
+#[test]
+fn launches_the_hardware_would_refuse_are_invalid_values() {
+    let m = module(&kernel_src("", ""));
+    let k = m.kernel("k").expect("k");
+    let mem = Mem::new();
+    let right = Args::new().u64(0);
+    let short = Args::new().u32(0);
+    let cases = [
+        (
+            dim(0, 1, 1),
+            dim(1, 1, 1),
+            &right,
+            "a zero grid or block dimension",
+        ),
+        (
+            dim(1, 1, 0),
+            dim(1, 1, 1),
+            &right,
+            "a zero grid or block dimension",
+        ),
+        (
+            dim(1, 1, 1),
+            dim(1, 0, 1),
+            &right,
+            "a zero grid or block dimension",
+        ),
+        (
+            dim(1, 1, 1),
+            dim(32, 16, 3),
+            &right,
+            "1536 threads per block (at most 1024)",
+        ),
+        (
+            dim(1, 1, 1),
+            dim(1025, 1, 1),
+            &right,
+            "1025 threads per block",
+        ),
+        (
+            dim(1, 1, 1),
+            dim(1, 1, 1),
+            &short,
+            "4 bytes of parameters, the kernel takes 8",
+        ),
+    ];
+    for (grid, block, args, says) in cases {
+        match launch(&k, grid, block, args, &mem, 1) {
+            Err(ExecError::InvalidValue(m)) => {
+                assert!(m.contains("kernel `k`") && m.contains(says), "{m}")
+            }
+            other => panic!("grid {grid:?} block {block:?}: {other:?}"),
+        }
+    }
+    // The kernel stores nothing (its body is empty), so a null output address is never used.
+    launch(&k, dim(2, 1, 1), dim(32, 32, 1), &right, &mem, 2).expect("1024 threads");
+}
