@@ -80,6 +80,22 @@ fn shfl_all_modes() {
     }
 }
 
+/// Runs `body` in one warp, then stores `%r3` and `%p2`..`%p4` (as 0/1) of each lane.
+fn run_votes(body: &str) -> Vec<u32> {
+    let body = format!(
+        "{body}
+	selp.u32 %r4, 1, 0, %p2;
+	selp.u32 %r5, 1, 0, %p3;
+	selp.u32 %r6, 1, 0, %p4;
+	mul.wide.u32 %rd2, %r1, 16;
+	add.s64 %rd3, %rd1, %rd2;
+	st.global.v4.u32 [%rd3], {{%r3, %r4, %r5, %r6}};"
+    );
+    let (r, out) = run_src(&kernel_src("", &body), 1, 32, 32 * 16);
+    r.expect("launch");
+    out
+}
+
 #[test]
 fn vote_ballot_any_all() {
     let body = "
@@ -89,14 +105,8 @@ fn vote_ballot_any_all() {
 	vote.sync.any.pred %p2, %p1, -1;
 	vote.sync.all.pred %p3, %p1, -1;
 	vote.sync.all.pred %p4, !%p3, -1;
-	selp.u32 %r4, 1, 0, %p2;
-	selp.u32 %r5, 1, 0, %p3;
-	selp.u32 %r6, 1, 0, %p4;
-	mul.wide.u32 %rd2, %r1, 16;
-	add.s64 %rd3, %rd1, %rd2;
-	st.global.v4.u32 [%rd3], {%r3, %r4, %r5, %r6};";
-    let (r, out) = run_src(&kernel_src("", body), 1, 32, 32 * 16);
-    r.expect("launch");
+";
+    let out = run_votes(body);
     for t in 0..32 {
         assert_eq!(&out[t * 4..t * 4 + 4], [0xaaaa_aaaa, 1, 0, 1]);
     }
@@ -904,34 +914,16 @@ fn every_block_starts_from_zeroed_registers() {
 /// stand-in defines them (one SM running the block's warps in order).
 #[test]
 fn special_registers_describe_each_thread() {
-    const NAMES: [&str; 26] = [
-        "%tid.x",
-        "%tid.y",
-        "%tid.z",
-        "%ntid.x",
-        "%ntid.y",
-        "%ntid.z",
-        "%ctaid.x",
-        "%ctaid.y",
-        "%ctaid.z",
-        "%nctaid.x",
-        "%nctaid.y",
-        "%nctaid.z",
-        "%laneid",
-        "%warpid",
-        "%nwarpid",
-        "%smid",
-        "%nsmid",
-        "%gridid",
-        "%lanemask_eq",
-        "%lanemask_lt",
-        "%lanemask_le",
-        "%lanemask_gt",
-        "%lanemask_ge",
-        "%dynamic_smem_size",
-        "%total_smem_size",
-        "activemask",
-    ];
+    let per_axis = |name: &str| ["x", "y", "z"].map(|axis| format!("%{name}.{axis}"));
+    let mut names: Vec<String> = ["tid", "ntid", "ctaid", "nctaid"]
+        .iter()
+        .flat_map(|name| per_axis(name))
+        .collect();
+    let named = ["laneid", "warpid", "nwarpid", "smid", "nsmid", "gridid"];
+    names.extend(named.map(|name| format!("%{name}")));
+    names.extend(["eq", "lt", "le", "gt", "ge"].map(|m| format!("%lanemask_{m}")));
+    names.extend(["dynamic", "total"].map(|size| format!("%{size}_smem_size")));
+    names.push("activemask".into());
     let (grid, block) = ([2u32, 3, 2], [7u32, 5, 2]);
     let per_block = (block[0] * block[1] * block[2]) as usize;
     let blocks = (grid[0] * grid[1] * grid[2]) as usize;
@@ -945,10 +937,10 @@ fn special_registers_describe_each_thread() {
          \tmad.lo.u32 %r8, %r6, %r4, %r1;\n",
     );
     body += &format!("\tmad.lo.u32 %r9, %r7, {per_block}, %r8;\n");
-    body += &format!("\tmul.wide.u32 %rd2, %r9, {};\n", 4 * NAMES.len());
+    body += &format!("\tmul.wide.u32 %rd2, %r9, {};\n", 4 * names.len());
     body += "\tadd.s64 %rd3, %rd1, %rd2;\n";
-    for (i, name) in NAMES.iter().enumerate() {
-        if *name == "activemask" {
+    for (i, name) in names.iter().enumerate() {
+        if name == "activemask" {
             body += "\tactivemask.b32 %r20;\n";
         } else {
             body += &format!("\tmov.u32 %r20, {name};\n");
@@ -960,7 +952,7 @@ fn special_registers_describe_each_thread() {
     let k = m.kernel("k").expect("k");
     for dynamic in [0usize, 12] {
         let mut mem = Mem::new();
-        let out = mem.alloc(4 * NAMES.len() * per_block * blocks);
+        let out = mem.alloc(4 * names.len() * per_block * blocks);
         let args = Args::new().u64(out);
         let launch = tandem_ptx::Launch {
             dynamic_shared: dynamic,
@@ -1018,8 +1010,8 @@ fn special_registers_describe_each_thread() {
                     16 + dynamic as u32,
                     (0..lanes_in_warp as u32).map(|l| 1u32 << l).sum(),
                 ];
-                let at = (b * per_block + t) * NAMES.len();
-                for (i, name) in NAMES.iter().enumerate() {
+                let at = (b * per_block + t) * names.len();
+                for (i, name) in names.iter().enumerate() {
                     assert_eq!(
                         out[at + i],
                         want[i],
@@ -1096,14 +1088,8 @@ $LOW:
 	vote.sync.uni.pred %p3, !%p6, 0xffff;
 	vote.sync.all.pred %p4, %p6, 0xffff;
 $DONE:
-	selp.u32 %r4, 1, 0, %p2;
-	selp.u32 %r5, 1, 0, %p3;
-	selp.u32 %r6, 1, 0, %p4;
-	mul.wide.u32 %rd2, %r1, 16;
-	add.s64 %rd3, %rd1, %rd2;
-	st.global.v4.u32 [%rd3], {%r3, %r4, %r5, %r6};";
-    let (r, out) = run_src(&kernel_src("", body), 1, 32, 32 * 16);
-    r.expect("launch");
+";
+    let out = run_votes(body);
     let multiples_of_4 =
         |lanes: std::ops::Range<u32>| -> u32 { lanes.filter(|l| l % 4 == 0).map(|l| 1 << l).sum() };
     for t in 0..32 {
@@ -1198,53 +1184,30 @@ fn launches_the_hardware_would_refuse_are_invalid_values() {
     let k = m.kernel("k").expect("k");
     let mem = Mem::new();
     let right = Args::new().u64(0);
-    let short = Args::new().u32(0);
-    let cases = [
-        (
-            dim(0, 1, 1),
-            dim(1, 1, 1),
-            &right,
-            "a zero grid or block dimension",
-        ),
-        (
-            dim(1, 1, 0),
-            dim(1, 1, 1),
-            &right,
-            "a zero grid or block dimension",
-        ),
-        (
-            dim(1, 1, 1),
-            dim(1, 0, 1),
-            &right,
-            "a zero grid or block dimension",
-        ),
-        (
-            dim(1, 1, 1),
-            dim(32, 16, 3),
-            &right,
-            "1536 threads per block (at most 1024)",
-        ),
-        (
-            dim(1, 1, 1),
-            dim(1025, 1, 1),
-            &right,
-            "1025 threads per block",
-        ),
-        (
-            dim(1, 1, 1),
-            dim(1, 1, 1),
-            &short,
-            "4 bytes of parameters, the kernel takes 8",
-        ),
-    ];
-    for (grid, block, args, says) in cases {
-        match launch(&k, grid, block, args, &mem, 1) {
-            Err(ExecError::InvalidValue(m)) => {
-                assert!(m.contains("kernel `k`") && m.contains(says), "{m}")
-            }
-            other => panic!("grid {grid:?} block {block:?}: {other:?}"),
-        }
+    let refused = |grid, block, args: &Args| match launch(&k, grid, block, args, &mem, 1) {
+        Err(ExecError::InvalidValue(m)) if m.contains("kernel `k`") => m,
+        other => panic!("grid {grid:?} block {block:?}: {other:?}"),
+    };
+    for (grid, block) in [
+        (dim(0, 1, 1), dim(1, 1, 1)),
+        (dim(1, 1, 0), dim(1, 1, 1)),
+        (dim(1, 1, 1), dim(1, 0, 1)),
+    ] {
+        let m = refused(grid, block, &right);
+        assert!(m.contains("a zero grid or block dimension"), "{m}");
     }
+    for (block, threads) in [(dim(32, 16, 3), 1536), (dim(1025, 1, 1), 1025)] {
+        let m = refused(dim(1, 1, 1), block, &right);
+        assert!(
+            m.contains(&format!("{threads} threads per block (at most 1024)")),
+            "{m}"
+        );
+    }
+    let m = refused(dim(1, 1, 1), dim(1, 1, 1), &Args::new().u32(0));
+    assert!(
+        m.contains("4 bytes of parameters, the kernel takes 8"),
+        "{m}"
+    );
     // The kernel stores nothing (its body is empty), so a null output address is never used.
     launch(&k, dim(2, 1, 1), dim(32, 32, 1), &right, &mem, 2).expect("1024 threads");
 }
