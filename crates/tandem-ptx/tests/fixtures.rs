@@ -1211,3 +1211,51 @@ fn launches_the_hardware_would_refuse_are_invalid_values() {
     // The kernel stores nothing (its body is empty), so a null output address is never used.
     launch(&k, dim(2, 1, 1), dim(32, 32, 1), &right, &mem, 2).expect("1024 threads");
 }
+
+/// `%clock64` counts up within a thread: each read is later than the one before it.
+#[test]
+fn the_clock_counts_up() {
+    let body = "
+	mov.u64 %rd4, %clock64;
+	mov.u64 %rd5, %clock64;
+	mov.u32 %r2, %clock;
+	setp.gt.u64 %p1, %rd5, %rd4;
+	cvt.u64.u32 %rd6, %r2;
+	setp.gt.u64 %p2, %rd6, %rd5;
+	and.pred %p3, %p1, %p2;
+	selp.u32 %r3, 1, 0, %p3;
+	mul.wide.u32 %rd2, %r1, 4;
+	add.s64 %rd3, %rd1, %rd2;
+	st.global.u32 [%rd3], %r3;";
+    let (r, out) = run_src(&kernel_src("", body), 2, 64, 64 * 4);
+    r.expect("launch");
+    assert_eq!(out, [1; 64]);
+}
+
+/// Of several failing blocks run by several host threads, the launch reports the lowest one's
+/// error, as a sequential run would: block 1 fails at once while block 0 fails only after a
+/// long loop, so block 1's error is almost always recorded first and must give way.
+#[test]
+fn a_launch_reports_the_lowest_failing_block() {
+    let body = "
+	mov.u32 %r2, %ctaid.x;
+	setp.ne.u32 %p1, %r2, 0;
+	@%p1 bra $FAIL;
+	mov.u32 %r3, 0;
+$LOOP:
+	add.u32 %r3, %r3, 1;
+	setp.lt.u32 %p2, %r3, 200000;
+	@%p2 bra $LOOP;
+$FAIL:
+	ld.global.u32 %r4, [8];";
+    for _ in 0..3 {
+        let m = module(&kernel_src("", body));
+        let k = m.kernel("k").expect("k");
+        let mem = Mem::new();
+        let r = launch(&k, dim(2, 1, 1), dim(1, 1, 1), &Args::new().u64(0), &mem, 2);
+        match r {
+            Err(ExecError::IllegalAddress(m)) => assert!(m.contains("block (0,0,0)"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+}
