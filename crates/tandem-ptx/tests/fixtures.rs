@@ -1259,3 +1259,43 @@ $FAIL:
         }
     }
 }
+
+/// Each warp's shuffle involves its own lanes only: with the middle warp of three exited, the
+/// first and last still exchange among themselves.
+#[test]
+fn warps_shuffle_on_their_own_beside_an_exited_warp() {
+    let body = "
+	shr.u32 %r2, %r1, 5;
+	setp.eq.u32 %p1, %r2, 1;
+	@%p1 exit;
+	shfl.sync.bfly.b32 %r3, %r1, 1, 31, -1;
+	mul.wide.u32 %rd2, %r1, 4;
+	add.s64 %rd3, %rd1, %rd2;
+	st.global.u32 [%rd3], %r3;";
+    let (r, out) = run_src(&kernel_src("", body), 1, 96, 96 * 4);
+    r.expect("launch");
+    for (t, &v) in out.iter().enumerate() {
+        let want = if t / 32 == 1 { 0 } else { t as u32 ^ 1 };
+        assert_eq!(v, want, "thread {t}");
+    }
+}
+
+/// Lanes of one membermask at two different shuffle instructions (undefined in CUDA: every
+/// lane of the mask must execute the same one) are never exchanged together: the launch fails
+/// rather than mix the two.
+#[test]
+fn lanes_at_different_shuffles_fail_the_launch() {
+    let body = "
+	setp.lt.u32 %p1, %r1, 16;
+	@%p1 bra $LOW;
+	shfl.sync.bfly.b32 %r3, %r1, 1, 31, -1;
+	bra.uni $DONE;
+$LOW:
+	shfl.sync.bfly.b32 %r3, %r1, 2, 31, -1;
+$DONE:";
+    let (r, _) = run_src(&kernel_src("", body), 1, 32, 4);
+    assert!(
+        matches!(&r, Err(ExecError::LaunchFailed(m)) if m.contains("deadlock")),
+        "{r:?}"
+    );
+}

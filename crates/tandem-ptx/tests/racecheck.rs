@@ -297,38 +297,45 @@ fn atomic_after_plain_store_races() {
     );
 }
 
-/// Threads 35 and 40 (lanes 3 and 8 of the second warp) synchronise with `bar.warp.sync` of
-/// their two lanes, then 35 stores a word that 40 loads, with a second synchronisation between
-/// them or none.
-fn second_warp_pair(second_sync: bool) -> String {
-    let sync = if second_sync {
-        "bar.warp.sync 264;"
-    } else {
-        ""
-    };
+/// Threads 35 and 40 (lanes 3 and 8 of the second warp) synchronise with `sync` over a
+/// membermask of their two lanes, which only they hold in a register (so a mask read from any
+/// other thread's registers would exclude them), then 35 stores a word that 40 loads, with a
+/// second `sync` between them or none.
+fn second_warp_pair(sync: &str, second_sync: bool) -> String {
+    let second = if second_sync { sync } else { "" };
     kernel_src(&format!(
         "
 	setp.eq.u32 %p1, %r1, 35;
 	setp.eq.u32 %p2, %r1, 40;
 	or.pred %p3, %p1, %p2;
 	@!%p3 bra DONE;
-	bar.warp.sync 264;
-	@%p1 st.shared.u32 [buf+1020], %r1; // pair store
+	mov.u32 %r21, 264;
 	{sync}
+	@%p1 st.shared.u32 [buf+1020], %r1; // pair store
+	{second}
 	@%p2 ld.shared.u32 %r6, [buf+1020]; // pair load
 	@%p2 st.global.u32 [%rd1], %r6;
 DONE:"
     ))
 }
 
+/// The warp-synchronous instructions that order shared accesses, over the mask in `%r21`.
+const PAIR_SYNCS: [&str; 3] = [
+    "bar.warp.sync %r21;",
+    "shfl.sync.idx.b32 %r20|%p5, %r1, 3, 31, %r21;",
+    "vote.sync.ballot.b32 %r20, %p5, %r21;",
+];
+
 #[test]
 fn warp_sync_of_some_lanes_orders_them_in_a_later_warp() {
     // Each thread's knowledge is of the lanes of its own warp: lane 3's store is ordered
     // before lane 8's load by the sync of those two lanes alone (lane 1, thread 33, took part
     // in none).
-    let (r, out) = run(&second_warp_pair(true), 64, 1, true);
-    r.expect("no race");
-    assert_eq!(out[0], 35);
+    for sync in PAIR_SYNCS {
+        let (r, out) = run(&second_warp_pair(sync, true), 64, 1, true);
+        r.unwrap_or_else(|e| panic!("{sync}: {e}"));
+        assert_eq!(out[0], 35, "{sync}");
+    }
 }
 
 #[test]
@@ -336,14 +343,16 @@ fn a_store_after_the_last_warp_sync_races_with_the_partners_load() {
     // A store made after a synchronisation is not ordered by it: the check must record the
     // storing thread's clock as it is then, not as some other lane's. The word is shared
     // memory's last.
-    let src = second_warp_pair(false);
-    let (r, _) = run(&src, 64, 1, true);
-    assert_race(
-        r,
-        1020,
-        ("store", "(35,0,0)", line_of(&src, "pair store")),
-        ("load", "(40,0,0)", line_of(&src, "pair load")),
-    );
+    for sync in PAIR_SYNCS {
+        let src = second_warp_pair(sync, false);
+        let (r, _) = run(&src, 64, 1, true);
+        assert_race(
+            r,
+            1020,
+            ("store", "(35,0,0)", line_of(&src, "pair store")),
+            ("load", "(40,0,0)", line_of(&src, "pair load")),
+        );
+    }
 }
 
 #[test]
