@@ -1280,22 +1280,38 @@ fn warps_shuffle_on_their_own_beside_an_exited_warp() {
     }
 }
 
-/// Lanes of one membermask at two different shuffle instructions (undefined in CUDA: every
-/// lane of the mask must execute the same one) are never exchanged together: the launch fails
-/// rather than mix the two.
+/// Lanes of one membermask at two different warp-synchronous instructions (undefined in CUDA:
+/// every lane of the mask must execute the same one) are never released together: the launch
+/// fails rather than mix them. Two shuffles, and a `bar.warp.sync` beside a shuffle, in the first
+/// warp of two, the second having exited (its lanes are no part of the first's masks).
 #[test]
-fn lanes_at_different_shuffles_fail_the_launch() {
-    let body = "
+fn lanes_at_different_warp_synchronous_instructions_fail_the_launch() {
+    for (high, low) in [
+        (
+            "shfl.sync.bfly.b32 %r3, %r1, 1, 31, -1;",
+            "shfl.sync.bfly.b32 %r3, %r1, 2, 31, -1;",
+        ),
+        (
+            "bar.warp.sync -1;",
+            "shfl.sync.bfly.b32 %r3, %r1, 2, 31, -1;",
+        ),
+    ] {
+        let body = format!(
+            "
+	setp.ge.u32 %p2, %r1, 32;
+	@%p2 exit;
 	setp.lt.u32 %p1, %r1, 16;
 	@%p1 bra $LOW;
-	shfl.sync.bfly.b32 %r3, %r1, 1, 31, -1;
+	{high}
 	bra.uni $DONE;
 $LOW:
-	shfl.sync.bfly.b32 %r3, %r1, 2, 31, -1;
-$DONE:";
-    let (r, _) = run_src(&kernel_src("", body), 1, 32, 4);
-    assert!(
-        matches!(&r, Err(ExecError::LaunchFailed(m)) if m.contains("deadlock")),
-        "{r:?}"
-    );
+	{low}
+$DONE:"
+        );
+        let (r, _) = run_src(&kernel_src("", &body), 1, 64, 4);
+        assert!(
+            matches!(&r, Err(ExecError::LaunchFailed(m)) if m.contains("deadlock")),
+            "{high} beside {low}: {r:?}"
+        );
+    }
 }
