@@ -1315,3 +1315,116 @@ $DONE:"
         );
     }
 }
+
+/// `shfl.bfly` past its clamp lane keeps the lane's own value with a false predicate (the PTX
+/// ISA's `j <= maxLane`), and a shuffle that reads a lane outside its membermask fails naming it.
+#[test]
+fn shuffles_clamp_and_refuse_lanes_outside_the_mask() {
+    let body = "
+	mul.lo.u32 %r2, %r1, 10;
+	shfl.sync.bfly.b32 %r3|%p1, %r2, 17, 15, -1;
+	selp.u32 %r4, 1, 0, %p1;
+	mul.wide.u32 %rd2, %r1, 8;
+	add.s64 %rd3, %rd1, %rd2;
+	st.global.v2.u32 [%rd3], {%r3, %r4};";
+    let (r, out) = run_src(&kernel_src("", body), 1, 32, 32 * 8);
+    r.expect("launch");
+    for l in 0..32u32 {
+        let in_range = l ^ 17 <= 15;
+        let from = if in_range { l ^ 17 } else { l };
+        assert_eq!(
+            out[l as usize * 2..l as usize * 2 + 2],
+            [from * 10, in_range as u32],
+            "lane {l}"
+        );
+    }
+    // Lane 5 stays out of the mask (and of the shuffle); the others read it.
+    let body = "
+	setp.eq.u32 %p1, %r1, 5;
+	@%p1 bra $DONE;
+	shfl.sync.idx.b32 %r3, %r1, 5, 31, 0xffffffdf;
+$DONE:";
+    let (r, _) = run_src(&kernel_src("", body), 1, 32, 4);
+    match r {
+        Err(ExecError::LaunchFailed(m)) => assert!(
+            m.contains("reads lane 5, outside membermask 0xffffffdf"),
+            "{m}"
+        ),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// `mma.sync.m16n8k16` against the product written from the PTX ISA's fragment layouts: each
+/// lane's A, B and C elements come from small integers (so every sum is exact in any order),
+/// in f16 and bf16, and each lane's D must be its elements of A * B + C.
+#[test]
+fn mma_computes_a_times_b_plus_c_in_the_isas_fragment_layout() {
+    let a_of = |i: usize, k: usize| ((i + 2 * k) % 5) as f32 - 2.0;
+    let b_of = |k: usize, j: usize| ((3 * k + j) % 7) as f32 - 3.0;
+    let c_of = |i: usize, j: usize| (i * 8 + j) as f32;
+    for (name, bits) in [
+        (
+            "f16",
+            (|x: f32| half::f16::from_f32(x).to_bits()) as fn(f32) -> u16,
+        ),
+        ("bf16", |x: f32| half::bf16::from_f32(x).to_bits()),
+    ] {
+        let pair = |lo: f32, hi: f32| bits(lo) as u32 | (bits(hi) as u32) << 16;
+        // Per lane (48 bytes): 4 A registers, 2 B registers, 4 C values as the ISA places
+        // them, 2 words of padding.
+        let mut input = Vec::new();
+        for lane in 0..32 {
+            let (g, t) = (lane / 4, lane % 4);
+            for r in 0..4 {
+                let (row, col) = (g + 8 * (r % 2), 2 * t + 8 * (r / 2));
+                input.push(pair(a_of(row, col), a_of(row, col + 1)));
+            }
+            for r in 0..2 {
+                let row = 2 * t + 8 * r;
+                input.push(pair(b_of(row, g), b_of(row + 1, g)));
+            }
+            for i in 0..4 {
+                input.push(c_of(g + 8 * (i / 2), 2 * t + i % 2).to_bits());
+            }
+            input.extend([0, 0]);
+        }
+        let src = format!(
+            ".version 9.0\n.target sm_80\n.address_size 64\n.visible .entry k(.param .u64 src, .param .u64 dst)\n{{\n\t.reg .b32 %r<12>;\n\t.reg .b64 %rd<8>;\n\t.reg .f32 %f<8>;\n\
+	ld.param.u64 %rd1, [src];\n\tld.param.u64 %rd2, [dst];\n\tmov.u32 %r1, %tid.x;\n\
+	mul.wide.u32 %rd3, %r1, 48;\n\tadd.s64 %rd4, %rd1, %rd3;\n\
+	ld.global.v4.u32 {{%r2, %r3, %r4, %r5}}, [%rd4];\n\tld.global.v2.u32 {{%r6, %r7}}, [%rd4+16];\n\
+	ld.global.v2.f32 {{%f0, %f1}}, [%rd4+24];\n\tld.global.v2.f32 {{%f2, %f3}}, [%rd4+32];\n\
+	mma.sync.aligned.m16n8k16.row.col.f32.{name}.{name}.f32 {{%f4, %f5, %f6, %f7}}, {{%r2, %r3, %r4, %r5}}, {{%r6, %r7}}, {{%f0, %f1, %f2, %f3}};\n\
+	mul.wide.u32 %rd5, %r1, 16;\n\tadd.s64 %rd6, %rd2, %rd5;\n\
+	st.global.v4.f32 [%rd6], {{%f4, %f5, %f6, %f7}};\n\tret;\n}}\n"
+        );
+        let m = module(&src);
+        let k = m.kernel("k").expect("k");
+        let mut mem = Mem::new();
+        let s = mem.upload_u32(&input);
+        let d = mem.alloc(32 * 16);
+        launch(
+            &k,
+            dim(1, 1, 1),
+            dim(32, 1, 1),
+            &Args::new().u64(s).u64(d),
+            &mem,
+            1,
+        )
+        .expect("launch");
+        let out = mem.f32s(d);
+        for lane in 0..32 {
+            let (g, t) = (lane / 4, lane % 4);
+            for i in 0..4 {
+                let (row, col) = (g + 8 * (i / 2), 2 * t + i % 2);
+                let want =
+                    (0..16).map(|k| a_of(row, k) * b_of(k, col)).sum::<f32>() + c_of(row, col);
+                assert_eq!(
+                    out[lane * 4 + i],
+                    want,
+                    "{name}: lane {lane}, D[{row}][{col}]"
+                );
+            }
+        }
+    }
+}
