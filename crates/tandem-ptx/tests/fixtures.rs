@@ -80,10 +80,11 @@ fn shfl_all_modes() {
     }
 }
 
-/// Runs `body` in one warp, then stores `%r3` and `%p2`..`%p4` (as 0/1) of each lane.
+/// Runs `body` in two warps, with `%r7` holding `%laneid`, then stores `%r3` and `%p2`..`%p4`
+/// (as 0/1) of each thread: each warp's own votes, which must agree lane by lane.
 fn run_votes(body: &str) -> Vec<u32> {
     let body = format!(
-        "{body}
+        "\tmov.u32 %r7, %laneid;{body}
 	selp.u32 %r4, 1, 0, %p2;
 	selp.u32 %r5, 1, 0, %p3;
 	selp.u32 %r6, 1, 0, %p4;
@@ -91,8 +92,10 @@ fn run_votes(body: &str) -> Vec<u32> {
 	add.s64 %rd3, %rd1, %rd2;
 	st.global.v4.u32 [%rd3], {{%r3, %r4, %r5, %r6}};"
     );
-    let (r, out) = run_src(&kernel_src("", &body), 1, 32, 32 * 16);
+    let (r, out) = run_src(&kernel_src("", &body), 1, 64, 64 * 16);
     r.expect("launch");
+    let (first, second) = out.split_at(32 * 4);
+    assert_eq!(first, second, "the second warp's votes");
     out
 }
 
@@ -1071,20 +1074,20 @@ fn fences_and_hints_do_nothing_ldu_loads_and_trap_fails() {
 #[test]
 fn votes_over_partial_membermasks() {
     let body = "
-	and.b32 %r2, %r1, 3;
+	and.b32 %r2, %r7, 3;
 	setp.eq.u32 %p1, %r2, 0;
-	setp.lt.u32 %p5, %r1, 16;
+	setp.lt.u32 %p5, %r7, 16;
 	@%p5 bra $LOW;
 	vote.sync.ballot.b32 %r3, !%p1, 0xffff0000;
 	vote.sync.uni.pred %p2, %p1, 0xffff0000;
-	setp.ge.u32 %p6, %r1, 8;
+	setp.ge.u32 %p6, %r7, 8;
 	vote.sync.uni.pred %p3, %p6, 0xffff0000;
 	vote.sync.any.pred %p4, !%p6, 0xffff0000;
 	bra.uni $DONE;
 $LOW:
 	vote.sync.ballot.b32 %r3, %p1, 0xffff;
 	vote.sync.uni.pred %p2, %p1, 0xffff;
-	setp.lt.u32 %p6, %r1, 16;
+	setp.lt.u32 %p6, %r7, 16;
 	vote.sync.uni.pred %p3, !%p6, 0xffff;
 	vote.sync.all.pred %p4, %p6, 0xffff;
 $DONE:
@@ -1137,8 +1140,9 @@ fn membermasks_that_cannot_be_met_fail_naming_the_lane() {
 }
 
 /// Named barriers with thread counts: the first 64 threads meet at barrier 1 (count 64) while
-/// the last 32 meet at barrier 2 (count 32); each group then reads what the others of its group
-/// wrote to shared memory before the barrier.
+/// the last 32 meet at barrier 2 (count 32); each group then reads what its partner in the group
+/// wrote to shared memory before the barrier. Then again with the barrier and the count in
+/// registers, each group's own, at one `bar.sync` both groups execute.
 #[test]
 fn named_barriers_with_counts_release_their_own_group() {
     let body = "
@@ -1159,19 +1163,29 @@ $READ:
 	shl.b32 %r7, %r6, 2;
 	add.s32 %r8, %r2, %r7;
 	ld.shared.u32 %r9, [%r8];
-	mul.wide.u32 %rd2, %r1, 4;
+	add.u32 %r5, %r1, 2000;
+	st.shared.u32 [%r4+384], %r5;
+	selp.u32 %r10, 3, 4, %p1;
+	selp.u32 %r11, 64, 32, %p1;
+	bar.sync %r10, %r11;
+	ld.shared.u32 %r12, [%r8+384];
+	mul.wide.u32 %rd2, %r1, 8;
 	add.s64 %rd3, %rd1, %rd2;
-	st.global.u32 [%rd3], %r9;";
+	st.global.v2.u32 [%rd3], {%r9, %r12};";
     let (r, out) = run_src(
-        &kernel_src("\t.shared .align 4 .b8 s[384];", body),
+        &kernel_src("\t.shared .align 4 .b8 s[768];", body),
         1,
         96,
-        96 * 4,
+        96 * 8,
     );
     r.expect("launch");
-    for (t, &v) in out.iter().enumerate() {
+    for t in 0..96 {
         let partner = if t < 64 { t ^ 63 } else { t ^ 31 };
-        assert_eq!(v, partner as u32 + 1000, "thread {t}");
+        assert_eq!(
+            out[2 * t..2 * t + 2],
+            [partner as u32 + 1000, partner as u32 + 2000],
+            "thread {t}"
+        );
     }
 }
 
@@ -1308,9 +1322,18 @@ $LOW:
 	{low}
 $DONE:"
         );
-        let (r, _) = run_src(&kernel_src("", &body), 1, 64, 4);
+        let src = kernel_src("", &body);
+        let (r, _) = run_src(&src, 1, 64, 4);
+        // Thread 0 waits at `low`; the report names a thread waiting elsewhere, and the warp
+        // that exited.
+        let high_line = src.lines().position(|l| l.contains(high)).expect("high") + 1;
+        let says = [
+            "deadlock".to_string(),
+            format!("thread 16 waits at line {high_line}"),
+            "32 exited".to_string(),
+        ];
         assert!(
-            matches!(&r, Err(ExecError::LaunchFailed(m)) if m.contains("deadlock")),
+            matches!(&r, Err(ExecError::LaunchFailed(m)) if says.iter().all(|s| m.contains(s))),
             "{high} beside {low}: {r:?}"
         );
     }
@@ -1356,7 +1379,8 @@ $DONE:";
 
 /// `mma.sync.m16n8k16` against the product written from the PTX ISA's fragment layouts: each
 /// lane's A, B and C elements come from small integers (so every sum is exact in any order),
-/// in f16 and bf16, and each lane's D must be its elements of A * B + C.
+/// in f16 and bf16, and each lane's D must be its elements of A * B + C; two warps, each with
+/// the same fragments.
 #[test]
 fn mma_computes_a_times_b_plus_c_in_the_isas_fragment_layout() {
     let a_of = |i: usize, k: usize| ((i + 2 * k) % 5) as f32 - 2.0;
@@ -1401,28 +1425,28 @@ fn mma_computes_a_times_b_plus_c_in_the_isas_fragment_layout() {
         let m = module(&src);
         let k = m.kernel("k").expect("k");
         let mut mem = Mem::new();
-        let s = mem.upload_u32(&input);
-        let d = mem.alloc(32 * 16);
+        let s = mem.upload_u32(&input.repeat(2));
+        let d = mem.alloc(64 * 16);
         launch(
             &k,
             dim(1, 1, 1),
-            dim(32, 1, 1),
+            dim(64, 1, 1),
             &Args::new().u64(s).u64(d),
             &mem,
             1,
         )
         .expect("launch");
         let out = mem.f32s(d);
-        for lane in 0..32 {
-            let (g, t) = (lane / 4, lane % 4);
+        for thread in 0..64 {
+            let (g, t) = (thread % 32 / 4, thread % 4);
             for i in 0..4 {
                 let (row, col) = (g + 8 * (i / 2), 2 * t + i % 2);
                 let want =
                     (0..16).map(|k| a_of(row, k) * b_of(k, col)).sum::<f32>() + c_of(row, col);
                 assert_eq!(
-                    out[lane * 4 + i],
+                    out[thread * 4 + i],
                     want,
-                    "{name}: lane {lane}, D[{row}][{col}]"
+                    "{name}: thread {thread}, D[{row}][{col}]"
                 );
             }
         }
