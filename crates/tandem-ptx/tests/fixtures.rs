@@ -1452,3 +1452,64 @@ fn mma_computes_a_times_b_plus_c_in_the_isas_fragment_layout() {
         }
     }
 }
+
+/// A recursive call is refused naming the function, even one whose recursion would end after
+/// two levels (the stand-in keeps no call stack in device memory).
+#[test]
+fn a_recursive_call_is_refused_even_when_bounded() {
+    let src = format!(
+        "{HEAD}.func (.param .b32 out) down(.param .b32 n)\n{{\n\t.reg .pred %q<2>;\n\t.reg .b32 %s<4>;\n\
+	ld.param.b32 %s1, [n];\n\tsetp.eq.u32 %q1, %s1, 0;\n\t@%q1 bra $BASE;\n\tsub.u32 %s2, %s1, 1;\n\
+	{{\n\t.param .b32 a0;\n\tst.param.b32 [a0], %s2;\n\t.param .b32 r0;\n\tcall.uni (r0), down, (a0);\n\tld.param.b32 %s3, [r0];\n\t}}\n\
+	add.u32 %s1, %s3, 1;\n$BASE:\n\tst.param.b32 [out], %s1;\n\tret;\n}}\n\
+.visible .entry k(\n\t.param .u64 out\n)\n{{\n\t.reg .b32 %r<4>;\n\t.reg .b64 %rd<3>;\n\tld.param.u64 %rd1, [out];\n\
+	{{\n\t.param .b32 a0;\n\tst.param.b32 [a0], 2;\n\t.param .b32 r0;\n\tcall.uni (r0), down, (a0);\n\tld.param.b32 %r1, [r0];\n\t}}\n\
+	st.global.u32 [%rd1], %r1;\n\tret;\n}}\n"
+    );
+    let m = module(&src);
+    let k = m.kernel("k").expect("k");
+    let mut mem = Mem::new();
+    let out = mem.alloc(4);
+    let r = launch(
+        &k,
+        dim(1, 1, 1),
+        dim(1, 1, 1),
+        &Args::new().u64(out),
+        &mem,
+        1,
+    );
+    match r {
+        Err(ExecError::LaunchFailed(m)) => {
+            assert!(
+                m.contains("recursive call of `down` is not supported"),
+                "{m}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// 32-bit `cvta` between the shared window and generic addresses: to generic and back gives
+/// the shared address again, and the generic address loads what the shared one stored.
+#[test]
+fn thirty_two_bit_cvta_round_trips_a_shared_address() {
+    let body = "
+	mov.u32 %r2, s;
+	add.u32 %r2, %r2, 4;
+	st.shared.u32 [%r2], 77;
+	cvta.shared.u32 %r3, %r2;
+	cvta.to.shared.u32 %r4, %r3;
+	ld.shared.u32 %r5, [%r4];
+	cvt.u64.u32 %rd2, %r3;
+	st.global.v2.u32 [%rd1], {%r4, %r5};
+	st.global.u64 [%rd1+8], %rd2;";
+    let (r, out) = run_src(&kernel_src("\t.shared .align 4 .b8 s[16];", body), 1, 1, 16);
+    r.expect("launch");
+    assert_eq!(out[..2], [4, 77], "the shared address and what it holds");
+    let generic = u64::from(out[2]) | u64::from(out[3]) << 32;
+    assert_eq!(
+        generic,
+        (tandem_ptx::GENERIC_SHARED_BASE + 4) & 0xffff_ffff,
+        "the generic address, in 32 bits"
+    );
+}
