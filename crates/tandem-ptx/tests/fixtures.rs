@@ -1466,19 +1466,7 @@ fn a_recursive_call_is_refused_even_when_bounded() {
 	{{\n\t.param .b32 a0;\n\tst.param.b32 [a0], 2;\n\t.param .b32 r0;\n\tcall.uni (r0), down, (a0);\n\tld.param.b32 %r1, [r0];\n\t}}\n\
 	st.global.u32 [%rd1], %r1;\n\tret;\n}}\n"
     );
-    let m = module(&src);
-    let k = m.kernel("k").expect("k");
-    let mut mem = Mem::new();
-    let out = mem.alloc(4);
-    let r = launch(
-        &k,
-        dim(1, 1, 1),
-        dim(1, 1, 1),
-        &Args::new().u64(out),
-        &mem,
-        1,
-    );
-    match r {
+    match run_src(&src, 1, 1, 4).0 {
         Err(ExecError::LaunchFailed(m)) => {
             assert!(
                 m.contains("recursive call of `down` is not supported"),
