@@ -817,12 +817,15 @@ fn unary(p: &mut Parser, base: &str, m: &mut Mods, ops: &[Raw], line: usize) -> 
         "bfind" => IUn::Bfind,
         _ => return Err(None),
     };
-    if matches!(op, IUn::Bfind | IUn::BfindShift)
-        && !matches!(ty, Ty::U32 | Ty::U64 | Ty::S32 | Ty::S64)
-    {
-        return Err(None);
-    }
-    if ty == Ty::Pred && op != IUn::Not {
+    // The types the PTX ISA gives each (ptxas refuses the others).
+    let typed = match op {
+        IUn::Abs | IUn::Neg => matches!(ty, Ty::S16 | Ty::S32 | Ty::S64),
+        IUn::Not => matches!(ty, Ty::Pred | Ty::B16 | Ty::B32 | Ty::B64),
+        IUn::Cnot => matches!(ty, Ty::B16 | Ty::B32 | Ty::B64),
+        IUn::Popc | IUn::Clz | IUn::Brev => matches!(ty, Ty::B32 | Ty::B64),
+        IUn::Bfind | IUn::BfindShift => matches!(ty, Ty::U32 | Ty::U64 | Ty::S32 | Ty::S64),
+    };
+    if !typed {
         return Err(None);
     }
     let a = p.src(&ops[1], ty, line)?;
