@@ -520,10 +520,8 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
                     red,
                 });
             }
-            if !(m.has("sync") || base == "bar" && m.0.is_empty() && !ops.is_empty()) {
-                return Err(None);
-            }
-            if !m.0.is_empty() || ops.is_empty() || ops.len() > 2 {
+            // {bar,barrier}{.cta}.sync{.aligned} a{, b}; `.arrive` is not implemented.
+            if !m.has("sync") || !m.0.is_empty() || !(1..=2).contains(&ops.len()) {
                 return Err(None);
             }
             let id = p.src(&ops[0], Ty::U32, line)?;

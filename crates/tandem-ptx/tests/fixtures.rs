@@ -162,6 +162,24 @@ $END:";
     );
 }
 
+/// A reduction with a thread count involves only that many threads: each warp reduces over
+/// itself at a barrier of its own, neither waiting for the other.
+#[test]
+fn barrier_reductions_with_a_count_reduce_over_their_group() {
+    let body = "
+	setp.lt.u32 %p1, %r1, 40;
+	shr.u32 %r2, %r1, 5;
+	add.u32 %r2, %r2, 1;
+	bar.red.popc.u32 %r3, %r2, 32, %p1;
+	mul.wide.u32 %rd2, %r1, 4;
+	add.s64 %rd3, %rd1, %rd2;
+	st.global.u32 [%rd3], %r3;";
+    let (r, out) = run_src(&kernel_src("", body), 1, 64, 64 * 4);
+    r.expect("launch");
+    assert_eq!(out[..32], [32; 32]);
+    assert_eq!(out[32..], [8; 32]);
+}
+
 #[test]
 fn divergent_barrier_fails_not_hangs() {
     let body = "

@@ -517,6 +517,7 @@ fn control_and_warp_instructions_refuse_unknown_modifiers_and_operands() {
         ("bar.red.and.pred %p1, 0, %p2;", "bar.red.and.u32 %r1, 0, %p2;"),
         ("bar.red.or.pred %p1, 1, !%p2;", "bar.red.pred %p1, 1, %p2;"),
         ("bar.sync 0;", "bar.arrive 0;"),
+        ("bar.cta.sync 0;", "bar.cta 0;"),
         ("barrier.sync 0;", "barrier 0;"),
         ("barrier.sync.aligned 0, 64;", "barrier.sync.aligned 0, 64, 1;"),
         ("bar.cta.sync 1;", "bar.sync;"),
