@@ -967,6 +967,15 @@ fn min_max_nan() {
     assert_eq!(f32::from_bits((out[0] >> 32) as u32), 1.0);
     assert_eq!(f32::from_bits(out[1] as u32), 2.0);
     assert_eq!(f32::from_bits((out[1] >> 32) as u32), 1.0);
+    // The other two: .NaN propagates a NaN operand, its absence returns the number.
+    let body = body
+        .replace("max.NaN", "max")
+        .replace("min.f32", "min.NaN.f32");
+    let out = run_pairs(&body, &[(one, nan), (one, 2f32.to_bits() as u64)]);
+    assert_eq!(f32::from_bits(out[0] as u32), 1.0);
+    assert!(f32::from_bits((out[0] >> 32) as u32).is_nan());
+    assert_eq!(f32::from_bits(out[1] as u32), 2.0);
+    assert_eq!(f32::from_bits((out[1] >> 32) as u32), 1.0);
     // xorsign.abs is refused rather than computed wrongly.
     let src = format!(
         "{HEAD}.visible .entry k()\n{{\n\t.reg .f32 %f<4>;\n\tmin.xorsign.abs.f32 %f1, %f2, %f3;\n\tret;\n}}\n"
