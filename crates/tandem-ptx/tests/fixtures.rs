@@ -467,8 +467,13 @@ fn rounding_fma_division_and_ftz() {
 	st.global.v4.f32 [%rd1], {%f2, %f4, %f5, %f6};
 	st.global.v4.f32 [%rd1+16], {%f7, %f8, %f9, %f10};
 	st.global.v4.f32 [%rd1+32], {%f11, %f12, %f13, %f14};
-	st.global.v2.f32 [%rd1+48], {%f15, %f16};";
-    let o: Vec<f32> = f32_results(body, 14)
+	st.global.v2.f32 [%rd1+48], {%f15, %f16};
+	add.ftz.f32 %f17, 0f00011C19, 0f00011C19;
+	mul.sat.f32 %f18, 0f3FC00000, 0f40000000;
+	fma.rn.ftz.f32 %f19, 0f00011C19, 0f3F800000, 0f00000000;
+	fma.rn.sat.f32 %f20, 0f3FC00000, 0f40000000, 0f00000000;
+	st.global.v4.f32 [%rd1+64], {%f17, %f18, %f19, %f20};";
+    let o: Vec<f32> = f32_results(body, 20)
         .into_iter()
         .map(f32::from_bits)
         .collect();
@@ -489,6 +494,8 @@ fn rounding_fma_division_and_ftz() {
     assert_eq!(o[9].to_bits(), 0x0001_1C19);
     assert_eq!(o[10], 1.0);
     assert_eq!(o[11], 2f32.powi(-11) + 2f32.powi(-24));
+    // .ftz and .sat of add, mul and fma: flushed subnormal inputs, 1.5 * 2 clamped to 1.
+    assert_eq!(o[16..20], [0.0, 1.0, 0.0, 1.0]);
     let s2 = 2f32.sqrt();
     assert_eq!(o[13], s2);
     // sqrt(2) in f64 lies above or below its f32 rounding; .rp gives the f32 at or above it.

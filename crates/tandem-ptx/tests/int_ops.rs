@@ -982,3 +982,25 @@ fn min_max_nan() {
     );
     assert!(tandem_ptx::Module::parse(&src).is_err());
 }
+
+/// Plain signed min and max (not their `.relu` forms), and `mad.wide` adding an immediate of
+/// the wide type: all 64 bits of it.
+#[test]
+fn signed_min_max_and_a_wide_immediate_addend() {
+    let inputs = pairs32();
+    let body = "
+	min.s32 %r20, %r10, %r11;
+	max.s32 %r21, %r10, %r11;
+	mov.b64 %rd21, {%r20, %r21};
+	mad.wide.u32 %rd22, %r10, %r11, 0x500000003;
+	xor.b64 %rd20, %rd21, 0;"
+        .to_string()
+        + &mix_ptx(&[22], 5);
+    let out = run_pairs(&body, &inputs);
+    for (&(a, b), &o) in inputs.iter().zip(&out) {
+        let (ia, ib) = (a as u32 as i32, b as u32 as i32);
+        let minmax = ia.min(ib) as u32 as u64 | (ia.max(ib) as u32 as u64) << 32;
+        let wide = (a as u32 as u64 * b as u32 as u64).wrapping_add(0x5_0000_0003);
+        assert_eq!(o, mix(minmax, &[wide], 5), "a {a:#x} b {b:#x}");
+    }
+}

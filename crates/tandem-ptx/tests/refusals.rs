@@ -51,6 +51,10 @@ fn check_unknown(pairs: &[(&str, &str)]) {
 fn integer_and_bit_instructions_refuse_other_types_modifiers_and_operand_counts() {
     check_unknown(&[
         ("add.u32 %r1, %r2, %r3;", "add.u32 %r1, %r2;"),
+        (
+            "mad.lo.s32 %r1, %r2, %r3, %r4;",
+            "mad.rz.lo.s32 %r1, %r2, %r3, %r4;",
+        ),
         ("add.u32 %r1, %r2, %r3;", "add.u32 %r1, %r2, %r3, %r4;"),
         ("add.u32 %r1, %r2, %r3;", "add.rn.u32 %r1, %r2, %r3;"),
         ("add.u32 %r1, %r2, %r3;", "add.ftz.u32 %r1, %r2, %r3;"),
@@ -310,6 +314,8 @@ fn float_instructions_refuse_integer_modifiers_and_unimplemented_forms() {
         ("abs.s32 %r1, %r2;", "abs.bf16x2 %r1, %r2;"),
         ("abs.f32 %f1, %f2;", "abs.f16 %h1, %h2;"),
         ("sqrt.rn.f32 %f1, %f2;", "not.f32 %f1, %f2;"),
+        ("cos.approx.f32 %f1, %f2;", "cos.approx.f16 %h1, %h2;"),
+        ("tanh.approx.f32 %f1, %f2;", "tanh.approx.bf16x2 %r1, %r2;"),
         ("ex2.approx.f32 %f1, %f2;", "ex2.approx.f16x2 %r1, %r2;"),
         // fma and mad on floats.
         (
@@ -368,6 +374,7 @@ fn float_instructions_refuse_integer_modifiers_and_unimplemented_forms() {
 fn comparisons_selections_and_moves_refuse_what_they_cannot_mean() {
     check_unknown(&[
         ("setp.lt.s32 %p1, %r1, %r2;", "setp.lt.pred %p1, %p2, %p3;"),
+        ("mov.b16 %h1, {%h2, %h3};", "mov.f32 %f1, {%h2, %h3};"),
         ("setp.lt.f32 %p1, %f1, %f2;", "setp.lt.f16 %p1, %h1, %h2;"),
         ("setp.ltu.f32 %p1, %f1, %f2;", "setp.ltu.s32 %p1, %r1, %r2;"),
         (
@@ -490,6 +497,10 @@ fn memory_instructions_refuse_spaces_and_types_they_cannot_use() {
             "st.global.v4.f32 [%rd1], {%f1, %f2, %f3, %f4};",
             "st.global.v4.f32 [%rd1], %f1;",
         ),
+        (
+            "st.global.v4.f32 [%rd1], {%f1, %f2, %f3, %f4};",
+            "st.global.v4.f32 [%rd1], {%f1, %f2};",
+        ),
     ] {
         check(accepted, refused, mismatch).unwrap();
     }
@@ -497,6 +508,12 @@ fn memory_instructions_refuse_spaces_and_types_they_cannot_use() {
         "ld.global.u32 %r1, [%rd1];",
         "ld.global.u32 %r1, %rd1;",
         "expected an address",
+    )
+    .unwrap();
+    check(
+        "ld.global.u32 %r1, [%rd1];",
+        "ld.global.u32 {%r1}, [%rd1];",
+        "expected a destination register",
     )
     .unwrap();
 }
