@@ -215,13 +215,8 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
                 return Err(None);
             }
             let d = p.dst(&ops[0], line)?;
-            let [a, b] = srcs(p, ops, [ty, ty], line)?;
-            let uty = if ty.signed() {
-                crate::decode::unsigned(ty)
-            } else {
-                ty
-            };
-            let c = p.src(&ops[3], uty, line)?;
+            // c is unsigned in PTX; an immediate is read by its width alone, so `ty` serves.
+            let [a, b, c] = srcs(p, ops, [ty; 3], line)?;
             done(Op::Sad { ty, d, a, b, c })
         }
         "szext" | "bmsk" => {
@@ -270,13 +265,9 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
             if !matches!(ta, Ty::U32 | Ty::S32) || !matches!(tb, Ty::U32 | Ty::S32) {
                 return Err(None);
             }
-            let cty = if ta == Ty::S32 || tb == Ty::S32 {
-                Ty::S32
-            } else {
-                Ty::U32
-            };
             let d = p.dst(&ops[0], line)?;
-            let [a, b, c] = srcs(p, ops, [ta, tb, cty], line)?;
+            // c is .s32 or .u32 by the sources' signs: 32 bits of an immediate either way.
+            let [a, b, c] = srcs(p, ops, [ta, tb, Ty::B32], line)?;
             done(Op::Dp {
                 half,
                 a_signed: ta == Ty::S32,
@@ -924,16 +915,6 @@ fn mad(p: &mut Parser, base: &str, m: &mut Mods, ops: &[Raw], line: usize) -> R 
         b,
         c,
     })
-}
-
-/// The unsigned type of the same width.
-pub(crate) fn unsigned(ty: Ty) -> Ty {
-    match ty.bits() {
-        8 => Ty::U8,
-        16 => Ty::U16,
-        32 => Ty::U32,
-        _ => Ty::U64,
-    }
 }
 
 /// The double-width type of `.wide` results.
