@@ -405,7 +405,8 @@ pub(crate) fn decode(p: &mut Parser, base: &str, mods: &[&str], ops: &[Raw], lin
                 return done(Op::CvtPack { fmt, rnd, d, a, b });
             }
             n_ops(ops, 2)?;
-            if dty == Ty::Pred || sty == Ty::Pred || dty.packed() || sty.packed() {
+            // (A packed destination took the branch above.)
+            if dty == Ty::Pred || sty == Ty::Pred || sty.packed() {
                 return Err(None);
             }
             let (d, a) = (p.dst(&ops[0], line)?, p.src(&ops[1], sty, line)?);

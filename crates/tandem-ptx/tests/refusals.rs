@@ -331,6 +331,7 @@ fn float_instructions_refuse_integer_modifiers_and_unimplemented_forms() {
             "fma.rn.f32 %f1, %f2, %f3;",
         ),
         ("cvt.rn.f32.u32 %f1, %r1;", "cvt.rn.pred.u32 %p1, %r1;"),
+        ("cvt.rn.f32.u32 %f1, %r1;", "cvt.rn.f32.pred %f1, %p1;"),
         ("cvt.rn.f32.u32 %f1, %r1;", "cvt.rn.f32.u32 %f1, %r1, %r2;"),
         ("cvt.rn.f32.u32 %f1, %r1;", "cvt.u32.f16x2 %r1, %r2;"),
         ("cvt.rn.f32.u32 %f1, %r1;", "cvt.rn.f32 %f1, %r1;"),
