@@ -630,8 +630,17 @@ fn binary(p: &mut Parser, base: &str, m: &mut Mods, ops: &[Raw], line: usize) ->
             "mul" => HalfOp::Mul,
             _ => return Err(None),
         };
-        // .ftz, .sat and .relu are not implemented: refused, not ignored.
-        if ftz || sat || relu || approx || full || nan || cc || lohi.is_some() {
+        // .ftz, .sat and .relu are not implemented: refused, not ignored; .rn is the one rounding.
+        if ftz
+            || sat
+            || relu
+            || approx
+            || full
+            || nan
+            || cc
+            || lohi.is_some()
+            || !matches!(rnd, Rnd::Default | Rnd::Rn)
+        {
             return Err(None);
         }
         let [a, b] = srcs(p, ops, [ty, ty], line)?;
@@ -689,7 +698,6 @@ fn binary(p: &mut Parser, base: &str, m: &mut Mods, ops: &[Raw], line: usize) ->
     if rnd != Rnd::Default || ftz || approx || full || nan {
         return Err(None);
     }
-    let pred = ty == Ty::Pred;
     let op = match (base, lohi) {
         ("add", None) if sat => IOp::AddSat,
         ("sub", None) if sat => IOp::SubSat,
@@ -714,16 +722,7 @@ fn binary(p: &mut Parser, base: &str, m: &mut Mods, ops: &[Raw], line: usize) ->
         ("shr", None) => IOp::Shr,
         _ => return Err(None),
     };
-    if sat && !(matches!(op, IOp::AddSat | IOp::SubSat) && ty == Ty::S32) {
-        return Err(None);
-    }
-    if pred && !matches!(op, IOp::And | IOp::Or | IOp::Xor) {
-        return Err(None);
-    }
-    if matches!(op, IOp::Mul24Lo | IOp::Mul24Hi) && !matches!(ty, Ty::U32 | Ty::S32) {
-        return Err(None);
-    }
-    if op == IOp::MulWide && ty.bits() > 32 {
+    if !int_typed(op, ty) || sat && !matches!(op, IOp::AddSat | IOp::SubSat) {
         return Err(None);
     }
     let bty = if matches!(op, IOp::Shl | IOp::Shr) {
@@ -753,6 +752,31 @@ fn binary(p: &mut Parser, base: &str, m: &mut Mods, ops: &[Raw], line: usize) ->
         return done(Op::AddI64 { d, a, b });
     }
     done(Op::IBin { op, ty, d, a, b })
+}
+
+/// Whether the PTX ISA gives integer operation `op` type `ty` (ptxas refuses the others).
+fn int_typed(op: IOp, ty: Ty) -> bool {
+    let bits = matches!(ty, Ty::B16 | Ty::B32 | Ty::B64);
+    let arith = matches!(
+        ty,
+        Ty::U16 | Ty::U32 | Ty::U64 | Ty::S16 | Ty::S32 | Ty::S64
+    );
+    match op {
+        IOp::And | IOp::Or | IOp::Xor => bits || ty == Ty::Pred,
+        IOp::Shl => bits,
+        IOp::Shr => bits || arith,
+        IOp::AddSat | IOp::SubSat | IOp::MinRelu | IOp::MaxRelu => ty == Ty::S32,
+        IOp::Mul24Lo | IOp::Mul24Hi => matches!(ty, Ty::U32 | Ty::S32),
+        IOp::MulWide => arith && ty.bits() <= 32,
+        IOp::Add
+        | IOp::Sub
+        | IOp::MulLo
+        | IOp::MulHi
+        | IOp::Div
+        | IOp::Rem
+        | IOp::Min
+        | IOp::Max => arith,
+    }
 }
 
 fn unary(p: &mut Parser, base: &str, m: &mut Mods, ops: &[Raw], line: usize) -> R {
@@ -891,17 +915,20 @@ fn mad(p: &mut Parser, base: &str, m: &mut Mods, ops: &[Raw], line: usize) -> R 
             c,
         });
     }
-    if base == "fma" || rnd != Rnd::Default || ftz || ty == Ty::Pred {
+    if base == "fma" || rnd != Rnd::Default || ftz {
         return Err(None);
     }
     let mul = match (base, lohi) {
         ("mad", Some("lo")) => IOp::MulLo,
         ("mad", Some("hi")) => IOp::MulHi,
-        ("mad", Some("wide")) if ty.bits() <= 32 => IOp::MulWide,
+        ("mad", Some("wide")) => IOp::MulWide,
         ("mad24", Some("lo")) => IOp::Mul24Lo,
         ("mad24", Some("hi")) => IOp::Mul24Hi,
         _ => return Err(None),
     };
+    if !int_typed(mul, ty) {
+        return Err(None);
+    }
     if sat && !(ty == Ty::S32 && matches!(mul, IOp::MulHi | IOp::Mul24Hi)) {
         return Err(None);
     }

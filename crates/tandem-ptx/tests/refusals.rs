@@ -51,6 +51,36 @@ fn check_unknown(pairs: &[(&str, &str)]) {
 fn integer_and_bit_instructions_refuse_other_types_modifiers_and_operand_counts() {
     check_unknown(&[
         ("add.u32 %r1, %r2, %r3;", "add.u32 %r1, %r2;"),
+        ("add.s16 %h1, %h2, %h3;", "add.b32 %r1, %r2, %r3;"),
+        ("sub.u64 %rd1, %rd2, %rd3;", "sub.u8 %h1, %h2, %h3;"),
+        ("div.s64 %rd1, %rd2, %rd3;", "rem.b64 %rd1, %rd2, %rd3;"),
+        ("max.u16 %h1, %h2, %h3;", "min.b16 %h1, %h2, %h3;"),
+        (
+            "mul.hi.s64 %rd1, %rd2, %rd3;",
+            "mul.lo.b64 %rd1, %rd2, %rd3;",
+        ),
+        ("mul.wide.s16 %r1, %h2, %h3;", "mul.wide.b16 %r1, %h2, %h3;"),
+        ("and.b16 %h1, %h2, %h3;", "and.u32 %r1, %r2, %r3;"),
+        ("or.b64 %rd1, %rd2, %rd3;", "xor.s32 %r1, %r2, %r3;"),
+        ("shl.b64 %rd1, %rd2, %r3;", "shl.u32 %r1, %r2, %r3;"),
+        ("shr.s16 %h1, %h2, %r3;", "shr.f32 %f1, %f2, %r3;"),
+        ("shr.b32 %r1, %r2, %r3;", "shr.pred %p1, %p2, %r3;"),
+        (
+            "add.sat.s32 %r1, %r2, %r3;",
+            "sub.sat.s64 %rd1, %rd2, %rd3;",
+        ),
+        (
+            "mad.lo.s16 %h1, %h2, %h3, %h4;",
+            "mad.lo.b32 %r1, %r2, %r3, %r4;",
+        ),
+        (
+            "mad24.lo.s32 %r1, %r2, %r3, %r4;",
+            "mad24.lo.u64 %rd1, %rd2, %rd3, %rd4;",
+        ),
+        (
+            "mad.hi.u64 %rd1, %rd2, %rd3, %rd4;",
+            "mad.hi.u8 %h1, %h2, %h3, %h4;",
+        ),
         (
             "mad.lo.s32 %r1, %r2, %r3, %r4;",
             "mad.rz.lo.s32 %r1, %r2, %r3, %r4;",
@@ -278,6 +308,8 @@ fn float_instructions_refuse_integer_modifiers_and_unimplemented_forms() {
         // 16-bit floats: add, sub, mul and fma only, without .ftz, .sat or .relu.
         ("add.rn.f16 %h1, %h2, %h3;", "div.rn.f16 %h1, %h2, %h3;"),
         ("add.f16 %h1, %h2, %h3;", "add.ftz.f16 %h1, %h2, %h3;"),
+        ("add.rn.f16x2 %r1, %r2, %r3;", "add.rz.f16x2 %r1, %r2, %r3;"),
+        ("mul.rn.bf16 %h1, %h2, %h3;", "mul.rm.bf16 %h1, %h2, %h3;"),
         ("sub.f16x2 %r1, %r2, %r3;", "sub.sat.f16x2 %r1, %r2, %r3;"),
         ("mul.bf16 %h1, %h2, %h3;", "mul.relu.bf16 %h1, %h2, %h3;"),
         ("add.f16 %h1, %h2, %h3;", "add.approx.f16 %h1, %h2, %h3;"),
