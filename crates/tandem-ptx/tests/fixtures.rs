@@ -390,6 +390,40 @@ fn local_bounds_and_alignment() {
     assert!(matches!(r, Err(ExecError::IllegalAddress(_))), "{r:?}");
 }
 
+/// Line and block comments are skipped wherever they stand, and the lines inside a block
+/// comment still count: the unknown instruction is reported on its own line.
+#[test]
+fn comments_are_skipped_and_their_lines_counted() {
+    let src = format!(
+        "{HEAD}// a line comment that ends */ like a block one, a/b
+/* a block comment over
+   two lines, with ** stars, a/slash and // inside */ .visible .entry k()
+{{
+\t/**/ .reg .b32 %r<3>; /* one line */
+\tfoo.b32 %r1, %r2; // trailing
+}}
+// the last line, without a newline"
+    );
+    let e = Module::parse(&src).expect_err("foo is unknown");
+    assert_eq!(e.line, 9, "{}", e.message);
+    assert!(e.message.contains("`foo.b32`"), "{}", e.message);
+    let ok = src.replace("foo.b32 %r1, %r2;", "mov.b32 %r1, %r2;\n\tret;");
+    Module::parse(&ok).expect("comments only");
+    // A block comment never closed, with its opening line; a lone slash is not a comment.
+    for (text, line, message) in [
+        (format!("{HEAD}\n/* open\n*"), 5, "unterminated comment"),
+        (format!("{HEAD}/*"), 4, "unterminated comment"),
+        (
+            format!("{HEAD}.visible / .entry k()"),
+            4,
+            "unexpected character `/`",
+        ),
+    ] {
+        let e = Module::parse(&text).expect_err(&text);
+        assert_eq!((e.line, e.message.as_str()), (line, message), "{text:?}");
+    }
+}
+
 #[test]
 fn unknown_instruction_names_it_and_its_line() {
     let src = format!(
