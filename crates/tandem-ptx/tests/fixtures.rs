@@ -424,6 +424,39 @@ fn comments_are_skipped_and_their_lines_counted() {
     }
 }
 
+/// Strings: `.pragma` and `.file` take them, an error shows one as written, and one left open
+/// at a line's end or the module's is refused on its line.
+#[test]
+fn strings_are_read_whole_and_must_close_on_their_line() {
+    let src = format!(
+        "{HEAD}.file 1 \"kernel.cu\"
+.pragma \"nounroll\";
+.visible .entry k()
+{{
+\t.pragma \"nounroll\";
+\tret;
+}}
+"
+    );
+    Module::parse(&src).expect("strings in directives");
+    for (text, line, message) in [
+        (
+            src.replace("entry k()", "entry \"k x\"()"),
+            6,
+            "expected a name, found \"k x\"",
+        ),
+        (
+            src.replace("\"nounroll\";\n\tret", "\"nounroll;\n\tret"),
+            8,
+            "unterminated string",
+        ),
+        (format!("{HEAD}.pragma \"open"), 4, "unterminated string"),
+    ] {
+        let e = Module::parse(&text).expect_err(&text);
+        assert_eq!((e.line, e.message.as_str()), (line, message), "{text:?}");
+    }
+}
+
 #[test]
 fn unknown_instruction_names_it_and_its_line() {
     let src = format!(
