@@ -457,6 +457,33 @@ fn strings_are_read_whole_and_must_close_on_their_line() {
     }
 }
 
+/// Immediates in each spelling PTX allows: hex, binary, octal, decimal with a `U` suffix,
+/// decimal floats with and without a signed exponent, and hex floats of either width.
+#[test]
+fn immediates_in_every_spelling() {
+    let body = "
+	mov.u32 %r2, 0x1E;
+	mov.u32 %r3, 0X1f;
+	mov.u32 %r4, 0b101;
+	mov.u32 %r5, 017;
+	mov.u32 %r6, 42U;
+	mov.f32 %f1, 1.5e-3;
+	mov.f32 %f2, 2E+2;
+	mov.f32 %f3, 0F3F800000;
+	cvt.rn.f32.f64 %f4, 0D3FF8000000000000;
+	mov.f32 %f5, 0.25;
+	mov.f32 %f6, 1e3;
+	st.global.v4.u32 [%rd1], {%r2, %r3, %r4, %r5};
+	st.global.v4.f32 [%rd1+16], {%f1, %f2, %f3, %f4};
+	st.global.v2.f32 [%rd1+32], {%f5, %f6};
+	st.global.u32 [%rd1+40], %r6;";
+    let out = f32_results(body, 11);
+    assert_eq!(out[..4], [30, 31, 5, 15]);
+    let floats: Vec<f32> = out[4..10].iter().map(|&b| f32::from_bits(b)).collect();
+    assert_eq!(floats, [1.5e-3, 200.0, 1.0, 1.5, 0.25, 1000.0]);
+    assert_eq!(out[10], 42);
+}
+
 #[test]
 fn unknown_instruction_names_it_and_its_line() {
     let src = format!(
