@@ -390,6 +390,12 @@ fn local_bounds_and_alignment() {
     assert!(matches!(r, Err(ExecError::IllegalAddress(_))), "{r:?}");
 }
 
+/// Asserts that `text` fails to parse on `line` with exactly `message`.
+fn assert_parse_error(text: &str, line: usize, message: &str) {
+    let e = Module::parse(text).expect_err(text);
+    assert_eq!((e.line, e.message.as_str()), (line, message), "{text:?}");
+}
+
 /// Line and block comments are skipped wherever they stand, and the lines inside a block
 /// comment still count: the unknown instruction is reported on its own line.
 #[test]
@@ -419,8 +425,7 @@ fn comments_are_skipped_and_their_lines_counted() {
             "unexpected character `/`",
         ),
     ] {
-        let e = Module::parse(&text).expect_err(&text);
-        assert_eq!((e.line, e.message.as_str()), (line, message), "{text:?}");
+        assert_parse_error(&text, line, message);
     }
 }
 
@@ -452,8 +457,7 @@ fn strings_are_read_whole_and_must_close_on_their_line() {
         ),
         (format!("{HEAD}.pragma \"open"), 4, "unterminated string"),
     ] {
-        let e = Module::parse(&text).expect_err(&text);
-        assert_eq!((e.line, e.message.as_str()), (line, message), "{text:?}");
+        assert_parse_error(&text, line, message);
     }
 }
 
