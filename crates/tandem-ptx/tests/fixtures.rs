@@ -390,6 +390,38 @@ fn local_bounds_and_alignment() {
     assert!(matches!(r, Err(ExecError::IllegalAddress(_))), "{r:?}");
 }
 
+/// The carry flag, the sink `_` and the first declared register are three slots, none of them a
+/// special register's; a vector type's size is its element's times its length; `.target` and a
+/// declaration may list several names.
+#[test]
+fn reserved_slots_and_declaration_lists() {
+    let src = ".version 9.0
+.target sm_80, debug
+.address_size 64
+.visible .entry k(.param .u64 out)
+{
+\t.reg .b32 %r<8>;
+\t.reg .b64 %rd<4>;
+\t.shared .align 16 .v4 .f32 v[2], w[1];
+\tmov.u32 %r0, 7;
+\tadd.cc.u32 %r1, -1, 1;
+\tmov.b64 %rd0, 6;
+\tmov.b64 {%r2, _}, %rd0;
+\taddc.u32 %r3, 0, 0;
+\tmov.u32 %r4, %total_smem_size;
+\tmov.u32 %r5, w;
+\tld.param.u64 %rd1, [out];
+\tst.global.v4.u32 [%rd1], {%r0, %r3, %r4, %r2};
+\tst.global.u32 [%rd1+16], %r5;
+\tret;
+}
+";
+    let (r, out) = run_src(src, 1, 1, 20);
+    r.expect("launch");
+    // v: 2 x 16 bytes, then w at 32: 48 in all.
+    assert_eq!(out, [7, 1, 48, 6, 32]);
+}
+
 /// Asserts that `text` fails to parse on `line` with exactly `message`.
 fn assert_parse_error(text: &str, line: usize, message: &str) {
     let e = Module::parse(text).expect_err(text);

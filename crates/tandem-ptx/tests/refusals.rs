@@ -605,6 +605,11 @@ fn control_and_warp_instructions_refuse_unknown_modifiers_and_operands() {
     ]);
     for (accepted, refused, message) in [
         ("bra L;", "bra 3;", "bra needs a label"),
+        (
+            ".shared .b8 t[4];",
+            ".shared .b8 t[4]:",
+            "expected `;`, found `:`",
+        ),
         // Constant expressions are not implemented: refused, not read as one number.
         (
             "mov.u32 %r1, 1;",
