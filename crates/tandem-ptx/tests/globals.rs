@@ -46,6 +46,7 @@ fn vars_module() -> String {
 .const .s32 neg[3] = {{-5}};
 .global .u16 m2[2][2] = {{{{1, 2}}, {{3, 4}}}};
 .global .s8 sb = -1;
+.global .align 16 .v4 .u32 vq[2] = {{{{1, 2, 3, 4}}, {{5, 6, 7, 8}}}};
 
 .visible .entry k(.param .u64 out)
 {{
@@ -110,7 +111,7 @@ fn module_variables_metadata_and_initial_bytes() {
     let names: Vec<&str> = g.iter().map(|v| v.name.as_str()).collect();
     assert_eq!(
         names,
-        ["tab", "cnt", "cf", "fl", "big", "other", "neg", "m2", "sb"]
+        ["tab", "cnt", "cf", "fl", "big", "other", "neg", "m2", "sb", "vq"]
     );
     assert_eq!(g[0].initial, [1, 2, 3, 4, 5, 250]);
     assert_eq!(
@@ -140,6 +141,14 @@ fn module_variables_metadata_and_initial_bytes() {
     );
     assert_eq!(g[7].initial, [1, 0, 2, 0, 3, 0, 4, 0]);
     assert_eq!(g[8].initial, [0xff]);
+    // A vector's element is the vector: 2 of 4 u32s.
+    assert_eq!((g[9].size, g[9].align), (32, 16));
+    let vq: Vec<u32> = g[9]
+        .initial
+        .chunks(4)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(vq, [1, 2, 3, 4, 5, 6, 7, 8]);
     let k = m.kernel("k").unwrap();
     assert_eq!(k.globals_used(), [0, 1, 2, 3, 4, 5, 6, 7, 8]);
     assert!(m.kernel("plain").unwrap().globals_used().is_empty());
