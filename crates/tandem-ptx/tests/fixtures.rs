@@ -403,6 +403,7 @@ fn reserved_slots_and_declaration_lists() {
 \t.reg .b32 %r<8>;
 \t.reg .b64 %rd<4>;
 \t.shared .align 16 .v4 .f32 v[2], w[1];
+\t.local .align 4 .b8 frame[8];
 \tmov.u32 %r0, 7;
 \tadd.cc.u32 %r1, -1, 1;
 \tmov.b64 %rd0, 6;
@@ -420,6 +421,78 @@ fn reserved_slots_and_declaration_lists() {
     r.expect("launch");
     // v: 2 x 16 bytes, then w at 32: 48 in all.
     assert_eq!(out, [7, 1, 48, 6, 32]);
+}
+
+/// A module's outer structure: performance directives and `.pragma` after a kernel's
+/// parameters, `.loc` and `.file` in a body, `.reg` parameters, an empty initialiser and a
+/// negated float one; and what is refused, each on its line.
+#[test]
+fn module_structure_accepted_and_refused() {
+    let src = format!(
+        "{HEAD}.global .u32 empty[2] = {{}};
+.global .f64 fneg = -2.5;
+.func (.reg .b32 r) f(.reg .b32 a)
+{{
+\tret;
+}}
+.visible .entry k(.param .u64 out) .maxntid 64, 1, 1 .minnctapersm 2 .pragma \"nounroll\";
+{{
+\t.loc 1 10 3
+\t.reg .b32 %r<1048576>;
+\tret;
+}}
+"
+    );
+    let m = module(&src);
+    let g = m.globals();
+    assert_eq!((g[0].size, g[0].initial.as_slice()), (8, &[0u8; 8][..]));
+    assert_eq!(g[1].initial, (-2.5f64).to_le_bytes());
+    let entry = |header: &str, body: &str| {
+        format!("{HEAD}.visible .entry k({header}\n{{\n{body}\n\tret;\n}}\n")
+    };
+    let f = ".func f()\n{\n\tret;\n}\n";
+    for (text, line, message) in [
+        (
+            entry(".foo .u32 x)", ""),
+            4,
+            "unknown parameter kind `.foo`",
+        ),
+        (entry(") .bogus 3", ""), 4, "unknown directive `.bogus`"),
+        (entry(")", "\t.bogus 3;"), 6, "unknown directive `.bogus`"),
+        (
+            entry(")", "\t.reg .v2 .f32 %x;"),
+            6,
+            "vector registers are not supported",
+        ),
+        (
+            entry(")", "\t.reg .v4 .b32 %x;"),
+            6,
+            "vector registers are not supported",
+        ),
+        (
+            entry(")", "\t.reg .b32 %r<1048577>;"),
+            6,
+            "too many registers `%r<1048577>`",
+        ),
+        (format!("{HEAD}{f}{f}"), 8, "`f` declared twice"),
+        (
+            format!("{HEAD}.func f();\n.visible .entry f()\n{{\n\tret;\n}}\n"),
+            5,
+            "`f` declared twice",
+        ),
+        (
+            format!("{HEAD}.func f(.param .u32 a);\n{f}"),
+            5,
+            "`f` declared twice",
+        ),
+        (
+            format!("{HEAD}.func (.param .u32 r) f();\n{f}"),
+            5,
+            "`f` declared twice",
+        ),
+    ] {
+        assert_parse_error(&text, line, message);
+    }
 }
 
 /// Asserts that `text` fails to parse on `line` with exactly `message`.
