@@ -490,6 +490,24 @@ fn module_structure_accepted_and_refused() {
             5,
             "`f` declared twice",
         ),
+        (
+            format!(
+                "{HEAD}.func f(.param .b32 a)\n{{\n\tret;\n}}\n\
+                 .visible .entry k()\n{{\n\tcall.uni f, ();\n\tret;\n}}\n"
+            ),
+            10,
+            "call of `f` with the wrong number of parameters",
+        ),
+        (
+            entry(")", "\t.local .b8 big[4294967297];"),
+            1,
+            "local or parameter space too large",
+        ),
+        (
+            entry(")", "\t.param .b8 big[2147483648];"),
+            1,
+            "local or parameter space too large",
+        ),
     ] {
         assert_parse_error(&text, line, message);
     }
@@ -585,12 +603,18 @@ fn immediates_in_every_spelling() {
 	st.global.v4.u32 [%rd1], {%r2, %r3, %r4, %r5};
 	st.global.v4.f32 [%rd1+16], {%f1, %f2, %f3, %f4};
 	st.global.v2.f32 [%rd1+32], {%f5, %f6};
-	st.global.u32 [%rd1+40], %r6;";
-    let out = f32_results(body, 11);
+	st.global.u32 [%rd1+40], %r6;
+	add.s64 %rd4, %rd1, 44;
+	ld.global.u32 %r7, [%rd4-4];
+	st.global.u32 [%rd1+44], %r7;
+	mov.f32 %f7, -1.5;
+	st.global.f32 [%rd1+48], %f7;";
+    let out = f32_results(body, 13);
     assert_eq!(out[..4], [30, 31, 5, 15]);
     let floats: Vec<f32> = out[4..10].iter().map(|&b| f32::from_bits(b)).collect();
     assert_eq!(floats, [1.5e-3, 200.0, 1.0, 1.5, 0.25, 1000.0]);
-    assert_eq!(out[10], 42);
+    assert_eq!(out[10..12], [42, 42], "an address less an offset");
+    assert_eq!(f32::from_bits(out[12]), -1.5);
 }
 
 #[test]
