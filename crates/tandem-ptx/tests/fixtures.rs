@@ -451,6 +451,13 @@ fn module_structure_accepted_and_refused() {
         format!("{HEAD}.visible .entry k({header}\n{{\n{body}\n\tret;\n}}\n")
     };
     let f = ".func f()\n{\n\tret;\n}\n";
+    // A kernel whose body, on line 10, calls `f(.param .b32 a)`.
+    let calling = |body: &str| {
+        format!(
+            "{HEAD}.func f(.param .b32 a)\n{{\n\tret;\n}}\n\
+             .visible .entry k()\n{{\n{body}\n\tret;\n}}\n"
+        )
+    };
     for (text, line, message) in [
         (
             entry(".foo .u32 x)", ""),
@@ -491,13 +498,26 @@ fn module_structure_accepted_and_refused() {
             "`f` declared twice",
         ),
         (
-            format!(
-                "{HEAD}.func f(.param .b32 a)\n{{\n\tret;\n}}\n\
-                 .visible .entry k()\n{{\n\tcall.uni f, ();\n\tret;\n}}\n"
-            ),
+            calling("\tcall.uni f, ();"),
             10,
             "call of `f` with the wrong number of parameters",
         ),
+        (
+            calling("\t.shared .b32 s; call.uni f, (s);"),
+            10,
+            "call argument `s` is not a .param",
+        ),
+        (
+            calling("\tcall.uni g, ();"),
+            10,
+            "call of unknown function `g`",
+        ),
+        (
+            calling("\tcall.uni f, (), proto;"),
+            10,
+            "indirect calls are not supported",
+        ),
+        (calling("\tcall.uni 3;"), 10, "bad call operands"),
         (
             entry(")", "\t.local .b8 big[4294967297];"),
             1,
