@@ -425,7 +425,8 @@ fn reserved_slots_and_declaration_lists() {
 
 /// A module's outer structure: performance directives and `.pragma` after a kernel's
 /// parameters, `.loc` and `.file` in a body, `.reg` parameters, an empty initialiser and a
-/// negated float one; and what is refused, each on its line.
+/// negated float one; local and parameter space at their limits (2^32 bytes, and 2^31 - 1
+/// with `f`'s 8); and what is refused, each on its line.
 #[test]
 fn module_structure_accepted_and_refused() {
     let src = format!(
@@ -435,10 +436,18 @@ fn module_structure_accepted_and_refused() {
 {{
 \tret;
 }}
+.func g()
+{{
+\tret;
+}}
 .visible .entry k(.param .u64 out) .maxntid 64, 1, 1 .minnctapersm 2 .pragma \"nounroll\";
 {{
 \t.loc 1 10 3
+\t.file 2 \"other.cu\"
 \t.reg .b32 %r<1048576>;
+\t.local .b8 most[4294967296];
+\t.param .b8 half[2147483639];
+\tcall.uni g;
 \tret;
 }}
 "
@@ -628,13 +637,17 @@ fn immediates_in_every_spelling() {
 	ld.global.u32 %r7, [%rd4-4];
 	st.global.u32 [%rd1+44], %r7;
 	mov.f32 %f7, -1.5;
-	st.global.f32 [%rd1+48], %f7;";
-    let out = f32_results(body, 13);
+	st.global.f32 [%rd1+48], %f7;
+	mov.pred %p1, 2;
+	selp.u32 %r8, 5, 6, %p1;
+	st.global.u32 [%rd1+52], %r8;";
+    let out = f32_results(body, 14);
     assert_eq!(out[..4], [30, 31, 5, 15]);
     let floats: Vec<f32> = out[4..10].iter().map(|&b| f32::from_bits(b)).collect();
     assert_eq!(floats, [1.5e-3, 200.0, 1.0, 1.5, 0.25, 1000.0]);
     assert_eq!(out[10..12], [42, 42], "an address less an offset");
     assert_eq!(f32::from_bits(out[12]), -1.5);
+    assert_eq!(out[13], 5, "a predicate immediate is true when not 0");
 }
 
 #[test]

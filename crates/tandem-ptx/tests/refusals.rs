@@ -610,6 +610,27 @@ fn control_and_warp_instructions_refuse_unknown_modifiers_and_operands() {
             ".shared .b8 t[4]:",
             "expected `;`, found `:`",
         ),
+        // An address has one base and an offset; lists close with their own bracket.
+        (
+            "ld.global.u32 %r1, [%rd1+4];",
+            "ld.global.u32 %r1, [%rd1+%rd2];",
+            "bad address offset",
+        ),
+        (
+            "ld.global.u32 %r1, [%rd1];",
+            "ld.global.u32 %r1, [%rd1 %rd2];",
+            "unexpected `%rd2` in address",
+        ),
+        (
+            "add.u32 %r1, %r2, %r3;",
+            "add.u32 %r1, %r2, %r3];",
+            "unexpected `]` in operands",
+        ),
+        (
+            "mov.b64 {%r1, %r2}, %rd1;",
+            "mov.b64 {%r1, %r2), %rd1;",
+            "unexpected `)` in vector",
+        ),
         // Constant expressions are not implemented: refused, not read as one number.
         (
             "mov.u32 %r1, 1;",
