@@ -13,8 +13,8 @@ fn module(instruction: &str) -> String {
     )
 }
 
-/// Asserts that `accepted` parses and `refused` fails on its line with a message containing
-/// `message`.
+/// Whether `accepted` parses and `refused` fails on its line with a message containing
+/// `message`; if not, what went otherwise.
 fn check(accepted: &str, refused: &str, message: &str) -> Result<(), String> {
     if let Err(e) = Module::parse(&module(accepted)) {
         return Err(format!("`{accepted}` refused: {}", e.message));
