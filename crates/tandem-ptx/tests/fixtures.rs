@@ -34,6 +34,14 @@ fn run_src(
     (r, mem.u32s(out))
 }
 
+/// The message of a launch that failed as a kernel fault would (anything else panics).
+fn failure(r: Result<(), ExecError>) -> String {
+    match r {
+        Err(ExecError::LaunchFailed(m)) => m,
+        other => panic!("expected a failed launch, got {other:?}"),
+    }
+}
+
 #[test]
 fn shfl_all_modes() {
     let body = "
@@ -191,12 +199,8 @@ $SKIP:
 	bar.sync 0;
 $END:";
     let (r, _) = run_src(&kernel_src("", body), 1, 64, 4);
-    match r {
-        Err(ExecError::LaunchFailed(m)) => {
-            assert!(m.contains("bar.sync") && m.contains("line"), "{m}")
-        }
-        other => panic!("{other:?}"),
-    }
+    let m = failure(r);
+    assert!(m.contains("bar.sync") && m.contains("line"), "{m}");
     // A barrier some threads never reach while they wait for a shuffle: a deadlock.
     let body = "
 	setp.lt.u32 %p1, %r1, 16;
@@ -234,10 +238,8 @@ fn shuffle_with_an_exited_lane_fails() {
 	@%p1 exit;
 	shfl.sync.bfly.b32 %r3, %r1, 1, 31, -1;";
     let (r, _) = run_src(&kernel_src("", body), 1, 32, 4);
-    match r {
-        Err(ExecError::LaunchFailed(m)) => assert!(m.contains("lane 5"), "{m}"),
-        other => panic!("{other:?}"),
-    }
+    let m = failure(r);
+    assert!(m.contains("lane 5"), "{m}");
 }
 
 #[test]
@@ -1345,10 +1347,8 @@ fn fences_and_hints_do_nothing_ldu_loads_and_trap_fails() {
 	setp.eq.u32 %p1, %r1, 3;
 	@%p1 trap;";
     let (r, _) = run_src(&kernel_src("", body), 1, 32, 4);
-    match r {
-        Err(ExecError::LaunchFailed(m)) => assert!(m.contains("trap"), "{m}"),
-        other => panic!("{other:?}"),
-    }
+    let m = failure(r);
+    assert!(m.contains("trap"), "{m}");
     let src = kernel_src("", "\tbrx.idx %r1, $T;\n$T:");
     let e = Module::parse(&src).expect_err("brx is not modelled");
     assert!(e.message.contains("brx.idx"), "{}", e.message);
@@ -1417,10 +1417,8 @@ fn membermasks_that_cannot_be_met_fail_naming_the_lane() {
     ];
     for (block, body, says) in cases {
         let (r, _) = run_src(&kernel_src("", body), 1, block, 4);
-        match r {
-            Err(ExecError::LaunchFailed(m)) => assert!(m.contains(says), "{body}: {m}"),
-            other => panic!("{body}: {other:?}"),
-        }
+        let m = failure(r);
+        assert!(m.contains(says), "{body}: {m}");
     }
 }
 
@@ -1653,13 +1651,11 @@ fn shuffles_clamp_and_refuse_lanes_outside_the_mask() {
 	shfl.sync.idx.b32 %r3, %r1, 5, 31, 0xffffffdf;
 $DONE:";
     let (r, _) = run_src(&kernel_src("", body), 1, 32, 4);
-    match r {
-        Err(ExecError::LaunchFailed(m)) => assert!(
-            m.contains("reads lane 5, outside membermask 0xffffffdf"),
-            "{m}"
-        ),
-        other => panic!("{other:?}"),
-    }
+    let m = failure(r);
+    assert!(
+        m.contains("reads lane 5, outside membermask 0xffffffdf"),
+        "{m}"
+    );
 }
 
 /// `mma.sync.m16n8k16` against the product written from the PTX ISA's fragment layouts: each
@@ -1751,15 +1747,11 @@ fn a_recursive_call_is_refused_even_when_bounded() {
 	{{\n\t.param .b32 a0;\n\tst.param.b32 [a0], 2;\n\t.param .b32 r0;\n\tcall.uni (r0), down, (a0);\n\tld.param.b32 %r1, [r0];\n\t}}\n\
 	st.global.u32 [%rd1], %r1;\n\tret;\n}}\n"
     );
-    match run_src(&src, 1, 1, 4).0 {
-        Err(ExecError::LaunchFailed(m)) => {
-            assert!(
-                m.contains("recursive call of `down` is not supported"),
-                "{m}"
-            )
-        }
-        other => panic!("{other:?}"),
-    }
+    let m = failure(run_src(&src, 1, 1, 4).0);
+    assert!(
+        m.contains("recursive call of `down` is not supported"),
+        "{m}"
+    );
 }
 
 /// 32-bit `cvta` between the shared window and generic addresses: to generic and back gives
