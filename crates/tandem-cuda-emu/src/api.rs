@@ -71,26 +71,35 @@ fn handle(id: u64) -> Handle {
     id as Handle
 }
 
-/// The PTX ISA version's minimum CUDA driver, as `1000 * major + 10 * minor`.
+/// The PTX ISA version's minimum CUDA driver, as `1000 * major + 10 * minor`: the CUDA release
+/// that brought it (the PTX ISA's release history, to 9.1 in CUDA 13.1); `u32::MAX`, which no
+/// driver reaches, for a version it does not list.
 pub fn isa_min_driver((major, minor): (u32, u32)) -> u32 {
+    let cuda = |major: u32, minor: u32| 1000 * major + 10 * minor;
     match (major, minor) {
-        (9, m) => 13000 + 10 * m,
-        (8, m @ 0..=5) => 12000 + 10 * m,
-        (8, m) => 12010 + 10 * m,
-        (7, m) => 11000 + 10 * m,
-        (6, 0 | 1) => 8000,
-        (6, 2) => 9000,
-        (6, 3) => 10000,
-        (6, 4) => 10010,
-        (6, 5) => 10020,
-        (major, _) if major < 6 => 0,
+        (1, 0 | 1) => cuda(1, minor),
+        (1, 2..=4) => cuda(2, minor - 2),
+        (2, 0..=2) => cuda(3, minor),
+        (2, 3) => cuda(4, 0),
+        (3, 0) => cuda(4, 1),
+        (3, 1) => cuda(5, 0),
+        (3, 2) => cuda(5, 5),
+        (4, 0..=3) => cuda(6 + minor / 2, minor % 2 * 5),
+        (5, 0) => cuda(8, 0),
+        (6, 0..=2) => cuda(9, minor),
+        (6, 3..=5) => cuda(10, minor - 3),
+        (7, 0..=8) => cuda(11, minor),
+        (8, 0..=5) => cuda(12, minor),
+        // CUDA 12.6 kept PTX ISA 8.5.
+        (8, 6..=8) => cuda(12, minor + 1),
+        (9, 0 | 1) => cuda(13, minor),
         _ => u32::MAX,
     }
 }
 
-/// The value of device attribute `attribute`, H100/H200-like but for the compute capability
-/// (`10 * major + minor`) and the memory.
-pub fn device_attribute(attribute: i32, capability: u32, memory: u64) -> Option<i32> {
+/// The value of device attribute `attribute`, an H200's but for the compute capability
+/// (`10 * major + minor`).
+pub fn device_attribute(attribute: i32, capability: u32) -> Option<i32> {
     Some(match attribute {
         1 => MAX_THREADS_PER_BLOCK as i32,
         2 => MAX_BLOCK[0] as i32,
@@ -145,10 +154,7 @@ pub fn device_attribute(attribute: i32, capability: u32, memory: u64) -> Option<
         106 => 32,
         111 => 1024,
         115 => 1,
-        _ => {
-            let _ = memory;
-            return None;
-        }
+        _ => return None,
     })
 }
 
@@ -520,7 +526,7 @@ api! {
         let driver = driver()?;
         driver.device(device)?;
         let config = &driver.config;
-        let v = device_attribute(attribute, config.capability, config.memory).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let v = device_attribute(attribute, config.capability).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         put(value, v)
     }
 

@@ -259,3 +259,59 @@ impl Pinned {
             .is_some_and(|(&base, layout)| ptr.saturating_add(len) <= base + layout.size())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A device's bytes in use follow its allocations to the limit, a byte past it fails, and
+    /// freeing (one allocation, or a context's) gives them back to that device only.
+    #[test]
+    fn use_is_counted_to_the_limit_per_device() {
+        let memory = Memory::new(2, 4096);
+        let a = memory.allocate(0, 1, 1000).unwrap();
+        let b = memory.allocate(0, 2, 3000).unwrap();
+        assert_eq!(memory.info(0), (4000, 4096));
+        assert_eq!(memory.allocate(0, 1, 97), Err(CUDA_ERROR_OUT_OF_MEMORY));
+        let c = memory.allocate(0, 1, 96).unwrap();
+        assert_eq!(memory.info(0), (4096, 4096));
+        assert_eq!(memory.allocate(0, 1, 1), Err(CUDA_ERROR_OUT_OF_MEMORY));
+        memory.allocate(1, 1, 4096).unwrap();
+        assert_eq!(memory.allocate(2, 1, 1), Err(CUDA_ERROR_INVALID_DEVICE));
+        assert_eq!(memory.allocate(0, 1, 0), Err(CUDA_ERROR_INVALID_VALUE));
+        memory.free(b).unwrap();
+        assert_eq!(memory.info(0), (1096, 4096));
+        assert_eq!(memory.free(b), Err(CUDA_ERROR_INVALID_VALUE));
+        // Context 1's allocations go, on both devices; context 2's stay.
+        let d = memory.allocate(0, 2, 8).unwrap();
+        memory.free_context(1);
+        assert_eq!((memory.info(0).0, memory.info(1).0), (8, 0));
+        for gone in [a, c] {
+            assert!(memory.get_base(gone).is_err());
+        }
+        assert_eq!(memory.get_base(d).unwrap().size, 8);
+    }
+
+    /// Allocations are aligned, in the device's own range, never reused, and each is followed
+    /// by an unused gap at least its size and 1 MiB, where an overrun finds nothing.
+    #[test]
+    fn allocations_are_aligned_apart_and_never_reused() {
+        let memory = Memory::new(2, 1 << 30);
+        let mut previous: Option<(u64, u64)> = None;
+        for size in [1, 300, 1 << 20, 5 << 20, 256, 1] {
+            let base = memory.allocate(1, 7, size).unwrap();
+            assert_eq!(base % ALIGN, 0);
+            assert!((DEVICE_BASE + DEVICE_SPAN..DEVICE_BASE + 2 * DEVICE_SPAN).contains(&base));
+            if let Some((before, before_size)) = previous {
+                assert!(
+                    base >= before + before_size + before_size.max(MIN_GAP),
+                    "{base:#x}"
+                );
+            }
+            assert!(memory.find(base + size, 1).is_none());
+            assert!(memory.find(base, size).is_some());
+            memory.free(base).unwrap();
+            previous = Some((base, size));
+        }
+    }
+}

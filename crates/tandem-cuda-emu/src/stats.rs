@@ -202,3 +202,64 @@ pub fn write(path: &str, devices: usize, driver_version: u32) {
         eprintln!("tandem-cuda-emu: writing TANDEM_EMU_STATS file {path}: {err}");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stream's counters with distinct values, each with its name in the JSON.
+    fn distinct(scale: u64) -> (Counts, [(&'static str, u64); 12]) {
+        let named = [
+            ("kernel_launches", 1),
+            ("graph_launches", 2),
+            ("graph_kernels", 3),
+            ("bytes_htod", 4),
+            ("bytes_dtoh", 5),
+            ("bytes_dtod", 6),
+            ("bytes_peer", 7),
+            ("stream_synchronizations", 8),
+            ("bytes_memset", 9),
+            ("graph_copies", 10),
+            ("graph_memsets", 11),
+            ("stream_calls", 12),
+        ]
+        .map(|(name, value)| (name, value * scale));
+        let [a, b, c, d, e, f, g, h, i, j, k, l] = named.map(|(_, value)| value);
+        let counts = Counts {
+            kernel_launches: a,
+            graph_launches: b,
+            graph_kernels: c,
+            bytes_htod: d,
+            bytes_dtoh: e,
+            bytes_dtod: f,
+            bytes_peer: g,
+            stream_synchronizations: h,
+            bytes_memset: i,
+            graph_copies: j,
+            graph_memsets: k,
+            stream_calls: l,
+        };
+        (counts, named)
+    }
+
+    /// Every counter is written under its own name, and a sum adds each to its own.
+    #[test]
+    fn each_counter_is_written_and_summed_under_its_name() {
+        let (mut counts, named) = distinct(1);
+        let written = |counts: &Counts| {
+            let mut out = String::from("{");
+            counts.json(&mut out);
+            out.push('}');
+            serde_json::from_str::<serde_json::Value>(&out).expect("valid JSON")
+        };
+        let json = written(&counts);
+        for (name, value) in named {
+            assert_eq!(json[name], value, "{name}");
+        }
+        counts.add(&distinct(100).0);
+        let json = written(&counts);
+        for (name, value) in named {
+            assert_eq!(json[name], value * 101, "{name}");
+        }
+    }
+}

@@ -9,7 +9,7 @@ use std::ptr::{null, null_mut};
 use common::*;
 
 #[test]
-fn devices_report_h200_like_attributes() {
+fn devices_report_an_h200s_name_and_limits() {
     check!(cuInit(0));
     let mut n = 0;
     check!(cuDeviceGetCount(&mut n));
@@ -17,22 +17,6 @@ fn devices_report_h200_like_attributes() {
     let mut version = 0;
     check!(cuDriverGetVersion(&mut version));
     assert_eq!(version, 13000);
-    let attribute = |a: i32| {
-        let mut v = 0;
-        check!(cuDeviceGetAttribute(&mut v, a, 0));
-        v
-    };
-    assert_eq!(attribute(1), 1024);
-    assert_eq!((attribute(2), attribute(3), attribute(4)), (1024, 1024, 64));
-    assert_eq!(
-        (attribute(5), attribute(6), attribute(7)),
-        (i32::MAX, 65535, 65535)
-    );
-    assert_eq!((attribute(8), attribute(97)), (48 * 1024, 227 * 1024));
-    assert_eq!(
-        (attribute(75), attribute(76), attribute(10), attribute(41)),
-        (9, 0, 32, 1)
-    );
     let mut v = 0;
     check!(
         CUDA_ERROR_INVALID_VALUE,
@@ -49,6 +33,97 @@ fn devices_report_h200_like_attributes() {
     let mut total = 0;
     check!(cuDeviceTotalMem_v2(&mut total, 0));
     assert_eq!(total, 16 << 30);
+}
+
+/// Every attribute the stand-in answers has an H200's value (a CUDA 13.0 driver's
+/// `deviceQuery`), found by its name in CUDA's `CUdevice_attribute` (cust_raw's bindings of
+/// `cuda.h`), so that a number taken for another attribute shows; the others are refused.
+#[test]
+fn attributes_are_an_h200s_by_their_cuda_names() {
+    const H200: &[(&str, i32)] = &[
+        ("MAX_THREADS_PER_BLOCK", 1024),
+        ("MAX_BLOCK_DIM_X", 1024),
+        ("MAX_BLOCK_DIM_Y", 1024),
+        ("MAX_BLOCK_DIM_Z", 64),
+        ("MAX_GRID_DIM_X", i32::MAX),
+        ("MAX_GRID_DIM_Y", 65535),
+        ("MAX_GRID_DIM_Z", 65535),
+        ("MAX_SHARED_MEMORY_PER_BLOCK", 48 * 1024),
+        ("TOTAL_CONSTANT_MEMORY", 64 * 1024),
+        ("WARP_SIZE", 32),
+        ("MAX_PITCH", i32::MAX),
+        ("MAX_REGISTERS_PER_BLOCK", 64 * 1024),
+        ("CLOCK_RATE", 1_980_000),
+        ("TEXTURE_ALIGNMENT", 512),
+        ("GPU_OVERLAP", 1),
+        ("MULTIPROCESSOR_COUNT", 132),
+        ("KERNEL_EXEC_TIMEOUT", 0),
+        ("INTEGRATED", 0),
+        ("CAN_MAP_HOST_MEMORY", 1),
+        ("COMPUTE_MODE", 0),
+        ("SURFACE_ALIGNMENT", 512),
+        ("CONCURRENT_KERNELS", 1),
+        ("ECC_ENABLED", 1),
+        ("PCI_BUS_ID", 0),
+        ("PCI_DEVICE_ID", 0),
+        ("TCC_DRIVER", 0),
+        ("MEMORY_CLOCK_RATE", 2_619_000),
+        ("GLOBAL_MEMORY_BUS_WIDTH", 6144),
+        ("L2_CACHE_SIZE", 50 << 20),
+        ("MAX_THREADS_PER_MULTIPROCESSOR", 2048),
+        ("ASYNC_ENGINE_COUNT", 3),
+        ("UNIFIED_ADDRESSING", 1),
+        ("PCI_DOMAIN_ID", 0),
+        ("COMPUTE_CAPABILITY_MAJOR", 9),
+        ("COMPUTE_CAPABILITY_MINOR", 0),
+        ("STREAM_PRIORITIES_SUPPORTED", 1),
+        ("GLOBAL_L1_CACHE_SUPPORTED", 1),
+        ("LOCAL_L1_CACHE_SUPPORTED", 1),
+        ("MAX_SHARED_MEMORY_PER_MULTIPROCESSOR", 228 * 1024),
+        ("MAX_REGISTERS_PER_MULTIPROCESSOR", 64 * 1024),
+        ("MANAGED_MEMORY", 1),
+        ("MULTI_GPU_BOARD", 0),
+        ("MULTI_GPU_BOARD_GROUP_ID", 0),
+        ("HOST_NATIVE_ATOMIC_SUPPORTED", 0),
+        ("SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO", 2),
+        ("PAGEABLE_MEMORY_ACCESS", 0),
+        ("CONCURRENT_MANAGED_ACCESS", 1),
+        ("COMPUTE_PREEMPTION_SUPPORTED", 1),
+        ("COOPERATIVE_LAUNCH", 1),
+        ("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN", 227 * 1024),
+        ("MAX_BLOCKS_PER_MULTIPROCESSOR", 32),
+        ("RESERVED_SHARED_MEMORY_PER_BLOCK", 1024),
+        ("MEMORY_POOLS_SUPPORTED", 1),
+    ];
+    let bindings = bindings();
+    let numbered = |name: &str| -> i32 {
+        let line = format!("CU_DEVICE_ATTRIBUTE_{name} = ");
+        let at = bindings
+            .find(&line)
+            .unwrap_or_else(|| panic!("{name} is not in cuda.h"));
+        let rest = &bindings[at + line.len()..];
+        rest[..rest.find(',').expect("a comma after the value")]
+            .parse()
+            .expect("a number")
+    };
+    check!(cuInit(0));
+    let mut answered = 0;
+    for &(name, value) in H200 {
+        let mut got = -1;
+        check!(cuDeviceGetAttribute(&mut got, numbered(name), 0));
+        assert_eq!(got, value, "{name}");
+        answered += 1;
+    }
+    // Nothing else: an attribute the stand-in does not model is refused, not made up.
+    let mut known = 0;
+    for attribute in 1..numbered("MAX") {
+        let mut v = 0;
+        // SAFETY: a pointer to a local the driver writes one int through.
+        if unsafe { cuDeviceGetAttribute(&mut v, attribute, 0) } == CUDA_SUCCESS {
+            known += 1;
+        }
+    }
+    assert_eq!(known, answered);
 }
 
 #[test]
@@ -363,6 +438,26 @@ fn handles_are_validated() {
     check!(CUDA_ERROR_NOT_SUPPORTED, cuMemAllocManaged());
 }
 
+/// A null pointer where the driver writes a result or reads host memory is an invalid value,
+/// as the real driver answers, never a write through it.
+#[test]
+fn null_pointers_are_invalid_values() {
+    let ctx = context(0);
+    check!(CUDA_ERROR_INVALID_VALUE, cuDeviceGetCount(null_mut()));
+    check!(CUDA_ERROR_INVALID_VALUE, cuDriverGetVersion(null_mut()));
+    check!(
+        CUDA_ERROR_INVALID_VALUE,
+        cuDeviceGetAttribute(null_mut(), 1, 0)
+    );
+    check!(CUDA_ERROR_INVALID_VALUE, cuMemAlloc_v2(null_mut(), 16));
+    check!(CUDA_ERROR_INVALID_VALUE, cuStreamCreate(null_mut(), 0));
+    check!(CUDA_ERROR_INVALID_VALUE, cuEventCreate(null_mut(), 0));
+    let p = alloc(16);
+    check!(CUDA_ERROR_INVALID_VALUE, cuMemcpyHtoD_v2(p, null(), 16));
+    check!(CUDA_ERROR_INVALID_VALUE, cuMemcpyDtoH_v2(null_mut(), p, 16));
+    check!(cuCtxDestroy_v2(ctx));
+}
+
 #[test]
 fn streams_on_several_threads_at_once() {
     check!(cuInit(0));
@@ -413,6 +508,24 @@ fn statistics_are_json() {
         32,
         s
     ));
+    // Each kind of copy and a memset, counted by kind and by byte on the stream that ran it.
+    let q = alloc(32);
+    check!(cuMemcpyDtoDAsync_v2(q, p, 24, s));
+    check!(cuMemsetD32Async(q, 0, 5, s));
+    check!(cuMemsetD8Async(q, 0, 3, s));
+    let mut back = [0u32; 4];
+    check!(cuMemcpyDtoHAsync_v2(
+        back.as_mut_ptr() as *mut c_void,
+        q,
+        12,
+        s
+    ));
+    let mut other = null_mut();
+    check!(cuDevicePrimaryCtxRetain(&mut other, 1));
+    check!(cuCtxSetCurrent(other));
+    let on1 = alloc(16);
+    check!(cuCtxSetCurrent(ctx));
+    check!(cuMemcpyDtoDAsync_v2(on1, p, 8, s));
     check!(cuStreamSynchronize(s));
     let json = tandem_cuda_emu::stats::to_json(2, 13000);
     let value: serde_json::Value = serde_json::from_str(&json).expect("valid JSON");
@@ -421,8 +534,19 @@ fn statistics_are_json() {
     assert!(value["totals"]["bytes_htod"].as_u64().unwrap() >= 32);
     assert!(value["totals"]["allocations"].as_u64().unwrap() >= 1);
     let mine = &value["streams"][(s as u64).to_string()];
-    assert_eq!(mine["bytes_htod"], 32);
-    assert_eq!(mine["stream_synchronizations"], 1);
+    for (counter, expected) in [
+        ("bytes_htod", 32),
+        ("bytes_dtod", 24),
+        ("bytes_memset", 23),
+        ("bytes_dtoh", 12),
+        ("bytes_peer", 8),
+        ("stream_calls", 6),
+        ("stream_synchronizations", 1),
+        ("kernel_launches", 0),
+    ] {
+        assert_eq!(mine[counter], expected, "{counter}");
+    }
+    check!(cuDevicePrimaryCtxRelease_v2(1));
     check!(cuCtxDestroy_v2(ctx));
 }
 
@@ -438,4 +562,100 @@ fn the_statistics_file_names_its_process() {
     let value: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(value["devices"], 2);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The driver a PTX ISA version needs: the CUDA release that brought it, row for row as the
+/// PTX ISA's release history lists them, and no driver for a version it does not list.
+#[test]
+fn each_ptx_isa_version_needs_the_release_that_brought_it() {
+    const HISTORY: &str = "1.0 1.0, 1.1 1.1, 1.2 2.0, 1.3 2.1, 1.4 2.2, 2.0 3.0, 2.1 3.1, \
+        2.2 3.2, 2.3 4.0, 3.0 4.1, 3.1 5.0, 3.2 5.5, 4.0 6.0, 4.1 6.5, 4.2 7.0, 4.3 7.5, \
+        5.0 8.0, 6.0 9.0, 6.1 9.1, 6.2 9.2, 6.3 10.0, 6.4 10.1, 6.5 10.2, 7.0 11.0, 7.1 11.1, \
+        7.2 11.2, 7.3 11.3, 7.4 11.4, 7.5 11.5, 7.6 11.6, 7.7 11.7, 7.8 11.8, 8.0 12.0, \
+        8.1 12.1, 8.2 12.2, 8.3 12.3, 8.4 12.4, 8.5 12.5, 8.6 12.7, 8.7 12.8, 8.8 12.9, \
+        9.0 13.0, 9.1 13.1";
+    let pair = |text: &str| -> (u32, u32) {
+        let (major, minor) = text.split_once('.').expect("major.minor");
+        (
+            major.parse().expect("a major"),
+            minor.parse().expect("a minor"),
+        )
+    };
+    let mut listed = Vec::new();
+    for row in HISTORY.split(", ") {
+        let (isa, cuda) = row.split_once(' ').expect("a PTX ISA and a CUDA version");
+        let (isa, (major, minor)) = (pair(isa), pair(cuda));
+        assert_eq!(
+            isa_min_driver(isa),
+            1000 * major + 10 * minor,
+            "PTX ISA {isa:?}"
+        );
+        listed.push(isa);
+    }
+    for major in 0..12 {
+        for minor in 0..12 {
+            if !listed.contains(&(major, minor)) {
+                assert_eq!(isa_min_driver((major, minor)), u32::MAX, "{major}.{minor}");
+            }
+        }
+    }
+}
+
+/// Destroying a context takes its handles and memory and nothing of another's: the other
+/// stays current, and its graphs, streams and memory still work.
+#[test]
+fn destroying_a_context_leaves_the_others() {
+    let graph_of = |p: u64, s: Handle| {
+        let mut graph = null_mut();
+        check!(cuStreamBeginCapture_v2(s, 0));
+        check!(cuMemsetD32Async(p, 9, 4, s));
+        check!(cuStreamEndCapture(s, &mut graph));
+        instantiate(graph)
+    };
+    let doomed = context(0);
+    let (doomed_stream, doomed_memory) = (stream(), alloc(16));
+    let doomed_exec = graph_of(doomed_memory, doomed_stream);
+    let kept = context(1);
+    let (s, p) = (stream(), alloc(16));
+    let exec = graph_of(p, s);
+    check!(cuCtxDestroy_v2(doomed));
+    let mut current = null_mut();
+    check!(cuCtxGetCurrent(&mut current));
+    assert_eq!(current, kept);
+    check!(cuGraphLaunch(exec, s));
+    check!(cuStreamSynchronize(s));
+    assert_eq!(download(p, 4), [9; 4]);
+    check!(CUDA_ERROR_INVALID_HANDLE, cuGraphLaunch(doomed_exec, s));
+    check!(CUDA_ERROR_INVALID_HANDLE, cuStreamQuery(doomed_stream));
+    check!(CUDA_ERROR_INVALID_VALUE, cuMemFree_v2(doomed_memory));
+    check!(cuCtxDestroy_v2(kept));
+}
+
+/// Each thread has a stack of contexts: creating one pushes it, popping returns the top and
+/// makes the one below current, and an empty stack has nothing to pop.
+#[test]
+fn contexts_stack_per_thread() {
+    std::thread::spawn(|| {
+        let first = context(0);
+        let second = context(1);
+        let current = || {
+            let mut ctx = null_mut();
+            check!(cuCtxGetCurrent(&mut ctx));
+            ctx
+        };
+        assert_eq!(current(), second);
+        let mut popped = null_mut();
+        check!(cuCtxPopCurrent_v2(&mut popped));
+        assert_eq!((popped, current()), (second, first));
+        check!(cuCtxPushCurrent_v2(second));
+        assert_eq!(current(), second);
+        check!(cuCtxPopCurrent_v2(&mut popped));
+        check!(cuCtxPopCurrent_v2(&mut popped));
+        assert_eq!((popped, current()), (first, null_mut()));
+        check!(CUDA_ERROR_INVALID_CONTEXT, cuCtxPopCurrent_v2(&mut popped));
+        check!(cuCtxDestroy_v2(first));
+        check!(cuCtxDestroy_v2(second));
+    })
+    .join()
+    .unwrap();
 }

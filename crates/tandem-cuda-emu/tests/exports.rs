@@ -7,46 +7,12 @@
 //! `libcuda.so.1`.)
 //! `REGENERATE_UNSUPPORTED=1` rewrites src/unsupported.rs from them first.
 
-use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
 
-/// cust_raw's `src/cuda.rs`, as the workspace resolves it.
-fn bindings() -> String {
-    let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let output = Command::new(env!("CARGO"))
-        .args([
-            "metadata",
-            "--format-version",
-            "1",
-            "--all-features",
-            "--manifest-path",
-        ])
-        .arg(manifest_dir.join("../../Cargo.toml"))
-        .output()
-        .expect("running cargo metadata");
-    assert!(
-        output.status.success(),
-        "cargo metadata failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let metadata: serde_json::Value =
-        serde_json::from_slice(&output.stdout).expect("cargo metadata's output is JSON");
-    let manifest = metadata["packages"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|p| p["name"] == "cust_raw")
-        .and_then(|p| p["manifest_path"].as_str())
-        .map(PathBuf::from)
-        .expect("cargo metadata lists no cust_raw package (is cust a dependency?)");
-    let path = manifest
-        .parent()
-        .expect("a folder")
-        .join("src")
-        .join("cuda.rs");
-    std::fs::read_to_string(&path).unwrap_or_else(|err| panic!("reading {}: {err}", path.display()))
-}
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use common::bindings;
 
 /// The `cu*` names declared (`pub fn cuName(`) in the bindings.
 fn declared(bindings: &str) -> BTreeSet<String> {

@@ -188,7 +188,7 @@ fn launch_limits() {
             "grid {grid:?} block {block:?} shared {shared}"
         );
     }
-    // None of that made the context unusable.
+    // None of that made the context unusable, and each limit itself is allowed.
     upload(p, &[0]);
     assert_eq!(
         launch(f, [1, 1, 1], [1, 1, 1], 48 * 1024, null_mut(), &mut params),
@@ -196,6 +196,18 @@ fn launch_limits() {
     );
     check!(cuCtxSynchronize());
     assert_eq!(download(p, 1), [1]);
+    let store = function(load(PTX).unwrap(), "store");
+    let mut value = 5u32;
+    let mut params = [
+        &mut address as *mut u64 as *mut c_void,
+        &mut value as *mut u32 as *mut c_void,
+    ];
+    for block in [[1024, 1, 1], [32, 32, 1], [1, 16, 64]] {
+        let got = launch(store, [1, 1, 1], block, 0, null_mut(), &mut params);
+        assert_eq!(got, CUDA_SUCCESS, "block {block:?}");
+    }
+    check!(cuCtxSynchronize());
+    assert_eq!(download(p, 1), [5]);
     check!(cuCtxDestroy_v2(ctx));
 }
 
@@ -235,6 +247,8 @@ fn module_loading_errors() {
     let message = unsafe { CStr::from_ptr(log.as_ptr()) }
         .to_string_lossy()
         .into_owned();
+    // It names the module by its first kernel, and the line.
+    assert!(message.starts_with("module of `store`: "), "{message}");
     assert!(message.contains("line "), "{message}");
     check!(cuCtxDestroy_v2(ctx));
 }
