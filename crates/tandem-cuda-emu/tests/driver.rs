@@ -303,6 +303,19 @@ fn two_streams_are_ordered_by_an_event() {
     check!(cuStreamSynchronize(b));
     check!(cuEventQuery(event));
     assert_eq!(download(dst, 4), [4, 3, 2, 1]);
+    // Recorded again: a wait is for the new record, not the one that completed.
+    let gate = hold_stream(a).unwrap();
+    check!(cuEventRecord(event, a));
+    check!(cuStreamWaitEvent(b, event, 0));
+    check!(cuMemsetD32Async(dst, 0, 4, b));
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    check!(CUDA_ERROR_NOT_READY, cuStreamQuery(b));
+    check!(CUDA_ERROR_NOT_READY, cuEventQuery(event));
+    gate.open();
+    check!(cuEventSynchronize(event));
+    check!(cuStreamSynchronize(b));
+    check!(cuStreamQuery(b));
+    assert_eq!(download(dst, 4), [0; 4]);
     let mut end = null_mut();
     check!(cuEventCreate(&mut end, 0));
     check!(cuEventRecord(end, a));
@@ -658,4 +671,66 @@ fn contexts_stack_per_thread() {
     })
     .join()
     .unwrap();
+}
+
+/// Each kind of node a graph holds (a kernel, a copy in, a copy to another device, and a
+/// memset inside a graph launched within the capture) is counted, by kind and by byte, at
+/// each launch of the graph.
+#[test]
+fn each_kind_of_graph_node_is_counted_at_each_launch() {
+    let ctx = context(0);
+    let add_one = function(load(include_str!("ptx/small.ptx")).unwrap(), "add_one");
+    let mut other = null_mut();
+    check!(cuDevicePrimaryCtxRetain(&mut other, 1));
+    check!(cuCtxSetCurrent(other));
+    let on1 = alloc(8);
+    check!(cuCtxSetCurrent(ctx));
+    let s = stream();
+    let p = alloc(8);
+    let host = pinned(8);
+    unsafe { std::ptr::copy_nonoverlapping([1u32, 2].as_ptr() as *const u8, host, 8) };
+    let captured = |work: &dyn Fn()| {
+        let mut graph = null_mut();
+        check!(cuStreamBeginCapture_v2(s, 0));
+        work();
+        check!(cuStreamEndCapture(s, &mut graph));
+        instantiate(graph)
+    };
+    let inner = captured(&|| check!(cuMemsetD32Async(p, 0, 2, s)));
+    let outer = captured(&|| {
+        check!(cuGraphLaunch(inner, s));
+        check!(cuMemcpyHtoDAsync_v2(p, host as *const c_void, 8, s));
+        let mut address = p;
+        let mut params = [&mut address as *mut u64 as *mut c_void];
+        let got = launch(add_one, [1, 1, 1], [1, 1, 1], 0, s, &mut params);
+        assert_eq!(got, CUDA_SUCCESS);
+        check!(cuMemcpyDtoDAsync_v2(on1, p, 8, s));
+    });
+    for _ in 0..3 {
+        check!(cuGraphLaunch(outer, s));
+    }
+    check!(cuStreamSynchronize(s));
+    assert_eq!(download(p, 2), [2, 2]);
+    let json = tandem_cuda_emu::stats::to_json(2, 13000);
+    let value: serde_json::Value = serde_json::from_str(&json).expect("valid JSON");
+    let mine = &value["streams"][(s as u64).to_string()];
+    for (counter, expected) in [
+        ("graph_launches", 3),
+        ("graph_kernels", 3),
+        ("graph_copies", 6),
+        ("graph_memsets", 3),
+        ("bytes_htod", 24),
+        ("bytes_peer", 24),
+        ("bytes_memset", 24),
+        ("bytes_dtod", 0),
+        ("kernel_launches", 0),
+        // Five calls captured, three graph launches.
+        ("stream_calls", 8),
+    ] {
+        assert_eq!(mine[counter], expected, "{counter}");
+    }
+    check!(cuCtxSetCurrent(other));
+    assert_eq!(download(on1, 2), [2, 2]);
+    check!(cuDevicePrimaryCtxRelease_v2(1));
+    check!(cuCtxDestroy_v2(ctx));
 }

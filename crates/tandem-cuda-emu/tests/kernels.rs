@@ -111,6 +111,31 @@ fn out_of_bounds_is_an_asynchronous_sticky_illegal_address() {
     check!(cuCtxDestroy_v2(ctx));
 }
 
+/// Work queued behind a launch that fails does not run: here a store into another device's
+/// memory (reachable: peer access is on) leaves it as it was.
+#[test]
+fn nothing_runs_after_a_sticky_error() {
+    let other = context(1);
+    let elsewhere = alloc(4);
+    upload(elsewhere, &[5]);
+    let ctx = context(0);
+    check!(cuCtxEnablePeerAccess(other, 0));
+    let module = load(PTX).unwrap();
+    let s = stream();
+    let p = alloc(16);
+    assert_eq!(store(module, s, elsewhere, 6), CUDA_SUCCESS);
+    check!(cuStreamSynchronize(s));
+    let gate = hold_stream(s).unwrap();
+    assert_eq!(store(module, s, p + 16, 1), CUDA_SUCCESS);
+    assert_eq!(store(module, s, elsewhere, 9), CUDA_SUCCESS);
+    gate.open();
+    check!(CUDA_ERROR_ILLEGAL_ADDRESS, cuStreamSynchronize(s));
+    check!(cuCtxSetCurrent(other));
+    assert_eq!(download(elsewhere, 1), [6]);
+    check!(cuCtxDestroy_v2(ctx));
+    check!(cuCtxDestroy_v2(other));
+}
+
 #[test]
 fn freed_memory_and_host_pointers_are_illegal_addresses() {
     for case in 0..2 {
