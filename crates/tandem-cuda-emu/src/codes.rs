@@ -57,3 +57,20 @@ pub fn describe(code: CUresult) -> Option<(&'static str, &'static str)> {
         .find(|(_, value, _)| *value == code)
         .map(|(name, _, text)| (*name, *text))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_code_is_described_by_its_own_name_and_text() {
+        assert_eq!(
+            describe(CUDA_ERROR_ILLEGAL_ADDRESS),
+            Some((
+                "CUDA_ERROR_ILLEGAL_ADDRESS",
+                "an illegal memory access was encountered"
+            ))
+        );
+        assert_eq!(describe(46), None);
+    }
+}

@@ -111,5 +111,39 @@ mod tests {
         assert!(!on("0").unwrap().race_check);
         assert_eq!(on("yes"), Err(CUDA_ERROR_INVALID_VALUE));
         assert_eq!(on("2"), Err(CUDA_ERROR_INVALID_VALUE));
+        // Each number within its range, ends included, and nothing past them.
+        let with = |name: &'static str, v: &str| {
+            let v = v.to_string();
+            Config::from_lookup(move |asked| (asked == name).then(|| v.clone()))
+        };
+        assert_eq!(
+            with("TANDEM_EMU_DRIVER_VERSION", "99990")
+                .unwrap()
+                .driver_version,
+            99990
+        );
+        assert_eq!(
+            with("TANDEM_EMU_DRIVER_VERSION", "1000")
+                .unwrap()
+                .driver_version,
+            1000
+        );
+        assert_eq!(
+            with("TANDEM_EMU_DRIVER_VERSION", "999"),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+        assert_eq!(with("TANDEM_EMU_MEMORY", " 4096 ").unwrap().memory, 4096);
+        assert_eq!(
+            with("TANDEM_EMU_MEMORY", "0"),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+        assert_eq!(
+            with("TANDEM_EMU_THREADS", "1025"),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+        // An empty statistics path is none; any other is kept as given.
+        assert_eq!(with("TANDEM_EMU_STATS", "").unwrap().stats, None);
+        let named = with("TANDEM_EMU_STATS", "/tmp/s-%p.json").unwrap().stats;
+        assert_eq!(named.as_deref(), Some("/tmp/s-%p.json"));
     }
 }

@@ -275,7 +275,20 @@ fn copies_to_pinned_memory_are_deferred_until_synchronised() {
     gate.open();
     check!(cuStreamSynchronize(s));
     assert_eq!(download(p, 4), [9; 4]);
-    check!(cuMemFreeHost(host as *mut c_void));
+    // Freeing pinned memory waits for the copies queued into it.
+    let gate = hold_stream(s).unwrap();
+    check!(cuMemcpyDtoHAsync_v2(host as *mut c_void, p, 16, s));
+    let freed = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let (address, freed) = (host as usize, &freed);
+        scope.spawn(move || {
+            check!(cuMemFreeHost(address as *mut c_void));
+            freed.store(true, std::sync::atomic::Ordering::SeqCst);
+        });
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(!freed.load(std::sync::atomic::Ordering::SeqCst));
+        gate.open();
+    });
     check!(CUDA_ERROR_INVALID_VALUE, cuMemFreeHost(host as *mut c_void));
     check!(cuCtxDestroy_v2(ctx));
 }
