@@ -97,7 +97,7 @@ pub fn isa_min_driver((major, minor): (u32, u32)) -> u32 {
     }
 }
 
-/// The value of device attribute `attribute`, an H200's but for the compute capability
+/// The value of device attribute `attribute`, H100/H200-like but for the compute capability
 /// (`10 * major + minor`).
 pub fn device_attribute(attribute: i32, capability: u32) -> Option<i32> {
     Some(match attribute {

@@ -35,12 +35,12 @@ fn devices_report_an_h200s_name_and_limits() {
     assert_eq!(total, 16 << 30);
 }
 
-/// Every attribute the stand-in answers has an H200's value (a CUDA 13.0 driver's
-/// `deviceQuery`), found by its name in CUDA's `CUdevice_attribute` (cust_raw's bindings of
-/// `cuda.h`), so that a number taken for another attribute shows; the others are refused.
+/// Every attribute the stand-in answers has its H100/H200-like value, found by its name in
+/// CUDA's `CUdevice_attribute` (cust_raw's bindings of `cuda.h`), so that a number taken for
+/// another attribute shows; the others are refused.
 #[test]
-fn attributes_are_an_h200s_by_their_cuda_names() {
-    const H200: &[(&str, i32)] = &[
+fn attributes_are_found_by_their_cuda_names() {
+    const HOPPER: &[(&str, i32)] = &[
         ("MAX_THREADS_PER_BLOCK", 1024),
         ("MAX_BLOCK_DIM_X", 1024),
         ("MAX_BLOCK_DIM_Y", 1024),
@@ -108,7 +108,7 @@ fn attributes_are_an_h200s_by_their_cuda_names() {
     };
     check!(cuInit(0));
     let mut answered = 0;
-    for &(name, value) in H200 {
+    for &(name, value) in HOPPER {
         let mut got = -1;
         check!(cuDeviceGetAttribute(&mut got, numbered(name), 0));
         assert_eq!(got, value, "{name}");

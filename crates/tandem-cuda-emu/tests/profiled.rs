@@ -62,6 +62,8 @@ fn each_kernels_launches_are_summed_by_name_and_written_at_exit() {
         .args([
             "--exact",
             "each_kernels_launches_are_summed_by_name_and_written_at_exit",
+            // The driver's messages on stderr, where the parent reads them.
+            "--nocapture",
         ])
         .env(CHILD, "1")
         .env("TANDEM_EMU_STATS", dir.join("statistics-%p.json"))
@@ -73,6 +75,9 @@ fn each_kernels_launches_are_summed_by_name_and_written_at_exit() {
         String::from_utf8_lossy(&child.stdout),
         String::from_utf8_lossy(&child.stderr)
     );
+    // The driver had nothing to report (such as failing to register its exit handler).
+    let stderr = String::from_utf8_lossy(&child.stderr);
+    assert!(!stderr.contains("tandem-cuda-emu"), "{stderr}");
     let written: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
     assert_eq!(
         written.len(),
