@@ -638,13 +638,23 @@ fn destroying_a_context_leaves_the_others() {
         check!(cuStreamEndCapture(s, &mut graph));
         instantiate(graph)
     };
+    let small = include_str!("ptx/small.ptx");
     let doomed = context(0);
     let (doomed_stream, doomed_memory) = (stream(), alloc(16));
     let doomed_exec = graph_of(doomed_memory, doomed_stream);
+    let doomed_module = load(small).unwrap();
     let kept = context(1);
     let (s, p) = (stream(), alloc(16));
     let exec = graph_of(p, s);
+    let module = load(small).unwrap();
+    let mut graph = null_mut();
+    check!(cuStreamBeginCapture_v2(s, 0));
+    check!(cuMemsetD32Async(p, 1, 4, s));
+    check!(cuStreamEndCapture(s, &mut graph));
     check!(cuCtxDestroy_v2(doomed));
+    check!(CUDA_ERROR_INVALID_HANDLE, cuModuleUnload(doomed_module));
+    function(module, "store");
+    check!(cuGraphDestroy(graph));
     let mut current = null_mut();
     check!(cuCtxGetCurrent(&mut current));
     assert_eq!(current, kept);
@@ -655,6 +665,33 @@ fn destroying_a_context_leaves_the_others() {
     check!(CUDA_ERROR_INVALID_HANDLE, cuStreamQuery(doomed_stream));
     check!(CUDA_ERROR_INVALID_VALUE, cuMemFree_v2(doomed_memory));
     check!(cuCtxDestroy_v2(kept));
+}
+
+/// Synchronising a context, and freeing its memory, wait for every stream of the context.
+#[test]
+fn a_context_waits_for_all_its_streams() {
+    let ctx = context(0);
+    let (s, p) = (stream(), alloc(16));
+    for wait in ["cuCtxSynchronize", "cuMemFree"] {
+        let gate = hold_stream(s).unwrap();
+        check!(cuMemsetD32Async(p, 3, 4, s));
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            let (ctx, done) = (ctx as usize, &done);
+            scope.spawn(move || {
+                check!(cuCtxSetCurrent(ctx as Handle));
+                match wait {
+                    "cuCtxSynchronize" => check!(cuCtxSynchronize()),
+                    _ => check!(cuMemFree_v2(p)),
+                }
+                done.store(true, std::sync::atomic::Ordering::SeqCst);
+            });
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            assert!(!done.load(std::sync::atomic::Ordering::SeqCst), "{wait}");
+            gate.open();
+        });
+    }
+    check!(cuCtxDestroy_v2(ctx));
 }
 
 /// Each thread has a stack of contexts: creating one pushes it, popping returns the top and
