@@ -278,17 +278,10 @@ fn copies_to_pinned_memory_are_deferred_until_synchronised() {
     // Freeing pinned memory waits for the copies queued into it.
     let gate = hold_stream(s).unwrap();
     check!(cuMemcpyDtoHAsync_v2(host as *mut c_void, p, 16, s));
-    let freed = std::sync::atomic::AtomicBool::new(false);
-    std::thread::scope(|scope| {
-        let (address, freed) = (host as usize, &freed);
-        scope.spawn(move || {
-            check!(cuMemFreeHost(address as *mut c_void));
-            freed.store(true, std::sync::atomic::Ordering::SeqCst);
-        });
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        assert!(!freed.load(std::sync::atomic::Ordering::SeqCst));
-        gate.open();
-    });
+    let address = host as usize;
+    assert!(waits_for_gate(gate, || check!(cuMemFreeHost(
+        address as *mut c_void
+    ))));
     check!(CUDA_ERROR_INVALID_VALUE, cuMemFreeHost(host as *mut c_void));
     check!(cuCtxDestroy_v2(ctx));
 }
@@ -675,21 +668,15 @@ fn a_context_waits_for_all_its_streams() {
     for wait in ["cuCtxSynchronize", "cuMemFree"] {
         let gate = hold_stream(s).unwrap();
         check!(cuMemsetD32Async(p, 3, 4, s));
-        let done = std::sync::atomic::AtomicBool::new(false);
-        std::thread::scope(|scope| {
-            let (ctx, done) = (ctx as usize, &done);
-            scope.spawn(move || {
-                check!(cuCtxSetCurrent(ctx as Handle));
-                match wait {
-                    "cuCtxSynchronize" => check!(cuCtxSynchronize()),
-                    _ => check!(cuMemFree_v2(p)),
-                }
-                done.store(true, std::sync::atomic::Ordering::SeqCst);
-            });
-            std::thread::sleep(std::time::Duration::from_millis(20));
-            assert!(!done.load(std::sync::atomic::Ordering::SeqCst), "{wait}");
-            gate.open();
+        let current = ctx as usize;
+        let waited = waits_for_gate(gate, || {
+            check!(cuCtxSetCurrent(current as Handle));
+            match wait {
+                "cuCtxSynchronize" => check!(cuCtxSynchronize()),
+                _ => check!(cuMemFree_v2(p)),
+            }
         });
+        assert!(waited, "{wait}");
     }
     check!(cuCtxDestroy_v2(ctx));
 }

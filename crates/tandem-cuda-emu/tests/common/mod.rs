@@ -170,3 +170,21 @@ pub fn bindings() -> String {
         .join("cuda.rs");
     std::fs::read_to_string(&path).unwrap_or_else(|err| panic!("reading {}: {err}", path.display()))
 }
+
+/// Whether `call`, run on another thread while `gate` holds a stream, is still waiting 20 ms
+/// later; the gate opens then, and `call` returns before this does.
+pub fn waits_for_gate(gate: tandem_cuda_emu::stream::Gate, call: impl FnOnce() + Send) -> bool {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let done = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let done = &done;
+        scope.spawn(move || {
+            call();
+            done.store(true, Ordering::SeqCst);
+        });
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let waiting = !done.load(Ordering::SeqCst);
+        gate.open();
+        waiting
+    })
+}
