@@ -1128,6 +1128,16 @@ fn fused_shared_load_and_fma() {
     r.expect("fused pair");
     // 1 + 4 = 5, then + 4 = 9 (the pair), then + 4 = 13 (the fma alone, via L3).
     assert_eq!(f32::from_bits(out[0]), 13.0);
+    // A guard on either instruction of the pair is kept: with %p3 false, a guarded load leaves
+    // %f3 at 3 (the fma gives 1 + 9 = 10), a guarded fma leaves %f2 at 1.
+    for (load, fma, expected) in [("@%p3 ", "", 10.0), ("", "@%p3 ", 1.0)] {
+        let body = format!(
+            "\tmov.f32 %f1, 0f40000000;\n\tst.shared.f32 [s+8], %f1;\n\tmov.f32 %f2, 0f3F800000;\n\tmov.f32 %f3, 0f40400000;\n\tsetp.ne.u32 %p3, %r1, %r1;\n\t{load}ld.shared.f32 %f3, [s+8];\n\t{fma}fma.rn.f32 %f2, %f3, %f3, %f2;\n\tst.global.f32 [%rd1], %f2;"
+        );
+        let (r, out) = run_src(&kernel_src(decl, &body), 1, 1, 4);
+        r.expect("guarded pair");
+        assert_eq!(f32::from_bits(out[0]), expected, "{load}ld, {fma}fma");
+    }
     // Out of bounds and misaligned loads of a pair fail naming the load's line (16).
     let pair_at = |off: u32| {
         let body = format!("\tld.shared.f32 %f3, [s+{off}];\n\tfma.rn.f32 %f2, %f3, %f3, %f2;");
@@ -1777,4 +1787,43 @@ fn thirty_two_bit_cvta_round_trips_a_shared_address() {
         (tandem_ptx::GENERIC_SHARED_BASE + 4) & 0xffff_ffff,
         "the generic address, in 32 bits"
     );
+}
+
+/// A kernel's interface as a driver reads it: its name, each parameter's offset, size and
+/// alignment in the packed buffer, the buffer's size, and its static shared memory (its own
+/// and the module's it uses, not the module's it does not). A `.func`, defined or only
+/// declared, is no kernel.
+#[test]
+fn a_kernels_interface_is_what_a_driver_needs() {
+    let src = format!(
+        "{HEAD}.shared .align 8 .b8 table[24];
+.shared .align 4 .b8 unused[1000];
+.func declared();
+.func helper()
+{{
+	ret;
+}}
+.visible .entry k(.param .u8 a, .param .u64 b, .param .align 8 .b8 c[12], .param .u16 d)
+{{
+	.reg .b64 %rd<2>;
+	.shared .align 4 .b8 own[40];
+	mov.u64 %rd1, table;
+	mov.u64 %rd1, own;
+	ret;
+}}
+"
+    );
+    let module = Module::parse(&src).unwrap();
+    assert_eq!(module.kernel_names(), ["k"]);
+    assert!(module.kernel("helper").is_none() && module.kernel("declared").is_none());
+    let k = module.kernel("k").unwrap();
+    assert_eq!(k.name(), "k");
+    let layout: Vec<_> = k
+        .params()
+        .iter()
+        .map(|p| (p.offset, p.size, p.align))
+        .collect();
+    assert_eq!(layout, [(0, 1, 1), (8, 8, 8), (16, 12, 8), (28, 2, 2)]);
+    assert_eq!(k.param_bytes(), 30);
+    assert_eq!(k.static_shared_bytes(), 64);
 }

@@ -209,3 +209,19 @@ fn a_profile_counts_each_kind_of_access_and_multiply_add_as_defined() {
         assert_eq!(f64s[t * 3 + 2], f6.mul_add(f6, f6), "lane {t}: f64 fma");
     }
 }
+
+/// Two launches' profiles add field by field (what a driver sums over a kernel's launches).
+#[test]
+fn profiles_add_field_by_field() {
+    let profile = |n: u64| Profile {
+        instructions: n,
+        global_bytes_read: 2 * n,
+        global_bytes_written: 3 * n,
+        shared_loads: 4 * n,
+        shared_stores: 5 * n,
+        fmas: 6 * n,
+    };
+    let mut sum = profile(1);
+    sum += profile(10);
+    assert_eq!(sum, profile(11));
+}
