@@ -98,24 +98,23 @@ mod tests {
         assert_eq!(config.driver_version, 13000);
         assert_eq!(config.memory, 16 << 30);
         assert!(config.threads >= 1);
-        let bad = Config::from_lookup(|name| (name == "TANDEM_EMU_THREADS").then(|| "x".into()));
-        assert_eq!(bad, Err(CUDA_ERROR_INVALID_VALUE));
-        let zero = Config::from_lookup(|name| (name == "TANDEM_EMU_DEVICES").then(|| "0".into()));
-        assert_eq!(zero.unwrap().devices, 0);
-        assert!(!config.race_check);
-        let on = |v: &str| {
+        // `name` set to `v`, nothing else.
+        let with = |name: &'static str, v: &str| {
             let v = v.to_string();
-            Config::from_lookup(move |name| (name == "TANDEM_EMU_RACECHECK").then(|| v.clone()))
+            Config::from_lookup(move |asked| (asked == name).then(|| v.clone()))
         };
+        assert_eq!(
+            with("TANDEM_EMU_THREADS", "x"),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+        assert_eq!(with("TANDEM_EMU_DEVICES", "0").unwrap().devices, 0);
+        assert!(!config.race_check);
+        let on = |v: &str| with("TANDEM_EMU_RACECHECK", v);
         assert!(on("1").unwrap().race_check);
         assert!(!on("0").unwrap().race_check);
         assert_eq!(on("yes"), Err(CUDA_ERROR_INVALID_VALUE));
         assert_eq!(on("2"), Err(CUDA_ERROR_INVALID_VALUE));
         // Each number within its range, ends included, and nothing past them.
-        let with = |name: &'static str, v: &str| {
-            let v = v.to_string();
-            Config::from_lookup(move |asked| (asked == name).then(|| v.clone()))
-        };
         assert_eq!(
             with("TANDEM_EMU_DRIVER_VERSION", "99990")
                 .unwrap()
