@@ -1,5 +1,5 @@
 //! Parameters exported for inference in a 16-bit type ([`export`], [`load_export`]): one
-//! tensor per parameter span, named as the span (`hidden1/weights`...), in `bf16` or `f16`,
+//! tensor per parameter span, named as the span (`layer1/weights`...), in `bf16` or `f16`,
 //! with string metadata: `export` (the type's name), `step`, and whatever the caller adds. Half
 //! a checkpoint's parameters' size, a quarter of a whole SGD checkpoint's, and readable by any
 //! safetensors reader.

@@ -36,7 +36,6 @@ const MATMUL_SIDE: u32 = 16;
 const MMA_ROWS: usize = 16;
 const MMA_COLS: u32 = 32;
 const MMA_BLOCK: u32 = 128;
-/// Rows of logits per block of `softmax_cross_entropy`: one warp each.
 /// What the scalar results are set to before the kernels that write them run: every byte
 /// 0xFF, a NaN loss and counts of `u32::MAX`, so that a result left unwritten shows.
 const POISON: u8 = 0xFF;
@@ -427,9 +426,10 @@ impl CudaBackend {
     /// [`tandem_tensor::NarrowCpuBackend`]: every buffer holds values of the type (in `f32`
     /// slots: the same memory as `f32`, so far), every kernel that stores a result computes it
     /// in `f32` from 16-bit operands and rounds it once (to nearest even), and the products run
-    /// on tensor cores (`mma.sync` with `f32` accumulation). Its parameters of record stay on
-    /// the host ([`Residence::dtype`](tandem_core::Residence) says `dtype`, which the device
-    /// stores decline), and it scales the loss's gradient ([`Backend::set_loss_scale`]).
+    /// on tensor cores (`mma.sync` with `f32` accumulation). The parameters of record stay in
+    /// `f32` on the device ([`Residence::dtype`](tandem_core::Residence) says `f32`, its
+    /// `precision` the type the replica computes in, whose rounded copy the device stores'
+    /// updates write), and it scales the loss's gradient ([`Backend::set_loss_scale`]).
     ///
     /// Fails with [`KernelError::NoTensorCores`] for `bf16` or `f16` on a GPU older than
     /// compute capability 8.0.

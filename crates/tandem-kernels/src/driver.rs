@@ -9,13 +9,13 @@
 //! the program may then do anything, including report success. Here the result is a plain
 //! `u32` ([`Code`]) and every value is defined; [`name`] names the ones tandem cares about.
 //!
-//! **What.** 33 driver functions, with the exact (versioned) symbols cust uses, so that any
+//! **What.** 34 driver functions, with the exact (versioned) symbols cust uses, so that any
 //! libcuda that serves cust serves tandem (NVIDIA's driver or tandem's CPU stand-in,
 //! `cargo xtask cuda-emu`): `cuInit`, `cuDriverGetVersion`, `cuDeviceGetCount`, `cuDeviceGet`,
-//! `cuDevicePrimaryCtxRetain`, `cuDevicePrimaryCtxRelease_v2`, `cuCtxGetCurrent`,
-//! `cuCtxSetCurrent`, `cuStreamCreate`, `cuStreamSynchronize`, `cuStreamDestroy_v2`,
-//! `cuModuleLoadData`, `cuModuleGetFunction`, `cuModuleUnload`, `cuLaunchKernel`,
-//! `cuMemAlloc_v2`, `cuMemFree_v2`, `cuMemAllocHost_v2`, `cuMemFreeHost`,
+//! `cuDeviceGetAttribute`, `cuDevicePrimaryCtxRetain`, `cuDevicePrimaryCtxRelease_v2`,
+//! `cuCtxGetCurrent`, `cuCtxSetCurrent`, `cuStreamCreate`, `cuStreamSynchronize`,
+//! `cuStreamDestroy_v2`, `cuModuleLoadData`, `cuModuleGetFunction`, `cuModuleUnload`,
+//! `cuLaunchKernel`, `cuMemAlloc_v2`, `cuMemFree_v2`, `cuMemAllocHost_v2`, `cuMemFreeHost`,
 //! `cuMemcpyHtoDAsync_v2`, `cuMemcpyDtoHAsync_v2`, `cuMemcpyDtoDAsync_v2`, `cuMemsetD8Async`;
 //! events to order streams (`cuEventCreate`, `cuEventRecord`, `cuStreamWaitEvent`,
 //! `cuEventDestroy_v2`); graphs (`cuStreamBeginCapture_v2`, `cuStreamEndCapture`,

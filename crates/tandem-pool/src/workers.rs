@@ -349,7 +349,8 @@ impl<T> RunOutcome<T> {
 pub struct WorkerPool<R> {
     devices: Vec<Device>,
     replicas: Vec<R>,
-    /// Workers that failed under [`FailurePolicy::Continue`], in the order they failed.
+    /// Workers that failed under [`FailurePolicy::Continue`]: run by run, each run's in worker
+    /// order.
     retired: Vec<WorkerFailure>,
 }
 
@@ -392,8 +393,9 @@ impl<R: Send> WorkerPool<R> {
         self.devices.is_empty()
     }
 
-    /// The workers that failed under [`FailurePolicy::Continue`], each with its failure, in the
-    /// order they failed. They stay out for the pool's life: no later run starts them.
+    /// The workers that failed under [`FailurePolicy::Continue`], each with its failure: run
+    /// by run, in the order of the runs they failed in, and in worker order within a run.
+    /// They stay out for the pool's life: no later run starts them.
     pub fn retired(&self) -> &[WorkerFailure] {
         &self.retired
     }

@@ -190,9 +190,11 @@ impl<O: RecordedOptimizer> RunConfig<O> {
         keys
     }
 
-    /// Reads and checks checkpoint metadata written for `model`: every field must be present
-    /// and in range, so that a file cannot make a run divide by zero or allocate without
-    /// bound. `max_batch` bounds the batch size.
+    /// Reads and checks checkpoint metadata written for `model`, so that a file cannot make a
+    /// run divide by zero or allocate without bound: every field must be in range, and present
+    /// but for those added since the first format (the strategy's, the cadence, the exchange,
+    /// the precision), which then take the values of the runs written before them.
+    /// `max_batch` bounds the batch size.
     pub fn from_metadata(
         meta: &BTreeMap<String, String>,
         model: &ModelId,
