@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The CUDA checks, on a machine without a GPU (called by .ci/run):
 #  1. the committed PTX is what kernels/*.cu (and kernels/conformance/*.cu) compile to, and
-#     ptxas accepts it for sm_90 (installs the pinned nvcc from PyPI into target/cuda-toolchain
-#     when none is installed);
+#     ptxas accepts it for sm_90 (the pinned nvcc from PyPI, installed into
+#     target/cuda-toolchain: the conformance kernels always use it unless $NVCC names another;
+#     tandem's use any nvcc on CUDA_PATH or PATH first);
 #  2. the `cuda` feature builds, lints and runs every GPU test against tandem's CPU stand-in
 #     for the CUDA driver (target/cuda-emu: two emulated devices running the PTX in an
-#     interpreter); TANDEM_REQUIRE_GPU=1 turns any skip into a failure;
+#     interpreter); TANDEM_REQUIRE_GPU=1 turns any skip into a failure; the README's composed
+#     models train on two replicas of its GPU;
 #  3. mnist-train built with `cuda` says "no device" cleanly where the driver has none;
 #  4. ordinary CUDA kernels not written for tandem give NumPy's results through the stand-in,
 #     and its strictness answers as the real driver's do (kernels/conformance/check.py); no

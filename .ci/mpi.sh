@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Training across processes (the `mpi` feature) under `mpirun -n 2` on this machine: installs
-# the system's Open MPI and libclang if they are missing (README's install line), then runs
-# README's MPI test command.
+# the system's Open MPI and libclang if they are missing (README's install line), lints the
+# `mpi` feature's code, then runs README's MPI test command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -2,7 +2,8 @@
 // The kernels of 16-bit training (`--precision bf16|f16`), the twins of
 // tandem_tensor::NarrowCpuBackend. Values are held in f32 slots, each exactly a bf16 or f16
 // value (`bf16 != 0` picks the type): every kernel that stores a result rounds it once,
-// round to nearest even (cvt.rn), from an f32 computed on 16-bit operands. compute_80: the
+// round to nearest even (cvt.rn), from an f32 computed on 16-bit operands; but unscale, whose
+// gradients go on in f32. compute_80: the
 // products use tensor cores (mma.sync with bf16/f16 operands, sm_80 and newer), and the
 // conversions are single instructions there.
 #include <cuda_bf16.h>
@@ -202,7 +203,7 @@ extern "C" __global__ void round_to(float *__restrict__ x, size_t len, int bf16)
 // x[i] = x[i] * (1 / scale[0]) for i < len (exact: the scale is a power of two), and flags[b]
 // = 1 where block b met a value that is not finite, 0 otherwise: a loss-scaled pass's
 // gradients handed on in f32 without the scale, and what the host reads to throw the pass
-// away. The twin of NetworkReplica's unscaling on the CPU. No atomics: each block ORs its
+// away. The twin of NarrowCpuBackend::unscale. No atomics: each block ORs its
 // threads' findings in shared memory, in thread order.
 // Launch: 1-D, UNSCALE_THREADS threads a block, one flag per block (grid-stride).
 extern "C" __global__ void unscale(float *__restrict__ x, size_t len,

@@ -1,7 +1,7 @@
 // The optimisers' steps and the gradient reduction of data-parallel training, over flat f32
 // spans. sgd_ema_update is bit for bit the arithmetic of cpu::sgd_ema_update:
 //
-//   g     = (grads[0][i] + grads[1][i] + ...) / n     summed in this order (g = grads[0][i] if n == 1)
+//   g     = (grads[0][i] + grads[1][i] + ...) * (1/n) summed in this order (g = grads[0][i] if n == 1)
 //   p[i] -= lr * (g + wd * p[i])
 //   e[i]  = d * e[i] + (1 - d) * p[i]
 //
@@ -67,8 +67,8 @@ __device__ float mean_gradient(const Grads &grads, unsigned n, size_t i, int gra
 #define MAX_SPANS 8
 
 // Consecutive spans of the values one update covers, passed by value like Grads: span s ends
-// before value end[s] (and starts where span s - 1 ends, span 0 at 0), and its [lr, wd, d] are
-// at hyper[s]. Slots past the launch's count are unused.
+// before value end[s] (and starts where span s - 1 ends, span 0 at 0), and its values (the
+// optimiser's: sgd_ema_update's [lr, wd, d], adam_update's six) are at hyper[s]. Slots past the launch's count are unused.
 struct Spans {
     unsigned long long end[MAX_SPANS];
     const float *hyper[MAX_SPANS];

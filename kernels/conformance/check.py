@@ -25,8 +25,8 @@ unsupported PTX version, double free, and last an illegal address, which poisons
 --strict-only runs only those; --only SUBSTRING runs the checks whose name contains it;
 --list prints the check names.
 
-Output: one line per comparison, `ok  <name> <what>` or `FAIL <name> <what>: <why>`, with the
-check's time; the exit status is 1 if anything failed, 2 if the suite could not start.
+Output: one line per comparison, `ok   <name>: <what>  [<seconds>s]` or
+`FAIL <name>: <what>: <why>`; the exit status is 1 if anything failed, 2 if the suite could not start.
 
 How results are compared (each check's docstring says which and why):
   * exact (bit-for-bit, NaN matching NaN): integer results, and floating-point results that

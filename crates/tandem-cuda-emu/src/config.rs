@@ -38,7 +38,8 @@ impl Config {
         let parallelism = std::thread::available_parallelism().map_or(1, |n| n.get());
         let devices = number(&lookup, "TANDEM_EMU_DEVICES", 2, 0, 64)?;
         let driver_version = number(&lookup, "TANDEM_EMU_DRIVER_VERSION", 13000, 1000, 99990)?;
-        // From Maxwell (the oldest target nvcc 13 still names) to the Hopper the interpreter is.
+        // From Maxwell (the oldest GPUs CUDA 13.0's driver, R580, still runs) to the Hopper the
+        // interpreter is.
         let capability = number(&lookup, "TANDEM_EMU_CAPABILITY", 90, 50, 90)?;
         let memory = number(&lookup, "TANDEM_EMU_MEMORY", 16 << 30, 1, 1 << 40)?;
         let threads = number(&lookup, "TANDEM_EMU_THREADS", parallelism as u64, 1, 1024)?;

@@ -27,7 +27,8 @@
 //!   `.sat`; float-to-int saturates and NaN gives 0), cvta, mov (symbol addresses, vector
 //!   pack/unpack).
 //! - 16-bit floats (`float.rs`, `Half`): `cvt.frnd.{f16x2,bf16x2}.f32` (packing two),
-//!   add/sub/mul (`.rn/.rz/.rm/.rp`) and `fma.rn` on `.f16`, `.bf16`, `.f16x2` and `.bf16x2`,
+//!   add/sub/mul and `fma`, rounded to nearest (`.rn`, the one rounding the ISA gives them; the
+//!   others are refused), on `.f16`, `.bf16`, `.f16x2` and `.bf16x2`,
 //!   each lane computed exactly and rounded once; NaN results are the canonical `0x7fff`.
 //!   `.ftz`, `.sat` and `.relu` on them are refused rather than ignored.
 //! - Tensor cores: `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32`, a
@@ -45,7 +46,9 @@
 //!   bar.sync/barrier.sync (with thread counts), bar.red/barrier.red (popc, and, or over the
 //!   released threads' predicates), bar.warp.sync, membar/fence (no-ops),
 //!   shfl.sync (up/down/bfly/idx with clamp and segment mask, predicate output), vote.sync
-//!   (all/any/uni/ballot), activemask, `%clock`/`%clock64` (a per-block counter).
+//!   (all/any/uni/ballot), activemask, `%clock`/`%clock64` (a counter of the host thread
+//!   running the launch's blocks, from 0 at each launch and one more at each read: it
+//!   increases within a block, as an SM's clock does, and says nothing of time).
 //!
 //! # Module variables (driver side)
 //!

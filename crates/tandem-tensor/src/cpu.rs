@@ -235,7 +235,7 @@ pub struct UpdateStep {
 /// One fused pass of SGD with L2 decay and the moving average, over one span of parameters:
 ///
 /// ```text
-/// g     = (grads[0][i] + grads[1][i] + ...) / grads.len()    summed in this order
+/// g     = (grads[0][i] + grads[1][i] + ...) * (1 / grads.len())    summed in this order
 /// p[i] -= learning_rate * (g + weight_decay * p[i])
 /// e[i]  = ema_decay * e[i] + (1 - ema_decay) * p[i]
 /// ```
