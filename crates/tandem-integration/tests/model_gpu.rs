@@ -162,6 +162,27 @@ fn whole_model_gradients_on_the_gpu_match_the_cpu() {
     }
 }
 
+/// A label past the network's classes is refused when a GPU replica opens, with the CPU's
+/// error: a GPU step leaves its loss on the device, so it could only have made the loss NaN.
+#[test]
+fn a_label_past_the_classes_is_refused_on_the_gpu_as_on_the_cpu() {
+    let Some(gpu) = tandem_testkit::or_skip(CudaBackend::new(0), KernelError::is_no_device) else {
+        return;
+    };
+    let mlp = Mlp::new(3, &[4], 2).unwrap();
+    let pixels: Vec<u8> = (0..30).map(|v| (v * 37 % 256) as u8).collect();
+    let bad = ExampleSet::new(3, pixels, vec![0, 1, 0, 1, 1, 0, 0, 2, 1, 0]).unwrap();
+    let cpu = match MlpReplica::new(mlp.clone(), CpuBackend, &bad, 4) {
+        Err(e) => e,
+        Ok(_) => panic!("the CPU replica took a label past the classes"),
+    };
+    match MlpReplica::new(mlp, gpu, &bad, 4) {
+        Err(KernelError::Shape(e)) => assert_eq!(e, cpu),
+        Err(e) => panic!("the GPU replica refused with another error: {e}"),
+        Ok(_) => panic!("the GPU replica took a label past the classes"),
+    }
+}
+
 #[test]
 fn sync_with_two_replicas_on_one_gpu_equals_one_replica_with_twice_the_batch() {
     let train = train_set();

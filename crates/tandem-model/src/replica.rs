@@ -59,7 +59,8 @@ impl<N: Network, B: Backend> NetworkReplica<N, B> {
     /// A replica with zero parameters (set them with [`Replica::set_params`]) and buffers for
     /// batches of up to `max_batch` examples drawn from `training`. On an `f16` backend its
     /// passes are loss-scaled from [`LossScaler::DEFAULT_INITIAL`] (see
-    /// [`with_initial_loss_scale`](Self::with_initial_loss_scale)).
+    /// [`with_initial_loss_scale`](Self::with_initial_loss_scale)). Fails where `training`'s
+    /// examples are not the network's inputs, or one of its labels is not one of its classes.
     pub fn new(
         network: N,
         backend: B,
@@ -67,6 +68,16 @@ impl<N: Network, B: Backend> NetworkReplica<N, B> {
         max_batch: usize,
     ) -> Result<Self, B::Error> {
         ShapeError::check_exact("replica", "examples", network.inputs(), training.features())?;
+        // Refused here, on every backend alike: a device step, which leaves its loss on the
+        // device, could not say so, and would make the loss NaN.
+        let classes = network.classes();
+        let outside = training
+            .labels()
+            .iter()
+            .find(|&&label| usize::from(label) >= classes);
+        if let Some(&bad) = outside {
+            return Err(tandem_tensor::check::bad_label("replica", bad.into(), classes).into());
+        }
         let capacity = max_batch.max(1);
         let params = backend.zeros(network.num_params())?;
         let grads = backend.zeros(network.num_params())?;
@@ -506,6 +517,24 @@ mod tests {
         (0..mlp.num_params())
             .map(|i| (i as f32 * 0.37).sin() * 0.5)
             .collect()
+    }
+
+    #[test]
+    fn a_label_past_the_classes_is_refused_when_the_replica_opens() {
+        let (mlp, examples) = tiny();
+        let mut labels = examples.labels().to_vec();
+        labels[7] = 2; // the first past the 2 classes, after a 0 and a 1 that are not
+        labels[8] = 5;
+        let bad = ExampleSet::new(3, examples.values().to_vec(), labels).unwrap();
+        let expected = tandem_tensor::check::bad_label("replica", 2, 2);
+        let cpu = NetworkReplica::new(mlp.clone(), CpuBackend, &bad, 4).err();
+        assert_eq!(cpu, Some(expected.clone()));
+        let bf16 = NarrowCpuBackend::new(DType::BF16).unwrap();
+        assert_eq!(
+            NetworkReplica::new(mlp.clone(), bf16, &bad, 4).err(),
+            Some(expected)
+        );
+        assert!(NetworkReplica::new(mlp, CpuBackend, &examples, 4).is_ok());
     }
 
     #[test]
