@@ -6,7 +6,7 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use serde_json::json;
 use tandem_model::Mlp;
-use tandem_optim::{Chosen, OPTIMIZERS};
+use tandem_optim::{Chosen, RecordedOptimizer, OPTIMIZERS};
 use tandem_train::{
     drive, print_summary, Checkpoints, Ended, Interrupt, Launch, Setup, Start, Trainer,
 };
@@ -131,12 +131,16 @@ pub fn run(args: &TrainArgs, launch: &Launch) -> Result<Option<i32>> {
     let best = test.averaged.max(test.raw);
     let epoch = trainer.epochs().steps_per_epoch();
     if trainer.state.step >= epoch && best < chance + CHANCE_MARGIN && !args.allow_chance {
+        // The run's own rate (its optimiser's, given or default): a resume keeps it.
+        let rate = (optimizer.record().into_iter())
+            .find(|(key, _)| *key == "learning_rate")
+            .map(|(_, rate)| format!(" than this run's {rate}"))
+            .unwrap_or_default();
         bail!(
             "the run ended at chance level: test accuracy {best:.4}, where always answering the \
-             commonest digit gives {chance:.4}; it diverged or learnt nothing (try a smaller \
-             --lr; the default is {} for this network). Its checkpoints are kept; \
-             --allow-chance accepts such a run",
-            model::default_learning_rate(&mlp)
+             commonest digit gives {chance:.4}; it diverged or learnt nothing (try a fresh run \
+             with a smaller --lr{rate}). Its checkpoints are kept; --allow-chance accepts such \
+             a run"
         );
     }
     Ok(None)

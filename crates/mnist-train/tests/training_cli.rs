@@ -215,6 +215,11 @@ fn a_run_that_ends_at_chance_level_says_so_and_fails_unless_allowed() {
     let message = fail(&chance);
     assert!(message.contains("ended at chance level"), "{message}");
     assert!(message.contains("--allow-chance"), "{message}");
+    // The rate to go below is the run's own, not a default it did not use.
+    assert!(
+        message.contains("smaller --lr than this run's 5)"),
+        "{message}"
+    );
     // The summary came first, and the run's checkpoint is kept.
     let saved = checkpoint::CheckpointDir::open(&dir)
         .unwrap()

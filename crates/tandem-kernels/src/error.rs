@@ -80,8 +80,9 @@ pub enum KernelError {
     /// capability below 8.0, where `mma.sync` with bf16 and f16 operands is missing).
     #[error(
         "--precision {dtype} is not available on cuda:{ordinal}: its products need tensor cores \
-         (compute capability 8.0 or newer, Ampere and later), and this GPU is {}.{} (train \
-         with --precision f32 there, or on CPU workers)",
+         (compute capability 8.0 or newer, Ampere and later), and this GPU is {}.{} (a fresh \
+         run with --precision f32 trains there; this precision, fresh or resumed, trains on CPU \
+         workers)",
         capability / 10,
         capability % 10
     )]

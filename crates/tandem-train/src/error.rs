@@ -2,7 +2,7 @@ use std::path::PathBuf;
 
 use tandem_checkpoint::CheckpointError;
 use tandem_optim::MetadataError;
-use tandem_pool::DeviceError;
+use tandem_pool::{DeviceError, MAX_REPLICAS};
 use tandem_strategy::TrainError;
 
 /// A flag or setting given for a resumed run that disagrees with the run's checkpoint.
@@ -12,8 +12,22 @@ pub struct Conflict {
     pub label: String,
     /// The value given.
     pub given: String,
-    /// The run's value.
+    /// The run's value (empty where the run has none: a setting of the other mode).
     pub saved: String,
+}
+
+impl std::fmt::Display for Conflict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Conflict {
+            label,
+            given,
+            saved,
+        } = self;
+        match saved.is_empty() {
+            true => write!(f, "{label} {given} (the run does not use it)"),
+            false => write!(f, "{label} {given} (the run has {saved})"),
+        }
+    }
 }
 
 /// Why a checkpoint is not a run of this model and optimiser.
@@ -121,7 +135,7 @@ pub enum RunError {
     #[error(
         "--resume {dir} continues the run as it was configured, but the command line changes \
          it: {}; drop these flags, or start a fresh run in another directory",
-        .conflicts.iter().map(|c| format!("{} {} (the run has {})", c.label, c.given, c.saved)).collect::<Vec<_>>().join(", ")
+        .conflicts.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
     )]
     Conflicts {
         /// The resume directory.
@@ -192,22 +206,52 @@ pub enum RunError {
     },
 }
 
-/// A `--devices` that gives `workers` workers on `ranks` processes of as many devices each.
+/// A `--devices` that gives `workers` workers on `ranks` processes of as many devices each,
+/// or, where those cannot (a process holds at most [`MAX_REPLICAS`]), on the fewest ranks that
+/// can.
 fn devices_hint(workers: usize, ranks: usize) -> String {
-    match ranks {
-        0 | 1 => format!("--devices cpu:{workers}"),
-        r if workers.is_multiple_of(r) => {
+    match ranks.max(1) {
+        1 if workers <= MAX_REPLICAS => format!("--devices cpu:{workers}"),
+        r if workers.is_multiple_of(r) && workers / r <= MAX_REPLICAS => {
             format!("--devices cpu:{} on each of the {r} ranks", workers / r)
         }
-        r => format!(
-            "{workers} ranks of --devices cpu:1; {workers} workers do not divide among {r} ranks"
-        ),
+        r => {
+            let fewest = (workers.div_ceil(MAX_REPLICAS)..workers)
+                .find(|&n| workers.is_multiple_of(n))
+                .unwrap_or(workers);
+            let why = match r {
+                1 => format!("one process holds at most {MAX_REPLICAS} replicas"),
+                r => format!("{workers} workers do not divide among {r} ranks of at most {MAX_REPLICAS} each"),
+            };
+            match fewest {
+                1 => format!("--devices cpu:{workers} in one process; {why}"),
+                n => format!("{n} ranks of --devices cpu:{}; {why}", workers / n),
+            }
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_conflict_names_the_runs_value_or_says_it_has_none() {
+        let conflict = |saved: &str| Conflict {
+            label: "--async-rule".into(),
+            given: "plain".into(),
+            saved: saved.into(),
+        };
+        assert_eq!(
+            conflict("scaled").to_string(),
+            "--async-rule plain (the run has scaled)"
+        );
+        // A setting of the other mode (an async flag for a sync run), which the run lacks.
+        assert_eq!(
+            conflict("").to_string(),
+            "--async-rule plain (the run does not use it)"
+        );
+    }
 
     #[test]
     fn the_devices_hint_counts_every_rank() {
@@ -228,9 +272,25 @@ mod tests {
         assert!(hint(2, 2).contains("--devices cpu:1 on each of the 2 ranks"));
         assert!(hint(6, 2).contains("--devices cpu:3 on each of the 2 ranks"));
         assert!(
-            hint(3, 2).contains("3 ranks of --devices cpu:1"),
+            hint(3, 2).contains("--devices cpu:3 in one process; 3 workers do not divide among 2"),
             "{}",
             hint(3, 2)
         );
+        // More than one process may hold: the fewest ranks that share them evenly, each
+        // within the limit (every hint a --devices that parses).
+        assert!(
+            hint(512, 1).contains("2 ranks of --devices cpu:256; one process holds at most 256")
+        );
+        assert!(
+            hint(600, 2).contains("3 ranks of --devices cpu:200"),
+            "{}",
+            hint(600, 2)
+        );
+        assert!(
+            hint(257, 1).contains("257 ranks of --devices cpu:1"),
+            "{}",
+            hint(257, 1)
+        );
+        assert!(hint(65_536, 4).contains("256 ranks of --devices cpu:256"));
     }
 }

@@ -983,7 +983,7 @@ impl Observer for RunObserver<'_> {
     }
 
     fn on_stall(&self, stall: &Stall) {
-        output::warn(stall_message(stall, self.rank));
+        output::warn(stall_message(stall, self.rank, self.saver.is_some()));
     }
 
     fn on_abandon(&self, stalled: &[Stall], state: Option<&TrainState>) {
@@ -1000,7 +1000,8 @@ impl Observer for RunObserver<'_> {
 
 /// What a stall report says; across ranks it names this process's rank, and that a stalled
 /// worker may only be waiting for another rank: on rank 0, the ranks it has not heard from.
-fn stall_message(stall: &Stall, rank: Option<(usize, usize)>) -> String {
+/// What a Ctrl-C then does depends on whether the run `saves` checkpoints.
+fn stall_message(stall: &Stall, rank: Option<(usize, usize)>, saves: bool) -> String {
     let (whose, why) = match rank {
         None => (String::new(), String::new()),
         Some((rank, ranks)) => (
@@ -1019,9 +1020,12 @@ fn stall_message(stall: &Stall, rank: Option<(usize, usize)>) -> String {
             },
         ),
     };
+    let ctrl_c = match saves {
+        true => "Ctrl-C saves the last consistent checkpoint and ends the run",
+        false => "Ctrl-C ends the run; it has no checkpoint directory, so nothing is saved",
+    };
     format!(
-        "warning: worker {} ({}){whose} has made no progress for {} s{}{why} (Ctrl-C saves the \
-         last consistent checkpoint and ends the run)",
+        "warning: worker {} ({}){whose} has made no progress for {} s{}{why} ({ctrl_c})",
         stall.worker,
         stall.device,
         stall.idle.as_secs(),
@@ -1615,14 +1619,22 @@ mod tests {
             "{said}"
         );
 
-        let alone = stall_message(&stalled[0], None);
+        let alone = stall_message(&stalled[0], None, true);
         assert!(
             alone.starts_with(
-                "warning: worker 1 (cpu:1) has made no progress for 400 s, at step 8 (Ctrl-C"
+                "warning: worker 1 (cpu:1) has made no progress for 400 s, at step 8 (Ctrl-C \
+                 saves the last consistent checkpoint"
             ),
             "{alone}"
         );
-        let across = stall_message(&stalled[0], Some((0, 3)));
+        let unsaved = stall_message(&stalled[0], None, false);
+        assert!(
+            unsaved.ends_with(
+                "(Ctrl-C ends the run; it has no checkpoint directory, so nothing is saved)"
+            ),
+            "{unsaved}"
+        );
+        let across = stall_message(&stalled[0], Some((0, 3)), true);
         assert!(across.contains("(cpu:1) on rank 0 has made"), "{across}");
         assert!(across.contains("wait for all 3 ranks"), "{across}");
         // On rank 0, the ranks it has not heard from are named.
@@ -1635,7 +1647,7 @@ mod tests {
             silent_ranks: vec![silent(2, 412, Some(8))],
             ..stalled[0].clone()
         };
-        let across = stall_message(&quiet, Some((0, 3)));
+        let across = stall_message(&quiet, Some((0, 3)), true);
         assert!(
             across.contains("rank 2 (for 412 s, last at step 8) has given no sign of life"),
             "{across}"
