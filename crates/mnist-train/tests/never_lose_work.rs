@@ -9,7 +9,6 @@ use std::fs;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::{Duration, Instant};
 
 use tandem_checkpoint as checkpoint;
 use tandem_model::{Mlp, Network};
@@ -147,7 +146,6 @@ fn an_unwritable_checkpoint_directory_fails_before_training() {
     let file = tmp.path().join("a-file");
     fs::write(&file, b"x").unwrap();
     for dir in [file.clone(), file.join("below")] {
-        let started = Instant::now();
         let output = mnist_train(
             &quick(&dir, 100_000, 100_000)
                 .iter()
@@ -158,9 +156,8 @@ fn an_unwritable_checkpoint_directory_fails_before_training() {
         let message = stderr(&output);
         assert!(message.contains(arg(&dir)), "{message}");
         assert!(!message.contains("panicked"), "{message}");
-        // 100,000 steps would take minutes: it failed before training.
+        // It failed before training: no run header.
         assert!(!stdout(&output).contains("tandem:"), "{}", stdout(&output));
-        assert!(started.elapsed() < Duration::from_secs(60));
     }
 }
 
