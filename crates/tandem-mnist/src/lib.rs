@@ -10,7 +10,8 @@
 //! Each file may be gzip-compressed or not: compression is recognised by the gzip magic bytes,
 //! not by the file name. For each file [`Mnist::load`] looks for `NAME.gz` first, then plain
 //! `NAME`. Every malformed file is answered with an [`MnistError`] that names the file and the
-//! fault; nothing in a file's content can make this crate panic.
+//! fault; nothing in a file's content can make this crate panic, and none is read, or
+//! decompressed, past [`MAX_IDX_BYTES`].
 //!
 //! With the `tensor` feature, [`Split::into_examples`] turns a split into the model's input, a
 //! `tandem_tensor::ExampleSet`.
@@ -72,6 +73,11 @@ const EXPECTED_FILES: &str = "train-images-idx3-ubyte, train-labels-idx1-ubyte, 
 const TYPE_U8: u8 = 0x08;
 /// The two leading bytes of every gzip stream.
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+
+/// The most bytes an IDX file may hold, decompressed: 1 GiB, far above MNIST's largest file
+/// (47 MB) and EMNIST's (640 MB), so that a file that inflates without end (a gzip bomb), or
+/// a huge one, is refused before it fills memory.
+pub const MAX_IDX_BYTES: u64 = 1 << 30;
 
 /// Everything that can go wrong reading MNIST. Every variant names the file at fault.
 #[derive(Debug, thiserror::Error)]
@@ -163,6 +169,20 @@ pub enum MnistError {
         rows: usize,
         /// Columns per image found.
         cols: usize,
+    },
+    /// The file holds, or decompresses to, more than [`MAX_IDX_BYTES`].
+    #[error(
+        "{}: more than {limit} bytes{}, more than an IDX file may hold here",
+        path.display(),
+        if *.compressed { " once decompressed" } else { "" }
+    )]
+    TooLong {
+        /// The file.
+        path: PathBuf,
+        /// The most bytes it may hold.
+        limit: u64,
+        /// Whether it is gzip data.
+        compressed: bool,
     },
     /// The dimensions describe more bytes than can be addressed.
     #[error("{}: dimensions {dims:?} describe more bytes than fit in memory", path.display())]
@@ -274,13 +294,14 @@ pub struct Idx {
 /// # }
 /// ```
 pub fn read_idx(path: &Path) -> Result<Idx, MnistError> {
-    let bytes = read_maybe_gzip(path)?;
+    let bytes = read_maybe_gzip(path, MAX_IDX_BYTES)?;
     parse_idx(path, bytes)
 }
 
-/// Reads the whole file, decompressing it if it starts with the gzip magic bytes.
-fn read_maybe_gzip(path: &Path) -> Result<Vec<u8>, MnistError> {
-    let raw = fs::read(path).map_err(|source| match source.kind() {
+/// Reads the whole file, decompressing it if it starts with the gzip magic bytes; more than
+/// `limit` bytes, read or decompressed, is an error (read no further).
+fn read_maybe_gzip(path: &Path, limit: u64) -> Result<Vec<u8>, MnistError> {
+    let io_error = |source: io::Error| match source.kind() {
         io::ErrorKind::NotFound => MnistError::Missing {
             path: path.to_path_buf(),
         },
@@ -288,8 +309,22 @@ fn read_maybe_gzip(path: &Path) -> Result<Vec<u8>, MnistError> {
             path: path.to_path_buf(),
             source,
         },
-    })?;
-    if !raw.starts_with(&GZIP_MAGIC) {
+    };
+    let too_long = |compressed| MnistError::TooLong {
+        path: path.to_path_buf(),
+        limit,
+        compressed,
+    };
+    let mut raw = Vec::new();
+    let file = fs::File::open(path).map_err(io_error)?;
+    file.take(limit.saturating_add(1))
+        .read_to_end(&mut raw)
+        .map_err(io_error)?;
+    let compressed = raw.starts_with(&GZIP_MAGIC);
+    if raw.len() as u64 > limit {
+        return Err(too_long(compressed));
+    }
+    if !compressed {
         return Ok(raw);
     }
     // The gzip trailer's last four bytes hold the uncompressed size modulo 2^32: a good
@@ -302,11 +337,15 @@ fn read_maybe_gzip(path: &Path) -> Result<Vec<u8>, MnistError> {
     // MultiGzDecoder also checks whatever follows the first gzip member, so trailing garbage
     // after the stream is an error instead of being ignored.
     MultiGzDecoder::new(raw.as_slice())
+        .take(limit.saturating_add(1))
         .read_to_end(&mut out)
         .map_err(|source| MnistError::Gzip {
             path: path.to_path_buf(),
             source,
         })?;
+    if out.len() as u64 > limit {
+        return Err(too_long(true));
+    }
     Ok(out)
 }
 
@@ -556,5 +595,61 @@ impl Mnist {
             validation,
             test,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use flate2::{write::GzEncoder, Compression};
+
+    use super::*;
+
+    /// A file over the limit is refused, read or inflated no further than one byte past it;
+    /// one at the limit is read (the real limit, 1 GiB, would take as long to test).
+    #[test]
+    fn files_over_the_limit_are_refused_plain_or_gzip() {
+        let tmp = tempfile::tempdir().unwrap();
+        let plain = tmp.path().join("plain");
+        let gzip = tmp.path().join("gzip");
+        let zipped = |len: usize| {
+            let mut encoder = GzEncoder::new(Vec::new(), Compression::fast());
+            encoder.write_all(&vec![0; len]).unwrap();
+            encoder.finish().unwrap()
+        };
+        for (len, over) in [(1000, false), (1001, true)] {
+            fs::write(&plain, vec![0; len]).unwrap();
+            fs::write(&gzip, zipped(len)).unwrap();
+            for (path, compressed) in [(&plain, false), (&gzip, true)] {
+                match (read_maybe_gzip(path, 1000), over) {
+                    (Ok(bytes), false) => assert_eq!(bytes.len(), len),
+                    (
+                        Err(MnistError::TooLong {
+                            limit: 1000,
+                            compressed: c,
+                            ..
+                        }),
+                        true,
+                    ) => {
+                        assert_eq!(c, compressed, "{}", path.display());
+                    }
+                    (other, _) => panic!("{}, {len} bytes: {other:?}", path.display()),
+                }
+            }
+        }
+        // A small file that inflates far past the limit (8 MiB of zeros in some 40 KB).
+        let bomb = zipped(8 << 20);
+        assert!(bomb.len() < 100_000, "{}", bomb.len());
+        fs::write(&gzip, bomb).unwrap();
+        let err = read_maybe_gzip(&gzip, 100_000).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "{}: more than 100000 bytes once decompressed, more than an IDX file may hold \
+                 here",
+                gzip.display()
+            )
+        );
     }
 }
