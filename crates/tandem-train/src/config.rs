@@ -301,7 +301,7 @@ impl<O: RecordedOptimizer> RunConfig<O> {
                 ..precision
             },
         };
-        Ok(Self {
+        let config = Self {
             mode,
             async_rule,
             async_warmup,
@@ -317,7 +317,19 @@ impl<O: RecordedOptimizer> RunConfig<O> {
             save_every,
             precision,
             exchange,
-        })
+        };
+        // Each step's first example is a position in the data order's stream (a u64): every
+        // step's must be one.
+        let per_step = config.examples_per_step();
+        if config.end_step.checked_mul(per_step).is_none() {
+            let end_step = config.end_step.to_string();
+            let why = format!(
+                "{end_step} steps of {per_step} examples each draw more than the 2^64 examples \
+                 a data order counts"
+            );
+            return Err(MetadataError::invalid("end_step", &end_step, why));
+        }
+        Ok(config)
     }
 }
 
@@ -427,6 +439,31 @@ mod tests {
         missing.remove("seed");
         let err = RunConfig::<Sgd>::from_metadata(&missing, &model(), 100).unwrap_err();
         assert_eq!(err.to_string(), "its metadata has no seed");
+        // Each value in range, but a sync run's last step would start past the data order's
+        // 2^64 positions: 10^12 steps of 308 workers' 60,000 examples (307 fit). An async step
+        // draws one batch: 65,536 workers fit.
+        for (mode, workers, fits) in [
+            (Mode::Sync, "307", true),
+            (Mode::Sync, "308", false),
+            (Mode::Async, "65536", true),
+        ] {
+            let mut long = config(mode).to_metadata(&model());
+            for (key, value) in [
+                ("workers", workers),
+                ("batch_size", "60000"),
+                ("end_step", "1000000000000"),
+            ] {
+                long.insert(key.into(), value.into());
+            }
+            match RunConfig::<Sgd>::from_metadata(&long, &model(), 60_000) {
+                Ok(_) => assert!(fits, "{mode:?} on {workers}: read"),
+                Err(e) => {
+                    assert!(!fits, "{mode:?} on {workers}: {e}");
+                    let said = e.to_string();
+                    assert!(said.contains("end_step") && said.contains("2^64"), "{said}");
+                }
+            }
+        }
     }
 
     /// Async runs record their rule, warm-up and bound, sync runs nothing of them; an async
