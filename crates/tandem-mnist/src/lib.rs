@@ -13,7 +13,7 @@
 //! fault; nothing in a file's content can make this crate panic, and none is read, or
 //! decompressed, past [`MAX_IDX_BYTES`].
 //!
-//! With the `tensor` feature, [`Split::into_examples`] turns a split into the model's input, a
+//! With the `tensor` feature, `Split::into_examples` turns a split into the model's input, a
 //! `tandem_tensor::ExampleSet`.
 //!
 //! With the `image` feature, the `image` module turns a PNG or JPEG of a handwritten digit
