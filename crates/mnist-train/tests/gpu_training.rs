@@ -537,7 +537,9 @@ fn a_gpu_without_tensor_cores_refuses_sixteen_bits_naming_both() {
             .output()
             .unwrap();
         if output.status.success() && !tandem_testkit::gpu_required() {
-            eprintln!("SKIPPED: this driver cannot pretend to be a GPU of compute capability 7.5");
+            tandem_testkit::skipped(
+                &"this driver cannot pretend to be a GPU of compute capability 7.5",
+            );
             return;
         }
         assert!(!output.status.success(), "an sm_75 GPU trained {precision}");

@@ -46,7 +46,8 @@ const SLOTS: &str = "optimizer_state";
 /// What a checkpoint without [`SLOTS`] holds: written before the optimiser seam, by SGD with a
 /// moving average.
 const SLOTS_BEFORE_THE_OPTIMISER_SEAM: &str = "ema";
-/// The most optimiser state vectors a checkpoint may name (Adam has three: `m`, `v` and the moving average).
+/// The most optimiser state vectors a checkpoint may name (Adam has three: `m`, `v` and the
+/// moving average).
 const MAX_SLOTS: usize = 8;
 /// The metadata key that a resumed run may change: not part of `save_in_dir`'s identity.
 const END_STEP: &str = "end_step";

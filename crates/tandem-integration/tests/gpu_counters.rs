@@ -311,15 +311,6 @@ fn on_the_stand_in() -> bool {
     }
 }
 
-/// Says on stderr (straight to the process's, which the test harness does not capture) that
-/// the calling test is skipped: the driver is not the stand-in, and its counters are the
-/// evidence.
-fn skipped_without_the_stand_in() {
-    let test = std::thread::current().name().unwrap_or("?").to_string();
-    let line = format!("SKIPPED: {test}: not the driver stand-in (no TANDEM_EMU_STATS file)\n");
-    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
-}
-
 /// A run's first statistics ([`run_once`]), run once for every test that asks: the other tests
 /// read the census's unlogged runs (the L2 term's test those on `cuda:0`, the bf16 test async
 /// `cuda:0x2` in f32 and bf16).
@@ -411,7 +402,7 @@ fn a_logged_l2_term_reads_its_sums_not_the_parameters() {
             Some((long - short) / (scale.long - scale.short) as f64)
         };
         let (Some(unlogged), Some(logged)) = (per_step(false), per_step(true)) else {
-            skipped_without_the_stand_in();
+            tandem_testkit::skipped(&"not the driver stand-in (no TANDEM_EMU_STATS file)");
             return;
         };
         let per_log = logged - unlogged;
@@ -449,7 +440,7 @@ fn a_bf16_async_run_reads_back_what_an_f32_run_does() {
         stats["bytes_dtoh"].as_u64()
     };
     let (Some(wide), Some(narrow)) = (read_back(DType::F32), read_back(DType::BF16)) else {
-        skipped_without_the_stand_in();
+        tandem_testkit::skipped(&"not the driver stand-in (no TANDEM_EMU_STATS file)");
         return;
     };
     assert_eq!(
@@ -480,7 +471,7 @@ fn a_gpu_step_moves_only_its_batch_and_waits_only_for_f16_flags() {
             })
             .collect();
         let Some((short, long)) = runs(index, dir.path()) else {
-            skipped_without_the_stand_in();
+            tandem_testkit::skipped(&"not the driver stand-in (no TANDEM_EMU_STATS file)");
             return;
         };
         let per_step = |key: &str| {

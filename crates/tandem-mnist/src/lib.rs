@@ -181,7 +181,7 @@ pub enum MnistError {
         path: PathBuf,
         /// The most bytes it may hold.
         limit: u64,
-        /// Whether it is gzip data.
+        /// Whether it is the gzip data's decompressed bytes that are too many.
         compressed: bool,
     },
     /// The dimensions describe more bytes than can be addressed.
@@ -320,11 +320,10 @@ fn read_maybe_gzip(path: &Path, limit: u64) -> Result<Vec<u8>, MnistError> {
     file.take(limit.saturating_add(1))
         .read_to_end(&mut raw)
         .map_err(io_error)?;
-    let compressed = raw.starts_with(&GZIP_MAGIC);
     if raw.len() as u64 > limit {
-        return Err(too_long(compressed));
+        return Err(too_long(false));
     }
-    if !compressed {
+    if !raw.starts_with(&GZIP_MAGIC) {
         return Ok(raw);
     }
     // The gzip trailer's last four bytes hold the uncompressed size modulo 2^32: a good

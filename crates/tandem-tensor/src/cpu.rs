@@ -2,7 +2,8 @@
 //!
 //! These functions check no shapes but with assertions (which panic: `matmul_rows` keeps its
 //! in release builds, the others only in debug builds): [`CpuBackend`](crate::CpuBackend)
-//! checks shapes before calling them, and returns an error instead. They are the reference twins of the CUDA kernels.
+//! checks shapes before calling them, and returns an error instead. They are the reference
+//! twins of the CUDA kernels.
 //!
 //! The passes beside the matrix products are compiled for the host's widest vectors as well as
 //! for the baseline, and pick at run time (`multiversion`): the same arithmetic in the same

@@ -1,5 +1,6 @@
 //! What tandem's tests share across crates: where the MNIST data are ([`mnist_dir`]) and what a
-//! GPU test does where there is no device ([`or_skip`], [`no_device`]).
+//! GPU test does where there is no device ([`or_skip`], [`no_device`]) or cannot run for
+//! another reason ([`skipped`]).
 //!
 //! Without a device (no GPU, or the driver stand-in with `TANDEM_EMU_DEVICES=0`) a GPU test
 //! says `SKIPPED: <test>: no CUDA device (...)` on stderr and returns; with
@@ -56,13 +57,23 @@ pub fn or_skip<T, E: Display>(
 pub fn no_device(reason: &dyn Display, required: bool) {
     let test = std::thread::current().name().unwrap_or("?").to_string();
     match verdict(&test, reason, required) {
-        // Straight to the process's stderr, in one write: the test harness captures
-        // `eprintln!` of passing tests, and a skip must never pass silently.
-        Verdict::Skip(line) => {
-            let _ = std::io::stderr().write_all(line.as_bytes());
-        }
+        Verdict::Skip(line) => say(&line),
         Verdict::Fail(why) => panic!("{why}"),
     }
+}
+
+/// Says on stderr that the calling test is skipped, for `reason` (`SKIPPED: <test>: <reason>`):
+/// for a skip that no device decides, such as a test whose evidence only the driver stand-in
+/// gives, on NVIDIA's driver.
+pub fn skipped(reason: &dyn Display) {
+    let test = std::thread::current().name().unwrap_or("?").to_string();
+    say(&format!("SKIPPED: {test}: {reason}\n"));
+}
+
+/// Straight to the process's stderr, in one write: the test harness captures `eprintln!` of
+/// passing tests, and a skip must never pass silently.
+fn say(line: &str) {
+    let _ = std::io::stderr().write_all(line.as_bytes());
 }
 
 /// What [`no_device`] does for a test.

@@ -210,24 +210,23 @@ pub enum RunError {
 /// or, where those cannot (a process holds at most [`MAX_REPLICAS`]), on the fewest ranks that
 /// can.
 fn devices_hint(workers: usize, ranks: usize) -> String {
-    match ranks.max(1) {
-        1 if workers <= MAX_REPLICAS => format!("--devices cpu:{workers}"),
-        r if workers.is_multiple_of(r) && workers / r <= MAX_REPLICAS => {
-            format!("--devices cpu:{} on each of the {r} ranks", workers / r)
-        }
-        r => {
-            let fewest = (workers.div_ceil(MAX_REPLICAS)..workers)
-                .find(|&n| workers.is_multiple_of(n))
-                .unwrap_or(workers);
-            let why = match r {
-                1 => format!("one process holds at most {MAX_REPLICAS} replicas"),
-                r => format!("{workers} workers do not divide among {r} ranks of at most {MAX_REPLICAS} each"),
-            };
-            match fewest {
-                1 => format!("--devices cpu:{workers} in one process; {why}"),
-                n => format!("{n} ranks of --devices cpu:{}; {why}", workers / n),
-            }
-        }
+    let r = ranks.max(1);
+    if workers.is_multiple_of(r) && workers / r <= MAX_REPLICAS {
+        return match r {
+            1 => format!("--devices cpu:{workers}"),
+            r => format!("--devices cpu:{} on each of the {r} ranks", workers / r),
+        };
+    }
+    let why = match r {
+        1 => format!("one process holds at most {MAX_REPLICAS} replicas"),
+        r => format!("{workers} workers do not divide among {r} ranks of at most {MAX_REPLICAS}"),
+    };
+    let fewest = (workers.div_ceil(MAX_REPLICAS)..workers)
+        .find(|&n| workers.is_multiple_of(n))
+        .unwrap_or(workers);
+    match fewest {
+        1 => format!("--devices cpu:{workers} in one process; {why}"),
+        n => format!("{n} ranks of --devices cpu:{}; {why}", workers / n),
     }
 }
 
